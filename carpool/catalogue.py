@@ -1,0 +1,180 @@
+"""The model catalogue: each model's bins, batch limits and input limits.
+
+Built-in defaults live here; a TOML file named by ``CARPOOL_CONFIG`` overrides
+fields of a built-in model or adds new ones::
+
+    [models.synthetic]
+    result_ttl_s = 600
+    [[models.synthetic.bins]]
+    name = "small"
+    max_size = 64
+    max_batch = 32
+    max_wait_ms = 20
+    max_depth = 5000
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from carpool.errors import ConfigError, InputTooLarge, UnknownModel
+
+#: What a bin's upper bound measures, per model kind.
+MEASURES = ("size", "pixels", "tokens")
+
+
+@dataclass(frozen=True)
+class BinSpec:
+    """One bin: jobs whose measure is at most ``max_size`` (and above the bin before)."""
+
+    name: str
+    max_size: int
+    max_batch: int
+    max_wait_ms: int
+    max_depth: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One servable model: how its inputs are binned and how much each bin holds."""
+
+    name: str
+    kind: str  # the handler that serves it: "synthetic", "image", "text", ...
+    measure: str  # one of MEASURES
+    bins: tuple[BinSpec, ...]
+    result_ttl_s: int = 3600
+    #: Bytes of one job's input once encoded as JSON (images: the raw file).
+    max_input_bytes: int = 1 << 20
+    #: Handler-specific options (architecture, weights path, top_k, ...).
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def bin_for(self, measure_value: int) -> BinSpec:
+        """The smallest bin that holds an input of this measure."""
+        if measure_value < 0:
+            raise InputTooLarge(f"{self.measure} must be >= 0, got {measure_value}")
+        for spec in self.bins:
+            if measure_value <= spec.max_size:
+                return spec
+        largest = self.bins[-1].max_size
+        raise InputTooLarge(
+            f"input {self.measure} {measure_value} is over model {self.name!r}'s "
+            f"largest bin ({largest})"
+        )
+
+    def bin_named(self, name: str) -> BinSpec:
+        for spec in self.bins:
+            if spec.name == name:
+                return spec
+        raise ConfigError(f"model {self.name!r} has no bin {name!r}")
+
+
+def _synthetic() -> ModelSpec:
+    bins = (
+        BinSpec("small", max_size=64, max_batch=32, max_wait_ms=20, max_depth=5000),
+        BinSpec("medium", max_size=256, max_batch=32, max_wait_ms=20, max_depth=5000),
+        BinSpec("large", max_size=1024, max_batch=16, max_wait_ms=40, max_depth=2000),
+    )
+    return ModelSpec(
+        name="synthetic", kind="synthetic", measure="size", bins=bins, max_input_bytes=64 << 10
+    )
+
+
+def builtin_models() -> dict[str, ModelSpec]:
+    """The models every deployment has unless its config file replaces them."""
+    return {spec.name: spec for spec in (_synthetic(),)}
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """All servable models, by name."""
+
+    models: Mapping[str, ModelSpec]
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models))
+            raise UnknownModel(f"unknown model {name!r}; known models: {known}") from None
+
+    def __iter__(self) -> Iterator[ModelSpec]:
+        return iter(self.models.values())
+
+    def only(self, names: Sequence[str]) -> Catalogue:
+        """The catalogue restricted to ``names`` (each must exist)."""
+        return Catalogue({n: self.get(n) for n in names})
+
+
+def _bins_from(model: str, raw: Sequence[Mapping[str, Any]]) -> tuple[BinSpec, ...]:
+    names = {f.name for f in fields(BinSpec)}
+    out = []
+    for i, item in enumerate(raw):
+        unknown = set(item) - names
+        missing = names - set(item)
+        if unknown or missing:
+            raise ConfigError(
+                f"model {model!r} bin #{i}: unknown keys {sorted(unknown)}, "
+                f"missing keys {sorted(missing)}"
+            )
+        out.append(BinSpec(**{k: item[k] for k in names}))
+    return tuple(out)
+
+
+def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None) -> ModelSpec:
+    allowed = {f.name for f in fields(ModelSpec)} - {"name"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ConfigError(f"model {name!r}: unknown keys {sorted(unknown)}")
+    values: dict[str, Any] = dict(raw)
+    if "bins" in values:
+        values["bins"] = _bins_from(name, values["bins"])
+    if base is not None:
+        return replace(base, **values)
+    needed = {"kind", "measure", "bins"} - set(values)
+    if needed:
+        raise ConfigError(f"new model {name!r} needs {sorted(needed)}")
+    return ModelSpec(name=name, **values)
+
+
+def validate(spec: ModelSpec) -> None:
+    """Refuse a model whose settings contradict each other, naming both."""
+    if spec.measure not in MEASURES:
+        raise ConfigError(f"model {spec.name!r}: measure {spec.measure!r} not in {MEASURES}")
+    if not spec.bins:
+        raise ConfigError(f"model {spec.name!r} has no bins")
+    previous = -1
+    for b in spec.bins:
+        where = f"model {spec.name!r} bin {b.name!r}"
+        if b.max_size <= previous:
+            raise ConfigError(f"{where}: max_size {b.max_size} must exceed the bin before's")
+        if b.max_batch < 1 or b.max_wait_ms < 0:
+            raise ConfigError(f"{where}: max_batch must be >= 1 and max_wait_ms >= 0")
+        if b.max_batch > b.max_depth:
+            raise ConfigError(
+                f"{where}: max_batch ({b.max_batch}) exceeds max_depth ({b.max_depth}); "
+                "a batch could never fill"
+            )
+        if not b.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"{where}: bin names are letters, digits, '-' and '_'")
+        previous = b.max_size
+    if spec.result_ttl_s < 1:
+        raise ConfigError(f"model {spec.name!r}: result_ttl_s must be >= 1")
+
+
+def load_catalogue(path: Path | None) -> Catalogue:
+    """Built-in models, overridden and extended by the TOML file at ``path``."""
+    models = builtin_models()
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"CARPOOL_CONFIG={path}: {exc}") from exc
+        for name, table in raw.get("models", {}).items():
+            models[name] = _model_from(name, table, models.get(name))
+    for spec in models.values():
+        validate(spec)
+    return Catalogue(models)

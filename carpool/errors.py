@@ -1,0 +1,51 @@
+"""The one error hierarchy of carpool; the web layer maps each class to a status."""
+
+
+class CarpoolError(Exception):
+    """Raised for any failure that carpool itself detects."""
+
+
+class ConfigError(CarpoolError):
+    """Raised when settings or the catalogue are malformed or contradict each other."""
+
+
+class BackendUnavailable(CarpoolError):
+    """Raised when Redis cannot be reached, is loading, or refuses writes (out of memory)."""
+
+
+class InvalidInput(CarpoolError):
+    """Raised when a job's input fails validation before it is queued."""
+
+
+class InputTooLarge(InvalidInput):
+    """Raised when an input is over a byte, pixel or length limit."""
+
+
+class UnknownModel(CarpoolError):
+    """Raised when a request names a model that is not in the catalogue."""
+
+
+class BinFull(CarpoolError):
+    """Raised when a bin is at its depth bound; the client should retry later."""
+
+    def __init__(self, model: str, bin_name: str, depth: int, retry_after_s: float) -> None:
+        super().__init__(
+            f"bin {bin_name!r} of model {model!r} is full ({depth} jobs waiting); "
+            f"retry after {retry_after_s:.0f} s"
+        )
+        self.model = model
+        self.bin_name = bin_name
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class IdempotencyConflict(CarpoolError):
+    """Raised when an idempotency key is reused with a different input."""
+
+
+class NotCancellable(CarpoolError):
+    """Raised when a job is running and can no longer be cancelled."""
+
+
+class HandlerContractError(CarpoolError):
+    """Raised when a model handler returns the wrong number of results for a batch."""

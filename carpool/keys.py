@@ -1,0 +1,60 @@
+"""The Redis key schema. No other module formats a Redis key.
+
+Every key carries the same hash tag (``{prefix}``), so each Lua script touches
+keys of one slot and the protocol also runs on Redis Cluster (all of carpool's
+keys then live on one shard: Cluster buys availability here, not capacity).
+
+    {p}:job:<id>            hash  one job: input, status, times, result
+    {p}:q:<model>:<bin>     list  queued job ids of one bin, oldest first
+    {p}:leases              zset  claimed job ids, scored by lease deadline (ms)
+    {p}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
+    {p}:wake:<model>        list  tokens that wake a blocked worker (capped)
+    {p}:done                chan  pub/sub: the id of every job that reached an end state
+    {p}:stats:<model>:<bin> hash  counters the web reads (e.g. drained jobs, for Retry-After)
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Formats every key under one prefix; tests give each run its own prefix."""
+
+    prefix: str = "carpool"
+
+    @property
+    def _tag(self) -> str:
+        return "{" + self.prefix + "}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self._tag}:job:{job_id}"
+
+    @property
+    def job_prefix(self) -> str:
+        """What `job(id)` puts before the id; Lua scripts build job keys from it."""
+        return f"{self._tag}:job:"
+
+    def bin(self, model: str, bin_name: str) -> str:
+        return f"{self.bin_prefix}{model}:{bin_name}"
+
+    @property
+    def bin_prefix(self) -> str:
+        """What `bin(model, bin)` puts before "<model>:<bin>"; cancel.lua uses it."""
+        return f"{self._tag}:q:"
+
+    @property
+    def leases(self) -> str:
+        return f"{self._tag}:leases"
+
+    def idempotency(self, model: str, key_digest: str) -> str:
+        return f"{self._tag}:idem:{model}:{key_digest}"
+
+    def wake(self, model: str) -> str:
+        return f"{self._tag}:wake:{model}"
+
+    @property
+    def done_channel(self) -> str:
+        return f"{self._tag}:done"
+
+    def stats(self, model: str, bin_name: str) -> str:
+        return f"{self._tag}:stats:{model}:{bin_name}"

@@ -1,0 +1,43 @@
+-- complete.lua: write the results of one batch, once, and wake their waiters.
+--
+-- KEYS[1]  leases  {p}:leases
+-- KEYS[2]  stats   {p}:stats:<model>:<bin>  drained += jobs written
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
+-- ARGV[3]  done channel                 ARGV[4] result_ttl_s
+-- ARGV[5]  batch JSON {"size","bin","worker"}
+-- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
+--   (payload: the result JSON when done, the error message when failed)
+--
+-- Returns one integer per job: 1 written, 0 refused (the lease is no longer this
+-- claim's: the job was reclaimed, cancelled or already finished). A late,
+-- zombie worker therefore cannot overwrite a result.
+redis.replicate_commands()
+
+local t = redis.call("TIME")
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+local written = 0
+for i = 6, #ARGV, 4 do
+  local id = ARGV[i]
+  local key = ARGV[2] .. id
+  local job = redis.call("HMGET", key, "status", "lease")
+  if job[1] == "running" and job[2] == ARGV[1] then
+    local field = "result"
+    if ARGV[i + 1] == "failed" then field = "error" end
+    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2],
+      "timings", ARGV[i + 3], "batch", ARGV[5], "t_done", now_ms)
+    redis.call("HDEL", key, "input", "lease")  -- the input is no longer needed
+    redis.call("EXPIRE", key, ARGV[4])
+    redis.call("ZREM", KEYS[1], id)
+    redis.call("PUBLISH", ARGV[3], id)
+    out[#out + 1] = 1
+    written = written + 1
+  else
+    out[#out + 1] = 0
+  end
+end
+if written > 0 then
+  redis.call("HINCRBY", KEYS[2], "drained", written)
+  redis.call("HSET", KEYS[2], "last_batch_ms", now_ms)
+end
+return out

@@ -1,0 +1,187 @@
+"""The Redis queue protocol: one typed method per Lua script.
+
+This module is the single point of access to Redis for the queue: every Redis
+error is turned into ``BackendUnavailable`` here, so the web answers 503 and the
+worker backs off, without either knowing redis-py's exception tree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib.resources import files
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from carpool.catalogue import BinSpec, ModelSpec
+from carpool.errors import BackendUnavailable, BinFull, IdempotencyConflict, NotCancellable
+from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
+from carpool.keys import Keys
+
+#: Tokens kept in a wake list; more would only cause extra, harmless peeks.
+WAKE_LIST_CAP = 16
+
+_UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS")
+
+
+@contextmanager
+def redis_errors() -> Iterator[None]:
+    """Turn redis-py's errors into ``BackendUnavailable`` with an actionable message."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        text = str(exc)
+        if text.startswith(_UNAVAILABLE_REPLIES) or "Busy" in type(exc).__name__:
+            raise BackendUnavailable(f"Redis refused the command: {text}") from exc
+        raise
+
+
+def _script(client: redis.Redis, name: str) -> Script:
+    source = files("carpool").joinpath("lua", f"{name}.lua").read_text()
+    return client.register_script(source)
+
+
+def connect(url: str, *, socket_timeout_s: float | None = 5.0) -> redis.Redis:
+    """A client for ``url`` that returns str; the timeout bounds a hung Redis."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=2.0,
+        health_check_interval=30,
+    )
+
+
+class Queue:
+    """Admit, peek, claim, complete and cancel jobs; each is one Lua script call."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._admit = _script(client, "admit")
+        self._peek = _script(client, "peek")
+        self._claim = _script(client, "claim")
+        self._complete = _script(client, "complete")
+        self._cancel = _script(client, "cancel")
+
+    def admit(
+        self,
+        model: ModelSpec,
+        bin_spec: BinSpec,
+        job_id: str,
+        input_json: str,
+        *,
+        queued_ttl_s: int,
+        deadline_ms: int = 0,
+        priority: int = 0,
+        idempotency_digest: str | None = None,
+        input_digest: str = "",
+        owner: str = "",
+    ) -> Admitted:
+        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically)."""
+        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
+        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
+                self.keys.wake(model.name), idem_key]
+        args = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
+                bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
+                "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP]
+        with redis_errors():
+            reply = self._admit(keys=keys, args=args)
+        kind = reply[0]
+        if kind == "ok":
+            return Admitted(job_id, model.name, bin_spec.name, int(reply[2]))
+        if kind == "dup":
+            return Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)
+        if kind == "conflict":
+            raise IdempotencyConflict(
+                f"idempotency key was first used for job {reply[1]} with a different input"
+            )
+        raise BinFull(model.name, bin_spec.name, int(reply[1]), self.retry_after_s(model, bin_spec))
+
+    def retry_after_s(self, model: ModelSpec, bin_spec: BinSpec) -> float:
+        """When a full bin is likely to have room again: one batch wait, at least 1 s."""
+        return max(1.0, bin_spec.max_wait_ms / 1000.0)
+
+    def peek(self, bins: Sequence[tuple[str, str]]) -> tuple[int, list[BinState]]:
+        """Redis time (ms) and the depth and oldest admission of each (model, bin)."""
+        with redis_errors():
+            reply = self._peek(keys=[self.keys.bin(m, b) for m, b in bins],
+                               args=[self.keys.job_prefix])
+        now_ms = int(reply[0])
+        states = []
+        for i, (model, bin_name) in enumerate(bins):
+            depth, oldest = int(reply[1 + 2 * i]), int(reply[2 + 2 * i])
+            states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None))
+        return now_ms, states
+
+    def claim(
+        self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
+        worker: str,
+    ) -> Claim:
+        """Lease up to ``max_n`` of the bin's oldest jobs to ``token``."""
+        keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
+        args = [max_n, lease_ms, token, self.keys.job_prefix, worker,
+                self.keys.done_channel, model.result_ttl_s]
+        with redis_errors():
+            reply = self._claim(keys=keys, args=args)
+        jobs = tuple(
+            ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
+            for i in range(1, len(reply), 4)
+        )
+        return Claim(model.name, bin_name, token, int(reply[0]), jobs)
+
+    def complete(
+        self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
+    ) -> list[bool]:
+        """Write each outcome once; False where the lease was lost (the write is refused)."""
+        args: list[Any] = [claim.token, self.keys.job_prefix, self.keys.done_channel,
+                           model.result_ttl_s, json.dumps(batch)]
+        for o in outcomes:
+            timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
+                                  "inference": round(o.inference_ms, 3)})
+            if o.failed:
+                args += [o.id, "failed", o.error, timings]
+            else:
+                args += [o.id, "done", json.dumps(o.result), timings]
+        keys = [self.keys.leases, self.keys.stats(model.name, claim.bin)]
+        with redis_errors():
+            reply = self._complete(keys=keys, args=args)
+        return [bool(x) for x in reply]
+
+    def cancel(self, job_id: str, result_ttl_s: int) -> str:
+        """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
+        with redis_errors():
+            reply = str(self._cancel(
+                keys=[self.keys.job(job_id)],
+                args=[job_id, self.keys.bin_prefix, self.keys.done_channel, result_ttl_s],
+            ))
+        if reply == "running":
+            raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
+        return reply
+
+    def get(self, job_id: str) -> JobView | None:
+        with redis_errors():
+            h = self.client.hgetall(self.keys.job(job_id))
+        return view_from_hash(job_id, h) if h else None
+
+    def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for model, bin_name in bins:
+                pipe.llen(self.keys.bin(model, bin_name))
+            return [int(x) for x in pipe.execute()]
+
+    def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:
+        """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes."""
+        with redis_errors():
+            got = self.client.blpop([self.keys.wake(m) for m in models], timeout=timeout_s)
+        return got is not None
+
+    def ping(self) -> None:
+        with redis_errors():
+            self.client.ping()

@@ -1,0 +1,123 @@
+"""One typed, frozen settings object, read from the environment in one function."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from carpool.catalogue import Catalogue, load_catalogue
+from carpool.errors import ConfigError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a web or worker process needs to know, passed explicitly."""
+
+    redis_url: str
+    key_prefix: str
+    catalogue: Catalogue
+    #: How long a claimed batch stays leased to one worker before others may retry it.
+    lease_ms: int
+    max_attempts: int
+    #: Bound on a whole HTTP request body (Flask's MAX_CONTENT_LENGTH).
+    max_body_bytes: int
+    #: Longest ``?wait=`` a result long-poll may hold a connection.
+    max_wait_s: float
+    #: A queued job's record lives this long at most, even if no worker ever comes.
+    queued_ttl_s: int
+    #: The synthetic model's cost per batch of n: a_ms + b_ms * n.
+    synthetic_cost_ms: tuple[float, float]
+    #: Models a worker serves; empty means every model in the catalogue.
+    worker_models: tuple[str, ...]
+    worker_name: str
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _redis_url(env: Mapping[str, str]) -> str:
+    url = env.get("CARPOOL_REDIS_URL") or DEFAULT_REDIS_URL
+    parsed = urlparse(url)
+    # A misspelled URL must fail loudly, never fall back to localhost.
+    if parsed.scheme not in REDIS_SCHEMES or not (parsed.hostname or parsed.path):
+        raise ConfigError(
+            f"CARPOOL_REDIS_URL={url!r} is not a Redis URL (redis://host:port/db, "
+            "rediss://..., or unix:///path)"
+        )
+    return url
+
+
+def _cost(env: Mapping[str, str]) -> tuple[float, float]:
+    raw = env.get("CARPOOL_SYNTHETIC_COST_MS", "20,1")
+    try:
+        a_str, b_str = raw.split(",")
+        a_ms, b_ms = float(a_str), float(b_str)
+    except ValueError:
+        raise ConfigError(
+            f"CARPOOL_SYNTHETIC_COST_MS={raw!r} must be 'a,b' (ms per batch, ms per job)"
+        ) from None
+    if a_ms < 0 or b_ms < 0:
+        raise ConfigError(f"CARPOOL_SYNTHETIC_COST_MS={raw!r} must not be negative")
+    return a_ms, b_ms
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read every setting from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    config = env.get("CARPOOL_CONFIG")
+    catalogue = load_catalogue(Path(config) if config else None)
+    worker_models = tuple(m for m in env.get("CARPOOL_MODELS", "").split(",") if m)
+    for name in worker_models:
+        catalogue.get(name)  # an unknown name fails at start-up, not at the first job
+    settings = Settings(
+        redis_url=_redis_url(env),
+        key_prefix=env.get("CARPOOL_KEY_PREFIX", "carpool"),
+        catalogue=catalogue,
+        lease_ms=_int(env, "CARPOOL_LEASE_MS", 30_000, minimum=100),
+        max_attempts=_int(env, "CARPOOL_MAX_ATTEMPTS", 3, minimum=1),
+        max_body_bytes=_int(env, "CARPOOL_MAX_BODY_BYTES", 16 << 20, minimum=1024),
+        max_wait_s=float(_int(env, "CARPOOL_MAX_WAIT_S", 60, minimum=0)),
+        queued_ttl_s=_int(env, "CARPOOL_QUEUED_TTL_S", 24 * 3600, minimum=1),
+        synthetic_cost_ms=_cost(env),
+        worker_models=worker_models,
+        worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+    )
+    check_consistency(settings)
+    return settings
+
+
+def check_consistency(s: Settings) -> None:
+    """Refuse settings that contradict each other, naming both."""
+    for spec in s.catalogue:
+        for b in spec.bins:
+            if b.max_wait_ms >= s.lease_ms:
+                raise ConfigError(
+                    f"model {spec.name!r} bin {b.name!r}: max_wait_ms ({b.max_wait_ms}) "
+                    f"must be below CARPOOL_LEASE_MS ({s.lease_ms})"
+                )
+        if spec.max_input_bytes > s.max_body_bytes:
+            raise ConfigError(
+                f"model {spec.name!r}: max_input_bytes ({spec.max_input_bytes}) exceeds "
+                f"CARPOOL_MAX_BODY_BYTES ({s.max_body_bytes}); such inputs could never arrive"
+            )
+    if s.queued_ttl_s * 1000 <= s.lease_ms:
+        raise ConfigError(
+            f"CARPOOL_QUEUED_TTL_S ({s.queued_ttl_s}) must outlast CARPOOL_LEASE_MS "
+            f"({s.lease_ms}); a leased job's record would vanish under its worker"
+        )

@@ -1,0 +1,66 @@
+"""Shared fixtures: a real Redis, with a fresh key prefix per test so tests never collide."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from carpool.keys import Keys
+from carpool.queue import Queue, connect
+from carpool.settings import Settings, load_settings
+
+#: The Redis the tests use; CI starts one here when none runs.
+REDIS_URL = os.environ.get("CARPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def client(redis_url: str, key_prefix: str) -> Iterator[redis.Redis]:
+    c = connect(redis_url)
+    try:
+        c.ping()
+    except redis.ConnectionError:
+        pytest.fail(f"no Redis at {redis_url}: start one (see .ci/run)")
+    yield c
+    keys = list(c.scan_iter(match="{" + key_prefix + "}*", count=1000))
+    if keys:
+        c.delete(*keys)
+    c.close()
+
+
+@pytest.fixture
+def keys(key_prefix: str) -> Keys:
+    return Keys(key_prefix)
+
+
+@pytest.fixture
+def queue(client: redis.Redis, keys: Keys) -> Queue:
+    return Queue(client, keys)
+
+
+def make_env(redis_url: str, key_prefix: str, **extra: str) -> dict[str, str]:
+    """The environment a carpool process under test runs with."""
+    env = {
+        "CARPOOL_REDIS_URL": redis_url,
+        "CARPOOL_KEY_PREFIX": key_prefix,
+    }
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def settings(redis_url: str, key_prefix: str) -> Settings:
+    return load_settings(make_env(redis_url, key_prefix))
