@@ -1,0 +1,40 @@
+"""The Celery app that GPU workers run: `celery -A worker.celery_app worker --pool solo`.
+
+Celery requires a module-level app for ``-A``; creating it is cheap and reads only
+the broker URL. Settings, Redis scripts and models load when the worker starts
+(in the bootstep), never on import.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from carpool.settings import DEFAULT_REDIS_URL
+from worker.bootstep import BatchLoopStep
+
+
+def create_celery_app() -> Celery:
+    broker = os.environ.get("CELERY_BROKER_URL") or os.environ.get(
+        "CARPOOL_REDIS_URL", DEFAULT_REDIS_URL)
+    app = Celery("carpool", broker=broker)
+    app.conf.update(
+        # JSON only: a pickled message pushed into the broker is refused, never run.
+        accept_content=["json"],
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        # No result backend: batch outcomes live in carpool's own job records.
+        task_ignore_result=True,
+        # One process per GPU runs the batching loop; it prefetches no Celery tasks.
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    app.steps["worker"].add(BatchLoopStep)
+    return app
+
+
+app = create_celery_app()

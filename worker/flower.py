@@ -1,0 +1,62 @@
+"""Each batch shows in Flower as a task, through Celery's own task events.
+
+Jobs never travel as Celery messages (that would cost a message per job); instead
+the loop sends the events a task would send — received, started, succeeded or
+failed — for one pseudo-task per batch, named ``carpool.batch``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from carpool.jobs import Claim
+from worker.loop import BatchReport
+
+#: The task name under which batches appear in Flower.
+BATCH_TASK_NAME = "carpool.batch"
+
+
+class FlowerBatchEvents:
+    """A batch listener for ``BatchLoop`` that sends task events under one hostname."""
+
+    def __init__(self, app: Any, hostname: str) -> None:
+        self._app = app
+        self._hostname = hostname
+        self._dispatcher: Any = None
+        self._task_ids: dict[str, str] = {}
+
+    def _send(self, event_type: str, **fields: Any) -> None:
+        if self._dispatcher is None:
+            # Created in the loop's own thread: a dispatcher's connection is not thread-safe.
+            self._dispatcher = self._app.events.Dispatcher(
+                self._app.connection_for_write(), hostname=self._hostname, enabled=True)
+        self._dispatcher.send(event_type, **fields)
+
+    def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+        if phase == "started":
+            task_id = str(uuid.uuid4())
+            self._task_ids[claim.token] = task_id
+            args = repr((claim.model, claim.bin, len(claim.jobs)))
+            kwargs = repr({"model": claim.model, "bin": claim.bin, "size": len(claim.jobs),
+                           "lease": claim.token})
+            self._send("task-received", uuid=task_id, name=BATCH_TASK_NAME, args=args,
+                       kwargs=kwargs, retries=0, eta=None, root_id=task_id, parent_id=None)
+            self._send("task-started", uuid=task_id)
+            return
+        task_id = self._task_ids.pop(claim.token, "")
+        if report is None or not task_id:
+            return
+        if report.failed == report.size:
+            self._send("task-failed", uuid=task_id, exception=f"all {report.size} jobs failed",
+                       traceback="", timestamp=time.time())
+            return
+        result = repr({"size": report.size, "failed": report.failed, "refused": report.refused})
+        self._send("task-succeeded", uuid=task_id, result=result, runtime=report.runtime_s)
+
+    def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher.connection.release()
+            self._dispatcher = None

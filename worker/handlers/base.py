@@ -1,0 +1,31 @@
+"""The model-handler interface: what the batch runner asks of every model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from carpool.catalogue import BinSpec, ModelSpec
+
+
+class ModelHandler(Protocol):
+    """One loaded model. The runner calls preprocess per job (a failure fails that job
+    alone), then collate, forward and postprocess once per batch; postprocess must
+    return exactly one JSON-able result per item, in order."""
+
+    spec: ModelSpec
+
+    def load(self) -> None:
+        """Load weights and warm up; called once before the first batch."""
+
+    def preprocess(self, job_input: Any) -> Any:
+        """Turn one decoded JSON input into a model-ready item (CPU)."""
+
+    def collate(self, items: Sequence[Any], bin_spec: BinSpec) -> Any:
+        """Stack items into one batch, padded to the bin's shape, not the batch's longest."""
+
+    def forward(self, batch: Any) -> Any:
+        """Run the model on one batch."""
+
+    def postprocess(self, output: Any, n: int) -> list[Any]:
+        """One JSON-able result per item of the batch, in order."""

@@ -1,0 +1,132 @@
+"""The batching loop: peek → decide → claim → run → complete, blocking on Redis
+(never sleep-polling) until a job arrives or the earliest bin deadline comes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from carpool.batching import Go, Limits, Wait, decide
+from carpool.catalogue import ModelSpec
+from carpool.errors import BackendUnavailable
+from carpool.jobs import Claim
+from carpool.queue import Queue
+from carpool.settings import Settings
+from worker.handlers.base import ModelHandler
+from worker.runner import run_batch
+
+log = logging.getLogger(__name__)
+
+#: Longest single block on Redis, so a stop request is noticed within this bound.
+MAX_BLOCK_S = 1.0
+#: Back-off bounds while Redis is unreachable.
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one batch did, for Flower events, metrics and logs."""
+
+    model: str
+    bin: str
+    size: int
+    failed: int
+    refused: int  # results the queue refused: the lease was lost meanwhile
+    runtime_s: float
+
+
+BatchListener = Callable[[str, Claim, BatchReport | None], None]
+
+
+@dataclass
+class BatchLoop:
+    """Serves every bin of ``handlers``' models from one thread of a Celery worker."""
+
+    settings: Settings
+    queue: Queue
+    handlers: dict[str, ModelHandler]
+    worker_name: str
+    #: Called with ("started", claim, None) and ("finished", claim, report).
+    listener: BatchListener | None = None
+    limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        for handler in self.handlers.values():
+            for b in handler.spec.bins:
+                self.limits.setdefault((handler.spec.name, b.name),
+                                       Limits(b.max_batch, b.max_wait_ms))
+
+    def stop(self) -> None:
+        """Ask the loop to end after the batch in hand."""
+        self._stop.set()
+
+    def run(self) -> None:
+        backoff_s = BACKOFF_MIN_S
+        while not self._stop.is_set():
+            try:
+                self.step()
+                backoff_s = BACKOFF_MIN_S
+            except BackendUnavailable as exc:
+                log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
+                self._stop.wait(backoff_s)
+                backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
+            except Exception:  # noqa: BLE001 — the loop outlives any one bug; leases recover jobs
+                log.exception("batch loop step failed; retrying in %.1f s", backoff_s)
+                self._stop.wait(backoff_s)
+                backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
+
+    def step(self) -> None:
+        """One decision: run a batch, or block until something may be due."""
+        bins = list(self.limits)
+        now_ms, states = self.queue.peek(bins)
+        decision = decide(now_ms, [(s, self.limits[(s.model, s.bin)]) for s in states])
+        if isinstance(decision, Go):
+            self.run_one(decision)
+        else:
+            self.block(decision, now_ms)
+
+    def block(self, decision: Wait, now_ms: int) -> None:
+        wait_s = MAX_BLOCK_S
+        if decision.until_ms is not None:
+            wait_s = min(MAX_BLOCK_S, max(0.001, (decision.until_ms - now_ms) / 1000.0))
+        models = sorted({m for m, _ in self.limits})
+        self.queue.wait_for_work(models, wait_s)
+
+    def _token(self) -> str:
+        self._seq += 1
+        return f"{self.worker_name}:{uuid.uuid4().hex[:8]}:{self._seq}"
+
+    def run_one(self, go: Go) -> None:
+        handler = self.handlers[go.model]
+        spec: ModelSpec = handler.spec
+        claim = self.queue.claim(spec, go.bin, go.max_n, lease_ms=self.settings.lease_ms,
+                                 token=self._token(), worker=self.worker_name)
+        if not claim.jobs:
+            return  # another worker took them first
+        self._notify("started", claim, None)
+        t0 = time.perf_counter()
+        outcomes = run_batch(handler, spec.bin_named(go.bin), claim.jobs)
+        batch = {"size": len(claim.jobs), "bin": go.bin, "worker": self.worker_name}
+        written = self.queue.complete(spec, claim, outcomes, batch)
+        report = BatchReport(spec.name, go.bin, len(claim.jobs),
+                             failed=sum(o.failed for o in outcomes),
+                             refused=written.count(False),
+                             runtime_s=time.perf_counter() - t0)
+        if report.refused:
+            log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
+        self._notify("finished", claim, report)
+
+    def _notify(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+        if self.listener is None:
+            return
+        try:
+            self.listener(phase, claim, report)
+        except Exception:  # noqa: BLE001 — monitoring must never fail a batch
+            log.exception("batch listener failed at %s", phase)
+
