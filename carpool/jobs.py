@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 #: 16 random bytes = 128 bits (≥ 122 required): ids cannot be guessed.
@@ -14,7 +14,7 @@ JOB_ID_BYTES = 16
 JOB_ID_CHARS = 22
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib.resources import files
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
@@ -87,7 +87,7 @@ class Queue:
         idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
         keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
                 self.keys.wake(model.name), idem_key]
-        args = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
+        args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
                 bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
                 "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP]
         with redis_errors():
@@ -125,7 +125,7 @@ class Queue:
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's oldest jobs to ``token``."""
         keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
-        args = [max_n, lease_ms, token, self.keys.job_prefix, worker,
+        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix, worker,
                 self.keys.done_channel, model.result_ttl_s]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
@@ -166,7 +166,7 @@ class Queue:
 
     def get(self, job_id: str) -> JobView | None:
         with redis_errors():
-            h = self.client.hgetall(self.keys.job(job_id))
+            h = cast(dict[str, str], self.client.hgetall(self.keys.job(job_id)))
         return view_from_hash(job_id, h) if h else None
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:

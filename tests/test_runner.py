@@ -28,7 +28,8 @@ def test_every_job_gets_its_own_result_in_order() -> None:
 
 
 def test_an_input_that_breaks_preprocessing_fails_alone() -> None:
-    jobs = [job(0, {"value": 0, "size": 1}), job(1, "not an object"), job(2, {"value": 2, "size": 1})]
+    jobs = [job(0, {"value": 0, "size": 1}), job(1, "not an object"),
+            job(2, {"value": 2, "size": 1})]
     outs = run_batch(SyntheticHandler(SPEC, (0, 0)), BIN, jobs)
     assert [o.failed for o in outs] == [False, True, False]
     assert outs[1].error is not None and "preprocess failed" in outs[1].error

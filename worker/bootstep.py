@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 LOOP_SOCKET_TIMEOUT_S = MAX_BLOCK_S + 10.0
 
 
-class BatchLoopStep(bootsteps.StartStopStep):
+class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Owns one BatchLoop and its thread for the life of the worker."""
 
     requires = {"celery.worker.components:Timer"}

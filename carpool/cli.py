@@ -1,0 +1,151 @@
+"""The `carpool` command: up, submit, result, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from carpool import http_client
+from carpool.errors import CarpoolError
+from carpool.localstack import UpOptions, start_stack
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+#: How long `carpool up` waits for the web tier to answer /readyz.
+READY_TIMEOUT_S = 60.0
+
+
+def _print(obj: object) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def _wait_ready(base_url: str, stack_dead: object) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            status, _ = http_client.call("GET", f"{base_url}/readyz", timeout_s=2)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        if callable(stack_dead) and stack_dead():
+            raise CarpoolError(f"a process died while starting: {stack_dead()}")
+        time.sleep(0.2)  # polling a process we just started: it has no event to offer
+    raise CarpoolError(f"web did not become ready at {base_url} within {READY_TIMEOUT_S:.0f} s")
+
+
+def demo(base_url: str) -> int:
+    """Send one synthetic job through the stack and print its result."""
+    job_input = {"value": "hello from carpool", "size": 12}
+    status, body = http_client.submit_json(base_url, "synthetic", job_input)
+    print(f"POST /submit -> {status}")
+    _print(body)
+    if status != 202:
+        return 1
+    status, body = http_client.result(base_url, body["id"], wait_s=30)
+    print(f"GET /result/{body.get('id')}?wait=30 -> {status}")
+    _print(body)
+    return 0 if body.get("status") == "done" else 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    opts = UpOptions(port=args.port, redis_url=args.redis_url, workers=args.workers,
+                     flower=not args.no_flower, flower_port=args.flower_port,
+                     models=args.models, state_dir=Path(args.state_dir))
+    stack, urls = start_stack(opts)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        _wait_ready(urls["api"], stack.dead)
+        for name, url in urls.items():
+            print(f"{name:7s} {url}")
+        print(f"logs    {opts.state_dir}/")
+        code = demo(urls["api"]) if args.demo else 0
+        if args.once:
+            return code
+        print("carpool is up; Ctrl-C stops it.")
+        while not stop.wait(0.5):
+            if stack.dead():
+                print(f"stopped: {', '.join(stack.dead())} exited; see its log", file=sys.stderr)
+                return 1
+        return code
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("stopping carpool ...", file=sys.stderr)
+        stack.stop()
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if args.file:
+        data = Path(args.file).read_bytes()
+        status, body = http_client.call("POST", f"{args.url}/submit?model={args.model}", data,
+                                        content_type=args.content_type)
+    else:
+        status, body = http_client.submit_json(args.url, args.model, json.loads(args.input))
+    _print(body)
+    return 0 if status == 202 else 1
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    status, body = http_client.result(args.url, args.id, args.wait)
+    _print(body)
+    return 0 if status == 200 else 1
+
+
+def cmd_bench(rest: list[str]) -> int:
+    from carpool.bench.cli import main as bench_main
+
+    return int(bench_main(rest))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="carpool", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start Redis, web, workers and Flower locally")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--redis-url", default=None,
+                    help="use this Redis; default: 127.0.0.1:6379 if it answers, else start one")
+    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--no-flower", action="store_true")
+    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--models", default="", help="comma list the workers serve (default all)")
+    up.add_argument("--state-dir", default=".carpool", help="logs and the local Redis's data")
+    up.add_argument("--demo", action="store_true", help="send one job through once it is up")
+    up.add_argument("--once", action="store_true", help="stop after start-up (and the demo)")
+    up.set_defaults(func=cmd_up)
+    s = sub.add_parser("submit", help="submit one job")
+    s.add_argument("--url", default=DEFAULT_URL)
+    s.add_argument("--model", default="synthetic")
+    s.add_argument("--input", default='{"value": 1, "size": 8}', help="the job input, JSON")
+    s.add_argument("--file", help="submit this file's bytes instead (an image)")
+    s.add_argument("--content-type", default="image/jpeg")
+    s.set_defaults(func=cmd_submit)
+    r = sub.add_parser("result", help="fetch one result")
+    r.add_argument("id")
+    r.add_argument("--url", default=DEFAULT_URL)
+    r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
+    r.set_defaults(func=cmd_result)
+    sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return cmd_bench(argv[1:])
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CarpoolError as exc:
+        print(f"carpool: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

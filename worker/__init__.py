@@ -1,0 +1,1 @@
+"""The GPU worker: the Celery app, the batching loop, the executor and model handlers."""
