@@ -49,7 +49,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         hostname = parent.hostname
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              listener=self.events)
+                              listeners=[self.events])
         parent.carpool_loop = self.loop  # remote-control commands find it here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()

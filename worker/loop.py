@@ -36,7 +36,9 @@ class BatchReport:
     size: int
     failed: int
     refused: int  # results the queue refused: the lease was lost meanwhile
-    runtime_s: float
+    runtime_s: float  # claim to completion, as the worker saw it
+    inference_ms: float  # the forward pass alone (max over the batch's outcomes)
+    queue_ms: list[int]  # per job: admission to claim, on Redis's clock
 
 
 BatchListener = Callable[[str, Claim, BatchReport | None], None]
@@ -50,8 +52,9 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Called with ("started", claim, None) and ("finished", claim, report).
-    listener: BatchListener | None = None
+    #: Each is called with ("started", claim, None) and ("finished", claim, report):
+    #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
+    listeners: list[BatchListener] = field(default_factory=list)
     limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
@@ -117,16 +120,17 @@ class BatchLoop:
         report = BatchReport(spec.name, go.bin, len(claim.jobs),
                              failed=sum(o.failed for o in outcomes),
                              refused=written.count(False),
-                             runtime_s=time.perf_counter() - t0)
+                             runtime_s=time.perf_counter() - t0,
+                             inference_ms=max((o.inference_ms for o in outcomes), default=0.0),
+                             queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs])
         if report.refused:
             log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
         self._notify("finished", claim, report)
 
     def _notify(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if self.listener is None:
-            return
-        try:
-            self.listener(phase, claim, report)
-        except Exception:  # noqa: BLE001 — monitoring must never fail a batch
-            log.exception("batch listener failed at %s", phase)
+        for listener in self.listeners:
+            try:
+                listener(phase, claim, report)
+            except Exception:  # noqa: BLE001 — monitoring must never fail a batch
+                log.exception("batch listener %r failed at %s", listener, phase)
 
