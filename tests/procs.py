@@ -115,3 +115,37 @@ def start_web(env: dict[str, str]) -> Iterator[str]:
     with running(web_command(), env, lambda: answers(f"{base_url}/healthz"), "gunicorn",
                  WEB_START_TIMEOUT_S):
         yield base_url
+
+
+#: A Celery worker importing celery, kombu and the catalogue, then mingling: a few seconds.
+WORKER_START_TIMEOUT_S = 60.0
+
+
+def worker_command(node_name: str) -> list[str]:
+    """The shipped worker command line, from this venv, with its own node name."""
+    program, *args = argv("worker")
+    args = [node_name if a == "worker@%h" else a for a in args]
+    return [str(Path(sys.executable).parent / program), *args, "--loglevel", "INFO"]
+
+
+def _log_says(log_path: Path, text: str) -> bool:
+    return log_path.exists() and text in log_path.read_text(errors="replace")
+
+
+@contextmanager
+def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
+                 ) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker (`--pool solo`) running the batch loop; yields the process.
+
+    Ready when its log says the node is ready: the bootstep has then started the loop.
+    """
+    with tempfile.NamedTemporaryFile(prefix="worker-ready-", suffix=".log", delete=False) as f:
+        log_path = Path(f.name)
+    cmd = [*worker_command(node_name), "--logfile", str(log_path)]
+    try:
+        with running(cmd, env, lambda: _log_says(log_path, f"{node_name} ready."), "celery",
+                     WORKER_START_TIMEOUT_S) as proc:
+            yield proc
+    finally:
+        log_path.unlink(missing_ok=True)
+
