@@ -5,6 +5,10 @@ fields of a built-in model or adds new ones::
 
     [models.synthetic]
     result_ttl_s = 600
+    default_deadline_ms = 30000   # jobs sent without a deadline get this one (0: none)
+    max_deadline_ms = 600000      # longer deadlines are refused (400)
+    priority_step_ms = 1000       # what one priority level is worth (docs/scheduling.md)
+    p99_target_ms = 250           # adaptive max_batch toward this p99 (0: off)
     [[models.synthetic.bins]]
     name = "small"
     max_size = 64
@@ -25,6 +29,8 @@ from carpool.errors import ConfigError, InputTooLarge, UnknownModel
 
 #: What a bin's upper bound measures, per model kind.
 MEASURES = ("size", "pixels", "tokens")
+#: A relative deadline longer than a day is a client bug, not a plan.
+MAX_DEADLINE_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,16 @@ class ModelSpec:
     max_input_bytes: int = 1 << 20
     #: Handler-specific options (architecture, weights path, top_k, ...).
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The deadline of a job submitted without one; 0: such jobs never expire.
+    default_deadline_ms: int = 0
+    #: The longest deadline a client may ask for; a job without a deadline sorts
+    #: in its bin as if it had this one (carpool.urgency).
+    max_deadline_ms: int = MAX_DEADLINE_MS
+    #: How far one priority level moves a job ahead in its bin (carpool.urgency).
+    priority_step_ms: int = 1000
+    #: Workers shrink a bin's max_batch while the p99 latency they see is above
+    #: this, and grow it back while it is met (carpool.slo); 0: off.
+    p99_target_ms: int = 0
 
     def bin_for(self, measure_value: int) -> BinSpec:
         """The smallest bin that holds an input of this measure."""
@@ -163,6 +179,20 @@ def validate(spec: ModelSpec) -> None:
         previous = b.max_size
     if spec.result_ttl_s < 1:
         raise ConfigError(f"model {spec.name!r}: result_ttl_s must be >= 1")
+    _validate_scheduling(spec)
+
+
+def _validate_scheduling(spec: ModelSpec) -> None:
+    where = f"model {spec.name!r}"
+    if not 1 <= spec.max_deadline_ms <= MAX_DEADLINE_MS:
+        raise ConfigError(f"{where}: max_deadline_ms must be 1..{MAX_DEADLINE_MS}")
+    if not 0 <= spec.default_deadline_ms <= spec.max_deadline_ms:
+        raise ConfigError(
+            f"{where}: default_deadline_ms ({spec.default_deadline_ms}) must be between 0 "
+            f"and max_deadline_ms ({spec.max_deadline_ms})"
+        )
+    if spec.priority_step_ms < 0 or spec.p99_target_ms < 0:
+        raise ConfigError(f"{where}: priority_step_ms and p99_target_ms must be >= 0")
 
 
 def load_catalogue(path: Path | None) -> Catalogue:

@@ -51,12 +51,20 @@ class Admitted:
 
 @dataclass(frozen=True)
 class BinState:
-    """One bin as seen by a worker: how many wait, and since when the oldest."""
+    """One bin as seen by a worker: how many wait, and since when the oldest.
+
+    ``oldest_admit_ms`` and ``earliest_deadline_ms`` are over the jobs the bin's next
+    batch would take (its ``max_batch`` most urgent): when more wait, the bin is
+    full and leaves at once anyway. ``admitted`` counts the bin's admissions ever,
+    so a worker can tell its arrival rate.
+    """
 
     model: str
     bin: str
     depth: int
     oldest_admit_ms: int | None
+    earliest_deadline_ms: int | None = None
+    admitted: int = 0
 
 
 @dataclass(frozen=True)

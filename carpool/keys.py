@@ -5,12 +5,15 @@ keys of one slot and the protocol also runs on Redis Cluster (all of carpool's
 keys then live on one shard: Cluster buys availability here, not capacity).
 
     {p}:job:<id>            hash  one job: input, status, times, result
-    {p}:q:<model>:<bin>     list  queued job ids of one bin, oldest first
+    {p}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
+                                  carpool/urgency.py): most urgent first, FIFO on ties
     {p}:leases              zset  claimed job ids, scored by lease deadline (ms)
     {p}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
     {p}:wake:<model>        list  tokens that wake a blocked worker (capped)
     {p}:done                chan  pub/sub: the id of every job that reached an end state
-    {p}:stats:<model>:<bin> hash  counters the web reads (e.g. drained jobs, for Retry-After)
+    {p}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
+                                  last_batch_ms, and the drain rate as rate_c (decayed
+                                  count), rate_t, rate_t0 (for Retry-After)
 """
 
 from dataclasses import dataclass

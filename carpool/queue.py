@@ -20,9 +20,14 @@ from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import BackendUnavailable, BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
 from carpool.keys import Keys
+from carpool.retry_after import DRAIN_TAU_MS, drain_rate_per_s, retry_after_s
+from carpool.urgency import effective_deadline_ms, sort_offset_ms
 
 #: Tokens kept in a wake list; more would only cause extra, harmless peeks.
 WAKE_LIST_CAP = 16
+#: One claim takes at most this many times max_n ids off a bin, expired ones
+#: included, so a backlog of expired jobs is cleared in bounded slices.
+CLAIM_SCAN_FACTOR = 4
 
 _UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS")
 
@@ -96,13 +101,19 @@ class Queue:
         input_digest: str = "",
         owner: str = "",
     ) -> Admitted:
-        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically)."""
+        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically).
+
+        ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
+        its bin follows from its deadline and priority (carpool.urgency).
+        """
         idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
         keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
-                self.keys.wake(model.name), idem_key]
+                self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name)]
+        deadline_ms = effective_deadline_ms(model, deadline_ms)
         args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
                 bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
-                "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP]
+                "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
+                sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS]
         with redis_errors():
             reply = self._admit(keys=keys, args=args)
         kind = reply[0]
@@ -114,32 +125,38 @@ class Queue:
             raise IdempotencyConflict(
                 f"idempotency key was first used for job {reply[1]} with a different input"
             )
-        raise BinFull(model.name, bin_spec.name, int(reply[1]), self.retry_after_s(model, bin_spec))
+        depth = int(reply[1])
+        rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
+        raise BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
 
-    def retry_after_s(self, model: ModelSpec, bin_spec: BinSpec) -> float:
-        """When a full bin is likely to have room again: one batch wait, at least 1 s."""
-        return max(1.0, bin_spec.max_wait_ms / 1000.0)
+    def peek(
+        self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
+    ) -> tuple[int, list[BinState]]:
+        """Redis time (ms) and each (model, bin)'s state, over its ``scan`` most urgent jobs.
 
-    def peek(self, bins: Sequence[tuple[str, str]]) -> tuple[int, list[BinState]]:
-        """Redis time (ms) and the depth and oldest admission of each (model, bin)."""
+        ``scan`` is each bin's max_batch as the worker holds it now (default: 1, the head).
+        """
+        scan = [1] * len(bins) if scan is None else scan
+        keys = ([self.keys.bin(m, b) for m, b in bins]
+                + [self.keys.stats(m, b) for m, b in bins])
         with redis_errors():
-            reply = self._peek(keys=[self.keys.bin(m, b) for m, b in bins],
-                               args=[self.keys.job_prefix])
+            reply = self._peek(keys=keys, args=[self.keys.job_prefix, *scan])
         now_ms = int(reply[0])
         states = []
         for i, (model, bin_name) in enumerate(bins):
-            depth, oldest = int(reply[1 + 2 * i]), int(reply[2 + 2 * i])
-            states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None))
+            depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * i: 5 + 4 * i])
+            states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
+                                   earliest if earliest > 0 else None, admitted))
         return now_ms, states
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
         worker: str,
     ) -> Claim:
-        """Lease up to ``max_n`` of the bin's oldest jobs to ``token``."""
+        """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
         keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
         args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix, worker,
-                self.keys.done_channel, model.result_ttl_s]
+                self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(
@@ -153,7 +170,7 @@ class Queue:
     ) -> list[bool]:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
         args: list[Any] = [claim.token, self.keys.job_prefix, self.keys.done_channel,
-                           model.result_ttl_s, json.dumps(batch)]
+                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS]
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
@@ -186,7 +203,7 @@ class Queue:
         with redis_errors():
             pipe = self.client.pipeline(transaction=False)
             for model, bin_name in bins:
-                pipe.llen(self.keys.bin(model, bin_name))
+                pipe.zcard(self.keys.bin(model, bin_name))
             return [int(x) for x in pipe.execute()]
 
     def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:

@@ -42,7 +42,7 @@ def test_batch_answers_one_entry_per_input_in_order_with_per_item_errors(
     assert [j["bin"] for j in jobs if "id" in j] == ["small", "medium"]
     assert jobs[2]["error"]["code"] == "input_too_large"
     assert all(j["result_url"] == f"/result/{j['id']}" for j in jobs if "id" in j)
-    assert client.lrange(keys.bin("synthetic", "small"), 0, -1) == [jobs[0]["id"]]
+    assert client.zrange(keys.bin("synthetic", "small"), 0, -1) == [jobs[0]["id"]]
     assert client.hget(keys.job(jobs[4]["id"]), "priority") == "3"
 
 

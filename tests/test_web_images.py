@@ -97,7 +97,7 @@ def test_bad_raw_image_is_refused_before_queueing(
 ) -> None:
     resp = http.post("/submit?model=imgs", data=data, content_type="image/png")
     assert resp.status_code == status
-    assert client.llen(keys.bin("imgs", "fast")) + client.llen(keys.bin("imgs", "slow")) == 0
+    assert client.zcard(keys.bin("imgs", "fast")) + client.zcard(keys.bin("imgs", "slow")) == 0
 
 
 def test_image_over_max_input_bytes_answers_413(http: FlaskClient) -> None:

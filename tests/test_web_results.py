@@ -139,7 +139,7 @@ def test_delete_cancels_a_queued_job_and_removes_it_from_its_bin(
     job_id, other = submit(http), submit(http)
     resp = http.delete(f"/result/{job_id}")
     assert (resp.status_code, resp.get_json()) == (200, {"id": job_id, "status": "cancelled"})
-    assert client.lrange(keys.bin("synthetic", "small"), 0, -1) == [other]
+    assert client.zrange(keys.bin("synthetic", "small"), 0, -1) == [other]
     assert http.get(f"/result/{job_id}").get_json()["status"] == "cancelled"
 
 

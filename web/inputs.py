@@ -24,12 +24,10 @@ from typing import Any
 
 from carpool.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 
-#: A relative deadline longer than a day is a client bug, not a plan.
-MAX_DEADLINE_MS = 24 * 3600 * 1000
-MAX_PRIORITY = 9
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 #: Inputs in one /submit/batch request; each costs one admission round trip.
 MAX_BATCH_INPUTS = 1000
@@ -62,7 +60,7 @@ def register_measure(measure: str, fn: TextMeasure) -> None:
 class Options:
     """How a job is queued, apart from its input."""
 
-    deadline_ms: int = 0
+    deadline_ms: int = 0  # 0: none asked; the model's default applies (carpool.urgency)
     priority: int = 0
     idempotency_key: str | None = None
 
@@ -115,7 +113,7 @@ def submission_from_json(doc: Any, catalogue: Catalogue, header_key: str | None)
     """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``."""
     doc = _object(doc, "request body", required={"model", "input"}, allowed=SUBMIT_KEYS)
     spec = catalogue.get(_model_name(doc["model"]))
-    options = _options(doc, _idempotency_key(doc.get("idempotency_key"), header_key))
+    options = _options(spec, doc, _idempotency_key(doc.get("idempotency_key"), header_key))
     return Submission(spec, prepare(spec, doc["input"]), options)
 
 
@@ -135,7 +133,7 @@ def submission_from_file(
         )
     parsed = {k: _digits(k, v) for k, v in fields.items() if k in ("deadline_ms", "priority")}
     key = _idempotency_key(fields.get("idempotency_key"), header_key)
-    return Submission(spec, _prepare_image_bytes(spec, data), _options(parsed, key))
+    return Submission(spec, _prepare_image_bytes(spec, data), _options(spec, parsed, key))
 
 
 def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
@@ -149,7 +147,7 @@ def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
         raise TooManyInputs(
             f"{len(inputs)} inputs in one request; at most {MAX_BATCH_INPUTS} (split the batch)"
         )
-    return BatchSubmission(spec, inputs, _options(doc, None))
+    return BatchSubmission(spec, inputs, _options(spec, doc, None))
 
 
 def prepare(spec: ModelSpec, raw: Any) -> Prepared:
@@ -272,11 +270,13 @@ def _digits(name: str, raw: str) -> int:
     return int(raw)
 
 
-def _options(doc: Mapping[str, Any], idempotency_key: str | None) -> Options:
+def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | None) -> Options:
     deadline, priority = doc.get("deadline_ms"), doc.get("priority")
     return Options(
-        deadline_ms=0 if deadline is None else _int("deadline_ms", deadline, 1, MAX_DEADLINE_MS),
-        priority=0 if priority is None else _int("priority", priority, 0, MAX_PRIORITY),
+        deadline_ms=(0 if deadline is None
+                     else _int("deadline_ms", deadline, 1, spec.max_deadline_ms)),
+        priority=(MIN_PRIORITY if priority is None
+                  else _int("priority", priority, MIN_PRIORITY, MAX_PRIORITY)),
         idempotency_key=idempotency_key,
     )
 

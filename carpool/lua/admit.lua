@@ -1,18 +1,22 @@
 -- admit.lua: admit one job into its bin, or refuse it, atomically.
 --
--- KEYS[1]  bin list      {p}:q:<model>:<bin>   ids, oldest first
+-- KEYS[1]  bin zset      {p}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
 -- KEYS[2]  job hash      {p}:job:<id>          created here
 -- KEYS[3]  wake list     {p}:wake:<model>      a token wakes one blocked worker
 -- KEYS[4]  idempotency   {p}:idem:<model>:<k>  read/written only when ARGV[10] == "1"
+-- KEYS[5]  stats hash    {p}:stats:<model>:<bin>  admitted += 1; drain rate read when full
 -- ARGV[1]  id            ARGV[2] model        ARGV[3] bin
 -- ARGV[4]  input (JSON)  ARGV[5] max_depth    ARGV[6] max_batch
 -- ARGV[7]  ttl_s of a queued record           ARGV[8] deadline, ms after admission (0: none)
 -- ARGV[9]  priority      ARGV[10] "1" if an idempotency key was given
 -- ARGV[11] input digest  ARGV[12] owner digest ("" when no API key)
 -- ARGV[13] wake list cap
+-- ARGV[14] sort offset, ms: score = admission (µs) + offset * 1000 (carpool/urgency.py)
+-- ARGV[15] drain-rate time constant, ms (carpool/retry_after.py)
 --
--- Returns {"ok", id, depth_after, admit_ms} | {"full", depth} |
---         {"dup", first_id} | {"conflict", first_id}
+-- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
+--         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
+--         and the time since its first drain (-1: never drained), for Retry-After.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
@@ -28,13 +32,20 @@ if ARGV[10] == "1" then
   end
 end
 
-local depth = redis.call("LLEN", KEYS[1])
-if depth >= tonumber(ARGV[5]) then
-  return {"full", depth}
-end
-
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local depth = redis.call("ZCARD", KEYS[1])
+if depth >= tonumber(ARGV[5]) then
+  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0")
+  if not st[3] then
+    return {"full", depth, "0", -1}
+  end
+  local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[15]))
+  return {"full", depth, string.format("%.6f", c), now_ms - tonumber(st[3])}
+end
+
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local score = string.format("%.0f", now_us + tonumber(ARGV[14]) * 1000)
 local deadline_ms = 0
 if tonumber(ARGV[8]) > 0 then
   deadline_ms = now_ms + tonumber(ARGV[8])
@@ -42,18 +53,20 @@ end
 
 redis.call("HSET", KEYS[2],
   "model", ARGV[2], "bin", ARGV[3], "input", ARGV[4], "status", "queued",
-  "t_admit", now_ms, "deadline", deadline_ms, "priority", ARGV[9],
+  "t_admit", now_ms, "deadline", deadline_ms, "priority", ARGV[9], "score", score,
   "attempts", 0, "digest", ARGV[11], "owner", ARGV[12])
 redis.call("EXPIRE", KEYS[2], ARGV[7])
-redis.call("RPUSH", KEYS[1], ARGV[1])
+redis.call("ZADD", KEYS[1], score, ARGV[1])
+redis.call("HINCRBY", KEYS[5], "admitted", 1)
 if ARGV[10] == "1" then
   redis.call("SET", KEYS[4], ARGV[1] .. " " .. ARGV[11], "EX", ARGV[7])
 end
 
--- Wake a worker only when its plan changes: the bin got a new oldest job (a new
--- deadline) or just filled a batch. Other arrivals need no wake-up.
+-- Wake a worker only when its plan changes: the bin got its first job (a new
+-- deadline), a new most urgent job (it overtook the head: an earlier deadline or
+-- a higher priority), or just filled a batch. Other arrivals need no wake-up.
 local after = depth + 1
-if after == 1 or after == tonumber(ARGV[6]) then
+if after == 1 or after == tonumber(ARGV[6]) or redis.call("ZRANK", KEYS[1], ARGV[1]) == 0 then
   redis.call("RPUSH", KEYS[3], ARGV[3])
   redis.call("LTRIM", KEYS[3], -tonumber(ARGV[13]), -1)
 end

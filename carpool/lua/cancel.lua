@@ -1,7 +1,7 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
 -- KEYS[1]  job hash {p}:job:<id>
--- ARGV[1]  id   ARGV[2] bin key prefix "{p}:q:" (the bin list is <prefix><model>:<bin>,
+-- ARGV[1]  id   ARGV[2] bin key prefix "{p}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
@@ -13,7 +13,7 @@ if not status then
   return "missing"
 end
 if status == "queued" then
-  redis.call("LREM", ARGV[2] .. job[2] .. ":" .. job[3], 1, ARGV[1])
+  redis.call("ZREM", ARGV[2] .. job[2] .. ":" .. job[3], ARGV[1])
   local t = redis.call("TIME")
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call("HSET", KEYS[1], "status", "cancelled", "t_done", now_ms,

@@ -1,43 +1,51 @@
--- claim.lua: take up to N oldest jobs of one bin and lease them to one worker.
+-- claim.lua: take up to N of one bin's most urgent jobs and lease them to one worker.
 --
--- KEYS[1]  bin list  {p}:q:<model>:<bin>
+-- KEYS[1]  bin zset  {p}:q:<model>:<bin>  (lowest score = most urgent first)
 -- KEYS[2]  leases    {p}:leases  zset id -> lease deadline (ms)
 -- ARGV[1]  max_n     ARGV[2] lease_ms   ARGV[3] lease token (unique per claim)
 -- ARGV[4]  job key prefix "{p}:job:"     ARGV[5] worker name
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
+-- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
+--          backlog of expired jobs is cleared a bounded slice at a time
 --
--- Returns {now_ms, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}.
+-- Returns {now_ms, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most urgent first.
 -- Ids whose record has expired are dropped; jobs whose deadline has passed
--- end "expired" here and are never computed.
+-- end "expired" here, are never computed, and their places go to the next jobs.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call("LPOP", KEYS[1], tonumber(ARGV[1]))
 local out = {now_ms}
-if not ids then
-  return out
-end
+local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
 local lease_until = now_ms + tonumber(ARGV[2])
-for _, id in ipairs(ids) do
-  local key = ARGV[4] .. id
-  local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline")
-  if job[1] == "queued" then
-    local deadline = tonumber(job[5]) or 0
-    if deadline > 0 and now_ms >= deadline then
-      redis.call("HSET", key, "status", "expired", "t_done", now_ms,
-        "error", "deadline passed while queued")
-      redis.call("EXPIRE", key, ARGV[7])
-      redis.call("PUBLISH", ARGV[6], id)
-    else
-      local attempts = tonumber(job[4]) + 1
-      redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
-        "t_claim", now_ms, "attempts", attempts)
-      redis.call("ZADD", KEYS[2], lease_until, id)
-      out[#out + 1] = id
-      out[#out + 1] = job[2]
-      out[#out + 1] = job[3]
-      out[#out + 1] = attempts
+local live = 0
+while live < max_n and budget > 0 do
+  local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
+  if #popped == 0 then break end
+  budget = budget - #popped / 2
+  for i = 1, #popped, 2 do
+    local id = popped[i]
+    local key = ARGV[4] .. id
+    local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline")
+    if job[1] == "queued" then
+      local deadline = tonumber(job[5]) or 0
+      if deadline > 0 and now_ms >= deadline then
+        redis.call("HSET", key, "status", "expired", "t_done", now_ms,
+          "error", "deadline passed while queued")
+        redis.call("HDEL", key, "input")
+        redis.call("EXPIRE", key, ARGV[7])
+        redis.call("PUBLISH", ARGV[6], id)
+      else
+        local attempts = tonumber(job[4]) + 1
+        redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
+          "t_claim", now_ms, "attempts", attempts)
+        redis.call("ZADD", KEYS[2], lease_until, id)
+        out[#out + 1] = id
+        out[#out + 1] = job[2]
+        out[#out + 1] = job[3]
+        out[#out + 1] = attempts
+        live = live + 1
+      end
     end
   end
 end

@@ -1,10 +1,11 @@
 -- complete.lua: write the results of one batch, once, and wake their waiters.
 --
 -- KEYS[1]  leases  {p}:leases
--- KEYS[2]  stats   {p}:stats:<model>:<bin>  drained += jobs written
+-- KEYS[2]  stats   {p}:stats:<model>:<bin>  drained += jobs written; the drain rate
 -- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
+-- ARGV[6]  drain-rate time constant, ms (carpool/retry_after.py)
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
 --
@@ -17,7 +18,7 @@ local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local written = 0
-for i = 6, #ARGV, 4 do
+for i = 7, #ARGV, 4 do
   local id = ARGV[i]
   local key = ARGV[2] .. id
   local job = redis.call("HMGET", key, "status", "lease")
@@ -37,7 +38,16 @@ for i = 6, #ARGV, 4 do
   end
 end
 if written > 0 then
+  -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
+  -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
+  -- bin and carpool/retry_after.py turns it into jobs/s: the sum over all workers.
+  local st = redis.call("HMGET", KEYS[2], "rate_c", "rate_t", "rate_t0")
+  local c = 0
+  if st[1] then
+    c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[6]))
+  end
   redis.call("HINCRBY", KEYS[2], "drained", written)
-  redis.call("HSET", KEYS[2], "last_batch_ms", now_ms)
+  redis.call("HSET", KEYS[2], "last_batch_ms", now_ms, "rate_t", now_ms,
+    "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms)
 end
 return out

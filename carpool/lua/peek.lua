@@ -1,21 +1,34 @@
 -- peek.lua: the state of several bins in one round trip, read-only.
 --
--- KEYS[i]  bin list {p}:q:<model>:<bin>
--- ARGV[1]  job key prefix "{p}:job:" (head jobs are read from it; same slot)
+-- KEYS[1..n]    bin zsets {p}:q:<model>:<bin>
+-- KEYS[n+1..2n] their stats hashes {p}:stats:<model>:<bin> (the "admitted" counter)
+-- ARGV[1]       job key prefix "{p}:job:" (jobs are read from it; same slot)
+-- ARGV[1+i]     how many of bin i's most urgent jobs to look at: its max_batch, i.e.
+--               the jobs its next batch would take
 --
--- Returns {now_ms, depth_1, oldest_admit_ms_1, depth_2, ...};
--- oldest is -1 for an empty bin, and now_ms when the head's record has expired.
+-- Returns {now_ms, then per bin: depth, oldest_admit_ms, earliest_deadline_ms, admitted}.
+-- oldest and earliest are over the jobs looked at; oldest is -1 for an empty bin and
+-- now_ms for a job whose record has expired; earliest is 0 when none has a deadline.
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now_ms}
-for i = 1, #KEYS do
-  local depth = redis.call("LLEN", KEYS[i])
-  local oldest = -1
+local n = #KEYS / 2
+for i = 1, n do
+  local depth = redis.call("ZCARD", KEYS[i])
+  local oldest, earliest = -1, 0
   if depth > 0 then
-    local head = redis.call("LINDEX", KEYS[i], 0)
-    oldest = tonumber(redis.call("HGET", ARGV[1] .. head, "t_admit")) or now_ms
+    local ids = redis.call("ZRANGE", KEYS[i], 0, tonumber(ARGV[1 + i]) - 1)
+    for _, id in ipairs(ids) do
+      local job = redis.call("HMGET", ARGV[1] .. id, "t_admit", "deadline")
+      local admitted = tonumber(job[1]) or now_ms
+      if oldest < 0 or admitted < oldest then oldest = admitted end
+      local deadline = tonumber(job[2]) or 0
+      if deadline > 0 and (earliest == 0 or deadline < earliest) then earliest = deadline end
+    end
   end
   out[#out + 1] = depth
   out[#out + 1] = oldest
+  out[#out + 1] = earliest
+  out[#out + 1] = tonumber(redis.call("HGET", KEYS[n + i], "admitted")) or 0
 end
 return out

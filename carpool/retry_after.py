@@ -1,0 +1,36 @@
+"""How long a client refused with 429 should wait: the bin's depth over its drain rate.
+
+complete.lua keeps each bin's drain rate as a decayed count (``rate_c``, time
+constant ``DRAIN_TAU_MS``) and the time of its first drain; admit.lua, refusing
+a job, returns both decayed to now, in the same round trip. A full bin of depth
+``d`` that drains ``r`` jobs/s needs ``d / r`` seconds to serve what is queued:
+a client that comes back sooner only meets a full bin again. When nothing has
+drained for a while the rate decays toward zero and the answer grows to its cap:
+honest, because no worker is serving that bin.
+"""
+
+from __future__ import annotations
+
+from carpool.rates import decayed_rate_per_ms
+
+#: The drain rate averages about the last 10 s: steady, yet it follows a worker loss.
+DRAIN_TAU_MS = 10_000
+#: One batch right after start-up reads as a rate over at least this long.
+DRAIN_MIN_AGE_MS = 1_000
+#: Retry-After is whole seconds (RFC 9110), at least 1 ...
+RETRY_AFTER_MIN_S = 1.0
+#: ... and at most this, also when no worker drains the bin at all.
+RETRY_AFTER_MAX_S = 300.0
+
+
+def drain_rate_per_s(decayed_count: float, age_ms: int) -> float:
+    """Jobs/s drained from a bin, from admit.lua's reply (age < 0: never drained)."""
+    per_ms = decayed_rate_per_ms(decayed_count, age_ms, DRAIN_TAU_MS, DRAIN_MIN_AGE_MS)
+    return per_ms * 1000.0
+
+
+def retry_after_s(depth: int, rate_per_s: float) -> float:
+    """Seconds until ``depth`` queued jobs drain at ``rate_per_s``, within the bounds."""
+    if rate_per_s <= 0:
+        return RETRY_AFTER_MAX_S
+    return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, depth / rate_per_s))
