@@ -36,6 +36,12 @@ class Settings:
     #: Models a worker serves; empty means every model in the catalogue.
     worker_models: tuple[str, ...]
     worker_name: str
+    #: Workers leave early when waiting for a fuller batch does not pay
+    #: (docs/scheduling.md); off: every bin is a fixed window of max_wait_ms.
+    adaptive_batching: bool = True
+    #: Test-only: the synthetic model appends each batch's input values here, one
+    #: JSON line per model call, so tests can see exactly what reached the model.
+    synthetic_call_log: str = ""
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -49,6 +55,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise ConfigError(f"{name}={value} must be >= {minimum}")
     return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a flag (1/0, true/false, yes/no, on/off)")
 
 
 def _redis_url(env: Mapping[str, str]) -> str:
@@ -97,6 +114,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_cost_ms=_cost(env),
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+        adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
+        synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),
     )
     check_consistency(settings)
     return settings

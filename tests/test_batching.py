@@ -1,16 +1,36 @@
-"""The batch decision, with a fake clock: pure, no Redis."""
+"""The batch decision, with a fake clock: pure, no Redis. One test per rule."""
+
+import math
 
 import pytest
 
-from carpool.batching import Go, Limits, Wait, decide
+from carpool.batching import (
+    LOOP_ALLOWANCE_MS,
+    MAX_BYPASS,
+    SERVICE_ALLOWANCE,
+    BinView,
+    Cost,
+    Go,
+    Limits,
+    Wait,
+    adaptive_wait_ms,
+    decide,
+    leave_by_ms,
+    worth_waiting_for,
+)
 from carpool.jobs import BinState
 
 LIM = Limits(max_batch=8, max_wait_ms=20)
+ADAPT = Limits(max_batch=8, max_wait_ms=20, adaptive=True)
+COST = Cost(a_ms=20.0, b_ms=1.0)
 
 
-def state(depth: int, oldest: int | None, bin_name: str = "small") -> BinState:
-    return BinState("m", bin_name, depth, oldest)
+def state(depth: int, oldest: int | None, bin_name: str = "small",
+          deadline: int | None = None) -> BinState:
+    return BinState("m", bin_name, depth, oldest, deadline)
 
+
+# Rule 1 and 2: the window, and a full bin.
 
 def test_full_bin_goes_now_even_before_its_deadline() -> None:
     assert decide(1000, [(state(8, 999), LIM)]) == Go("m", "small", 8)
@@ -28,16 +48,104 @@ def test_empty_bins_wait_for_an_arrival_only() -> None:
     assert decide(1005, [(state(0, None), LIM), (state(0, None, "big"), LIM)]) == Wait(None)
 
 
-def test_a_full_bin_goes_before_an_older_due_bin() -> None:
+def test_a_paused_bin_never_goes_even_when_full() -> None:
+    paused = Limits(8, 20, paused=True)
+    assert decide(5000, [(state(8, 1000), paused)]) == Wait(None)
+
+
+# Rule 1: a job's deadline, allowing for the service time.
+
+def test_a_deadline_before_the_window_moves_the_leave_by_time_earlier() -> None:
+    view = BinView(state(2, 1000, deadline=1015), LIM)
+    assert leave_by_ms(view) == 1015 - LOOP_ALLOWANCE_MS
+
+
+def test_the_leave_by_time_allows_for_the_expected_service_of_the_batch() -> None:
+    view = BinView(state(4, 1000, deadline=1100), Limits(8, 500), cost=COST)
+    service = math.ceil(COST.ms(4) * SERVICE_ALLOWANCE)  # 30 ms for a batch of 4
+    assert leave_by_ms(view) == 1100 - service - LOOP_ALLOWANCE_MS
+    assert decide(1000, [view]) == Wait(1100 - service - LOOP_ALLOWANCE_MS)
+    assert decide(1100 - service - LOOP_ALLOWANCE_MS, [view]) == Go("m", "small", 8)
+
+
+def test_a_deadline_after_the_window_changes_nothing() -> None:
+    assert leave_by_ms(BinView(state(2, 1000, deadline=9000), LIM, cost=COST)) == 1020
+
+
+def test_a_job_already_past_its_deadline_makes_its_bin_go_at_once() -> None:
+    assert decide(1000, [(state(1, 999, deadline=990), LIM)]) == Go("m", "small", 8)
+
+
+# Rule 3: adaptive batching.
+
+def test_waiting_pays_only_while_n_is_below_lambda_a_minus_1_over_1_plus_lambda_b() -> None:
+    lam = 0.5  # jobs per ms
+    assert worth_waiting_for(COST, lam, 32) == pytest.approx((lam * 20 - 1) / (1 + lam * 1))
+    assert worth_waiting_for(COST, 0.04, 32) < 0  # λa < 1: light load never waits
+    assert worth_waiting_for(Cost(0.0, 1.0), 5.0, 32) < 0  # no fixed cost: never waits
+    assert worth_waiting_for(None, 5.0, 32) == 0.0  # not measured yet: never waits
+    assert worth_waiting_for(COST, 100.0, 8) == 8.0  # capped at max_batch
+
+
+def test_adaptive_under_light_load_leaves_at_once_instead_of_waiting_out_the_window() -> None:
+    light = BinView(state(1, 1000), ADAPT, cost=COST, arrivals_per_ms=0.01)
+    assert decide(1000, [light]) == Go("m", "small", 8)
+    fixed = BinView(state(1, 1000), LIM, cost=COST, arrivals_per_ms=0.01)
+    assert decide(1000, [fixed]) == Wait(1020)
+
+
+def test_adaptive_under_heavy_load_waits_for_the_batch_worth_having() -> None:
+    lam = 0.5  # target (10 − 1) / 1.5 = 6 jobs
+    view = BinView(state(2, 1000), ADAPT, cost=COST, arrivals_per_ms=lam)
+    assert adaptive_wait_ms(view) == math.ceil((6 - 2) / lam)
+    assert decide(1000, [view]) == Wait(1008)
+    grown = BinView(state(6, 1000), ADAPT, cost=COST, arrivals_per_ms=lam)
+    assert decide(1008, [grown]) == Go("m", "small", 8)
+
+
+def test_adaptive_never_waits_past_the_window_or_a_deadline() -> None:
+    busy = BinView(state(2, 1000), ADAPT, cost=COST, arrivals_per_ms=0.2)  # wants 3/1.2
+    assert adaptive_wait_ms(busy) == 5
+    late = BinView(state(2, 990), ADAPT, cost=COST, arrivals_per_ms=0.2)
+    assert decide(1000, [late]) == Wait(1005)
+    wide = Limits(8, 500, adaptive=True)
+    nearly = BinView(state(2, 1000, deadline=1035), wide, cost=COST, arrivals_per_ms=0.5)
+    by = leave_by_ms(nearly)
+    assert by == 1035 - math.ceil(COST.ms(2) * SERVICE_ALLOWANCE) - LOOP_ALLOWANCE_MS == 1005
+    assert decide(1000, [nearly]) == Wait(1005)  # waiting would pay until 1008
+    assert decide(by, [nearly]) == Go("m", "small", 8)
+
+
+# Rule 4: across bins.
+
+def test_a_full_bin_goes_before_a_due_bin_that_was_not_passed_over_yet() -> None:
     due = (state(1, 900, "a"), LIM)
     full = (state(8, 1000, "b"), LIM)
-    assert decide(1000, [due, full]) == Go("m", "b", 8)
+    assert decide(1000, [due, full]) == Go("m", "b", 8, passed_over=(("m", "a"),))
+
+
+def test_a_due_bin_passed_over_max_bypass_times_goes_before_any_full_bin() -> None:
+    due = BinView(state(1, 900, "a"), LIM, bypassed=MAX_BYPASS)
+    full = BinView(state(8, 1000, "b"), LIM)
+    assert decide(1000, [due, full]) == Go("m", "a", 8)
+
+
+def test_among_forced_bins_the_most_passed_over_goes_first() -> None:
+    a = BinView(state(1, 900, "a"), LIM, bypassed=MAX_BYPASS)
+    b = BinView(state(1, 950, "b"), LIM, bypassed=MAX_BYPASS + 1)
+    assert decide(1000, [a, b]).bin == "b"  # type: ignore[union-attr]
 
 
 def test_among_due_bins_the_earliest_deadline_goes_first() -> None:
     slow = (state(2, 950, "slow"), Limits(8, 40))  # due at 990
     fast = (state(2, 960, "fast"), Limits(8, 20))  # due at 980
-    assert decide(1000, [slow, fast]) == Go("m", "fast", 8)
+    assert decide(1000, [slow, fast]) == Go("m", "fast", 8, passed_over=(("m", "slow"),))
+
+
+def test_among_full_bins_the_earliest_deadline_goes_first() -> None:
+    a = (state(8, 990, "a"), LIM)
+    b = (state(8, 950, "b"), LIM)
+    assert decide(1000, [a, b]) == Go("m", "b", 8)  # a is full but not due: not passed over
 
 
 def test_waits_for_the_earliest_deadline_across_bins() -> None:

@@ -10,11 +10,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from carpool.batching import Go, Limits, Wait, decide
+from carpool.batching import Cost, Go, Wait
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
 from carpool.jobs import Claim
 from carpool.queue import Queue
+from carpool.scheduler import Scheduler
 from carpool.settings import Settings
 from worker.handlers.base import ModelHandler
 from worker.runner import run_batch
@@ -55,15 +56,26 @@ class BatchLoop:
     #: Each is called with ("started", claim, None) and ("finished", claim, report):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
     listeners: list[BatchListener] = field(default_factory=list)
-    limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
+    #: Calibrated t(n) = a + b·n per (model, bin), seeding the online fit.
+    cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
+    #: Limits, cost models and the decision; Celery remote control retunes it.
+    scheduler: Scheduler = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
 
     def __post_init__(self) -> None:
-        for handler in self.handlers.values():
-            for b in handler.spec.bins:
-                self.limits.setdefault((handler.spec.name, b.name),
-                                       Limits(b.max_batch, b.max_wait_ms))
+        self.scheduler = Scheduler([h.spec for h in self.handlers.values()],
+                                   adaptive=self.settings.adaptive_batching,
+                                   cost_seeds=self.cost_seeds)
+        self.listeners.append(self._fit)
+
+    def _fit(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+        """Each finished batch refines its bin's cost model and SLO cap."""
+        if report is None:
+            return
+        runtime_ms = report.runtime_s * 1000.0
+        self.scheduler.observe(report.model, report.bin, report.size, runtime_ms,
+                               [q + runtime_ms for q in report.queue_ms])
 
     def stop(self) -> None:
         """Ask the loop to end after the batch in hand."""
@@ -86,9 +98,9 @@ class BatchLoop:
 
     def step(self) -> None:
         """One decision: run a batch, or block until something may be due."""
-        bins = list(self.limits)
-        now_ms, states = self.queue.peek(bins)
-        decision = decide(now_ms, [(s, self.limits[(s.model, s.bin)]) for s in states])
+        bins = self.scheduler.bins
+        now_ms, states = self.queue.peek(bins, self.scheduler.scan_sizes(bins))
+        decision = self.scheduler.decide(now_ms, states)
         if isinstance(decision, Go):
             self.run_one(decision)
         else:
@@ -98,7 +110,7 @@ class BatchLoop:
         wait_s = MAX_BLOCK_S
         if decision.until_ms is not None:
             wait_s = min(MAX_BLOCK_S, max(0.001, (decision.until_ms - now_ms) / 1000.0))
-        models = sorted({m for m, _ in self.limits})
+        models = sorted({m for m, _ in self.scheduler.bins})
         self.queue.wait_for_work(models, wait_s)
 
     def _token(self) -> str:

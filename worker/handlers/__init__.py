@@ -14,7 +14,8 @@ def make_handler(spec: ModelSpec, settings: Settings) -> ModelHandler:
     if spec.kind == "synthetic":
         from worker.handlers.synthetic import SyntheticHandler
 
-        return SyntheticHandler(spec, settings.synthetic_cost_ms)
+        return SyntheticHandler(spec, settings.synthetic_cost_ms,
+                                call_log=settings.synthetic_call_log)
     raise ConfigError(f"model {spec.name!r}: no handler for kind {spec.kind!r}")
 
 

@@ -3,6 +3,7 @@ like a GPU; its output is computed from its input so misrouting is detectable.""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,9 +14,11 @@ from carpool.synthetic import batch_cost_s, expected_result
 
 
 class SyntheticHandler:
-    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float]) -> None:
+    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float], call_log: str = "") -> None:
         self.spec = spec
         self.a_ms, self.b_ms = cost_ms
+        #: Test-only (CARPOOL_SYNTHETIC_CALL_LOG): one JSON line per model call.
+        self.call_log = call_log
 
     def load(self) -> None:
         return None
@@ -31,6 +34,9 @@ class SyntheticHandler:
         return list(items)
 
     def forward(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.call_log:
+            with open(self.call_log, "a") as log:  # one write per call: lines stay whole
+                log.write(json.dumps([item.get("value") for item in batch]) + "\n")
         time.sleep(batch_cost_s(len(batch), self.a_ms, self.b_ms))  # releases the GIL
         return [expected_result(item) for item in batch]
 
