@@ -4,8 +4,10 @@ The rules (docs/scheduling.md explains and measures them):
 
 1. **Leave-by.** A bin's batch must leave by its oldest job's admission plus
    ``max_wait_ms`` — or earlier, when its most urgent deadline minus the
-   expected service time (with a margin) comes first: waiting never makes a job
-   miss its deadline.
+   expected service time of the batch it will be (``planned_batch``, with a
+   margin) comes first: waiting never makes a job
+   miss its deadline. Nor does the claim: it takes no more jobs than still
+   finish by that deadline (``batch_that_fits``).
 2. **Full.** A bin holding ``max_batch`` jobs is ready at once.
 3. **Adaptive** (``Limits.adaptive``): a bin that is not full is ready at once
    unless waiting for more jobs pays (``worth_waiting_for``); it then waits for
@@ -88,7 +90,8 @@ class Go:
 
 @dataclass(frozen=True)
 class Wait:
-    """Nothing is due; wake at ``until_ms`` (Redis time) or on arrival. None: only on arrival."""
+    """Nothing is due; look again at ``until_ms`` (Redis time: a bin falls due or is
+    expected to be full) or on a wake token. None: only on a wake token."""
 
     until_ms: int | None
 
@@ -100,15 +103,39 @@ def deadline_ms(state: BinState, limits: Limits) -> int | None:
     return state.oldest_admit_ms + limits.max_wait_ms
 
 
-def leave_by_ms(view: BinView) -> int | None:
+def planned_batch(now_ms: int, view: BinView) -> int:
+    """The batch the deadline rule plans for: the jobs waiting, plus those expected
+    to arrive before the most urgent deadline, up to max_batch."""
+    waiting = min(view.state.depth, view.limits.max_batch)
+    earliest = view.state.earliest_deadline_ms
+    if earliest is None:
+        return waiting
+    expected = math.ceil(view.arrivals_per_ms * max(0, earliest - now_ms))
+    return min(view.limits.max_batch, waiting + expected)
+
+
+def leave_by_ms(view: BinView, now_ms: int) -> int | None:
     """The latest moment this bin's batch may leave (rule 1); None for an empty bin."""
     by = deadline_ms(view.state, view.limits)
     earliest = view.state.earliest_deadline_ms
     if by is None or earliest is None:
         return by
-    n = min(view.state.depth, view.limits.max_batch)
+    n = planned_batch(now_ms, view)
     service_ms = view.cost.ms(n) * SERVICE_ALLOWANCE if view.cost is not None else 0.0
     return min(by, earliest - math.ceil(service_ms) - LOOP_ALLOWANCE_MS)
+
+
+def batch_that_fits(now_ms: int, view: BinView) -> int:
+    """The most jobs to claim now: max_batch, unless so many would finish after the
+    most urgent job's deadline. A head that is late even alone is not saved at the
+    cost of a smaller batch: it goes with a full one."""
+    limit = view.limits.max_batch
+    earliest, cost = view.state.earliest_deadline_ms, view.cost
+    if earliest is None or cost is None or cost.b_ms <= 0:
+        return limit
+    budget_ms = (earliest - now_ms - LOOP_ALLOWANCE_MS) / SERVICE_ALLOWANCE - cost.a_ms
+    fits = math.floor(budget_ms / cost.b_ms)
+    return limit if fits < 1 else min(limit, fits)
 
 
 def worth_waiting_for(cost: Cost | None, arrivals_per_ms: float, max_batch: int) -> float:
@@ -135,9 +162,19 @@ def adaptive_wait_ms(view: BinView) -> int:
     return math.ceil((math.ceil(target) - n) / view.arrivals_per_ms)
 
 
+def expected_full_ms(now_ms: int, view: BinView) -> int | None:
+    """When the bin should hold max_batch jobs at its arrival rate. admit.lua wakes
+    workers when a bin reaches the catalogue's max_batch; a retuned or SLO-capped
+    one is smaller, so a waiting worker also looks again at this time."""
+    missing = view.limits.max_batch - view.state.depth
+    if missing <= 0 or view.arrivals_per_ms <= 0:
+        return None
+    return now_ms + max(1, math.ceil(missing / view.arrivals_per_ms))
+
+
 def ready_at_ms(now_ms: int, view: BinView) -> int | None:
     """When this bin's batch should leave (rules 1–3); None: empty or paused."""
-    by = leave_by_ms(view)
+    by = leave_by_ms(view, now_ms)
     if by is None or view.limits.paused:
         return None
     if view.state.depth >= view.limits.max_batch:
@@ -147,10 +184,10 @@ def ready_at_ms(now_ms: int, view: BinView) -> int | None:
     return min(by, now_ms + adaptive_wait_ms(view))
 
 
-def _order(view: BinView, max_bypass: int) -> tuple[int, int, int]:
+def _order(now_ms: int, view: BinView, max_bypass: int) -> tuple[int, int, int]:
     """Sort key among ready bins (rule 4): forced bins, full bins, then the rest;
     within each, the earliest leave-by."""
-    by = leave_by_ms(view)
+    by = leave_by_ms(view, now_ms)
     assert by is not None  # a ready bin has jobs
     if view.bypassed >= max_bypass:
         return (0, -view.bypassed, by)
@@ -160,7 +197,7 @@ def _order(view: BinView, max_bypass: int) -> tuple[int, int, int]:
 
 
 def _is_due(now_ms: int, view: BinView) -> bool:
-    by = leave_by_ms(view)
+    by = leave_by_ms(view, now_ms)
     return by is not None and by <= now_ms
 
 
@@ -181,11 +218,14 @@ def decide(
             continue
         if at <= now_ms:
             ready.append(view)
-        elif soonest is None or at < soonest:
-            soonest = at
+            continue
+        full = expected_full_ms(now_ms, view)
+        wake = at if full is None else min(at, full)
+        if soonest is None or wake < soonest:
+            soonest = wake
     if not ready:
         return Wait(soonest)
-    chosen = min(ready, key=lambda v: _order(v, max_bypass))  # first of equals: stable
+    chosen = min(ready, key=lambda v: _order(now_ms, v, max_bypass))  # first of equals: stable
     passed = tuple((v.state.model, v.state.bin) for v in ready
                    if v is not chosen and _is_due(now_ms, v))
-    return Go(chosen.state.model, chosen.state.bin, chosen.limits.max_batch, passed)
+    return Go(chosen.state.model, chosen.state.bin, batch_that_fits(now_ms, chosen), passed)

@@ -47,6 +47,8 @@ class _Bin:
         default_factory=lambda: RateMeter(ARRIVAL_TAU_MS, ARRIVAL_MIN_AGE_MS))
     cap: BatchCap = field(default_factory=BatchCap)
     bypassed: int = 0
+    #: The bin's depth when it was last chosen: a backlog when it held two batches.
+    depth_at_go: int = 0
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
 
     def effective(self) -> Limits:
@@ -97,7 +99,10 @@ class Scheduler:
                                      b.arrivals.per_ms(now_ms), b.bypassed))
             decision = decide(now_ms, views, self.max_bypass)
             if isinstance(decision, Go):
-                self._bins[(decision.model, decision.bin)].bypassed = 0
+                chosen = self._bins[(decision.model, decision.bin)]
+                chosen.bypassed = 0
+                chosen.depth_at_go = next(s.depth for s in states
+                                          if (s.model, s.bin) == (decision.model, decision.bin))
                 for key in decision.passed_over:
                     self._bins[key].bypassed += 1
             return decision
@@ -111,7 +116,8 @@ class Scheduler:
             b.recent.append(size)
             ceiling = b.limits.max_batch
             floor = keep_up_batch(b.cost.cost(), b.arrivals.per_ms(self._now_ms), ceiling)
-            b.cap.observe(latencies_ms, b.p99_target_ms, ceiling, floor)
+            b.cap.observe(latencies_ms, b.p99_target_ms, ceiling, floor,
+                          left_behind=b.depth_at_go >= 2 * size)
 
     def tune(self, model: str, bin_name: str | None = None, *, reset: bool = False,
              **changes: Any) -> list[dict[str, Any]]:

@@ -57,19 +57,34 @@ def test_a_paused_bin_never_goes_even_when_full() -> None:
 
 def test_a_deadline_before_the_window_moves_the_leave_by_time_earlier() -> None:
     view = BinView(state(2, 1000, deadline=1015), LIM)
-    assert leave_by_ms(view) == 1015 - LOOP_ALLOWANCE_MS
+    assert leave_by_ms(view, 1000) == 1015 - LOOP_ALLOWANCE_MS
 
 
 def test_the_leave_by_time_allows_for_the_expected_service_of_the_batch() -> None:
     view = BinView(state(4, 1000, deadline=1100), Limits(8, 500), cost=COST)
     service = math.ceil(COST.ms(4) * SERVICE_ALLOWANCE)  # 30 ms for a batch of 4
-    assert leave_by_ms(view) == 1100 - service - LOOP_ALLOWANCE_MS
-    assert decide(1000, [view]) == Wait(1100 - service - LOOP_ALLOWANCE_MS)
-    assert decide(1100 - service - LOOP_ALLOWANCE_MS, [view]) == Go("m", "small", 8)
+    by = 1100 - service - LOOP_ALLOWANCE_MS
+    assert leave_by_ms(view, 1000) == by
+    assert decide(1000, [view]) == Wait(by)
+    assert decide(by, [view]) == Go("m", "small", 4)  # 4 more would end after the deadline
+
+
+def test_the_allowance_plans_for_the_jobs_expected_before_the_deadline() -> None:
+    view = BinView(state(2, 1000, deadline=1100), Limits(8, 500), cost=COST,
+                   arrivals_per_ms=0.02)  # two more expected in the 100 ms left
+    assert leave_by_ms(view, 1000) == 1100 - math.ceil(COST.ms(4) * SERVICE_ALLOWANCE) - 2
+
+
+def test_a_claim_takes_no_more_jobs_than_finish_by_the_most_urgent_deadline() -> None:
+    view = BinView(state(20, 1000, deadline=1050), Limits(32, 20), cost=COST)
+    fits = math.floor((50 - LOOP_ALLOWANCE_MS) / SERVICE_ALLOWANCE - COST.a_ms)  # b = 1 ms
+    assert decide(1000, [view]) == Go("m", "small", fits)
+    doomed = BinView(state(20, 1000, deadline=1010), Limits(32, 20), cost=COST)
+    assert decide(1000, [doomed]) == Go("m", "small", 32)  # late even alone: a full batch
 
 
 def test_a_deadline_after_the_window_changes_nothing() -> None:
-    assert leave_by_ms(BinView(state(2, 1000, deadline=9000), LIM, cost=COST)) == 1020
+    assert leave_by_ms(BinView(state(2, 1000, deadline=9000), LIM, cost=COST), 1000) == 1020
 
 
 def test_a_job_already_past_its_deadline_makes_its_bin_go_at_once() -> None:
@@ -110,10 +125,9 @@ def test_adaptive_never_waits_past_the_window_or_a_deadline() -> None:
     assert decide(1000, [late]) == Wait(1005)
     wide = Limits(8, 500, adaptive=True)
     nearly = BinView(state(2, 1000, deadline=1035), wide, cost=COST, arrivals_per_ms=0.5)
-    by = leave_by_ms(nearly)
-    assert by == 1035 - math.ceil(COST.ms(2) * SERVICE_ALLOWANCE) - LOOP_ALLOWANCE_MS == 1005
-    assert decide(1000, [nearly]) == Wait(1005)  # waiting would pay until 1008
-    assert decide(by, [nearly]) == Go("m", "small", 8)
+    by = leave_by_ms(nearly, 1000)  # plans for 2 + 0.5·35 more jobs: a batch of 8
+    assert by == 1035 - math.ceil(COST.ms(8) * SERVICE_ALLOWANCE) - LOOP_ALLOWANCE_MS == 998
+    assert decide(1000, [nearly]) == Go("m", "small", 6)  # waiting would pay, but not in time
 
 
 # Rule 4: across bins.

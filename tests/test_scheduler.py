@@ -87,7 +87,8 @@ def test_the_arrival_rate_comes_from_the_admitted_counter() -> None:
 
 def test_a_p99_target_shrinks_max_batch_when_missed() -> None:
     sched = Scheduler([replace(SPEC, p99_target_ms=50)])
-    sched.observe("m", "a", 8, 40.0, [500.0] * WINDOW_JOBS)
+    for _ in range(WINDOW_JOBS // 4):
+        sched.observe("m", "a", 4, 40.0, [500.0] * 4)
     assert sched.limits(("m", "a")).max_batch == 6
     assert sched.scan_sizes([("m", "a")]) == [6]
     sched.tune("m", p99_target_ms=0)
