@@ -38,6 +38,9 @@ def test_models_lists_each_models_bins_and_limits(http: FlaskClient) -> None:
     assert synthetic["bins"][0] == {"name": "small", "max_size": 64, "max_batch": 32,
                                     "max_wait_ms": 20, "max_depth": 5000, "depth": 0}
     assert synthetic["limits"] == {"max_input_bytes": 64 << 10}
+    assert model(http, "tiny")["scheduling"] == {
+        "default_deadline_ms": 4000, "max_deadline_ms": 60000, "priorities": [0, 9],
+        "priority_step_ms": 1000, "p99_target_ms": 0}
     imgs = model(http, "imgs")
     assert imgs["limits"]["max_side"] == 4096
     assert imgs["limits"]["formats"] == ["JPEG", "PNG", "WEBP"]

@@ -213,3 +213,14 @@ def test_text_input_is_binned_by_a_measure_that_can_be_replaced(
 def test_bad_text_input_is_refused(http: FlaskClient, text: Any, status: int) -> None:
     resp = http.post(SUBMIT, json={"model": "texts", "input": {"text": text}})
     assert resp.status_code == status
+
+
+def test_a_model_applies_its_default_deadline_and_refuses_one_over_its_maximum(
+    http: FlaskClient, client: redis.Redis, keys: Keys
+) -> None:
+    tiny = {"model": "tiny", "input": {"value": 0, "size": 1}}
+    resp = http.post(SUBMIT, json=tiny)
+    record = client.hgetall(keys.job(resp.get_json()["id"]))
+    assert int(record["deadline"]) == int(record["t_admit"]) + 4000
+    over = http.post(SUBMIT, json={**tiny, "deadline_ms": 60001})
+    assert over.status_code == 400 and "60000" in over.get_json()["error"]["message"]

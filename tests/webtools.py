@@ -22,6 +22,8 @@ CATALOGUE_TOML = """
 [models.tiny]
 kind = "synthetic"
 measure = "size"
+default_deadline_ms = 4000
+max_deadline_ms = 60000
 [[models.tiny.bins]]
 name = "only"
 max_size = 10

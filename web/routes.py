@@ -14,6 +14,7 @@ from flask import Blueprint, Response, jsonify, request
 from carpool.catalogue import Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
 from carpool.jobs import Admitted, is_job_id, new_job_id
+from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
 from web.state import WebState, current_state
@@ -184,5 +185,9 @@ def _describe(spec: ModelSpec, depths: Iterator[int]) -> dict[str, Any]:
          "max_wait_ms": b.max_wait_ms, "max_depth": b.max_depth, "depth": next(depths)}
         for b in spec.bins
     ]
+    scheduling = {"default_deadline_ms": spec.default_deadline_ms,
+                  "max_deadline_ms": spec.max_deadline_ms,
+                  "priorities": [MIN_PRIORITY, MAX_PRIORITY],
+                  "priority_step_ms": spec.priority_step_ms, "p99_target_ms": spec.p99_target_ms}
     return {"name": spec.name, "kind": spec.kind, "measure": spec.measure,
-            "limits": inputs.input_limits(spec), "bins": bins}
+            "limits": inputs.input_limits(spec), "scheduling": scheduling, "bins": bins}
