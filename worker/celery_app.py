@@ -12,6 +12,7 @@ import os
 from celery import Celery
 
 from carpool.settings import DEFAULT_REDIS_URL
+from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
 from worker.bootstep import BatchLoopStep
 
 
