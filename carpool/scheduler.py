@@ -49,6 +49,8 @@ class _Bin:
     bypassed: int = 0
     #: The bin's depth when it was last chosen: a backlog when it held two batches.
     depth_at_go: int = 0
+    #: Whether the worker had been waiting (not busy) when the bin was last chosen.
+    held_at_go: bool = False
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
 
     def effective(self) -> Limits:
@@ -72,6 +74,7 @@ class Scheduler:
                 self._bins[key] = _Bin(base, base, spec.p99_target_ms, spec.p99_target_ms,
                                        CostModel.seeded(seeds.get(key), b.max_batch))
         self._now_ms = 0
+        self._waited = True  # the last decision was a Wait: the worker was idle
         self._lock = threading.Lock()
 
     @property
@@ -103,8 +106,10 @@ class Scheduler:
                 chosen.bypassed = 0
                 chosen.depth_at_go = next(s.depth for s in states
                                           if (s.model, s.bin) == (decision.model, decision.bin))
+                chosen.held_at_go = self._waited
                 for key in decision.passed_over:
                     self._bins[key].bypassed += 1
+            self._waited = isinstance(decision, Wait)
             return decision
 
     def observe(self, model: str, bin_name: str, size: int, runtime_ms: float,
@@ -117,7 +122,7 @@ class Scheduler:
             ceiling = b.limits.max_batch
             floor = keep_up_batch(b.cost.cost(), b.arrivals.per_ms(self._now_ms), ceiling)
             b.cap.observe(latencies_ms, b.p99_target_ms, ceiling, floor,
-                          left_behind=b.depth_at_go >= 2 * size)
+                          left_behind=b.depth_at_go >= 2 * size, held=b.held_at_go)
 
     def tune(self, model: str, bin_name: str | None = None, *, reset: bool = False,
              **changes: Any) -> list[dict[str, Any]]:

@@ -6,6 +6,10 @@ Latency here is admission to results written, as the worker sees it. Shrinking
 batches helps when long batches make the tail; it cannot help a backlogged bin,
 whose tail is its queue: smaller batches would drain it slower still. So:
 
+- only batches that were *held* — the worker was idle, waiting for the bin to
+  fill or fall due — can leave sooner with a smaller cap; a miss while most
+  batches were not held (they waited for a busy worker, or behind other bins)
+  leaves the cap alone;
 - a miss while most batches left a whole batch's worth of jobs behind (a
   backlog) lifts the cap altogether;
 - the cap never goes below ``KEEP_UP_MARGIN`` times the batch size that keeps up
@@ -28,8 +32,9 @@ DECREASE = 0.75
 INCREASE = 1
 #: The cap stays this many times above the batch size that just keeps up.
 KEEP_UP_MARGIN = 1.5
-#: A window where at least this share of batches left jobs behind was a backlog.
-BACKLOG_SHARE = 0.5
+#: A window where at least this share of batches left jobs behind was a backlog;
+#: one where at least this share was held can be helped by a smaller cap.
+MAJORITY = 0.5
 
 
 def p99(values: list[float]) -> float:
@@ -58,20 +63,22 @@ class BatchCap:
     _window: list[float] = field(default_factory=list)
     _batches: int = 0
     _behind: int = 0
+    _held: int = 0
 
     def reset(self) -> None:
         self.cap, self.last_p99_ms = None, None
         self._window.clear()
-        self._batches = self._behind = 0
+        self._batches = self._behind = self._held = 0
 
     def limit(self, max_batch: int) -> int:
         """The max_batch to use now: the configured one, or the cap when it is lower."""
         return max_batch if self.cap is None else min(self.cap, max_batch)
 
     def observe(self, latencies_ms: list[float], target_ms: int, ceiling: int, floor: int,
-                left_behind: bool = False) -> None:
-        """Count one batch's latencies (``left_behind``: its bin held another batch's
-        worth of jobs when it left); every WINDOW_JOBS, move the cap."""
+                left_behind: bool = False, held: bool = True) -> None:
+        """Count one batch's latencies; every WINDOW_JOBS, move the cap. ``left_behind``:
+        its bin held another batch's worth of jobs when it left; ``held``: the worker
+        had been waiting for it."""
         if target_ms <= 0:
             self.reset()
             return
@@ -79,16 +86,18 @@ class BatchCap:
         self._window.extend(latencies_ms)
         self._batches += 1
         self._behind += left_behind
+        self._held += held
         if len(self._window) < WINDOW_JOBS:
             return
         self.last_p99_ms = p99(self._window)
-        backlog = self._behind >= BACKLOG_SHARE * self._batches
+        backlog = self._behind >= MAJORITY * self._batches
+        held = self._held >= MAJORITY * self._batches
         self._window.clear()
-        self._batches = self._behind = 0
+        self._batches = self._behind = self._held = 0
         if self.last_p99_ms <= target_ms:
             cap += INCREASE
         elif backlog:
             cap = ceiling  # a queue, not a batch, made the tail: never throttle a backlog
-        else:
+        elif held:
             cap = math.floor(cap * DECREASE)
         self.cap = max(min(floor, ceiling), 1, min(cap, ceiling))

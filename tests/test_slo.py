@@ -40,6 +40,13 @@ def test_a_miss_while_batches_leave_jobs_behind_is_a_backlog_and_lifts_the_cap()
     assert cap.cap == 32
 
 
+def test_a_miss_while_batches_waited_for_a_busy_worker_leaves_the_cap_alone() -> None:
+    cap = BatchCap()
+    for batch in small_batches(300):
+        cap.observe(batch, target_ms=100, ceiling=32, floor=1, held=False)
+    assert cap.cap == 32
+
+
 def test_no_verdict_before_a_full_window() -> None:
     cap = BatchCap()
     cap.observe([999.0] * (WINDOW_JOBS - 1), target_ms=100, ceiling=32, floor=1)

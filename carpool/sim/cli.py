@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model's true t(n) = a + b·n, as 'a,b' ms (default 20,1)")
     p.add_argument("--jitter", type=float, default=0.05,
                    help="lognormal sigma on each batch's time (default 0.05)")
+    p.add_argument("--overhead-ms", type=float, default=0.0,
+                   help="worker time per batch outside t(n) (e.g. measured in a real run)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--loads", type=_floats, default=[0.25, 0.5, 0.75, 0.9, 1.0, 1.1],
                    help="offered loads, as fractions of capacity")
@@ -93,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     spec = load_catalogue(Path(args.config) if args.config else None).get(args.model)
     sizes = SizeMix.parse(args.sizes)
-    base = SimConfig(spec, args.cost_ms, workers=args.workers, jitter=args.jitter, seed=args.seed)
+    base = SimConfig(spec, args.cost_ms, workers=args.workers, jitter=args.jitter, seed=args.seed,
+                     overhead_us=round(args.overhead_ms * 1000))
     policies = standard(spec, args.cost_ms, args.slo_ms)
     trace = load_trace(Path(args.trace), sizes, args.seed) if args.trace else None
     out = Path(args.out or f"sim-out/{time.strftime('%Y%m%d-%H%M%S')}")

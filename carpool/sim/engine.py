@@ -37,6 +37,9 @@ class SimConfig:
     jitter: float = 0.0
     #: One Redis round trip (peek, claim or a returning BLPOP); FACTS.md: ~0.2 ms.
     rtt_us: int = 250
+    #: Worker time per batch outside its measured runtime (listeners such as Flower
+    #: events, Python between steps): what a real run adds to the two round trips.
+    overhead_us: int = 0
     cost_seed: Cost | None = None
     max_bypass: int = MAX_BYPASS
     seed: int = 1
@@ -109,7 +112,7 @@ class _Run:
         decision = w.scheduler.decide(now_ms, states)
         t_us += rtt
         if isinstance(decision, Go):
-            self.run_batch(t_us + rtt, w, decision)
+            self.run_batch(t_us + rtt + self.config.overhead_us, w, decision)
         elif self.tokens:
             self.tokens -= 1
             self.push(t_us + rtt, _STEP, w.idx)
