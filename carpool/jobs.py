@@ -53,10 +53,11 @@ class Admitted:
 class BinState:
     """One bin as seen by a worker: how many wait, and since when the oldest.
 
-    ``oldest_admit_ms`` and ``earliest_deadline_ms`` are over the jobs the bin's next
-    batch would take (its ``max_batch`` most urgent): when more wait, the bin is
-    full and leaves at once anyway. ``admitted`` counts the bin's admissions ever,
-    so a worker can tell its arrival rate.
+    ``oldest_admit_ms`` and ``earliest_deadline_ms`` are over every job of a bin
+    holding fewer than its ``max_batch`` (its next batch takes them all); for a
+    full bin, which leaves at once anyway, over its head (most urgent job) alone.
+    ``admitted`` counts the bin's admissions ever, so a worker can tell its
+    arrival rate.
     """
 
     model: str

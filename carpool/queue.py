@@ -132,9 +132,9 @@ class Queue:
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
     ) -> tuple[int, list[BinState]]:
-        """Redis time (ms) and each (model, bin)'s state, over its ``scan`` most urgent jobs.
+        """Redis time (ms) and each (model, bin)'s state (``BinState`` says over which jobs).
 
-        ``scan`` is each bin's max_batch as the worker holds it now (default: 1, the head).
+        ``scan`` is each bin's max_batch as the worker holds it now (default 1: the head).
         """
         scan = [1] * len(bins) if scan is None else scan
         keys = ([self.keys.bin(m, b) for m, b in bins]

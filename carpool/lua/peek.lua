@@ -3,8 +3,9 @@
 -- KEYS[1..n]    bin zsets {p}:q:<model>:<bin>
 -- KEYS[n+1..2n] their stats hashes {p}:stats:<model>:<bin> (the "admitted" counter)
 -- ARGV[1]       job key prefix "{p}:job:" (jobs are read from it; same slot)
--- ARGV[1+i]     how many of bin i's most urgent jobs to look at: its max_batch, i.e.
---               the jobs its next batch would take
+-- ARGV[1+i]     bin i's max_batch: a bin holding fewer has every job looked at (its next
+--               batch takes them all); a full bin leaves at once anyway, so only its
+--               head (the most urgent job) is: a peek costs O(max_batch) at most
 --
 -- Returns {now_ms, then per bin: depth, oldest_admit_ms, earliest_deadline_ms, admitted}.
 -- oldest and earliest are over the jobs looked at; oldest is -1 for an empty bin and
@@ -17,7 +18,9 @@ for i = 1, n do
   local depth = redis.call("ZCARD", KEYS[i])
   local oldest, earliest = -1, 0
   if depth > 0 then
-    local ids = redis.call("ZRANGE", KEYS[i], 0, tonumber(ARGV[1 + i]) - 1)
+    local look = tonumber(ARGV[1 + i])
+    if depth >= look then look = 1 end
+    local ids = redis.call("ZRANGE", KEYS[i], 0, look - 1)
     for _, id in ipairs(ids) do
       local job = redis.call("HMGET", ARGV[1] .. id, "t_admit", "deadline")
       local admitted = tonumber(job[1]) or now_ms

@@ -71,11 +71,12 @@ class SimBins:
         return len(self._bins[bin_name])
 
     def peek(self, now_us: int, bins: list[tuple[str, str]], scan: list[int]) -> list[BinState]:
-        """What peek.lua answers, over each bin's ``scan`` most urgent jobs."""
+        """What peek.lua answers: over all jobs of a bin below ``scan`` (its max_batch),
+        over the head alone of a full one."""
         out = []
         for (model, name), n in zip(bins, scan, strict=True):
             queue = self._bins[name]
-            head = [e[2] for e in queue[:n]]
+            head = [e[2] for e in queue[:1 if len(queue) >= n else n]]
             oldest = min((j.admit_us // 1000 for j in head), default=None)
             deadlines = [j.deadline_ms for j in head if j.deadline_ms > 0]
             out.append(BinState(model, name, len(queue), oldest,
