@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -13,6 +13,32 @@ from carpool.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+#: What ``CARPOOL_CALIBRATE`` may say: calibrate when no profile is cached (on a GPU
+#: only), calibrate always, or never (warm-up only).
+CALIBRATE_MODES = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """How a worker runs torch models; the synthetic model ignores all of it."""
+
+    #: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
+    #: Batches in flight: 2 = while batch N computes, batch N+1 is claimed and copied in.
+    pipeline_depth: int = 2
+    #: Threads that decode and resize inputs; Pillow and the tokenizer release the GIL.
+    preprocess_threads: int = 2
+    #: torch intra-op threads per worker process; 0 keeps torch's default (all cores).
+    torch_threads: int = 1
+    #: Free GPU memory (fraction of the total) below which a bin's batch limit halves.
+    free_watermark: float = 0.10
+    #: Run ``torch.cuda.empty_cache()`` every this many batches (0: never), between batches.
+    empty_cache_every: int = 200
+    #: Where calibration profiles (JSON, one per device + model + bins) are kept.
+    profile_dir: Path = Path(".carpool/profiles")
+    calibrate: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -36,6 +62,8 @@ class Settings:
     #: Models a worker serves; empty means every model in the catalogue.
     worker_models: tuple[str, ...]
     worker_name: str
+    #: How a worker runs torch models: device, pipeline, memory guard, calibration.
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -77,6 +105,39 @@ def _cost(env: Mapping[str, str]) -> tuple[float, float]:
     return a_ms, b_ms
 
 
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{name}={value} must be a fraction in [0, 1)")
+    return value
+
+
+def _executor(env: Mapping[str, str]) -> ExecutorSettings:
+    device = env.get("CARPOOL_DEVICE") or "auto"
+    if device not in ("auto", "cpu", "cuda") and not (
+            device.startswith("cuda:") and device[5:].isdigit()):
+        raise ConfigError(f"CARPOOL_DEVICE={device!r}: use auto, cpu, cuda or cuda:N")
+    calibrate = env.get("CARPOOL_CALIBRATE") or "auto"
+    if calibrate not in CALIBRATE_MODES:
+        raise ConfigError(f"CARPOOL_CALIBRATE={calibrate!r}: use one of {CALIBRATE_MODES}")
+    return ExecutorSettings(
+        device=device,
+        pipeline_depth=_int(env, "CARPOOL_PIPELINE_DEPTH", 2, minimum=1),
+        preprocess_threads=_int(env, "CARPOOL_PREPROCESS_THREADS", 2, minimum=1),
+        torch_threads=_int(env, "CARPOOL_TORCH_THREADS", 1, minimum=0),
+        free_watermark=_fraction(env, "CARPOOL_GPU_FREE_WATERMARK", 0.10),
+        empty_cache_every=_int(env, "CARPOOL_EMPTY_CACHE_EVERY", 200, minimum=0),
+        profile_dir=Path(env.get("CARPOOL_PROFILE_DIR") or ".carpool/profiles"),
+        calibrate=calibrate,
+    )
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -97,6 +158,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_cost_ms=_cost(env),
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+        executor=_executor(env),
     )
     check_consistency(settings)
     return settings
