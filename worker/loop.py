@@ -7,17 +7,20 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
 from carpool.batching import Go, Limits, Wait, decide
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim
+from carpool.jobs import Claim, Outcome
 from carpool.queue import Queue
 from carpool.settings import Settings
 from worker.handlers.base import ModelHandler
-from worker.runner import run_batch
+from worker.pipeline import BatchExecutor, InlineExecutor
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,15 @@ class BatchReport:
 BatchListener = Callable[[str, Claim, BatchReport | None], None]
 
 
+@dataclass(frozen=True)
+class _Flight:
+    """A claimed batch handed to the executor and not yet completed in Redis."""
+
+    claim: Claim
+    started: float  # perf_counter at claim
+    outcomes: Future[list[Outcome]]
+
+
 @dataclass
 class BatchLoop:
     """Serves every bin of ``handlers``' models from one thread of a Celery worker."""
@@ -56,8 +68,12 @@ class BatchLoop:
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
     listeners: list[BatchListener] = field(default_factory=list)
     limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
+    #: Runs claimed batches: inline by default; the torch executor keeps two in flight
+    #: (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
+    executor: BatchExecutor = field(default_factory=InlineExecutor)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
+    _in_flight: deque[_Flight] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         for handler in self.handlers.values():
@@ -83,6 +99,15 @@ class BatchLoop:
                 log.exception("batch loop step failed; retrying in %.1f s", backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
+        self.drain()
+
+    def drain(self) -> None:
+        """Complete every batch in flight (a stop finishes the batches in hand)."""
+        while self._in_flight:
+            try:
+                self._finish(self._in_flight.popleft())
+            except Exception:  # noqa: BLE001 — its leases expire and the jobs are retried
+                log.exception("completing a batch in flight failed at stop")
 
     def step(self) -> None:
         """One decision: run a batch, or block until something may be due."""
@@ -98,6 +123,12 @@ class BatchLoop:
         wait_s = MAX_BLOCK_S
         if decision.until_ms is not None:
             wait_s = min(MAX_BLOCK_S, max(0.001, (decision.until_ms - now_ms) / 1000.0))
+        if self._in_flight:
+            # A batch is computing: its end is the next thing to act on; arrivals wait.
+            oldest = self._in_flight[0]
+            if wait_for([oldest.outcomes], timeout=wait_s).done:
+                self._finish(self._in_flight.popleft())
+            return
         models = sorted({m for m, _ in self.limits})
         self.queue.wait_for_work(models, wait_s)
 
@@ -106,21 +137,33 @@ class BatchLoop:
         return f"{self.worker_name}:{uuid.uuid4().hex[:8]}:{self._seq}"
 
     def run_one(self, go: Go) -> None:
-        handler = self.handlers[go.model]
-        spec: ModelSpec = handler.spec
-        claim = self.queue.claim(spec, go.bin, go.max_n, lease_ms=self.settings.lease_ms,
+        """Claim one batch and hand it to the executor; complete the oldest in flight
+        once ``executor.depth`` batches are."""
+        spec: ModelSpec = self.handlers[go.model].spec
+        max_n = self.executor.limit(spec.name, go.bin, go.max_n)
+        claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
                                  token=self._token(), worker=self.worker_name)
         if not claim.jobs:
             return  # another worker took them first
         self._notify("started", claim, None)
         t0 = time.perf_counter()
-        outcomes = run_batch(handler, spec.bin_named(go.bin), claim.jobs)
-        batch = {"size": len(claim.jobs), "bin": go.bin, "worker": self.worker_name}
+        future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
+                                      claim.jobs)
+        self._in_flight.append(_Flight(claim, t0, future))
+        while len(self._in_flight) >= self.executor.depth:
+            self._finish(self._in_flight.popleft())
+
+    def _finish(self, flight: _Flight) -> None:
+        """Write a batch's outcomes (waiting for them) and tell the listeners."""
+        claim = flight.claim
+        spec = self.handlers[claim.model].spec
+        outcomes = flight.outcomes.result()
+        batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
         written = self.queue.complete(spec, claim, outcomes, batch)
-        report = BatchReport(spec.name, go.bin, len(claim.jobs),
+        report = BatchReport(spec.name, claim.bin, len(claim.jobs),
                              failed=sum(o.failed for o in outcomes),
                              refused=written.count(False),
-                             runtime_s=time.perf_counter() - t0,
+                             runtime_s=time.perf_counter() - flight.started,
                              inference_ms=max((o.inference_ms for o in outcomes), default=0.0),
                              queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs])
         if report.refused:
