@@ -33,7 +33,9 @@ def new_job_id() -> str:
 
 def is_job_id(text: str) -> bool:
     """True when ``text`` has the shape of a job id (anything else is a 404, not a lookup)."""
-    return len(text) == JOB_ID_CHARS and all(c.isalnum() or c in "-_" for c in text)
+    # isascii: str.isalnum() also accepts "é" or "٣", which token_urlsafe never makes.
+    return (len(text) == JOB_ID_CHARS and text.isascii()
+            and all(c.isalnum() or c in "-_" for c in text))
 
 
 @dataclass(frozen=True)

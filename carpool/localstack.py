@@ -41,8 +41,9 @@ class Stack:
     redis: LocalRedis | None = None
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # The child keeps its own copy of the descriptor; ours closes at once.
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.children.append((name, proc))
 
     def dead(self) -> list[str]:

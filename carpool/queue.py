@@ -46,15 +46,28 @@ def _script(client: redis.Redis, name: str) -> Script:
     return client.register_script(source)
 
 
-def connect(url: str, *, socket_timeout_s: float | None = 5.0) -> redis.Redis:
-    """A client for ``url`` that returns str; the timeout bounds a hung Redis."""
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=2.0,
-        health_check_interval=30,
+def connect(
+    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None
+) -> redis.Redis:
+    """A client for ``url`` that returns str; the timeout bounds a hung Redis.
+
+    redis-py's default pool fails a command ("Too many connections") once 100
+    are in use. With ``max_connections``, a command that finds them all busy
+    waits for one, up to the socket timeout: what a web process whose thousands
+    of greenlets share one client needs.
+    """
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": 2.0,
+        "health_check_interval": 30,
+    }
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=socket_timeout_s, **options
     )
+    return redis.Redis.from_pool(pool)  # the client owns the pool: close() closes both
 
 
 class Queue:

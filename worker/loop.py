@@ -73,6 +73,8 @@ class BatchLoop:
     executor: BatchExecutor = field(default_factory=InlineExecutor)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
+    batches: int = 0
+    jobs: int = 0
     _in_flight: deque[_Flight] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
@@ -86,6 +88,14 @@ class BatchLoop:
         self._stop.set()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            # The loop's own CPU, for `ops/bench/costs.py` and anyone sizing workers.
+            log.info("batch loop ended: %d batches, %d jobs, %.3f s CPU in the loop thread",
+                     self.batches, self.jobs, time.thread_time())
+
+    def _run(self) -> None:
         backoff_s = BACKOFF_MIN_S
         while not self._stop.is_set():
             try:
@@ -145,6 +155,8 @@ class BatchLoop:
                                  token=self._token(), worker=self.worker_name)
         if not claim.jobs:
             return  # another worker took them first
+        self.batches += 1
+        self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
         t0 = time.perf_counter()
         future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),

@@ -1,0 +1,38 @@
+"""The app factory: ``gunicorn -c python:web.gunicorn_conf 'web:create_app()'``."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from carpool.keys import Keys
+from carpool.queue import Queue, connect
+from carpool.settings import Settings, load_settings
+from web import errors, routes
+from web.state import EXTENSION, WebState
+from web.waiters import Notifier
+
+#: Bounds a hung Redis: a request answers 503 after this, instead of hanging.
+REDIS_SOCKET_TIMEOUT_S = 5.0
+#: Redis connections per web process (one is the long-poll listener's). Requests
+#: beyond it wait their turn for a connection: a command takes ~0.2 ms, so 64
+#: serve thousands of greenlets, and Redis's client count stays bounded.
+REDIS_CONNECTIONS = 64
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """A Flask app with one Queue; ``settings`` default to ``load_settings()``.
+
+    Nothing here touches Redis: the app starts (and answers /healthz) without it.
+    """
+    settings = load_settings() if settings is None else settings
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
+                     max_connections=REDIS_CONNECTIONS)
+    keys = Keys(settings.key_prefix)
+    app.extensions[EXTENSION] = WebState(
+        settings=settings, queue=Queue(client, keys), notifier=Notifier(client, keys.done_channel)
+    )
+    app.register_blueprint(routes.blueprint)
+    errors.register(app)
+    return app

@@ -1,0 +1,123 @@
+"""Errors as HTTP answers: every failure is JSON ``{"error": {"code", "message"}}``.
+
+Each carpool error class maps to one status and code here, in one table, so a
+route raises and never formats an error body itself. ``/submit/batch`` uses the
+same table for its per-item errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+from flask import Flask, Response, current_app, jsonify
+from werkzeug.exceptions import HTTPException
+
+from carpool.errors import (
+    BackendUnavailable,
+    BinFull,
+    CarpoolError,
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidInput,
+    NotCancellable,
+    UnknownModel,
+)
+
+log = logging.getLogger(__name__)
+
+#: Retry-After for a 503: Redis restarts or fails over in seconds, not minutes.
+UNAVAILABLE_RETRY_AFTER_S = 2
+
+
+class UnsupportedMediaType(InvalidInput):
+    """Raised when a request's Content-Type is not one that its model takes."""
+
+
+class InvalidJson(InvalidInput):
+    """Raised when a request body is not valid JSON."""
+
+
+class TooManyInputs(InputTooLarge):
+    """Raised when a batch submission holds more inputs than one request may."""
+
+
+class JobNotFound(CarpoolError):
+    """Raised when a job id is malformed, unknown, or its record has expired."""
+
+
+#: First match wins, so a subclass comes before its base.
+_RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
+    (UnsupportedMediaType, 415, "unsupported_media_type"),
+    (InvalidJson, 400, "invalid_json"),
+    (TooManyInputs, 413, "too_many_inputs"),
+    (InputTooLarge, 413, "input_too_large"),
+    (InvalidInput, 400, "invalid_input"),
+    (UnknownModel, 404, "unknown_model"),
+    (JobNotFound, 404, "not_found"),
+    (IdempotencyConflict, 422, "idempotency_conflict"),
+    (NotCancellable, 409, "not_cancellable"),
+    (BinFull, 429, "bin_full"),
+    (BackendUnavailable, 503, "backend_unavailable"),
+)
+
+#: Codes for werkzeug's own errors whose class name reads badly as a code.
+_HTTP_CODES = {413: "body_too_large", 415: "unsupported_media_type"}
+
+
+def status_and_code(exc: CarpoolError) -> tuple[int, str]:
+    """The HTTP status and error code that answer ``exc``."""
+    for cls, status, code in _RULES:
+        if isinstance(exc, cls):
+            return status, code
+    return 500, "internal_error"  # ConfigError and the like: the server's fault
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message}}
+
+
+def retry_after_s(exc: CarpoolError) -> int | None:
+    """Whole seconds for a Retry-After header, or None when retrying will not help."""
+    if isinstance(exc, BinFull):
+        return max(1, math.ceil(exc.retry_after_s))
+    if isinstance(exc, BackendUnavailable):
+        return UNAVAILABLE_RETRY_AFTER_S
+    return None
+
+
+def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
+    status, code = status_and_code(exc)
+    if status >= 500 and status != 503:
+        log.exception("carpool error answered %d", status, exc_info=exc)
+    response = jsonify(error_body(code, str(exc)))
+    retry = retry_after_s(exc)
+    if retry is not None:
+        response.headers["Retry-After"] = str(retry)
+    return response, status
+
+
+def _http_error(exc: HTTPException) -> tuple[Response, int]:
+    status = exc.code or 500
+    code = _HTTP_CODES.get(status) or re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+    message = exc.description or exc.name
+    if status == 413:  # werkzeug's own text does not say what the limit is
+        message = f"request body is over {current_app.config['MAX_CONTENT_LENGTH']} bytes"
+    response = jsonify(error_body(code, message))
+    for name, value in exc.get_headers():
+        if name.lower() == "allow":  # 405 says which methods would work
+            response.headers[name] = value
+    return response, status
+
+
+def _unexpected(exc: Exception) -> tuple[Response, int]:
+    log.exception("unhandled error", exc_info=exc)
+    return jsonify(error_body("internal_error", "internal error; see the server log")), 500
+
+
+def register(app: Flask) -> None:
+    """Answer every error of ``app`` as JSON."""
+    app.register_error_handler(CarpoolError, _carpool_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,49 @@
+"""gunicorn's settings for the web tier.
+
+    gunicorn -c python:web.gunicorn_conf 'web:create_app()'
+
+Environment: ``CARPOOL_WEB_BIND`` (default 127.0.0.1:8000), ``CARPOOL_WEB_WORKERS``
+(default 2: one per core here), ``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 2000),
+plus everything ``carpool.settings.load_settings`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from carpool.errors import ConfigError
+from carpool.settings import load_settings
+
+#: Time past the longest long-poll that a graceful stop still waits for requests.
+GRACE_MARGIN_S = 10
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ConfigError(f"{name}={raw!r} must be a positive integer")
+    return int(raw)
+
+
+# Read (and validated) in the master, so a bad setting stops the start, not each worker.
+_settings = load_settings()
+
+bind = os.environ.get("CARPOOL_WEB_BIND") or "127.0.0.1:8000"
+workers = _env_int("CARPOOL_WEB_WORKERS", 2)
+# gevent, because a long-poll mostly waits: each one is a parked greenlet and an
+# event, so a 2-core box holds thousands of `?wait=30` polls and still answers
+# submits. The worker monkey-patches threading, so web.waiters' lock, events and
+# listener thread become greenlet-friendly: that is intended.
+worker_class = "gevent"
+# Per worker: the most connections it serves at once (long-polls included);
+# the rest wait in the listen backlog. Bounded, so overload cannot grow memory.
+worker_connections = _env_int("CARPOOL_WEB_WORKER_CONNECTIONS", 2000)
+# A graceful stop (SIGTERM) lets the longest allowed long-poll finish first.
+graceful_timeout = int(_settings.max_wait_s) + GRACE_MARGIN_S
+errorlog = "-"
+# No access log by default: one log line costs about as much CPU as a submit here.
+accesslog = os.environ.get("CARPOOL_WEB_ACCESS_LOG") or None
+# gunicorn 27's control socket lives at one path per user: two gunicorns on one
+# host (tests, `carpool up` beside another) would take it from each other, and
+# carpool does not use it.
+control_socket_disable = True

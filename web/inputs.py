@@ -1,0 +1,300 @@
+"""Submissions, parsed and validated before anything touches Redis.
+
+A model's ``measure`` decides what its input looks like and which bin it goes to:
+
+- ``size`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
+- ``pixels`` (image models): an image file, or ``{"image_b64": "..."}`` in JSON;
+- ``tokens`` (text models): ``{"text": "..."}``, measured by a pluggable counter
+  (``register_measure``) so a real tokenizer can replace the crude estimate.
+
+Everything here works on plain Python values; ``web.routes`` takes them out of
+the HTTP request.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any
+
+from carpool.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.errors import ConfigError, InputTooLarge, InvalidInput
+from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
+from web.images import ALLOWED_FORMATS, ImageLimits, probe
+
+#: A relative deadline longer than a day is a client bug, not a plan.
+MAX_DEADLINE_MS = 24 * 3600 * 1000
+MAX_PRIORITY = 9
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+#: Inputs in one /submit/batch request; each costs one admission round trip.
+MAX_BATCH_INPUTS = 1000
+#: Default for a text model's ``options.max_chars``.
+DEFAULT_MAX_CHARS = 100_000
+
+SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key"})
+BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority"})
+#: Fields of a multipart form, or query parameters of a raw image body.
+FILE_FIELDS = frozenset({"model", "deadline_ms", "priority", "idempotency_key"})
+
+#: Counts a text input in a model's measure (e.g. tokens); gets the model for its options.
+TextMeasure = Callable[[ModelSpec, str], int]
+
+
+def estimate_tokens(spec: ModelSpec, text: str) -> int:
+    """A crude token count (about 3 bytes a token, plus begin/end); a placeholder."""
+    return len(text.encode()) // 3 + 2
+
+
+_TEXT_MEASURES: dict[str, TextMeasure] = {"tokens": estimate_tokens}
+
+
+def register_measure(measure: str, fn: TextMeasure) -> None:
+    """Count text inputs of models with this ``measure`` with ``fn`` from now on."""
+    _TEXT_MEASURES[measure] = fn
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a job is queued, apart from its input."""
+
+    deadline_ms: int = 0
+    priority: int = 0
+    idempotency_key: str | None = None
+
+    def idempotency_digest(self) -> str | None:
+        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name."""
+        if self.idempotency_key is None:
+            return None
+        return hashlib.sha256(self.idempotency_key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An input ready to queue: its stored JSON and the bin it belongs in."""
+
+    input_json: str
+    bin: BinSpec
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.input_json.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Submission:
+    spec: ModelSpec
+    prepared: Prepared
+    options: Options
+
+
+@dataclass(frozen=True)
+class BatchSubmission:
+    """Many inputs for one model; each is prepared on its own, so each fails alone."""
+
+    spec: ModelSpec
+    inputs: list[Any]
+    options: Options
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON document in ``body``; NaN, Infinity and absurd nesting are refused."""
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        return json.loads(body, parse_constant=no_constants)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidJson(f"request body is not valid JSON: {exc}") from None
+
+
+def submission_from_json(doc: Any, catalogue: Catalogue, header_key: str | None) -> Submission:
+    """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``."""
+    doc = _object(doc, "request body", required={"model", "input"}, allowed=SUBMIT_KEYS)
+    spec = catalogue.get(_model_name(doc["model"]))
+    options = _options(doc, _idempotency_key(doc.get("idempotency_key"), header_key))
+    return Submission(spec, prepare(spec, doc["input"]), options)
+
+
+def submission_from_file(
+    fields: Mapping[str, str], data: bytes, catalogue: Catalogue, header_key: str | None
+) -> Submission:
+    """An image sent as a file: multipart (``fields`` = form) or raw (``fields`` = query)."""
+    unknown = set(fields) - FILE_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown fields {sorted(unknown)}; allowed: {sorted(FILE_FIELDS)}")
+    if "model" not in fields:
+        raise InvalidInput("name the model: a 'model' form field, or ?model= for a raw body")
+    spec = catalogue.get(fields["model"])
+    if spec.measure != "pixels":
+        raise UnsupportedMediaType(
+            f"model {spec.name!r} takes a JSON body (application/json), not a file"
+        )
+    parsed = {k: _digits(k, v) for k, v in fields.items() if k in ("deadline_ms", "priority")}
+    key = _idempotency_key(fields.get("idempotency_key"), header_key)
+    return Submission(spec, _prepare_image_bytes(spec, data), _options(parsed, key))
+
+
+def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
+    """A /submit/batch JSON body: ``{"model", "inputs": [...], "deadline_ms"?, "priority"?}``."""
+    doc = _object(doc, "request body", required={"model", "inputs"}, allowed=BATCH_KEYS)
+    spec = catalogue.get(_model_name(doc["model"]))
+    inputs = doc["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("'inputs' must be a non-empty array")
+    if len(inputs) > MAX_BATCH_INPUTS:
+        raise TooManyInputs(
+            f"{len(inputs)} inputs in one request; at most {MAX_BATCH_INPUTS} (split the batch)"
+        )
+    return BatchSubmission(spec, inputs, _options(doc, None))
+
+
+def prepare(spec: ModelSpec, raw: Any) -> Prepared:
+    """Validate one JSON input for ``spec`` and pick its bin."""
+    if spec.measure == "size":
+        return _prepare_sized(spec, raw)
+    if spec.measure == "pixels":
+        return _prepare_image_json(spec, raw)
+    if spec.measure in _TEXT_MEASURES:
+        return _prepare_text(spec, raw)
+    # The catalogue allows only known measures: reaching here is the server's fault (500).
+    raise ConfigError(f"model {spec.name!r}: no input reader for measure {spec.measure!r}")
+
+
+def input_limits(spec: ModelSpec) -> dict[str, Any]:
+    """What /models shows of a model's input limits."""
+    limits: dict[str, Any] = {"max_input_bytes": spec.max_input_bytes}
+    if spec.measure == "pixels":
+        image = ImageLimits.from_options(spec.options)
+        limits.update(max_side=image.max_side, max_pixels=image.max_pixels,
+                      formats=list(ALLOWED_FORMATS))
+    elif spec.measure in _TEXT_MEASURES:
+        limits["max_chars"] = _max_chars(spec)
+    return limits
+
+
+def _prepare_sized(spec: ModelSpec, raw: Any) -> Prepared:
+    doc = _object(raw, "input", required={"value", "size"}, allowed={"value", "size"})
+    size = _int("input.size", doc["size"], 0, None)
+    input_json = _encode(spec, doc)
+    return Prepared(input_json, spec.bin_for(size))
+
+
+def _prepare_text(spec: ModelSpec, raw: Any) -> Prepared:
+    doc = _object(raw, "input", required={"text"}, allowed={"text"})
+    text = doc["text"]
+    if not isinstance(text, str) or not text:
+        raise InvalidInput("input.text must be a non-empty string")
+    max_chars = _max_chars(spec)
+    if len(text) > max_chars:
+        raise InputTooLarge(f"input.text has {len(text)} characters; at most {max_chars}")
+    input_json = _encode(spec, {"text": text})
+    return Prepared(input_json, spec.bin_for(_TEXT_MEASURES[spec.measure](spec, text)))
+
+
+def _prepare_image_json(spec: ModelSpec, raw: Any) -> Prepared:
+    doc = _object(raw, "input", required={"image_b64"}, allowed={"image_b64"})
+    text = doc["image_b64"]
+    if not isinstance(text, str):
+        raise InvalidInput("input.image_b64 must be a base64 string")
+    if len(text) // 4 * 3 > spec.max_input_bytes + 3:  # refuse before decoding it
+        raise InputTooLarge(f"image is over {spec.max_input_bytes} bytes")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput("input.image_b64 is not valid base64 (no line breaks)") from None
+    return _prepare_image_bytes(spec, data)
+
+
+def _prepare_image_bytes(spec: ModelSpec, data: bytes) -> Prepared:
+    if len(data) > spec.max_input_bytes:
+        raise InputTooLarge(f"image is {len(data)} bytes; at most {spec.max_input_bytes}")
+    if not data:
+        raise InvalidInput("the image is empty")
+    info = probe(data, ImageLimits.from_options(spec.options))
+    stored = {"image_b64": base64.b64encode(data).decode("ascii"), "format": info.format,
+              "width": info.width, "height": info.height}
+    return Prepared(json.dumps(stored, separators=(",", ":")), spec.bin_for(info.pixels))
+
+
+def _encode(spec: ModelSpec, doc: Mapping[str, Any]) -> str:
+    """Compact, canonical JSON of an input, within the model's byte limit."""
+    try:
+        text = json.dumps(doc, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        size = len(text.encode())
+    except RecursionError:
+        raise InvalidInput("input is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise InvalidInput("input holds an unpaired surrogate (\\ud800-\\udfff)") from None
+    if size > spec.max_input_bytes:
+        raise InputTooLarge(
+            f"input is {size} bytes as JSON; model {spec.name!r} takes at most "
+            f"{spec.max_input_bytes}"
+        )
+    return text
+
+
+def _object(
+    raw: Any, what: str, *, required: AbstractSet[str], allowed: AbstractSet[str]
+) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{what} must be a JSON object with keys {sorted(required)}")
+    missing, unknown = required - set(raw), set(raw) - set(allowed)
+    if missing:
+        raise InvalidInput(f"{what} lacks {sorted(missing)}")
+    if unknown:
+        raise InvalidInput(f"{what} has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return raw
+
+
+def _model_name(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise InvalidInput("'model' must be a string (see GET /models)")
+    return raw
+
+
+def _int(name: str, raw: Any, lo: int, hi: int | None) -> int:
+    # bool is an int subclass in Python, but `true` is not a number in JSON.
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise InvalidInput(f"{name} must be an integer, got {json.dumps(raw)[:40]}")
+    if raw < lo or (hi is not None and raw > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise InvalidInput(f"{name} must be {bound}, got {raw}")
+    return raw
+
+
+def _digits(name: str, raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidInput(f"{name} must be a non-negative integer, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _options(doc: Mapping[str, Any], idempotency_key: str | None) -> Options:
+    deadline, priority = doc.get("deadline_ms"), doc.get("priority")
+    return Options(
+        deadline_ms=0 if deadline is None else _int("deadline_ms", deadline, 1, MAX_DEADLINE_MS),
+        priority=0 if priority is None else _int("priority", priority, 0, MAX_PRIORITY),
+        idempotency_key=idempotency_key,
+    )
+
+
+def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:
+    if body_key is not None and header_key is not None and body_key != header_key:
+        raise InvalidInput("idempotency_key and the Idempotency-Key header differ; send one")
+    key = header_key if body_key is None else body_key
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise InvalidInput(f"idempotency key must be a string of 1..{MAX_IDEMPOTENCY_KEY_CHARS}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise InvalidInput("idempotency key holds an unpaired surrogate") from None
+    return key
+
+
+def _max_chars(spec: ModelSpec) -> int:
+    return int(spec.options.get("max_chars", DEFAULT_MAX_CHARS))

@@ -1,0 +1,188 @@
+"""The HTTP routes. Each takes values out of the request, calls inputs/queue, answers JSON.
+
+Errors are raised, never formatted here: ``web.errors`` turns each into its status.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from carpool.catalogue import Catalogue, ModelSpec
+from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
+from carpool.jobs import Admitted, is_job_id, new_job_id
+from web import inputs
+from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
+from web.state import WebState, current_state
+from web.waiters import wait_for_final
+
+blueprint = Blueprint("carpool", __name__)
+
+#: Kept for a deleted job whose model has left the catalogue since it ran.
+FALLBACK_RESULT_TTL_S = 3600
+
+
+@blueprint.post("/submit")
+def submit() -> tuple[Response, int, dict[str, str]]:
+    state = current_state()
+    sub = _read_submission(state.settings.catalogue)
+    body = _accepted(_admit(state, sub.spec, sub.prepared, sub.options))
+    return jsonify(body), 202, {"Location": body["result_url"]}
+
+
+@blueprint.post("/submit/batch")
+def submit_batch() -> tuple[Response, int]:
+    """One admission per input; each input fails alone, and answers in its place."""
+    state = current_state()
+    _require_json()
+    if "Idempotency-Key" in request.headers:
+        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
+    batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
+                                   state.settings.catalogue)
+    jobs: list[dict[str, Any]] = []
+    for i, raw in enumerate(batch.inputs):
+        try:
+            prepared = inputs.prepare(batch.spec, raw)
+            jobs.append(_accepted(_admit(state, batch.spec, prepared, batch.options)))
+        except BackendUnavailable as exc:
+            if not any("id" in job for job in jobs):
+                raise  # nothing was queued: the whole request is safe to retry (503)
+            # Some are queued: say which were not, without waiting on Redis for each.
+            jobs += [_item_error(exc)] * (len(batch.inputs) - i)
+            break
+        except CarpoolError as exc:
+            jobs.append(_item_error(exc))
+    return jsonify({"jobs": jobs}), 202
+
+
+@blueprint.get("/result/<job_id>")
+def result(job_id: str) -> Response:
+    state = current_state()
+    _require_job_id(job_id)
+    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    view = wait_for_final(state.queue, state.notifier, job_id, wait_s)
+    if view is None:
+        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    return jsonify(view.to_json())
+
+
+@blueprint.delete("/result/<job_id>")
+def delete_result(job_id: str) -> Response:
+    """Cancel a queued job, or delete a finished one; 409 while it runs."""
+    state = current_state()
+    _require_job_id(job_id)
+    view = state.queue.get(job_id)
+    if view is None:
+        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    spec = state.settings.catalogue.models.get(view.model)
+    ttl_s = spec.result_ttl_s if spec is not None else FALLBACK_RESULT_TTL_S
+    outcome = state.queue.cancel(job_id, ttl_s)
+    if outcome == "cancelled":
+        return jsonify({"id": job_id, "status": "cancelled"})
+    if outcome == "deleted":
+        return jsonify({"id": job_id, "deleted": True})
+    raise JobNotFound(f"no job {job_id}: it expired just now")
+
+
+@blueprint.get("/models")
+def models() -> Response:
+    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)."""
+    state = current_state()
+    specs = list(state.settings.catalogue)
+    depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
+    return jsonify({"models": [_describe(spec, depths) for spec in specs]})
+
+
+@blueprint.get("/healthz")
+def healthz() -> Response:
+    """Liveness: the process answers. Redis is /readyz's business."""
+    return jsonify({"status": "ok"})
+
+
+@blueprint.get("/readyz")
+def readyz() -> Response:
+    current_state().queue.ping()  # BackendUnavailable answers 503
+    return jsonify({"status": "ready"})
+
+
+def _read_submission(catalogue: Catalogue) -> inputs.Submission:
+    header_key = request.headers.get("Idempotency-Key")
+    mimetype = request.mimetype
+    if mimetype == "multipart/form-data":
+        files = request.files
+        if set(files) != {"file"} or len(files.getlist("file")) != 1:
+            raise InvalidInput("send exactly one file, in the form field 'file'")
+        data = files["file"].read()
+        return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key)
+    if mimetype.startswith("image/"):
+        return inputs.submission_from_file(request.args.to_dict(), request.get_data(),
+                                           catalogue, header_key)
+    _require_json()
+    doc = inputs.parse_json(request.get_data())
+    return inputs.submission_from_json(doc, catalogue, header_key)
+
+
+def _require_json() -> None:
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType(
+            f"Content-Type {request.mimetype or '(none)'!r} is not accepted here: send "
+            "application/json, multipart/form-data with a 'file', or image/* with ?model="
+        )
+
+
+def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
+           options: inputs.Options) -> Admitted:
+    idempotency_digest = options.idempotency_digest()
+    return state.queue.admit(
+        spec, prepared.bin, new_job_id(), prepared.input_json,
+        queued_ttl_s=state.settings.queued_ttl_s,
+        deadline_ms=options.deadline_ms,
+        priority=options.priority,
+        idempotency_digest=idempotency_digest,
+        input_digest=prepared.digest() if idempotency_digest else "",
+    )
+
+
+def _accepted(admitted: Admitted) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": admitted.id, "status": "queued", "model": admitted.model, "bin": admitted.bin,
+        "result_url": f"/result/{admitted.id}",
+    }
+    if admitted.duplicate:
+        body["duplicate"] = True
+    return body
+
+
+def _item_error(exc: CarpoolError) -> dict[str, Any]:
+    status, code = status_and_code(exc)
+    return {**error_body(code, str(exc)), "status": status}
+
+
+def _require_job_id(job_id: str) -> None:
+    if not is_job_id(job_id):  # never a Redis lookup for garbage
+        raise JobNotFound(f"no job {job_id[:64]!r}: not a job id")
+
+
+def _wait_s(raw: str | None, max_wait_s: float) -> float:
+    if raw is None:
+        return 0.0
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        wait_s = math.nan
+    if not 0 <= wait_s <= max_wait_s:  # also refuses nan
+        raise InvalidInput(f"wait must be seconds between 0 and {max_wait_s:g}, got {raw[:40]!r}")
+    return wait_s
+
+
+def _describe(spec: ModelSpec, depths: Iterator[int]) -> dict[str, Any]:
+    bins = [
+        {"name": b.name, "max_size": b.max_size, "max_batch": b.max_batch,
+         "max_wait_ms": b.max_wait_ms, "max_depth": b.max_depth, "depth": next(depths)}
+        for b in spec.bins
+    ]
+    return {"name": spec.name, "kind": spec.kind, "measure": spec.measure,
+            "limits": inputs.input_limits(spec), "bins": bins}

@@ -1,0 +1,32 @@
+"""What every request of one app shares: settings, the queue, the long-poll notifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app
+
+from carpool.queue import Queue
+from carpool.settings import Settings
+from web.waiters import Notifier
+
+#: The key of the app's WebState in ``app.extensions``.
+EXTENSION = "carpool"
+
+
+@dataclass(frozen=True)
+class WebState:
+    settings: Settings
+    queue: Queue
+    notifier: Notifier
+
+    def close(self) -> None:
+        """Stop the listener and drop the Redis connections (tests; an app is per process)."""
+        self.notifier.close()
+        self.queue.client.close()
+
+
+def current_state() -> WebState:
+    state = current_app.extensions[EXTENSION]
+    assert isinstance(state, WebState)
+    return state

@@ -1,0 +1,182 @@
+"""Long-polls: ``GET /result/<id>?wait=S`` returns the moment its job ends.
+
+Workers PUBLISH each finished job's id on the done channel (complete.lua,
+cancel.lua, claim.lua for expired jobs). One listener per process subscribes
+to it and sets the events of the polls waiting on that id, so a waiting poll
+costs an event and a parked greenlet (gunicorn's gevent worker), not a thread
+or a Redis connection.
+
+A poll registers its event *before* it reads the job, so a completion between
+the read and the wait still wakes it. The notification is only a hint: a poll
+always re-reads the job, and a lost message (a reconnect, the listener still
+starting) costs at most the wait, never a wrong answer — on every
+(re)subscription the listener wakes all polls to re-read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from carpool.errors import BackendUnavailable
+from carpool.jobs import JobView
+from carpool.queue import Queue, redis_errors
+
+log = logging.getLogger(__name__)
+
+#: How often the listener looks up from the channel to see whether it should stop.
+LISTEN_POLL_S = 0.25
+#: Reconnect backoff after Redis is lost: doubles from the first to the last.
+BACKOFF_FIRST_S = 0.1
+BACKOFF_LAST_S = 5.0
+
+
+class _Listener:
+    """This process's subscriber thread and the events it sets."""
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.waiters: dict[str, set[threading.Event]] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.backoff_s = BACKOFF_FIRST_S
+        self.thread = threading.Thread(target=self.run, name="carpool-notifier", daemon=True)
+
+    def add(self, job_id: str, event: threading.Event) -> None:
+        with self.lock:
+            self.waiters.setdefault(job_id, set()).add(event)
+
+    def remove(self, job_id: str, event: threading.Event) -> None:
+        with self.lock:
+            events = self.waiters.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self.waiters[job_id]
+
+    def wake(self, job_id: str) -> None:
+        with self.lock:
+            for event in self.waiters.get(job_id, ()):
+                event.set()
+
+    def wake_all(self) -> None:
+        with self.lock:
+            for events in self.waiters.values():
+                for event in events:
+                    event.set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.listen()
+            except BackendUnavailable as exc:
+                log.warning("done-channel listener lost Redis (%s); reconnecting in %.1f s",
+                            exc, self.backoff_s)
+            except Exception:
+                # A dead listener would make every poll sit out its full wait: keep going.
+                log.exception("done-channel listener failed; restarting in %.1f s", self.backoff_s)
+            self.wake_all()  # what was published meanwhile is lost: let every poll re-read
+            if self.stopping.wait(self.backoff_s):
+                break
+            self.backoff_s = min(self.backoff_s * 2, BACKOFF_LAST_S)
+
+    def listen(self) -> None:
+        """Subscribe and dispatch until stopped; raises when Redis is lost."""
+        pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py: untyped
+        try:
+            with redis_errors():
+                pubsub.subscribe(self.channel)
+                while not self.stopping.is_set():
+                    message = pubsub.get_message(timeout=LISTEN_POLL_S)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self.wake(str(message["data"]))
+                    elif message["type"] == "subscribe":
+                        # (Re)subscribed: ids published before now were missed.
+                        self.backoff_s = BACKOFF_FIRST_S
+                        self.wake_all()
+        finally:
+            pubsub.close()
+
+
+class Notifier:
+    """Wakes long-polls when their job ends; one listener per process, started on first use.
+
+    Built with the app, possibly before gunicorn forks; the listener thread and
+    its connection do not survive a fork, so each process starts its own
+    (tracked by pid) the first time a poll waits in it.
+    """
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self._client = client
+        self._channel = channel
+        self._start_lock = threading.Lock()
+        self._pid = 0
+        self._listener: _Listener | None = None
+
+    @contextmanager
+    def watch(self, job_id: str) -> Iterator[threading.Event]:
+        """An event that is set when ``job_id`` may have ended; register before reading."""
+        listener = self._current()
+        event = threading.Event()
+        listener.add(job_id, event)
+        try:
+            yield event
+        finally:
+            listener.remove(job_id, event)
+
+    def watching(self, job_id: str) -> int:
+        """How many polls in this process wait on ``job_id`` now."""
+        listener = self._listener
+        if listener is None or self._pid != os.getpid():
+            return 0
+        with listener.lock:
+            return len(listener.waiters.get(job_id, ()))
+
+    def close(self, timeout_s: float = 2 * LISTEN_POLL_S) -> None:
+        """Stop this process's listener (and wake its polls); a later poll starts a new one."""
+        with self._start_lock:
+            listener, self._listener, self._pid = self._listener, None, 0
+        if listener is not None:
+            listener.stopping.set()
+            listener.wake_all()
+            if listener.thread.is_alive():
+                listener.thread.join(timeout_s)
+
+    def _current(self) -> _Listener:
+        pid = os.getpid()
+        with self._start_lock:
+            listener = self._listener
+            if listener is not None and self._pid == pid:
+                return listener
+            # First poll in this process, or the first since a fork: the parent's
+            # thread did not come along (only the forking thread does).
+            listener = _Listener(self._client, self._channel)
+            self._listener, self._pid = listener, pid
+        # Outside the lock: under gevent, starting a thread switches greenlets.
+        # Polls that register before it subscribes are woken by its first subscribe.
+        listener.thread.start()
+        return listener
+
+
+def wait_for_final(queue: Queue, notifier: Notifier, job_id: str, wait_s: float) -> JobView | None:
+    """The job once it is final, or as it is after ``wait_s``; None when it does not exist."""
+    if wait_s <= 0:
+        return queue.get(job_id)
+    deadline = time.monotonic() + wait_s
+    with notifier.watch(job_id) as woken:
+        while True:
+            woken.clear()  # before the read: a wake-up during the read is kept
+            view = queue.get(job_id)
+            remaining = deadline - time.monotonic()
+            if view is None or view.status.is_final or remaining <= 0:
+                return view
+            woken.wait(remaining)
