@@ -5,7 +5,9 @@ A model's ``measure`` decides what its input looks like and which bin it goes to
 - ``size`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
 - ``pixels`` (image models): an image file, or ``{"image_b64": "..."}`` in JSON;
 - ``tokens`` (text models): ``{"text": "..."}``, measured by a pluggable counter
-  (``register_measure``) so a real tokenizer can replace the crude estimate.
+  (``register_measure``); by default ``carpool.tokens.count_tokens``, the same
+  WordPiece tokenizer (no torch) the worker pads with, so a text lands in the bin
+  the worker computes it in.
 
 Everything here works on plain Python values; ``web.routes`` takes them out of
 the HTTP request.
@@ -24,6 +26,7 @@ from typing import Any
 
 from carpool.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.tokens import count_tokens
 from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 
@@ -46,11 +49,11 @@ TextMeasure = Callable[[ModelSpec, str], int]
 
 
 def estimate_tokens(spec: ModelSpec, text: str) -> int:
-    """A crude token count (about 3 bytes a token, plus begin/end); a placeholder."""
+    """A crude token count (about 3 bytes a token, plus begin/end), for tests."""
     return len(text.encode()) // 3 + 2
 
 
-_TEXT_MEASURES: dict[str, TextMeasure] = {"tokens": estimate_tokens}
+_TEXT_MEASURES: dict[str, TextMeasure] = {"tokens": count_tokens}
 
 
 def register_measure(measure: str, fn: TextMeasure) -> None:
