@@ -96,6 +96,15 @@ class TorchExecutor:
         # One compute thread: batches reach the device one after another, in order.
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="carpool-compute")
         self._lock = threading.Lock()
+        #: When a list (tests, profiling): CUDA events "copy_start", "copy_end",
+        #: "compute_start", "compute_end" of every batch, in the order recorded.
+        self.trace: list[tuple[str, torch.cuda.Event]] | None = None
+
+    def _mark(self, name: str, stream: torch.cuda.Stream | None) -> None:
+        if self.trace is not None and stream is not None:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record(stream)
+            self.trace.append((name, event))
 
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:
         return self.guard.limit((model, bin_name), max_batch)
@@ -105,7 +114,10 @@ class TorchExecutor:
         batch = handler.collate(items, bin_spec)
         with self._lock:
             self.stats.count_padding(batch)
-        return self.staging.to_device(batch)
+        self._mark("copy_start", self.staging.copy_stream)
+        staged = self.staging.to_device(batch)
+        self._mark("copy_end", self.staging.copy_stream)
+        return staged
 
     def submit(self, handler: ModelHandler, bin_spec: BinSpec,
                jobs: Sequence[ClaimedJob]) -> Future[list[Outcome]]:
@@ -166,7 +178,10 @@ class TorchExecutor:
             return to_host(handler.forward(staged.batch))
         with torch.cuda.stream(self.compute_stream):
             batch = self.staging.enter_compute(staged, self.compute_stream)
-            return to_host(handler.forward(batch))
+            self._mark("compute_start", self.compute_stream)
+            output = handler.forward(batch)
+            self._mark("compute_end", self.compute_stream)
+            return to_host(output)
 
     def _release(self) -> None:
         if self.device.type == "cuda":

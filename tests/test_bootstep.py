@@ -1,0 +1,44 @@
+"""Which models a worker serves when one cannot load, and which executor it gets."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from carpool.errors import ConfigError
+from carpool.settings import Settings
+from worker.bootstep import load_handlers, make_executor
+from worker.pipeline import InlineExecutor
+
+
+def test_a_model_named_in_carpool_models_without_weights_stops_the_worker(
+        settings: Settings) -> None:
+    with pytest.raises(ConfigError, match="'resnet18' has no weights"):
+        load_handlers(settings, ("synthetic", "resnet18"), explicit=True)
+
+
+def test_serving_every_model_leaves_out_one_without_weights_and_says_so(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="worker.bootstep"):
+        handlers = load_handlers(settings, ("synthetic", "resnet18"), explicit=False)
+    assert list(handlers) == ["synthetic"]
+    assert "not serving model 'resnet18'" in caplog.text
+
+
+def test_a_worker_with_only_the_synthetic_model_runs_batches_inline(settings: Settings) -> None:
+    handlers = load_handlers(settings, ("synthetic",), explicit=True)
+    assert isinstance(make_executor(settings, handlers), InlineExecutor)
+
+
+def test_a_synthetic_only_worker_never_imports_torch() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from carpool.settings import load_settings; "
+            "from worker.bootstep import load_handlers, make_executor; "
+            "s = load_settings({}); make_executor(s, load_handlers(s, ('synthetic',), True)); "
+            "import worker.celery_app; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   cwd=Path(__file__).resolve().parent.parent)
