@@ -104,3 +104,9 @@ def test_carpool_calibrate_prints_the_table_and_writes_the_profile_and_a_png(
     pngs = list((tmp_path / "profiles").glob("tinyimg-*.png"))
     assert len(pngs) == 1 and pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list((tmp_path / "profiles").glob("tinyimg-*.json"))) == 1
+
+
+def test_one_step_that_gains_little_does_not_hide_a_later_gain_from_the_knee() -> None:
+    points = [Point(1, 65.8), Point(2, 119.6), Point(4, 183.2), Point(8, 362.9)]
+    # ms/item: 65.8, 59.8 (9 % better: not enough), 45.8 (23 % better), 45.4
+    assert BinProfile("b", "[3]", points, largest_fit=8).knee == 4

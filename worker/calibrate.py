@@ -94,12 +94,19 @@ def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec
     return statistics.median(times) if times else 0.0
 
 
+def sizes_for(executor: TorchExecutor, bin_spec: BinSpec, sizes: list[int] | None) -> list[int]:
+    """``sizes``, or the ladder to max_batch (on a GPU on to PROBE_FACTOR x max_batch)."""
+    if sizes:
+        return sorted(set(sizes))
+    factor = PROBE_FACTOR if executor.device.type == "cuda" else 1
+    return ladder(bin_spec.max_batch, bin_spec.max_batch * factor)
+
+
 def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec,
-                  reps: int, sizes: list[int] | None = None) -> BinProfile:
+                  reps: int, sizes: list[int]) -> BinProfile:
     cuda = executor.device.type == "cuda"
-    limit = bin_spec.max_batch * (PROBE_FACTOR if cuda else 1)
     profile = BinProfile(bin_spec.name, shape_of(handler, bin_spec))
-    for n in sizes or ladder(bin_spec.max_batch, limit):
+    for n in sizes:
         try:
             ms = time_batch(executor, handler, bin_spec, n, reps)
         except Exception as exc:  # noqa: BLE001 — only out of memory ends the probe quietly
@@ -121,14 +128,14 @@ def calibrate(executor: TorchExecutor, handler: ModelHandler, reps: int = DEFAUL
     name = device_name(executor.device)
     profile = Profile(handler.spec.name, name, digest(handler.spec, name, torch.__version__),
                       torch.__version__, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
-    by_shape: dict[tuple[str, int], BinProfile] = {}
+    by_shape: dict[tuple[str, tuple[int, ...]], BinProfile] = {}
     for b in handler.spec.bins:
-        shape = shape_of(handler, b)
-        if (shape, b.max_batch) not in by_shape:
-            by_shape[(shape, b.max_batch)] = calibrate_bin(executor, handler, b, reps, sizes)
-        measured = by_shape[(shape, b.max_batch)]
-        profile.bins[b.name] = BinProfile(b.name, shape, measured.points, measured.largest_fit,
-                                          measured.out_of_memory_at)
+        key = (shape_of(handler, b), tuple(sizes_for(executor, b, sizes)))
+        if key not in by_shape:
+            by_shape[key] = calibrate_bin(executor, handler, b, reps, list(key[1]))
+        measured = by_shape[key]
+        profile.bins[b.name] = BinProfile(b.name, key[0], measured.points,
+                                          measured.largest_fit, measured.out_of_memory_at)
     return profile
 
 

@@ -19,7 +19,7 @@ from carpool.catalogue import ModelSpec
 
 log = logging.getLogger(__name__)
 
-#: The knee: the largest batch whose time per item still beats the previous size's
+#: The knee: the largest batch whose time per item still beats the smaller sizes'
 #: by this fraction; past it a bigger batch buys little throughput for its latency.
 KNEE_GAIN = 0.10
 PROFILE_VERSION = 1
@@ -46,15 +46,17 @@ class BinProfile:
 
     @property
     def knee(self) -> int:
+        """The largest batch whose time per item beats every smaller size's by KNEE_GAIN
+        (one noisy step in between does not end the scan)."""
         if not self.points:
             return 1
-        best = self.points[0]
-        for prev, point in zip(self.points, self.points[1:], strict=False):
-            if point.ms / point.batch <= (1 - KNEE_GAIN) * prev.ms / prev.batch:
-                best = point
-            else:
-                break
-        return best.batch
+        knee, best = self.points[0].batch, self.points[0].ms / self.points[0].batch
+        for point in self.points[1:]:
+            per_item = point.ms / point.batch
+            if per_item <= (1 - KNEE_GAIN) * best:
+                knee = point.batch
+            best = min(best, per_item)
+        return knee
 
 
 @dataclass
