@@ -13,6 +13,8 @@ from carpool.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: Where Prometheus scrapes a worker (compose, Kubernetes and ops/prometheus agree).
+DEFAULT_WORKER_METRICS_PORT = 9100
 
 
 #: What ``CARPOOL_CALIBRATE`` may say: calibrate when no profile is cached (on a GPU
@@ -62,6 +64,14 @@ class Settings:
     #: Models a worker serves; empty means every model in the catalogue.
     worker_models: tuple[str, ...]
     worker_name: str
+    #: Port of a worker's Prometheus endpoint; 0 turns it off.
+    worker_metrics_port: int
+    #: Claim one GPU by a lease in Redis before the models load (compose replicas).
+    gpu_claim: bool
+    #: A claimed GPU is freed this long after its worker stops renewing the lease.
+    gpu_lease_ms: int
+    #: GPU UUIDs to claim from instead of asking nvidia-smi (hosts without it, tests).
+    gpu_devices: tuple[str, ...]
     #: How a worker runs torch models: device, pipeline, memory guard, calibration.
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
@@ -77,6 +87,20 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise ConfigError(f"{name}={value} must be >= {minimum}")
     return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    port = _int(env, name, default)
+    if port > 65535:
+        raise ConfigError(f"{name}={port} is not a TCP port (0 turns it off)")
+    return port
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "") or "0"
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{name}={raw!r} must be 0 or 1")
+    return raw == "1"
 
 
 def _redis_url(env: Mapping[str, str]) -> str:
@@ -158,6 +182,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_cost_ms=_cost(env),
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+        worker_metrics_port=_port(env, "CARPOOL_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+        gpu_claim=_flag(env, "CARPOOL_GPU_CLAIM"),
+        gpu_lease_ms=_int(env, "CARPOOL_GPU_LEASE_MS", 30_000, minimum=100),
+        gpu_devices=tuple(d for d in env.get("CARPOOL_GPU_DEVICES", "").split(",") if d),
         executor=_executor(env),
     )
     check_consistency(settings)
@@ -178,6 +206,11 @@ def check_consistency(s: Settings) -> None:
                 f"model {spec.name!r}: max_input_bytes ({spec.max_input_bytes}) exceeds "
                 f"CARPOOL_MAX_BODY_BYTES ({s.max_body_bytes}); such inputs could never arrive"
             )
+    if s.gpu_devices and not s.gpu_claim:
+        raise ConfigError(
+            "CARPOOL_GPU_DEVICES lists GPUs to claim, but CARPOOL_GPU_CLAIM is not 1: "
+            "set CARPOOL_GPU_CLAIM=1 or drop the list"
+        )
     if s.queued_ttl_s * 1000 <= s.lease_ms:
         raise ConfigError(
             f"CARPOOL_QUEUED_TTL_S ({s.queued_ttl_s}) must outlast CARPOOL_LEASE_MS "

@@ -138,7 +138,10 @@ def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
     """A real Celery worker (`--pool solo`) running the batch loop; yields the process.
 
     Ready when its log says the node is ready: the bootstep has then started the loop.
+    Its metrics endpoint is off unless ``env`` sets CARPOOL_WORKER_METRICS_PORT.
     """
+    # Off unless a test asks for it: parallel test runs would fight over port 9100.
+    env = {"CARPOOL_WORKER_METRICS_PORT": "0", **env}
     with tempfile.NamedTemporaryFile(prefix="worker-ready-", suffix=".log", delete=False) as f:
         log_path = Path(f.name)
     cmd = [*worker_command(node_name), "--logfile", str(log_path)]

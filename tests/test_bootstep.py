@@ -42,3 +42,19 @@ def test_a_synthetic_only_worker_never_imports_torch() -> None:
             "import worker.celery_app; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_the_limits_metrics_read_carry_the_memory_guards_cap(settings: Settings) -> None:
+    from worker.bootstep import live_limits
+    from worker.loop import BatchLoop
+    from worker.memory import MemoryGuard
+
+    class GuardedExecutor(InlineExecutor):
+        guard = MemoryGuard(None)
+
+    handlers = load_handlers(settings, ("synthetic",), explicit=True)
+    loop = BatchLoop(settings, None, handlers, "w", executor=GuardedExecutor())  # type: ignore[arg-type]
+    GuardedExecutor.guard.on_out_of_memory(("synthetic", "small"), 32)
+    limits = live_limits(loop)
+    assert limits[("synthetic", "small")].max_batch == 16
+    assert limits[("synthetic", "medium")] == loop.limits[("synthetic", "medium")]

@@ -98,3 +98,12 @@ def test_the_cache_is_emptied_every_n_batches() -> None:
     for _ in range(7):
         guard.after_batch()
     assert len(calls) == 2 and guard.empty_cache_calls == 2
+
+
+def test_every_shrink_is_told_to_the_listener_with_its_bin() -> None:
+    told: list[tuple[str, str]] = []
+    guard = guard_for(FakeDevice())
+    guard.on_shrink = lambda model, bin_name: told.append((model, bin_name))
+    guard.on_out_of_memory(KEY, 8)
+    guard.on_out_of_memory(KEY, 4)
+    assert told == [KEY, KEY]

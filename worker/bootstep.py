@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
+from celery.worker import state
+from prometheus_client import disable_created_metrics
 
+from carpool.batching import Limits
 from carpool.errors import ConfigError
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
+from worker.flower import FlowerBatchEvents, worker_info
+from worker.gpu import GpuClaim, claim_gpu
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.loop import MAX_BLOCK_S, BatchLoop
+from worker.metrics import MetricsServer, WorkerMetrics
 from worker.pipeline import BatchExecutor, InlineExecutor
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,15 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
     return handlers
 
 
+def live_limits(loop: BatchLoop) -> dict[tuple[str, str], Limits]:
+    """Each bin's limits as the next claim will see them: the memory guard's cap applied."""
+    guard = getattr(loop.executor, "guard", None)
+    if guard is None:
+        return dict(loop.limits)
+    return {key: replace(lim, max_batch=min(lim.max_batch, guard.limits.get(key, lim.max_batch)))
+            for key, lim in loop.limits.items()}
+
+
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler]) -> BatchExecutor:
     """The torch executor, warmed up and calibrated, when a torch model is served;
     otherwise the inline one (and torch is never imported)."""
@@ -74,21 +91,37 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.loop: BatchLoop | None = None
         self.thread: threading.Thread | None = None
         self.events: Any = None
+        self.gpu: GpuClaim | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
 
     def start(self, parent: Any) -> None:
-        from worker.flower import FlowerBatchEvents
-
         settings = load_settings()
+        hostname = parent.hostname
+        self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
+        if settings.gpu_claim and self.gpu is None:
+            raise WorkerShutdown(0)  # stopped while waiting for a GPU
         client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
         queue = Queue(client, Keys(settings.key_prefix))
         names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
         handlers = load_handlers(settings, names, explicit=bool(settings.worker_models))
-        hostname = parent.hostname
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
                               listeners=[self.events],
                               executor=make_executor(settings, handlers))
+        loop = self.loop
+        # `<counter>_created` series would double the series count for a timestamp
+        # that Prometheus does not use; this process exports nothing else.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        self.metrics = WorkerMetrics(handlers, limits=lambda: live_limits(loop))
+        loop.listeners.append(self.metrics)
+        guard = getattr(loop.executor, "guard", None)
+        if guard is not None:
+            guard.on_shrink = self.metrics.record_shrink
+        if settings.worker_metrics_port:
+            self.metrics_server = self.metrics.serve(settings.worker_metrics_port)
         parent.carpool_loop = self.loop  # remote-control commands find it here
+        parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
         log.info("carpool batch loop started for models %s", ", ".join(handlers))
@@ -101,11 +134,25 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             if self.events is not None:
                 self.events.close()
 
+    def info(self, parent: Any) -> dict[str, Any]:
+        """Added to `celery inspect stats`, which Flower shows on the worker's page."""
+        return {"carpool": worker_info(self.loop, self.gpu.gpu if self.gpu else None)}
+
     def stop(self, parent: Any) -> None:
-        if self.loop is None or self.thread is None:
-            return
-        log.info("carpool batch loop stopping after the batch in hand")
-        self.loop.stop()
-        self.thread.join()
-        self.loop.executor.close()
-        log.info("carpool batch loop stopped")
+        if self.loop is not None and self.thread is not None:
+            log.info("carpool batch loop stopping after the batch in hand")
+            self.loop.stop()
+            self.thread.join()
+            self.loop.executor.close()
+            log.info("carpool batch loop stopped")
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.gpu is not None:
+            self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
+            self.gpu = None
+
+
+def _celery_stopping() -> bool:
+    """True once the worker was asked to stop (Celery's signal handlers set these)."""
+    return state.should_stop is not None or state.should_terminate is not None

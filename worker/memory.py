@@ -79,6 +79,8 @@ class MemoryGuard:
         self.empty_cache_calls = 0
         self.batches = 0
         self.last: MemoryReading | None = None
+        #: Told (model, bin) of every shrink: the worker's metrics count them here.
+        self.on_shrink: Callable[[str, str], None] | None = None
 
     # -- the figures a metrics exporter reads ------------------------------------------
     @property
@@ -150,6 +152,8 @@ class MemoryGuard:
     def _shrink(self, key: BinKey, new: int, reading: MemoryReading | None, why: str) -> int:
         self.shrinks_total += 1
         self.shrinks[key] = self.shrinks.get(key, 0) + 1
+        if self.on_shrink is not None:
+            self.on_shrink(*key)
         log.warning("%s/%s batch limit -> %d: %s (%s)", key[0], key[1], new, why,
                     describe(reading))
         return new

@@ -27,6 +27,10 @@ class SyntheticHandler:
             raise InvalidInput("synthetic input must be {'value': any, 'size': int}")
         return job_input
 
+    def input_size(self, job_input: Any) -> int:
+        """Its ``size``: what a real model of this shape would be padded from."""
+        return int(job_input["size"])
+
     def collate(self, items: Sequence[dict[str, Any]], bin_spec: BinSpec) -> list[dict[str, Any]]:
         return list(items)
 

@@ -82,6 +82,10 @@ class TextHandler:
         encoded: Encoded = self.tokenizer.encode(job_input["text"])
         return TextItem(torch.tensor(encoded.ids, dtype=torch.int64), encoded.truncated)
 
+    def input_size(self, job_input: Any) -> int:
+        """Tokens the model computes for this input (``SizedInputs``: padding metrics)."""
+        return self.tokenizer.count(str(job_input["text"]))
+
     def example(self, bin_spec: BinSpec) -> TextItem:
         """A text that fills the bin, for warm-up and calibration."""
         n = min(bin_spec.max_size, self.tokenizer.config.max_tokens)
