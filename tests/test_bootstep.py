@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
 from carpool.errors import ConfigError
 from carpool.settings import Settings
 from worker.bootstep import load_handlers, make_executor
-from worker.pipeline import InlineExecutor
+from worker.pipeline import InlineExecutor, PipelinedExecutor
 
 
 def test_a_model_named_in_carpool_models_without_weights_stops_the_worker(
@@ -26,9 +27,14 @@ def test_serving_every_model_leaves_out_one_without_weights_and_says_so(
     assert "not serving model 'resnet18'" in caplog.text
 
 
-def test_a_worker_with_only_the_synthetic_model_runs_batches_inline(settings: Settings) -> None:
+def test_a_synthetic_only_worker_pipelines_two_batches_without_torch(
+        settings: Settings) -> None:
     handlers = load_handlers(settings, ("synthetic",), explicit=True)
-    assert isinstance(make_executor(settings, handlers), InlineExecutor)
+    executor = make_executor(settings, handlers)
+    assert isinstance(executor, PipelinedExecutor) and executor.depth == 2
+    executor.close()
+    inline = replace(settings, executor=replace(settings.executor, pipeline_depth=1))
+    assert isinstance(make_executor(inline, handlers), InlineExecutor)
 
 
 def test_a_synthetic_only_worker_never_imports_torch() -> None:

@@ -27,7 +27,7 @@ from worker.gpu import GpuClaim, claim_gpu
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.loop import MAX_BLOCK_S, BatchLoop
 from worker.metrics import MetricsServer, WorkerMetrics
-from worker.pipeline import BatchExecutor, InlineExecutor
+from worker.pipeline import BatchExecutor, InlineExecutor, PipelinedExecutor
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,13 @@ def live_limits(loop: BatchLoop) -> dict[tuple[str, str], Limits]:
 
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler]) -> BatchExecutor:
     """The torch executor, warmed up and calibrated, when a torch model is served;
-    otherwise the inline one (and torch is never imported)."""
+    else the torch-free pipeline (torch is never imported); inline at depth 1."""
     torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
     if not torch_handlers:
-        return InlineExecutor()
+        if settings.executor.pipeline_depth < 2:
+            return InlineExecutor()
+        return PipelinedExecutor(settings.executor.pipeline_depth,
+                                 settings.executor.preprocess_threads)
     from worker.calibrate import prepare
     from worker.executor import TorchExecutor
 
