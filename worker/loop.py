@@ -54,7 +54,11 @@ class BatchLoop:
     worker_name: str
     #: Each is called with ("started", claim, None) and ("finished", claim, report):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
+    #: ("finished", claim, None) means the batch ended without completing (an error).
     listeners: list[BatchListener] = field(default_factory=list)
+    #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
+    #: suspect inputs hooks in here.
+    claim_filters: list[Callable[[Claim], Claim]] = field(default_factory=list)
     limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
@@ -120,11 +124,21 @@ class BatchLoop:
         spec: ModelSpec = handler.spec
         claim = self.queue.claim(spec, go.bin, go.max_n, lease_ms=self.settings.lease_ms,
                                  token=self._token(), worker=self.worker_name)
+        for narrow in self.claim_filters:
+            claim = narrow(claim)
         if not claim.jobs:
             return  # another worker took them first
         self.batches += 1
         self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
+        try:
+            self._run_claimed(handler, go, claim)
+        except BaseException:
+            self._notify("finished", claim, None)  # lease keepers hand its jobs back
+            raise
+
+    def _run_claimed(self, handler: ModelHandler, go: Go, claim: Claim) -> None:
+        spec = handler.spec
         t0 = time.perf_counter()
         outcomes = run_batch(handler, spec.bin_named(go.bin), claim.jobs)
         batch = {"size": len(claim.jobs), "bin": go.bin, "worker": self.worker_name}

@@ -14,7 +14,7 @@ def make_handler(spec: ModelSpec, settings: Settings) -> ModelHandler:
     if spec.kind == "synthetic":
         from worker.handlers.synthetic import SyntheticHandler
 
-        return SyntheticHandler(spec, settings.synthetic_cost_ms)
+        return SyntheticHandler(spec, settings.synthetic_cost_ms, settings.synthetic_poison)
     raise ConfigError(f"model {spec.name!r}: no handler for kind {spec.kind!r}")
 
 
