@@ -44,7 +44,12 @@ def redis_errors() -> Iterator[None]:
         raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
     except redis.ResponseError as exc:
         text = str(exc)
-        if isinstance(exc, _UNAVAILABLE_CLASSES) or _IN_SCRIPT.search(text):
+        code = _IN_SCRIPT.search(text)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or (code and code[1] == "OOM"):
+            raise BackendUnavailable(
+                "Redis is out of memory (maxmemory reached): new jobs are refused until "
+                "workers drain the queue") from exc
+        if isinstance(exc, _UNAVAILABLE_CLASSES) or code:
             raise BackendUnavailable(f"Redis refused the command: {text}") from exc
         raise
 

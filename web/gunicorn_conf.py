@@ -10,6 +10,7 @@ plus everything ``carpool.settings.load_settings`` reads.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from carpool.errors import ConfigError
 from carpool.settings import load_settings
@@ -47,3 +48,15 @@ accesslog = os.environ.get("CARPOOL_WEB_ACCESS_LOG") or None
 # host (tests, `carpool up` beside another) would take it from each other, and
 # carpool does not use it.
 control_socket_disable = True
+
+
+def post_worker_init(worker: Any) -> None:
+    """Check Redis's persistence and eviction settings before this worker serves.
+
+    Here, not in the master: the master must not import redis before a gevent worker
+    has monkey-patched. A refusal (CARPOOL_REQUIRE_DURABLE=1) raises before the worker
+    counts as booted, and gunicorn halts with "Worker failed to boot".
+    """
+    from web.app import check_redis_durability
+
+    check_redis_durability(worker.wsgi)
