@@ -35,6 +35,12 @@ MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_BATCH_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
 DEFAULT_MAX_CHARS = 100_000
+#: C0 controls (but tab, LF, CR), DEL and C1 controls: never text a model should see,
+#: and NUL breaks tokenizers written in C. (Unpaired surrogates are refused in _encode.)
+_CONTROL_CHARS = frozenset(
+    chr(c) for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r")
+#: Names quoted back in an error message at most, and characters of each.
+_MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
 SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key"})
 BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority"})
@@ -66,11 +72,16 @@ class Options:
     priority: int = 0
     idempotency_key: str | None = None
 
-    def idempotency_digest(self) -> str | None:
-        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name."""
+    def idempotency_digest(self, owner: str = "") -> str | None:
+        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name.
+
+        With API keys, the key is scoped to its owner: two clients that pick the same
+        idempotency key get two jobs, and neither learns of the other's.
+        """
         if self.idempotency_key is None:
             return None
-        return hashlib.sha256(self.idempotency_key.encode()).hexdigest()
+        scoped = f"{owner}\n{self.idempotency_key}" if owner else self.idempotency_key
+        return hashlib.sha256(scoped.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,10 @@ def _prepare_text(spec: ModelSpec, raw: Any) -> Prepared:
     max_chars = _max_chars(spec)
     if len(text) > max_chars:
         raise InputTooLarge(f"input.text has {len(text)} characters; at most {max_chars}")
+    bad = next((c for c in text if c in _CONTROL_CHARS), None)
+    if bad is not None:
+        raise InvalidInput(f"input.text holds the control character U+{ord(bad):04X} at "
+                           f"position {text.index(bad)}; only tab and line breaks are allowed")
     input_json = _encode(spec, {"text": text})
     return Prepared(input_json, spec.bin_for(_TEXT_MEASURES[spec.measure](spec, text)))
 
@@ -246,8 +261,15 @@ def _object(
     if missing:
         raise InvalidInput(f"{what} lacks {sorted(missing)}")
     if unknown:
-        raise InvalidInput(f"{what} has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise InvalidInput(f"{what} has unknown keys {_names(unknown)}; allowed: {sorted(allowed)}")
     return raw
+
+
+def _names(names: AbstractSet[str]) -> str:
+    """A few of ``names``, each cut short: an error message never echoes a whole body."""
+    shown = [n[:_MAX_NAME_CHARS] for n in sorted(names)[:_MAX_NAMES_SHOWN]]
+    more = len(names) - len(shown)
+    return str(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def _model_name(raw: Any) -> str:
