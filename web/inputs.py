@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ DEFAULT_MAX_CHARS = 100_000
 #: and NUL breaks tokenizers written in C. (Unpaired surrogates are refused in _encode.)
 _CONTROL_CHARS = frozenset(
     chr(c) for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r")
+#: Digits of a form or query integer; more is never a sensible deadline or priority.
+_MAX_DIGITS = 12
 #: Names quoted back in an error message at most, and characters of each.
 _MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
@@ -116,8 +119,14 @@ def parse_json(body: bytes) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):  # 1e999 parses as inf, and would be stored as Infinity
+            raise ValueError(f"the number {text[:40]} is out of range")
+        return value
+
     try:
-        return json.loads(body, parse_constant=no_constants)
+        return json.loads(body, parse_constant=no_constants, parse_float=finite)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidJson(f"request body is not valid JSON: {exc}") from None
 
@@ -134,9 +143,9 @@ def submission_from_file(
     fields: Mapping[str, str], data: bytes, catalogue: Catalogue, header_key: str | None
 ) -> Submission:
     """An image sent as a file: multipart (``fields`` = form) or raw (``fields`` = query)."""
-    unknown = set(fields) - FILE_FIELDS
+    unknown = {str(k) for k in fields} - FILE_FIELDS  # a nameless form part's key is None
     if unknown:
-        raise InvalidInput(f"unknown fields {sorted(unknown)}; allowed: {sorted(FILE_FIELDS)}")
+        raise InvalidInput(f"unknown fields {_names(unknown)}; allowed: {sorted(FILE_FIELDS)}")
     if "model" not in fields:
         raise InvalidInput("name the model: a 'model' form field, or ?model= for a raw body")
     spec = catalogue.get(fields["model"])
@@ -289,7 +298,8 @@ def _int(name: str, raw: Any, lo: int, hi: int | None) -> int:
 
 
 def _digits(name: str, raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()):
+    # The length bound first: int() of over 4300 digits raises ValueError (a 500).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= _MAX_DIGITS):
         raise InvalidInput(f"{name} must be a non-negative integer, got {raw[:40]!r}")
     return int(raw)
 

@@ -23,6 +23,9 @@ def _responses(ok: tuple[str, str, dict[str, Any]], *errors: str) -> dict[str, A
     for status in errors:
         out[status] = {"description": _ERROR_TEXT[status],
                        "content": {"application/json": {"schema": _ERROR}}}
+    # gunicorn refuses an over-long request line itself, before the app sees it.
+    out["414"] = {"description": _ERROR_TEXT["414"],
+                  "content": {"text/html": {"schema": {"type": "string"}}}}
     return out
 
 
@@ -33,6 +36,7 @@ _ERROR_TEXT = {
     "405": "method not allowed",
     "409": "the job is running and can no longer be cancelled",
     "413": "body, input or batch over its limit",
+    "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
     "415": "a content type this route does not take",
     "422": "idempotency key reused with a different input",
     "429": "the bin is full; see Retry-After",
