@@ -11,6 +11,8 @@ keys then live on one shard: Cluster buys availability here, not capacity).
     {p}:wake:<model>        list  tokens that wake a blocked worker (capped)
     {p}:done                chan  pub/sub: the id of every job that reached an end state
     {p}:stats:<model>:<bin> hash  counters the web reads (e.g. drained jobs, for Retry-After)
+    {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
+    {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
     {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
                                   newest first, capped: a place to inspect poison inputs
 """
@@ -84,3 +86,10 @@ class Keys:
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag}:stats:{model}:{bin_name}"
+
+    def gpu(self, uuid: str) -> str:
+        return f"{self._tag}:gpu:{uuid}"
+
+    @property
+    def gpu_free(self) -> str:
+        return f"{self._tag}:gpu-free"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carpool.redis_local import LocalRedis, answers, choose_redis
+from carpool.settings import DEFAULT_WORKER_METRICS_PORT
 
 #: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
 STOP_GRACE_S = 30.0
@@ -83,8 +84,11 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str]]:
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models
     stack.spawn("web", web_command(), env)
+    metrics_port = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
     for i in range(opts.workers):
-        stack.spawn(f"worker{i}", worker_command(i), env)
+        # One host, several workers: each its own metrics port (9100, 9101, ...; 0 stays off).
+        port = str(metrics_port + i if metrics_port else 0)
+        stack.spawn(f"worker{i}", worker_command(i), {**env, "CARPOOL_WORKER_METRICS_PORT": port})
     urls = {"api": f"http://127.0.0.1:{opts.port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(opts.flower_port), env)

@@ -161,9 +161,9 @@ class Queue:
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(
             ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
-            for i in range(1, len(reply), 4)
+            for i in range(2, len(reply), 4)
         )
-        return Claim(model.name, bin_name, token, int(reply[0]), jobs)
+        return Claim(model.name, bin_name, token, int(reply[0]), jobs, expired=int(reply[1]))
 
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]

@@ -14,6 +14,8 @@ from carpool.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: Where Prometheus scrapes a worker (compose, Kubernetes and ops/prometheus agree).
+DEFAULT_WORKER_METRICS_PORT = 9100
 #: Renewal and reaping never run more often than this, whatever the lease.
 MIN_LEASE_TICK_MS = 30
 #: An API key shorter than this cannot hold 128 random bits in hex or base64.
@@ -41,6 +43,14 @@ class Settings:
     #: Models a worker serves; empty means every model in the catalogue.
     worker_models: tuple[str, ...]
     worker_name: str
+    #: Port of a worker's Prometheus endpoint; 0 turns it off.
+    worker_metrics_port: int
+    #: Claim one GPU by a lease in Redis before the models load (compose replicas).
+    gpu_claim: bool
+    #: A claimed GPU is freed this long after its worker stops renewing the lease.
+    gpu_lease_ms: int
+    #: GPU UUIDs to claim from instead of asking nvidia-smi (hosts without it, tests).
+    gpu_devices: tuple[str, ...]
     #: Renewal keeps a batch leased at most this long; then the lease lapses and the
     #: reaper retries the jobs elsewhere, so a hung forward pass cannot hold them forever.
     max_batch_ms: int = 600_000
@@ -74,6 +84,20 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    port = _int(env, name, default)
+    if port > 65535:
+        raise ConfigError(f"{name}={port} is not a TCP port (0 turns it off)")
+    return port
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "") or "0"
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{name}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
 def _redis_url(env: Mapping[str, str]) -> str:
     url = env.get("CARPOOL_REDIS_URL") or DEFAULT_REDIS_URL
     parsed = urlparse(url)
@@ -98,15 +122,6 @@ def _cost(env: Mapping[str, str]) -> tuple[float, float]:
     if a_ms < 0 or b_ms < 0:
         raise ConfigError(f"CARPOOL_SYNTHETIC_COST_MS={raw!r} must not be negative")
     return a_ms, b_ms
-
-
-def _bool(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return False
-    if raw in ("1", "true", "yes"):
-        return True
-    raise ConfigError(f"{name}={raw!r} must be 1 or 0")
 
 
 def api_key_digest(key: str) -> str:
@@ -152,11 +167,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_cost_ms=_cost(env),
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+        worker_metrics_port=_port(env, "CARPOOL_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+        gpu_claim=_flag(env, "CARPOOL_GPU_CLAIM"),
+        gpu_lease_ms=_int(env, "CARPOOL_GPU_LEASE_MS", 30_000, minimum=100),
+        gpu_devices=tuple(d for d in env.get("CARPOOL_GPU_DEVICES", "").split(",") if d),
         max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
-        require_durable=_bool(env, "CARPOOL_REQUIRE_DURABLE"),
+        require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=_api_keys(env),
-        synthetic_poison=_bool(env, "CARPOOL_SYNTHETIC_POISON"),
+        synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
     )
     check_consistency(settings)
     return settings
@@ -180,6 +199,11 @@ def check_consistency(s: Settings) -> None:
         raise ConfigError(
             f"CARPOOL_MAX_BATCH_MS ({s.max_batch_ms}) must be at least CARPOOL_LEASE_MS "
             f"({s.lease_ms}); renewal could never keep a batch leased"
+        )
+    if s.gpu_devices and not s.gpu_claim:
+        raise ConfigError(
+            "CARPOOL_GPU_DEVICES lists GPUs to claim, but CARPOOL_GPU_CLAIM is not 1: "
+            "set CARPOOL_GPU_CLAIM=1 or drop the list"
         )
     if s.queued_ttl_s * 1000 <= s.lease_ms:
         raise ConfigError(

@@ -105,6 +105,8 @@ def spawn_worker(env: Mapping[str, str], node_name: str, log_path: Path
                  ) -> subprocess.Popen[bytes]:
     """A worker process, not waited for: it may die before it says it is ready."""
     cmd = [*worker_command(node_name), "--logfile", str(log_path)]
+    # Metrics off, as start_worker does: test workers would fight over port 9100.
+    env = {"CARPOOL_WORKER_METRICS_PORT": "0", **env}
     with open(log_path.with_suffix(".out"), "ab") as out:
         return subprocess.Popen(cmd, env={**os.environ, **env}, cwd=REPO_ROOT,
                                 stdout=out, stderr=subprocess.STDOUT)

@@ -139,7 +139,10 @@ def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
 
     Ready when its log says the node is ready: the bootstep has then started the loop.
     The log is ``log_path`` when given (and kept, for the test to read), else a temp file.
+    Its metrics endpoint is off unless ``env`` sets CARPOOL_WORKER_METRICS_PORT.
     """
+    # Off unless a test asks for it: parallel test runs would fight over port 9100.
+    env = {"CARPOOL_WORKER_METRICS_PORT": "0", **env}
     keep = log_path is not None
     if log_path is None:
         with tempfile.NamedTemporaryFile(prefix="worker-ready-", suffix=".log",

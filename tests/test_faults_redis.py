@@ -243,7 +243,7 @@ def test_web_and_worker_refuse_to_start_on_a_redis_without_aof_when_durability_i
     with private_redis("--appendonly", "no", "--maxmemory", "64mb") as server:
         env = make_env(server.url, key_prefix, CARPOOL_REQUIRE_DURABLE="1")
         log = _web_log_after_start(env)
-        assert "exited with 3" in log and "appendonly no" in log
+        assert "Worker failed to boot" in log and "appendonly no" in log
         worker_log = tmp_path / "worker.log"
         proc = spawn_worker(env, "w1@durable", worker_log)
         assert proc.wait(60) != 0

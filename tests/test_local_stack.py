@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -58,7 +59,9 @@ def test_carpool_up_demo_sends_a_job_through_the_whole_stack(tmp_path: Path) -> 
             [sys.executable, "-m", "carpool.cli", "up", "--demo", "--once", "--no-flower",
              "--port", str(free_port()), "--redis-url", server.url,
              "--state-dir", str(tmp_path / "state")],
-            capture_output=True, text=True, timeout=180, cwd=Path(__file__).parent.parent)
+            capture_output=True, text=True, timeout=180, cwd=Path(__file__).parent.parent,
+            # The worker's metrics port stays off: parallel runs would fight over 9100.
+            env={**os.environ, "CARPOOL_WORKER_METRICS_PORT": "0"})
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stdout + proc.stderr

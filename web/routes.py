@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST
+from werkzeug.exceptions import HTTPException
 
 from carpool.catalogue import Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
@@ -17,6 +19,7 @@ from carpool.jobs import Admitted, is_job_id, new_job_id
 from web import inputs
 from web.auth import check_owner, request_owner
 from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
+from web.metrics import requested_model
 from web.openapi import openapi_document
 from web.state import WebState, current_state
 from web.waiters import wait_for_final
@@ -31,8 +34,18 @@ FALLBACK_RESULT_TTL_S = 3600
 def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
-    sub = _read_submission(state.settings.catalogue)
-    body = _accepted(_admit(state, sub.spec, sub.prepared, sub.options, owner))
+    try:
+        sub = _read_submission(state.settings.catalogue)
+    except (CarpoolError, HTTPException) as exc:
+        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
+        raise
+    try:
+        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner)
+    except CarpoolError as exc:
+        state.metrics.count_rejected(sub.spec.name, exc)
+        raise
+    state.metrics.count_submitted(admitted)
+    body = _accepted(admitted)
     return jsonify(body), 202, {"Location": body["result_url"]}
 
 
@@ -41,23 +54,31 @@ def submit_batch() -> tuple[Response, int]:
     """One admission per input; each input fails alone, and answers in its place."""
     state = current_state()
     owner = request_owner(state.settings)
-    _require_json()
-    if "Idempotency-Key" in request.headers:
-        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
-    batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
-                                   state.settings.catalogue)
+    try:
+        _require_json()
+        if "Idempotency-Key" in request.headers:
+            raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
+        batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
+                                       state.settings.catalogue)
+    except (CarpoolError, HTTPException) as exc:
+        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
+        raise
     jobs: list[dict[str, Any]] = []
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            jobs.append(_accepted(_admit(state, batch.spec, prepared, batch.options, owner)))
+            admitted = _admit(state, batch.spec, prepared, batch.options, owner)
+            state.metrics.count_submitted(admitted)
+            jobs.append(_accepted(admitted))
         except BackendUnavailable as exc:
+            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
             if not any("id" in job for job in jobs):
                 raise  # nothing was queued: the whole request is safe to retry (503)
             # Some are queued: say which were not, without waiting on Redis for each.
             jobs += [_item_error(exc)] * (len(batch.inputs) - i)
             break
         except CarpoolError as exc:
+            state.metrics.count_rejected(batch.spec.name, exc)
             jobs.append(_item_error(exc))
     return jsonify({"jobs": jobs}), 202
 
@@ -99,6 +120,12 @@ def models() -> Response:
     specs = list(state.settings.catalogue)
     depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
     return jsonify({"models": [_describe(spec, depths) for spec in specs]})
+
+
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text format: this process's view, or under gunicorn all processes' sum."""
+    return Response(current_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
 
 @blueprint.get("/healthz")

@@ -14,16 +14,22 @@ import threading
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
+from celery.worker import state
+from prometheus_client import disable_created_metrics
 
 from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
+from worker.flower import FlowerBatchEvents, worker_info
+from worker.gpu import GpuClaim, claim_gpu
 from worker.handlers import make_handler
 from worker.isolation import SuspectIsolation
 from worker.leasekeeper import LeaseKeeper
 from worker.loop import MAX_BLOCK_S, BatchLoop
+from worker.metrics import MetricsServer, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +47,18 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.loop: BatchLoop | None = None
         self.thread: threading.Thread | None = None
         self.events: Any = None
+        self.gpu: GpuClaim | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
         self.keeper: LeaseKeeper | None = None
         self.settings: Settings | None = None
 
     def start(self, parent: Any) -> None:
-        from worker.flower import FlowerBatchEvents
-
         settings = self.settings = load_settings()
+        hostname = parent.hostname
+        self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
+        if settings.gpu_claim and self.gpu is None:
+            raise WorkerShutdown(0)  # stopped while waiting for a GPU
         client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
         check_durability(client, require=settings.require_durable, who="worker")
         keys = Keys(settings.key_prefix)
@@ -57,14 +68,23 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         handlers = {n: make_handler(settings.catalogue.get(n), settings) for n in names}
         for handler in handlers.values():
             handler.load()
-        hostname = parent.hostname
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
                               listeners=[self.keeper, self.events],
                               claim_filters=[SuspectIsolation(leases)])
+        loop = self.loop
+        # `<counter>_created` series would double the series count for a timestamp
+        # that Prometheus does not use; this process exports nothing else.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        self.metrics = WorkerMetrics(handlers, limits=lambda: loop.limits)
+        loop.listeners.append(self.metrics)
+        self.keeper.on_reclaimed = self.metrics.record_reclaimed
         self.keeper.start()
+        if settings.worker_metrics_port:
+            self.metrics_server = self.metrics.serve(settings.worker_metrics_port)
         parent.carpool_loop = self.loop  # remote-control commands find it here
+        parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
         log.info("carpool batch loop started for models %s", ", ".join(names))
@@ -77,9 +97,22 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             if self.events is not None:
                 self.events.close()
 
+    def info(self, parent: Any) -> dict[str, Any]:
+        """Added to `celery inspect stats`, which Flower shows on the worker's page."""
+        return {"carpool": worker_info(self.loop, self.gpu.gpu if self.gpu else None)}
+
     def stop(self, parent: Any) -> None:
-        if self.loop is None or self.thread is None:
-            return
+        if self.loop is not None and self.thread is not None:
+            self._stop_loop()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.gpu is not None:
+            self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
+            self.gpu = None
+
+    def _stop_loop(self) -> None:
+        assert self.loop is not None and self.thread is not None
         assert self.keeper is not None and self.settings is not None
         grace_s = self.settings.stop_grace_s
         log.info("carpool batch loop stopping after the batch in hand (grace %.0f s)", grace_s)
@@ -94,3 +127,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             log.warning("the batch in hand outlasted the %.0f s grace: %d jobs handed back",
                         grace_s, back)
         log.info("carpool batch loop stopped; %d jobs handed back", back)
+
+
+def _celery_stopping() -> bool:
+    """True once the worker was asked to stop (Celery's signal handlers set these)."""
+    return state.should_stop is not None or state.should_terminate is not None

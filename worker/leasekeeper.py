@@ -47,8 +47,10 @@ class LeaseKeeper:
         self.leases = leases
         self.settings = settings
         self.clock = clock
-        self.reclaimed_total = 0  # leases this worker's reaper took back (for metrics)
+        self.reclaimed_total = 0  # leases this worker's reaper took back
         self.dead_total = 0  # of which failed after max_attempts
+        #: Told how many leases each reap took back (the worker's Prometheus counter).
+        self.on_reclaimed: Callable[[int], None] | None = None
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -60,6 +62,8 @@ class LeaseKeeper:
         if phase == "started":
             with self._lock:
                 self._held[claim.token] = Held(claim, self.clock())
+            return
+        if phase != "finished":
             return
         with self._lock:
             held = self._held.pop(claim.token, None)
@@ -129,6 +133,8 @@ class LeaseKeeper:
             report = self.leases.reap(self.settings.max_attempts)
             self.reclaimed_total += report.reclaimed
             self.dead_total += report.failed
+            if report.reclaimed and self.on_reclaimed is not None:
+                self.on_reclaimed(report.reclaimed)
             if report.reclaimed:
                 log.warning("reaped %d expired leases: %d jobs back in their bins, %d failed "
                             "after %d attempts", report.reclaimed, report.requeued,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from carpool.batching import Go, Limits, Wait, decide
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim
+from carpool.jobs import Claim, Outcome
 from carpool.queue import Queue
 from carpool.settings import Settings
 from worker.handlers.base import ModelHandler
@@ -39,6 +39,10 @@ class BatchReport:
     runtime_s: float  # claim to completion, as the worker saw it
     inference_ms: float  # the forward pass alone (max over the batch's outcomes)
     queue_ms: list[int]  # per job: admission to claim, on Redis's clock
+    #: Per job, in claim order: its outcome, and whether its result was written
+    #: (False: refused, the lease was lost). Metrics count written jobs only.
+    outcomes: tuple[Outcome, ...] = ()
+    written: tuple[bool, ...] = ()
 
 
 BatchListener = Callable[[str, Claim, BatchReport | None], None]
@@ -52,7 +56,9 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Each is called with ("started", claim, None) and ("finished", claim, report):
+    #: Each is called with ("started", claim, None) and ("finished", claim, report),
+    #: and with ("expired", claim, None) when a claim ended jobs past their deadline
+    #: (claim.expired of them; the claim may hold no job at all then):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
     #: ("finished", claim, None) means the batch ended without completing (an error).
     listeners: list[BatchListener] = field(default_factory=list)
@@ -124,10 +130,12 @@ class BatchLoop:
         spec: ModelSpec = handler.spec
         claim = self.queue.claim(spec, go.bin, go.max_n, lease_ms=self.settings.lease_ms,
                                  token=self._token(), worker=self.worker_name)
+        if claim.expired:
+            self._notify("expired", claim, None)
         for narrow in self.claim_filters:
             claim = narrow(claim)
         if not claim.jobs:
-            return  # another worker took them first
+            return  # another worker took them first, or they all expired
         self.batches += 1
         self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
@@ -148,7 +156,8 @@ class BatchLoop:
                              refused=written.count(False),
                              runtime_s=time.perf_counter() - t0,
                              inference_ms=max((o.inference_ms for o in outcomes), default=0.0),
-                             queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs])
+                             queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs],
+                             outcomes=tuple(outcomes), written=tuple(written))
         if report.refused:
             log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
         self._notify("finished", claim, report)

@@ -6,15 +6,16 @@
 -- ARGV[4]  job key prefix "{p}:job:"     ARGV[5] worker name
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 --
--- Returns {now_ms, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}.
+-- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}.
 -- Ids whose record has expired are dropped; jobs whose deadline has passed
--- end "expired" here and are never computed.
+-- end "expired" here and are never computed: `expired` counts them, so the
+-- worker that decided it counts each expiry once (carpool_jobs_expired_total).
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ids = redis.call("LPOP", KEYS[1], tonumber(ARGV[1]))
-local out = {now_ms}
+local out = {now_ms, 0}
 if not ids then
   return out
 end
@@ -29,6 +30,7 @@ for _, id in ipairs(ids) do
         "error", "deadline passed while queued")
       redis.call("EXPIRE", key, ARGV[7])
       redis.call("PUBLISH", ARGV[6], id)
+      out[2] = out[2] + 1
     else
       local attempts = tonumber(job[4]) + 1
       redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],

@@ -38,6 +38,10 @@ class SyntheticHandler:
             os._exit(POISON_EXIT_STATUS)  # test-only fault injection, see POISON_VALUE
         return job_input
 
+    def input_size(self, job_input: Any) -> int:
+        """Its ``size``: what a real model of this shape would be padded from."""
+        return int(job_input["size"])
+
     def collate(self, items: Sequence[dict[str, Any]], bin_spec: BinSpec) -> list[dict[str, Any]]:
         return list(items)
 
