@@ -99,6 +99,20 @@ def test_keeper_reaps_other_workers_expired_leases_and_counts_the_dead(
     assert queue.get(job).status is JobStatus.FAILED  # type: ignore[union-attr]
 
 
+def test_keeper_tells_the_metrics_how_many_leases_it_took_back(
+        queue: Queue, leases: Leases, worker_settings: Settings) -> None:
+    spec = synthetic()
+    for i in range(3):
+        admit(queue, spec, value=i)
+    queue.claim(spec, "small", 8, lease_ms=0, token="dead", worker="other")
+    told: list[int] = []
+    keeper = LeaseKeeper(leases, worker_settings)
+    keeper.on_reclaimed = told.append
+    keeper.tick()
+    keeper.tick()  # nothing left to take back: not told again
+    assert told == [3]
+
+
 def test_keeper_hand_back_releases_every_claim_in_hand(
         queue: Queue, leases: Leases, worker_settings: Settings) -> None:
     spec = synthetic()
