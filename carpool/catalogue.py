@@ -23,6 +23,8 @@ from typing import Any
 
 from carpool.errors import ConfigError, InputTooLarge, UnknownModel
 
+#: Characters of an unknown model name quoted back in an error.
+MAX_NAME_SHOWN = 64
 #: What a bin's upper bound measures, per model kind.
 MEASURES = ("size", "pixels", "tokens")
 
@@ -138,7 +140,8 @@ class Catalogue:
             return self.models[name]
         except KeyError:
             known = ", ".join(sorted(self.models))
-            raise UnknownModel(f"unknown model {name!r}; known models: {known}") from None
+            raise UnknownModel(
+                f"unknown model {name[:MAX_NAME_SHOWN]!r}; known models: {known}") from None
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.models.values())

@@ -13,9 +13,16 @@ keys then live on one shard: Cluster buys availability here, not capacity).
     {p}:stats:<model>:<bin> hash  counters the web reads (e.g. drained jobs, for Retry-After)
     {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
+                                  newest first, capped: a place to inspect poison inputs
 """
 
 from dataclasses import dataclass
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (a prefix may hold ``*`` or ``[``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,26 @@ class Keys:
         return f"{self._tag}:idem:{model}:{key_digest}"
 
     def wake(self, model: str) -> str:
-        return f"{self._tag}:wake:{model}"
+        return f"{self.wake_prefix}{model}"
+
+    @property
+    def wake_prefix(self) -> str:
+        """What `wake(model)` puts before the model; reap.lua and release.lua use it."""
+        return f"{self._tag}:wake:"
+
+    @property
+    def dead(self) -> str:
+        return f"{self._tag}:dead"
+
+    @property
+    def job_pattern(self) -> str:
+        """A SCAN/KEYS glob for every job hash (the audit reads them all)."""
+        return _glob_escape(self.job_prefix) + "*"
+
+    @property
+    def bin_pattern(self) -> str:
+        """A SCAN/KEYS glob for every bin list."""
+        return _glob_escape(self.bin_prefix) + "*"
 
     @property
     def done_channel(self) -> str:

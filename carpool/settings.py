@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,10 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Where Prometheus scrapes a worker (compose, Kubernetes and ops/prometheus agree).
 DEFAULT_WORKER_METRICS_PORT = 9100
+#: Renewal and reaping never run more often than this, whatever the lease.
+MIN_LEASE_TICK_MS = 30
+#: An API key shorter than this cannot hold 128 random bits in hex or base64.
+MIN_API_KEY_CHARS = 22
 
 
 #: What ``CARPOOL_CALIBRATE`` may say: calibrate when no profile is cached (on a GPU
@@ -74,6 +79,24 @@ class Settings:
     gpu_devices: tuple[str, ...]
     #: How a worker runs torch models: device, pipeline, memory guard, calibration.
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+    #: Renewal keeps a batch leased at most this long; then the lease lapses and the
+    #: reaper retries the jobs elsewhere, so a hung forward pass cannot hold them forever.
+    max_batch_ms: int = 600_000
+    #: How long a warm shutdown (SIGTERM) waits for the batch in hand before it hands
+    #: the batch's jobs back; below the orchestrator's grace period (compose, k8s: 60 s).
+    stop_grace_s: float = 45.0
+    #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
+    require_durable: bool = False
+    #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
+    api_key_digests: frozenset[str] = frozenset()
+    #: TEST ONLY: the synthetic model kills its worker process on the input value
+    #: "__crash__", to prove that a poison input cannot take the queue down.
+    synthetic_poison: bool = False
+
+    @property
+    def lease_tick_ms(self) -> int:
+        """How often a worker renews its leases and reaps expired ones: a third of a lease."""
+        return max(MIN_LEASE_TICK_MS, self.lease_ms // 3)
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -162,6 +185,29 @@ def _executor(env: Mapping[str, str]) -> ExecutorSettings:
     )
 
 
+def api_key_digest(key: str) -> str:
+    """What carpool keeps of an API key (settings, and each job's owner): its SHA-256."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _api_keys(env: Mapping[str, str]) -> frozenset[str]:
+    keys = [k.strip() for k in env.get("CARPOOL_API_KEYS", "").split(",")]
+    path = env.get("CARPOOL_API_KEYS_FILE")
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
+        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
+    keys = [k for k in keys if k]
+    for key in keys:
+        if len(key) < MIN_API_KEY_CHARS or not key.isascii() or not key.isprintable():
+            raise ConfigError(
+                f"an API key ({key[:4]}...) is shorter than {MIN_API_KEY_CHARS} characters or "
+                "not printable ASCII; make keys with `openssl rand -hex 16`")
+    return frozenset(api_key_digest(k) for k in keys)
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -187,6 +233,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         gpu_lease_ms=_int(env, "CARPOOL_GPU_LEASE_MS", 30_000, minimum=100),
         gpu_devices=tuple(d for d in env.get("CARPOOL_GPU_DEVICES", "").split(",") if d),
         executor=_executor(env),
+        max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
+        stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
+        require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
+        api_key_digests=_api_keys(env),
+        synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
     )
     check_consistency(settings)
     return settings
@@ -206,6 +257,11 @@ def check_consistency(s: Settings) -> None:
                 f"model {spec.name!r}: max_input_bytes ({spec.max_input_bytes}) exceeds "
                 f"CARPOOL_MAX_BODY_BYTES ({s.max_body_bytes}); such inputs could never arrive"
             )
+    if s.max_batch_ms < s.lease_ms:
+        raise ConfigError(
+            f"CARPOOL_MAX_BATCH_MS ({s.max_batch_ms}) must be at least CARPOOL_LEASE_MS "
+            f"({s.lease_ms}); renewal could never keep a batch leased"
+        )
     if s.gpu_devices and not s.gpu_claim:
         raise ConfigError(
             "CARPOOL_GPU_DEVICES lists GPUs to claim, but CARPOOL_GPU_CLAIM is not 1: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
+from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
@@ -39,3 +40,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(routes.blueprint)
     errors.register(app)
     return app
+
+
+def check_redis_durability(app: Flask) -> list[str]:
+    """Warn about each way this app's Redis may lose jobs; raise when they are required."""
+    state = app.extensions[EXTENSION]
+    assert isinstance(state, WebState)
+    return check_durability(state.queue.client, require=state.settings.require_durable,
+                            who="web")

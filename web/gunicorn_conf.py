@@ -97,3 +97,15 @@ accesslog = os.environ.get("CARPOOL_WEB_ACCESS_LOG") or None
 # host (tests, `carpool up` beside another) would take it from each other, and
 # carpool does not use it.
 control_socket_disable = True
+
+
+def post_worker_init(worker: Any) -> None:
+    """Check Redis's persistence and eviction settings before this worker serves.
+
+    Here, not in the master: the master must not import redis before a gevent worker
+    has monkey-patched. A refusal (CARPOOL_REQUIRE_DURABLE=1) raises before the worker
+    counts as booted, and gunicorn halts with "Worker failed to boot".
+    """
+    from web.app import check_redis_durability
+
+    check_redis_durability(worker.wsgi)

@@ -17,8 +17,10 @@ from carpool.catalogue import Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
 from carpool.jobs import Admitted, is_job_id, new_job_id
 from web import inputs
+from web.auth import check_owner, request_owner
 from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
 from web.metrics import requested_model
+from web.openapi import openapi_document
 from web.state import WebState, current_state
 from web.waiters import wait_for_final
 
@@ -31,13 +33,14 @@ FALLBACK_RESULT_TTL_S = 3600
 @blueprint.post("/submit")
 def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
+    owner = request_owner(state.settings)
     try:
         sub = _read_submission(state.settings.catalogue)
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
     try:
-        admitted = _admit(state, sub.spec, sub.prepared, sub.options)
+        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner)
     except CarpoolError as exc:
         state.metrics.count_rejected(sub.spec.name, exc)
         raise
@@ -50,6 +53,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
 def submit_batch() -> tuple[Response, int]:
     """One admission per input; each input fails alone, and answers in its place."""
     state = current_state()
+    owner = request_owner(state.settings)
     try:
         _require_json()
         if "Idempotency-Key" in request.headers:
@@ -63,7 +67,7 @@ def submit_batch() -> tuple[Response, int]:
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            admitted = _admit(state, batch.spec, prepared, batch.options)
+            admitted = _admit(state, batch.spec, prepared, batch.options, owner)
             state.metrics.count_submitted(admitted)
             jobs.append(_accepted(admitted))
         except BackendUnavailable as exc:
@@ -82,11 +86,13 @@ def submit_batch() -> tuple[Response, int]:
 @blueprint.get("/result/<job_id>")
 def result(job_id: str) -> Response:
     state = current_state()
+    owner = request_owner(state.settings)
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
-    view = wait_for_final(state.queue, state.notifier, job_id, wait_s)
-    if view is None:
-        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    if owner:  # another key's job must not make this request wait out its poll
+        check_owner(state.queue.get(job_id), owner, job_id)
+    view = check_owner(wait_for_final(state.queue, state.notifier, job_id, wait_s), owner,
+                       job_id)
     return jsonify(view.to_json())
 
 
@@ -94,10 +100,9 @@ def result(job_id: str) -> Response:
 def delete_result(job_id: str) -> Response:
     """Cancel a queued job, or delete a finished one; 409 while it runs."""
     state = current_state()
+    owner = request_owner(state.settings)
     _require_job_id(job_id)
-    view = state.queue.get(job_id)
-    if view is None:
-        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    view = check_owner(state.queue.get(job_id), owner, job_id)
     spec = state.settings.catalogue.models.get(view.model)
     ttl_s = spec.result_ttl_s if spec is not None else FALLBACK_RESULT_TTL_S
     outcome = state.queue.cancel(job_id, ttl_s)
@@ -135,6 +140,12 @@ def readyz() -> Response:
     return jsonify({"status": "ready"})
 
 
+@blueprint.get("/openapi.json")
+def openapi() -> Response:
+    """The API's OpenAPI 3.0 document, with each model's input schema."""
+    return jsonify(openapi_document(current_state().settings))
+
+
 def _read_submission(catalogue: Catalogue) -> inputs.Submission:
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
@@ -161,8 +172,8 @@ def _require_json() -> None:
 
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-           options: inputs.Options) -> Admitted:
-    idempotency_digest = options.idempotency_digest()
+           options: inputs.Options, owner: str) -> Admitted:
+    idempotency_digest = options.idempotency_digest(owner)
     return state.queue.admit(
         spec, prepared.bin, new_job_id(), prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
@@ -170,6 +181,7 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
         priority=options.priority,
         idempotency_digest=idempotency_digest,
         input_digest=prepared.digest() if idempotency_digest else "",
+        owner=owner,
     )
 
 

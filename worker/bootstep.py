@@ -2,7 +2,9 @@
 
 The loop runs in its own thread, so the worker's main thread stays free for
 heartbeats, pings and remote-control commands. A warm shutdown (SIGTERM) calls
-``stop``: the loop finishes the batch in hand, then the thread ends.
+``stop``: the loop finishes the batch in hand, then the thread ends; a batch still
+running after ``CARPOOL_STOP_GRACE_S`` has its jobs handed back to the front of
+their bin (its late results are then refused), so a stop never strands a job.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from celery.worker import state
 from prometheus_client import disable_created_metrics
 
 from carpool.batching import Limits
+from carpool.durability import check_durability
 from carpool.errors import ConfigError
 from carpool.keys import Keys
+from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 from worker.flower import FlowerBatchEvents, worker_info
 from worker.gpu import GpuClaim, claim_gpu
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
+from worker.isolation import SuspectIsolation
+from worker.leasekeeper import LeaseKeeper
 from worker.loop import MAX_BLOCK_S, BatchLoop
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.pipeline import BatchExecutor, InlineExecutor, PipelinedExecutor
@@ -97,20 +103,27 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gpu: GpuClaim | None = None
         self.metrics: WorkerMetrics | None = None
         self.metrics_server: MetricsServer | None = None
+        self.keeper: LeaseKeeper | None = None
+        self.settings: Settings | None = None
 
     def start(self, parent: Any) -> None:
-        settings = load_settings()
+        settings = self.settings = load_settings()
         hostname = parent.hostname
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
         if settings.gpu_claim and self.gpu is None:
             raise WorkerShutdown(0)  # stopped while waiting for a GPU
         client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
-        queue = Queue(client, Keys(settings.key_prefix))
+        check_durability(client, require=settings.require_durable, who="worker")
+        keys = Keys(settings.key_prefix)
+        queue = Queue(client, keys)
+        leases = Leases(client, keys, settings.catalogue)
         names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
         handlers = load_handlers(settings, names, explicit=bool(settings.worker_models))
         self.events = FlowerBatchEvents(parent.app, hostname)
+        self.keeper = LeaseKeeper(leases, settings)
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              listeners=[self.events],
+                              listeners=[self.keeper, self.events],
+                              claim_filters=[SuspectIsolation(leases)],
                               executor=make_executor(settings, handlers))
         loop = self.loop
         # `<counter>_created` series would double the series count for a timestamp
@@ -121,6 +134,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         guard = getattr(loop.executor, "guard", None)
         if guard is not None:
             guard.on_shrink = self.metrics.record_shrink
+        self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        self.keeper.start()
         if settings.worker_metrics_port:
             self.metrics_server = self.metrics.serve(settings.worker_metrics_port)
         parent.carpool_loop = self.loop  # remote-control commands find it here
@@ -143,17 +158,32 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def stop(self, parent: Any) -> None:
         if self.loop is not None and self.thread is not None:
-            log.info("carpool batch loop stopping after the batch in hand")
-            self.loop.stop()
-            self.thread.join()
-            self.loop.executor.close()
-            log.info("carpool batch loop stopped")
+            self._stop_loop()
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
         if self.gpu is not None:
             self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
             self.gpu = None
+
+    def _stop_loop(self) -> None:
+        assert self.loop is not None and self.thread is not None
+        assert self.keeper is not None and self.settings is not None
+        grace_s = self.settings.stop_grace_s
+        log.info("carpool batch loop stopping after the batch in hand (grace %.0f s)", grace_s)
+        self.loop.stop()
+        self.thread.join(grace_s)
+        self.keeper.stop()
+        overran = self.thread.is_alive()
+        # Overran: the batch was running, so its attempt stays counted. Otherwise only
+        # claims that never reached the model can be left: their attempt is refunded.
+        back = self.keeper.hand_back(refund_attempt=not overran)
+        if not overran:
+            self.loop.executor.close()  # its threads are idle once the loop has ended
+        if overran:
+            log.warning("the batch in hand outlasted the %.0f s grace: %d jobs handed back",
+                        grace_s, back)
+        log.info("carpool batch loop stopped; %d jobs handed back", back)
 
 
 def _celery_stopping() -> bool:

@@ -72,7 +72,11 @@ class BatchLoop:
     #: and with ("expired", claim, None) when a claim ended jobs past their deadline
     #: (claim.expired of them; the claim may hold no job at all then):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
+    #: ("finished", claim, None) means the batch ended without completing (an error).
     listeners: list[BatchListener] = field(default_factory=list)
+    #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
+    #: suspect inputs hooks in here.
+    claim_filters: list[Callable[[Claim], Claim]] = field(default_factory=list)
     limits: dict[tuple[str, str], Limits] = field(default_factory=dict)
     #: Runs claimed batches: inline by default; the torch executor keeps two in flight
     #: (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
@@ -161,11 +165,21 @@ class BatchLoop:
                                  token=self._token(), worker=self.worker_name)
         if claim.expired:
             self._notify("expired", claim, None)
+        for narrow in self.claim_filters:
+            claim = narrow(claim)
         if not claim.jobs:
             return  # another worker took them first, or they all expired
         self.batches += 1
         self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
+        try:
+            self._run_claimed(self.handlers[go.model], go, claim)
+        except BaseException:
+            self._notify("finished", claim, None)  # lease keepers hand its jobs back
+            raise
+
+    def _run_claimed(self, handler: ModelHandler, go: Go, claim: Claim) -> None:
+        spec = handler.spec
         t0 = time.perf_counter()
         future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
                                       claim.jobs)

@@ -28,7 +28,7 @@ def make_handler(spec: ModelSpec, settings: Settings) -> ModelHandler:
     if spec.kind == "synthetic":
         from worker.handlers.synthetic import SyntheticHandler
 
-        return SyntheticHandler(spec, settings.synthetic_cost_ms)
+        return SyntheticHandler(spec, settings.synthetic_cost_ms, settings.synthetic_poison)
     if spec.kind == "image":
         from worker.handlers.image import ImageHandler
 

@@ -3,6 +3,7 @@ like a GPU; its output is computed from its input so misrouting is detectable.""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -11,11 +12,19 @@ from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import InvalidInput
 from carpool.synthetic import batch_cost_s, expected_result
 
+#: TEST ONLY: with ``CARPOOL_SYNTHETIC_POISON=1``, this input value kills the worker
+#: process outright (no exception, no cleanup), like a segfault in a model would.
+POISON_VALUE = "__crash__"
+#: The exit status of a worker killed by the poison input.
+POISON_EXIT_STATUS = 70
+
 
 class SyntheticHandler:
-    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float]) -> None:
+    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float],
+                 poison: bool = False) -> None:
         self.spec = spec
         self.a_ms, self.b_ms = cost_ms
+        self.poison = poison
 
     def load(self) -> None:
         return None
@@ -25,6 +34,8 @@ class SyntheticHandler:
         # alone rather than trusting whatever reached Redis.
         if not isinstance(job_input, dict) or not isinstance(job_input.get("size"), int):
             raise InvalidInput("synthetic input must be {'value': any, 'size': int}")
+        if self.poison and job_input.get("value") == POISON_VALUE:
+            os._exit(POISON_EXIT_STATUS)  # test-only fault injection, see POISON_VALUE
         return job_input
 
     def input_size(self, job_input: Any) -> int:
