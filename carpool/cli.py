@@ -103,6 +103,15 @@ def cmd_bench(rest: list[str]) -> int:
     return int(bench_main(rest))
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    # Imported here: carpool must not import torch, and only this command needs it.
+    from worker.calibrate import command
+
+    sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else None
+    return command(args.model, reps=args.reps, sizes=sizes,
+                   plot_path=Path(args.plot) if args.plot else None)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="carpool", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -130,6 +139,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--url", default=DEFAULT_URL)
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
+    c = sub.add_parser("calibrate", help="time a model's bins at several batch sizes "
+                       "(needs the worker extra); writes the profile and a PNG plot")
+    c.add_argument("model")
+    c.add_argument("--reps", type=int, default=3, help="timed batches per size (median kept)")
+    c.add_argument("--sizes", default="", help="batch sizes, e.g. 1,2,4,8 (default: a ladder "
+                   "of powers of two up to each bin's max_batch)")
+    c.add_argument("--plot", default="", help="PNG path (default: beside the profile)")
+    c.set_defaults(func=cmd_calibrate)
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",
                    add_help=False)
     return p

@@ -85,6 +85,8 @@ class Claim:
     token: str
     now_ms: int
     jobs: tuple[ClaimedJob, ...]
+    #: Jobs the claim found past their deadline and ended "expired" instead.
+    expired: int = 0
 
 
 @dataclass(frozen=True)

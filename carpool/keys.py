@@ -4,7 +4,8 @@ Every key carries the same hash tag (``{prefix}``), so each Lua script touches
 keys of one slot and the protocol also runs on Redis Cluster (all of carpool's
 keys then live on one shard: Cluster buys availability here, not capacity).
 
-    {p}:job:<id>            hash  one job: input, status, times, result
+    {p}:job:<id>            hash  one job: input, status, times, score (its place in its bin
+                                  zset, kept so a lost job goes back there), result
     {p}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
                                   carpool/urgency.py): most urgent first, FIFO on ties
     {p}:leases              zset  claimed job ids, scored by lease deadline (ms)
@@ -14,9 +15,18 @@ keys then live on one shard: Cluster buys availability here, not capacity).
     {p}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
                                   last_batch_ms, and the drain rate as rate_c (decayed
                                   count), rate_t, rate_t0 (for Retry-After)
+    {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
+    {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
+                                  newest first, capped: a place to inspect poison inputs
 """
 
 from dataclasses import dataclass
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (a prefix may hold ``*`` or ``[``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,26 @@ class Keys:
         return f"{self._tag}:idem:{model}:{key_digest}"
 
     def wake(self, model: str) -> str:
-        return f"{self._tag}:wake:{model}"
+        return f"{self.wake_prefix}{model}"
+
+    @property
+    def wake_prefix(self) -> str:
+        """What `wake(model)` puts before the model; reap.lua and release.lua use it."""
+        return f"{self._tag}:wake:"
+
+    @property
+    def dead(self) -> str:
+        return f"{self._tag}:dead"
+
+    @property
+    def job_pattern(self) -> str:
+        """A SCAN/KEYS glob for every job hash (the audit reads them all)."""
+        return _glob_escape(self.job_prefix) + "*"
+
+    @property
+    def bin_pattern(self) -> str:
+        """A SCAN/KEYS glob for every bin zset."""
+        return _glob_escape(self.bin_prefix) + "*"
 
     @property
     def done_channel(self) -> str:
@@ -61,3 +90,10 @@ class Keys:
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag}:stats:{model}:{bin_name}"
+
+    def gpu(self, uuid: str) -> str:
+        return f"{self._tag}:gpu:{uuid}"
+
+    @property
+    def gpu_free(self) -> str:
+        return f"{self._tag}:gpu-free"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carpool.redis_local import LocalRedis, answers, choose_redis
+from carpool.settings import DEFAULT_WORKER_METRICS_PORT
 
 #: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
 STOP_GRACE_S = 30.0
@@ -41,8 +42,9 @@ class Stack:
     redis: LocalRedis | None = None
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # The child keeps its own copy of the descriptor; ours closes at once.
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.children.append((name, proc))
 
     def dead(self) -> list[str]:
@@ -82,8 +84,11 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str]]:
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models
     stack.spawn("web", web_command(), env)
+    metrics_port = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
     for i in range(opts.workers):
-        stack.spawn(f"worker{i}", worker_command(i), env)
+        # One host, several workers: each its own metrics port (9100, 9101, ...; 0 stays off).
+        port = str(metrics_port + i if metrics_port else 0)
+        stack.spawn(f"worker{i}", worker_command(i), {**env, "CARPOOL_WORKER_METRICS_PORT": port})
     urls = {"api": f"http://127.0.0.1:{opts.port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(opts.flower_port), env)

@@ -8,6 +8,7 @@ worker backs off, without either knowing redis-py's exception tree.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib.resources import files
@@ -29,7 +30,14 @@ WAKE_LIST_CAP = 16
 #: included, so a backlog of expired jobs is cleared in bounded slices.
 CLAIM_SCAN_FACTOR = 4
 
-_UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS")
+#: Error replies that mean "not now" (retry later), never "your request is wrong".
+_UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS",
+                        "BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+#: redis-py's classes for some of them; it strips the code ("OOM") from their text.
+_UNAVAILABLE_CLASSES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                        redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+#: Redis 6.2 wraps an error raised inside a script: "Error running script ... -OOM ...".
+_IN_SCRIPT = re.compile(r"(?:^|: -)(" + "|".join(_UNAVAILABLE_REPLIES) + r")\b")
 
 
 @contextmanager
@@ -41,14 +49,23 @@ def redis_errors() -> Iterator[None]:
         raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
     except redis.ResponseError as exc:
         text = str(exc)
-        if text.startswith(_UNAVAILABLE_REPLIES) or "Busy" in type(exc).__name__:
+        code = _IN_SCRIPT.search(text)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or (code and code[1] == "OOM"):
+            raise BackendUnavailable(
+                "Redis is out of memory (maxmemory reached): new jobs are refused until "
+                "workers drain the queue") from exc
+        if isinstance(exc, _UNAVAILABLE_CLASSES) or code:
             raise BackendUnavailable(f"Redis refused the command: {text}") from exc
         raise
 
 
-def _script(client: redis.Redis, name: str) -> Script:
+def load_script(client: redis.Redis, name: str) -> Script:
+    """Register ``carpool/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
     source = files("carpool").joinpath("lua", f"{name}.lua").read_text()
     return client.register_script(source)
+
+
+_script = load_script
 
 
 def connect(
@@ -161,9 +178,9 @@ class Queue:
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(
             ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
-            for i in range(1, len(reply), 4)
+            for i in range(2, len(reply), 4)
         )
-        return Claim(model.name, bin_name, token, int(reply[0]), jobs)
+        return Claim(model.name, bin_name, token, int(reply[0]), jobs, expired=int(reply[1]))
 
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]

@@ -8,6 +8,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import redis
 
@@ -52,6 +53,7 @@ class LocalRedis:
 
     url: str
     process: subprocess.Popen[bytes]
+    log: IO[bytes]
 
     def stop(self) -> None:
         self.process.terminate()
@@ -59,6 +61,8 @@ class LocalRedis:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
+        self.log.close()
 
 
 def start_redis(data_dir: Path, port: int | None = None) -> LocalRedis:
@@ -75,9 +79,11 @@ def start_redis(data_dir: Path, port: int | None = None) -> LocalRedis:
     while not answers(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
+            proc.wait()
+            log.close()
             raise ConfigError(f"redis-server did not start; see {data_dir / 'redis.log'}")
         time.sleep(0.05)  # waiting on a process we started: no event to block on
-    return LocalRedis(url, proc)
+    return LocalRedis(url, proc, log)
 
 
 def choose_redis(url: str | None, data_dir: Path) -> tuple[str, LocalRedis | None]:

@@ -86,6 +86,11 @@ class Scheduler:
         with self._lock:
             return self._bins[key].effective()
 
+    def all_limits(self) -> dict[BinKey, Limits]:
+        """``limits`` of every bin, at one instant."""
+        with self._lock:
+            return {key: b.effective() for key, b in self._bins.items()}
+
     def scan_sizes(self, keys: Sequence[BinKey]) -> list[int]:
         """How many jobs of each bin a peek should look at: its next batch."""
         return [self.limits(k).max_batch for k in keys]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -13,6 +14,38 @@ from carpool.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: Where Prometheus scrapes a worker (compose, Kubernetes and ops/prometheus agree).
+DEFAULT_WORKER_METRICS_PORT = 9100
+#: Renewal and reaping never run more often than this, whatever the lease.
+MIN_LEASE_TICK_MS = 30
+#: An API key shorter than this cannot hold 128 random bits in hex or base64.
+MIN_API_KEY_CHARS = 22
+
+
+#: What ``CARPOOL_CALIBRATE`` may say: calibrate when no profile is cached (on a GPU
+#: only), calibrate always, or never (warm-up only).
+CALIBRATE_MODES = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """How a worker runs torch models; the synthetic model ignores all of it."""
+
+    #: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
+    #: Batches in flight: 2 = while batch N computes, batch N+1 is claimed and copied in.
+    pipeline_depth: int = 2
+    #: Threads that decode and resize inputs; Pillow and the tokenizer release the GIL.
+    preprocess_threads: int = 2
+    #: torch intra-op threads per worker process; 0 keeps torch's default (all cores).
+    torch_threads: int = 1
+    #: Free GPU memory (fraction of the total) below which a bin's batch limit halves.
+    free_watermark: float = 0.10
+    #: Run ``torch.cuda.empty_cache()`` every this many batches (0: never), between batches.
+    empty_cache_every: int = 200
+    #: Where calibration profiles (JSON, one per device + model + bins) are kept.
+    profile_dir: Path = Path(".carpool/profiles")
+    calibrate: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -36,12 +69,40 @@ class Settings:
     #: Models a worker serves; empty means every model in the catalogue.
     worker_models: tuple[str, ...]
     worker_name: str
+    #: Port of a worker's Prometheus endpoint; 0 turns it off.
+    worker_metrics_port: int
+    #: Claim one GPU by a lease in Redis before the models load (compose replicas).
+    gpu_claim: bool
+    #: A claimed GPU is freed this long after its worker stops renewing the lease.
+    gpu_lease_ms: int
+    #: GPU UUIDs to claim from instead of asking nvidia-smi (hosts without it, tests).
+    gpu_devices: tuple[str, ...]
+    #: How a worker runs torch models: device, pipeline, memory guard, calibration.
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+    #: Renewal keeps a batch leased at most this long; then the lease lapses and the
+    #: reaper retries the jobs elsewhere, so a hung forward pass cannot hold them forever.
+    max_batch_ms: int = 600_000
+    #: How long a warm shutdown (SIGTERM) waits for the batch in hand before it hands
+    #: the batch's jobs back; below the orchestrator's grace period (compose, k8s: 60 s).
+    stop_grace_s: float = 45.0
+    #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
+    require_durable: bool = False
+    #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
+    api_key_digests: frozenset[str] = frozenset()
+    #: TEST ONLY: the synthetic model kills its worker process on the input value
+    #: "__crash__", to prove that a poison input cannot take the queue down.
+    synthetic_poison: bool = False
     #: Workers leave early when waiting for a fuller batch does not pay
     #: (docs/scheduling.md); off: every bin is a fixed window of max_wait_ms.
     adaptive_batching: bool = True
-    #: Test-only: the synthetic model appends each batch's input values here, one
+    #: TEST ONLY: the synthetic model appends each batch's input values here, one
     #: JSON line per model call, so tests can see exactly what reached the model.
     synthetic_call_log: str = ""
+
+    @property
+    def lease_tick_ms(self) -> int:
+        """How often a worker renews its leases and reaps expired ones: a third of a lease."""
+        return max(MIN_LEASE_TICK_MS, self.lease_ms // 3)
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -57,15 +118,20 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    port = _int(env, name, default)
+    if port > 65535:
+        raise ConfigError(f"{name}={port} is not a TCP port (0 turns it off)")
+    return port
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = env.get(name, "")
     if raw == "":
         return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a flag (1/0, true/false, yes/no, on/off)")
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{name}={raw!r} must be 0 or 1")
+    return raw == "1"
 
 
 def _redis_url(env: Mapping[str, str]) -> str:
@@ -94,6 +160,62 @@ def _cost(env: Mapping[str, str]) -> tuple[float, float]:
     return a_ms, b_ms
 
 
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{name}={value} must be a fraction in [0, 1)")
+    return value
+
+
+def _executor(env: Mapping[str, str]) -> ExecutorSettings:
+    device = env.get("CARPOOL_DEVICE") or "auto"
+    if device not in ("auto", "cpu", "cuda") and not (
+            device.startswith("cuda:") and device[5:].isdigit()):
+        raise ConfigError(f"CARPOOL_DEVICE={device!r}: use auto, cpu, cuda or cuda:N")
+    calibrate = env.get("CARPOOL_CALIBRATE") or "auto"
+    if calibrate not in CALIBRATE_MODES:
+        raise ConfigError(f"CARPOOL_CALIBRATE={calibrate!r}: use one of {CALIBRATE_MODES}")
+    return ExecutorSettings(
+        device=device,
+        pipeline_depth=_int(env, "CARPOOL_PIPELINE_DEPTH", 2, minimum=1),
+        preprocess_threads=_int(env, "CARPOOL_PREPROCESS_THREADS", 2, minimum=1),
+        torch_threads=_int(env, "CARPOOL_TORCH_THREADS", 1, minimum=0),
+        free_watermark=_fraction(env, "CARPOOL_GPU_FREE_WATERMARK", 0.10),
+        empty_cache_every=_int(env, "CARPOOL_EMPTY_CACHE_EVERY", 200, minimum=0),
+        profile_dir=Path(env.get("CARPOOL_PROFILE_DIR") or ".carpool/profiles"),
+        calibrate=calibrate,
+    )
+
+
+def api_key_digest(key: str) -> str:
+    """What carpool keeps of an API key (settings, and each job's owner): its SHA-256."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _api_keys(env: Mapping[str, str]) -> frozenset[str]:
+    keys = [k.strip() for k in env.get("CARPOOL_API_KEYS", "").split(",")]
+    path = env.get("CARPOOL_API_KEYS_FILE")
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
+        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
+    keys = [k for k in keys if k]
+    for key in keys:
+        if len(key) < MIN_API_KEY_CHARS or not key.isascii() or not key.isprintable():
+            raise ConfigError(
+                f"an API key ({key[:4]}...) is shorter than {MIN_API_KEY_CHARS} characters or "
+                "not printable ASCII; make keys with `openssl rand -hex 16`")
+    return frozenset(api_key_digest(k) for k in keys)
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -114,6 +236,16 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_cost_ms=_cost(env),
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
+        worker_metrics_port=_port(env, "CARPOOL_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+        gpu_claim=_flag(env, "CARPOOL_GPU_CLAIM"),
+        gpu_lease_ms=_int(env, "CARPOOL_GPU_LEASE_MS", 30_000, minimum=100),
+        gpu_devices=tuple(d for d in env.get("CARPOOL_GPU_DEVICES", "").split(",") if d),
+        executor=_executor(env),
+        max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
+        stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
+        require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
+        api_key_digests=_api_keys(env),
+        synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),
     )
@@ -135,6 +267,16 @@ def check_consistency(s: Settings) -> None:
                 f"model {spec.name!r}: max_input_bytes ({spec.max_input_bytes}) exceeds "
                 f"CARPOOL_MAX_BODY_BYTES ({s.max_body_bytes}); such inputs could never arrive"
             )
+    if s.max_batch_ms < s.lease_ms:
+        raise ConfigError(
+            f"CARPOOL_MAX_BATCH_MS ({s.max_batch_ms}) must be at least CARPOOL_LEASE_MS "
+            f"({s.lease_ms}); renewal could never keep a batch leased"
+        )
+    if s.gpu_devices and not s.gpu_claim:
+        raise ConfigError(
+            "CARPOOL_GPU_DEVICES lists GPUs to claim, but CARPOOL_GPU_CLAIM is not 1: "
+            "set CARPOOL_GPU_CLAIM=1 or drop the list"
+        )
     if s.queued_ttl_s * 1000 <= s.lease_ms:
         raise ConfigError(
             f"CARPOOL_QUEUED_TTL_S ({s.queued_ttl_s}) must outlast CARPOOL_LEASE_MS "

@@ -1,4 +1,4 @@
-"""Readers for the deploy files, shared by tests/test_deploy_files.py.
+"""Readers for the deploy files, shared by the tests/test_deploy_*.py modules.
 
 Parsing only, no assertions about carpool: compose YAML (with Compose's
 ``!reset`` tag and override merging), Dockerfiles, Kubernetes multi-document
@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,3 +259,89 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 def rule_exprs(groups: list[dict[str, Any]]) -> list[str]:
     return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+# --- shared by the tests/test_deploy_*.py modules -------------------------------------
+
+CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
+COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
+WEB_DOCKERFILE = OPS / "docker" / "web.Dockerfile"
+WORKER_DOCKERFILE = OPS / "docker" / "worker.Dockerfile"
+#: Which Dockerfile builds each image that compose and Kubernetes run.
+DOCKERFILE_OF_IMAGE = {"carpool-web": WEB_DOCKERFILE, "carpool-worker": WORKER_DOCKERFILE}
+#: The oldest Kubernetes the manifests promise to fit, and the newest schema bundled.
+K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
+#: A worker must outlast its slowest batch plus the lease hand-back on SIGTERM.
+MIN_WORKER_GRACE_S = 60
+CARPOOL_SERVICES = ("web", "worker", "flower")
+
+
+def compose() -> dict[str, Any]:
+    return load_compose(COMPOSE)
+
+
+def service(name: str) -> dict[str, Any]:
+    return compose()["services"][name]
+
+
+def check_compose_schema(path: Path) -> subprocess.CompletedProcess[str]:
+    if not CHECK_JSONSCHEMA.exists():
+        pytest.fail(f"{CHECK_JSONSCHEMA} missing: install the dev extra")
+    return subprocess.run(
+        [str(CHECK_JSONSCHEMA), "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def write_json(tmp_path: Path, name: str, doc: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def k8s_docs() -> list[dict[str, Any]]:
+    return [doc for _, doc in k8s_documents()]
+
+
+def k8s_named(kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in k8s_docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"want one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def k8s_container(workload: str, kind: str = "Deployment") -> dict[str, Any]:
+    containers = k8s_named(kind, workload)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"{workload}: one container expected"
+    return containers[0]
+
+
+def alert_groups() -> list[dict[str, Any]]:
+    return yaml.safe_load((OPS / "prometheus" / "alerts.yml").read_text())["groups"]
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((OPS / "grafana" / "dashboards" / "carpool.json").read_text())
+
+
+def keda_exprs() -> list[str]:
+    scaled = k8s_named("ScaledObject", "carpool-worker")
+    return [t["metadata"]["query"] for t in scaled["spec"]["triggers"]]
+
+def scrape_jobs() -> dict[str, dict[str, Any]]:
+    config = yaml.safe_load((OPS / "prometheus" / "prometheus.yml").read_text())
+    return {job["job_name"]: job for job in config["scrape_configs"]}
+
+
+EXPRESSION_SOURCES = {
+    "dashboard": lambda: dashboard_exprs(dashboard()),
+    "alerts": lambda: rule_exprs(alert_groups()),
+    "keda": keda_exprs,
+}
+
+
+#: Kinds whose schema kubernetes-validate does not ship: checked field by field below.
+CUSTOM_KINDS = {"ScaledObject", "PodMonitor", "PrometheusRule"}
+

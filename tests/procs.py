@@ -134,18 +134,32 @@ def _log_says(log_path: Path, text: str) -> bool:
 
 @contextmanager
 def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
-                 ) -> Iterator[subprocess.Popen[bytes]]:
+                 log_path: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker (`--pool solo`) running the batch loop; yields the process.
 
     Ready when its log says the node is ready: the bootstep has then started the loop.
+    The log is ``log_path`` when given (and kept, for the test to read), else a temp file.
+    Its metrics endpoint is off unless ``env`` sets CARPOOL_WORKER_METRICS_PORT.
     """
-    with tempfile.NamedTemporaryFile(prefix="worker-ready-", suffix=".log", delete=False) as f:
-        log_path = Path(f.name)
+    # Off unless a test asks for it: parallel test runs would fight over port 9100.
+    env = {"CARPOOL_WORKER_METRICS_PORT": "0", **env}
+    keep = log_path is not None
+    if log_path is None:
+        with tempfile.NamedTemporaryFile(prefix="worker-ready-", suffix=".log",
+                                         delete=False) as f:
+            log_path = Path(f.name)
+    ready_log = log_path
     cmd = [*worker_command(node_name), "--logfile", str(log_path)]
     try:
-        with running(cmd, env, lambda: _log_says(log_path, f"{node_name} ready."), "celery",
+        with running(cmd, env, lambda: _log_says(ready_log, f"{node_name} ready."), "celery",
                      WORKER_START_TIMEOUT_S) as proc:
             yield proc
     finally:
-        log_path.unlink(missing_ok=True)
+        if not keep:
+            log_path.unlink(missing_ok=True)
+
+
+def log_says(log_path: Path, text: str) -> bool:
+    """True once the log at ``log_path`` holds ``text``."""
+    return _log_says(log_path, text)
 

@@ -162,7 +162,7 @@ def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
     job = admit(queue, spec, deadline_ms=1)
     queue.client.hset(queue.keys.job(job), "deadline", 1)  # long past, on Redis's clock
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
-    assert claim.jobs == ()
+    assert claim.jobs == () and claim.expired == 1
     assert queue.get(job).status is JobStatus.EXPIRED  # type: ignore[union-attr]
 
 
@@ -233,7 +233,9 @@ def test_expired_jobs_give_their_places_in_a_claim_to_the_next_jobs(queue: Queue
         queue.client.hset(queue.keys.job(job), "deadline", 1)  # long past, on Redis's clock
     admit(queue, spec, value="live1")
     admit(queue, spec, value="live2")
-    assert claimed_values(queue, spec, 2) == ["live1", "live2"]
+    claim = queue.claim(spec, "small", 2, lease_ms=5000, token="t", worker="w")
+    assert [json.loads(j.input_json)["value"] for j in claim.jobs] == ["live1", "live2"]
+    assert claim.expired == 3  # counted once, by the claim that ended them
     assert all(queue.get(j).status is JobStatus.EXPIRED for j in dead)  # type: ignore[union-attr]
     assert queue.get(dead[0]).error == "deadline passed while queued"  # type: ignore[union-attr]
 

@@ -63,3 +63,50 @@ def test_failed_preprocessing_leaves_the_job_out_of_the_forward_pass() -> None:
     handler = CountingHandler()
     run_batch(handler, BIN, [job(0, {"value": 0, "size": 1}), job(1, [])])
     assert handler.collated == [1]
+
+
+class PoisonHandler(SyntheticHandler):
+    """Its forward pass breaks on any batch that holds the value "poison"."""
+
+    def __init__(self) -> None:
+        super().__init__(SPEC, (0, 0))
+        self.forward_sizes: list[int] = []
+
+    def forward(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.forward_sizes.append(len(batch))
+        if any(item["value"] == "poison" for item in batch):
+            raise ValueError("NaN in layer 3")
+        return super().forward(batch)
+
+
+def test_an_input_that_breaks_the_forward_pass_is_found_by_bisection_and_fails_alone() -> None:
+    values: list[Any] = list(range(8))
+    values[5] = "poison"
+    handler = PoisonHandler()
+    outs = run_batch(handler, BIN, [job(i, {"value": v, "size": 1}) for i, v in enumerate(values)])
+    assert [o.failed for o in outs] == [i == 5 for i in range(8)]
+    assert outs[5].error == "inference failed: ValueError: NaN in layer 3"
+    assert [o.result for o in outs if not o.failed] == [
+        expected_result({"value": v, "size": 1}) for v in values if v != "poison"]
+    # 8 fails → 0-3 pass, 4-7 fail → 4-5 fail → 4 passes, 5 fails alone → 6-7 pass.
+    assert handler.forward_sizes == [8, 4, 4, 2, 1, 1, 2]
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's, which the runner recognises without importing torch."""
+
+
+class OomHandler(SyntheticHandler):
+    def forward(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(batch) > 2 or any(item["value"] == "huge" for item in batch):
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(batch)
+
+
+def test_out_of_memory_splits_the_batch_and_a_job_that_cannot_fit_alone_fails_clearly() -> None:
+    values: list[Any] = [0, 1, 2, "huge", 4]
+    outs = run_batch(OomHandler(SPEC, (0, 0)), BIN,
+                     [job(i, {"value": v, "size": 1}) for i, v in enumerate(values)])
+    assert [o.failed for o in outs] == [False, False, False, True, False]
+    assert "out of memory with this input alone" in (outs[3].error or "")
+    assert outs[4].result == expected_result({"value": 4, "size": 1})

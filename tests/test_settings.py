@@ -79,3 +79,26 @@ def test_a_worker_model_not_in_the_catalogue_fails_at_start() -> None:
 def test_bad_synthetic_cost_is_refused() -> None:
     with pytest.raises(ConfigError, match="CARPOOL_SYNTHETIC_COST_MS"):
         load_settings({"CARPOOL_SYNTHETIC_COST_MS": "20"})
+
+
+def test_gpu_and_worker_metrics_settings_are_read_and_checked() -> None:
+    s = load_settings({"CARPOOL_GPU_CLAIM": "1", "CARPOOL_GPU_DEVICES": "GPU-a,GPU-b",
+                       "CARPOOL_WORKER_METRICS_PORT": "0"})
+    assert (s.gpu_claim, s.gpu_devices, s.worker_metrics_port) == (True, ("GPU-a", "GPU-b"), 0)
+    assert load_settings({}).worker_metrics_port == 9100 and not load_settings({}).gpu_claim
+    with pytest.raises(ConfigError, match="CARPOOL_GPU_CLAIM"):
+        load_settings({"CARPOOL_GPU_CLAIM": "yes"})
+    with pytest.raises(ConfigError, match="CARPOOL_WORKER_METRICS_PORT"):
+        load_settings({"CARPOOL_WORKER_METRICS_PORT": "70000"})
+
+
+def test_a_gpu_list_without_the_gpu_claim_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match="CARPOOL_GPU_DEVICES.*CARPOOL_GPU_CLAIM"):
+        load_settings({"CARPOOL_GPU_DEVICES": "GPU-a"})
+
+
+def test_adaptive_batching_is_on_unless_turned_off_with_0() -> None:
+    assert load_settings({}).adaptive_batching is True
+    assert load_settings({"CARPOOL_ADAPTIVE_BATCHING": "0"}).adaptive_batching is False
+    with pytest.raises(ConfigError, match="CARPOOL_ADAPTIVE_BATCHING"):
+        load_settings({"CARPOOL_ADAPTIVE_BATCHING": "off"})

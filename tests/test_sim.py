@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from carpool.batching import MAX_BYPASS, Cost
 from carpool.bench.workload import SizeMix
 from carpool.catalogue import BinSpec, ModelSpec
+from carpool.cli import main as carpool_main
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.summary import percentile, summarize
 from carpool.sim.workload import SimArrival, arrivals, diurnal_times
@@ -105,3 +110,14 @@ def test_a_diurnal_curve_follows_its_sine() -> None:
     times = diurnal_times(100, 100, 0.8, 100, seed=6)
     first_half = sum(t < 50 for t in times)
     assert first_half > 2 * (len(times) - first_half)
+
+
+def test_carpool_bench_simulate_runs_the_sweep_and_writes_its_results(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim"
+    assert carpool_main(["bench", "simulate", "--loads", "0.5", "--patterns", "poisson",
+                         "--duration", "2", "--no-plots", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["policy"] for r in rows} >= {"adaptive"} and {r["load"] for r in rows} == {0.5}
+    assert "p50 ms / p99 ms" in (out / "summary.md").read_text()
+    assert "| 50% |" in capsys.readouterr().out

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from flask import Flask
 
+from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 from web import errors, routes
+from web.metrics import WebMetrics
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -30,9 +32,19 @@ def create_app(settings: Settings | None = None) -> Flask:
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
+    queue = Queue(client, keys)
     app.extensions[EXTENSION] = WebState(
-        settings=settings, queue=Queue(client, keys), notifier=Notifier(client, keys.done_channel)
+        settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
+        metrics=WebMetrics(queue, settings.catalogue),
     )
     app.register_blueprint(routes.blueprint)
     errors.register(app)
     return app
+
+
+def check_redis_durability(app: Flask) -> list[str]:
+    """Warn about each way this app's Redis may lose jobs; raise when they are required."""
+    state = app.extensions[EXTENSION]
+    assert isinstance(state, WebState)
+    return check_durability(state.queue.client, require=state.settings.require_durable,
+                            who="web")

@@ -47,6 +47,10 @@ class JobNotFound(CarpoolError):
     """Raised when a job id is malformed, unknown, or its record has expired."""
 
 
+class Unauthorized(CarpoolError):
+    """Raised when the server has API keys and a request brings none or an unknown one."""
+
+
 #: First match wins, so a subclass comes before its base.
 _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (UnsupportedMediaType, 415, "unsupported_media_type"),
@@ -56,6 +60,7 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (InvalidInput, 400, "invalid_input"),
     (UnknownModel, 404, "unknown_model"),
     (JobNotFound, 404, "not_found"),
+    (Unauthorized, 401, "unauthorized"),
     (IdempotencyConflict, 422, "idempotency_conflict"),
     (NotCancellable, 409, "not_cancellable"),
     (BinFull, 429, "bin_full"),
@@ -95,6 +100,8 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
     retry = retry_after_s(exc)
     if retry is not None:
         response.headers["Retry-After"] = str(retry)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="carpool"'
     return response, status
 
 

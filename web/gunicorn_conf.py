@@ -10,12 +10,18 @@ plus everything ``carpool.settings.load_settings`` reads.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
 
 from carpool.errors import ConfigError
 from carpool.settings import load_settings
 
 #: Time past the longest long-poll that a graceful stop still waits for requests.
 GRACE_MARGIN_S = 10
+#: prometheus_client's multiprocess mode reads this (web/metrics.py).
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -23,6 +29,50 @@ def _env_int(name: str, default: int) -> int:
     if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
         raise ConfigError(f"{name}={raw!r} must be a positive integer")
     return int(raw)
+
+
+#: Metric directories made by on_starting, removed by on_exit.
+_made_dirs: list[Path] = []
+
+
+def _metrics_dir() -> tuple[Path, bool]:
+    """The directory for every worker's metric files, emptied; True if made here."""
+    given = os.environ.get(METRICS_DIR_ENV)
+    if not given:
+        path = Path(tempfile.mkdtemp(prefix="carpool-metrics-"))
+        os.environ[METRICS_DIR_ENV] = str(path)
+        return path, True
+    path = Path(given)
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):  # an earlier run's counts would be summed with ours
+        stale.unlink()
+    return path, False
+
+
+def on_starting(server: Any) -> None:
+    """In the master, before any worker forks: where /metrics finds every process's counts.
+
+    /metrics must sum gunicorn's worker processes: each counts into its own files
+    in one directory, and whichever process a scrape reaches adds them all up.
+    Workers inherit the variable before they import prometheus_client (which
+    decides its mode on import). A hook, not import time: importing this module
+    (tests read its settings) must not change the environment.
+    """
+    path, made = _metrics_dir()
+    if made:
+        _made_dirs.append(path)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """A worker died or was replaced: drop its live gauges (its counts stay summed)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def on_exit(server: Any) -> None:
+    for path in _made_dirs:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # Read (and validated) in the master, so a bad setting stops the start, not each worker.
@@ -47,3 +97,15 @@ accesslog = os.environ.get("CARPOOL_WEB_ACCESS_LOG") or None
 # host (tests, `carpool up` beside another) would take it from each other, and
 # carpool does not use it.
 control_socket_disable = True
+
+
+def post_worker_init(worker: Any) -> None:
+    """Check Redis's persistence and eviction settings before this worker serves.
+
+    Here, not in the master: the master must not import redis before a gevent worker
+    has monkey-patched. A refusal (CARPOOL_REQUIRE_DURABLE=1) raises before the worker
+    counts as booted, and gunicorn halts with "Worker failed to boot".
+    """
+    from web.app import check_redis_durability
+
+    check_redis_durability(worker.wsgi)

@@ -5,7 +5,9 @@ A model's ``measure`` decides what its input looks like and which bin it goes to
 - ``size`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
 - ``pixels`` (image models): an image file, or ``{"image_b64": "..."}`` in JSON;
 - ``tokens`` (text models): ``{"text": "..."}``, measured by a pluggable counter
-  (``register_measure``) so a real tokenizer can replace the crude estimate.
+  (``register_measure``); by default ``carpool.tokens.count_tokens``, the same
+  WordPiece tokenizer (no torch) the worker pads with, so a text lands in the bin
+  the worker computes it in.
 
 Everything here works on plain Python values; ``web.routes`` takes them out of
 the HTTP request.
@@ -17,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from typing import Any
 
 from carpool.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.tokens import count_tokens
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
@@ -33,6 +37,14 @@ MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_BATCH_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
 DEFAULT_MAX_CHARS = 100_000
+#: C0 controls (but tab, LF, CR), DEL and C1 controls: never text a model should see,
+#: and NUL breaks tokenizers written in C. (Unpaired surrogates are refused in _encode.)
+_CONTROL_CHARS = frozenset(
+    chr(c) for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r")
+#: Digits of a form or query integer; more is never a sensible deadline or priority.
+_MAX_DIGITS = 12
+#: Names quoted back in an error message at most, and characters of each.
+_MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
 SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key"})
 BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority"})
@@ -44,11 +56,11 @@ TextMeasure = Callable[[ModelSpec, str], int]
 
 
 def estimate_tokens(spec: ModelSpec, text: str) -> int:
-    """A crude token count (about 3 bytes a token, plus begin/end); a placeholder."""
+    """A crude token count (about 3 bytes a token, plus begin/end), for tests."""
     return len(text.encode()) // 3 + 2
 
 
-_TEXT_MEASURES: dict[str, TextMeasure] = {"tokens": estimate_tokens}
+_TEXT_MEASURES: dict[str, TextMeasure] = {"tokens": count_tokens}
 
 
 def register_measure(measure: str, fn: TextMeasure) -> None:
@@ -64,11 +76,16 @@ class Options:
     priority: int = 0
     idempotency_key: str | None = None
 
-    def idempotency_digest(self) -> str | None:
-        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name."""
+    def idempotency_digest(self, owner: str = "") -> str | None:
+        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name.
+
+        With API keys, the key is scoped to its owner: two clients that pick the same
+        idempotency key get two jobs, and neither learns of the other's.
+        """
         if self.idempotency_key is None:
             return None
-        return hashlib.sha256(self.idempotency_key.encode()).hexdigest()
+        scoped = f"{owner}\n{self.idempotency_key}" if owner else self.idempotency_key
+        return hashlib.sha256(scoped.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -103,8 +120,14 @@ def parse_json(body: bytes) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):  # 1e999 parses as inf, and would be stored as Infinity
+            raise ValueError(f"the number {text[:40]} is out of range")
+        return value
+
     try:
-        return json.loads(body, parse_constant=no_constants)
+        return json.loads(body, parse_constant=no_constants, parse_float=finite)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidJson(f"request body is not valid JSON: {exc}") from None
 
@@ -121,9 +144,9 @@ def submission_from_file(
     fields: Mapping[str, str], data: bytes, catalogue: Catalogue, header_key: str | None
 ) -> Submission:
     """An image sent as a file: multipart (``fields`` = form) or raw (``fields`` = query)."""
-    unknown = set(fields) - FILE_FIELDS
+    unknown = {str(k) for k in fields} - FILE_FIELDS  # a nameless form part's key is None
     if unknown:
-        raise InvalidInput(f"unknown fields {sorted(unknown)}; allowed: {sorted(FILE_FIELDS)}")
+        raise InvalidInput(f"unknown fields {_names(unknown)}; allowed: {sorted(FILE_FIELDS)}")
     if "model" not in fields:
         raise InvalidInput("name the model: a 'model' form field, or ?model= for a raw body")
     spec = catalogue.get(fields["model"])
@@ -189,6 +212,10 @@ def _prepare_text(spec: ModelSpec, raw: Any) -> Prepared:
     max_chars = _max_chars(spec)
     if len(text) > max_chars:
         raise InputTooLarge(f"input.text has {len(text)} characters; at most {max_chars}")
+    bad = next((c for c in text if c in _CONTROL_CHARS), None)
+    if bad is not None:
+        raise InvalidInput(f"input.text holds the control character U+{ord(bad):04X} at "
+                           f"position {text.index(bad)}; only tab and line breaks are allowed")
     input_json = _encode(spec, {"text": text})
     return Prepared(input_json, spec.bin_for(_TEXT_MEASURES[spec.measure](spec, text)))
 
@@ -244,8 +271,15 @@ def _object(
     if missing:
         raise InvalidInput(f"{what} lacks {sorted(missing)}")
     if unknown:
-        raise InvalidInput(f"{what} has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise InvalidInput(f"{what} has unknown keys {_names(unknown)}; allowed: {sorted(allowed)}")
     return raw
+
+
+def _names(names: AbstractSet[str]) -> str:
+    """A few of ``names``, each cut short: an error message never echoes a whole body."""
+    shown = [n[:_MAX_NAME_CHARS] for n in sorted(names)[:_MAX_NAMES_SHOWN]]
+    more = len(names) - len(shown)
+    return str(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def _model_name(raw: Any) -> str:
@@ -265,7 +299,8 @@ def _int(name: str, raw: Any, lo: int, hi: int | None) -> int:
 
 
 def _digits(name: str, raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()):
+    # The length bound first: int() of over 4300 digits raises ValueError (a 500).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= _MAX_DIGITS):
         raise InvalidInput(f"{name} must be a non-negative integer, got {raw[:40]!r}")
     return int(raw)
 

@@ -10,13 +10,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST
+from werkzeug.exceptions import HTTPException
 
 from carpool.catalogue import Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
 from carpool.jobs import Admitted, is_job_id, new_job_id
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
+from web.auth import check_owner, request_owner
 from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
+from web.metrics import requested_model
+from web.openapi import openapi_document
 from web.state import WebState, current_state
 from web.waiters import wait_for_final
 
@@ -29,8 +34,19 @@ FALLBACK_RESULT_TTL_S = 3600
 @blueprint.post("/submit")
 def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
-    sub = _read_submission(state.settings.catalogue)
-    body = _accepted(_admit(state, sub.spec, sub.prepared, sub.options))
+    owner = request_owner(state.settings)
+    try:
+        sub = _read_submission(state.settings.catalogue)
+    except (CarpoolError, HTTPException) as exc:
+        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
+        raise
+    try:
+        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner)
+    except CarpoolError as exc:
+        state.metrics.count_rejected(sub.spec.name, exc)
+        raise
+    state.metrics.count_submitted(admitted)
+    body = _accepted(admitted)
     return jsonify(body), 202, {"Location": body["result_url"]}
 
 
@@ -38,23 +54,32 @@ def submit() -> tuple[Response, int, dict[str, str]]:
 def submit_batch() -> tuple[Response, int]:
     """One admission per input; each input fails alone, and answers in its place."""
     state = current_state()
-    _require_json()
-    if "Idempotency-Key" in request.headers:
-        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
-    batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
-                                   state.settings.catalogue)
+    owner = request_owner(state.settings)
+    try:
+        _require_json()
+        if "Idempotency-Key" in request.headers:
+            raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
+        batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
+                                       state.settings.catalogue)
+    except (CarpoolError, HTTPException) as exc:
+        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
+        raise
     jobs: list[dict[str, Any]] = []
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            jobs.append(_accepted(_admit(state, batch.spec, prepared, batch.options)))
+            admitted = _admit(state, batch.spec, prepared, batch.options, owner)
+            state.metrics.count_submitted(admitted)
+            jobs.append(_accepted(admitted))
         except BackendUnavailable as exc:
+            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
             if not any("id" in job for job in jobs):
                 raise  # nothing was queued: the whole request is safe to retry (503)
             # Some are queued: say which were not, without waiting on Redis for each.
             jobs += [_item_error(exc)] * (len(batch.inputs) - i)
             break
         except CarpoolError as exc:
+            state.metrics.count_rejected(batch.spec.name, exc)
             jobs.append(_item_error(exc))
     return jsonify({"jobs": jobs}), 202
 
@@ -62,11 +87,13 @@ def submit_batch() -> tuple[Response, int]:
 @blueprint.get("/result/<job_id>")
 def result(job_id: str) -> Response:
     state = current_state()
+    owner = request_owner(state.settings)
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
-    view = wait_for_final(state.queue, state.notifier, job_id, wait_s)
-    if view is None:
-        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    if owner:  # another key's job must not make this request wait out its poll
+        check_owner(state.queue.get(job_id), owner, job_id)
+    view = check_owner(wait_for_final(state.queue, state.notifier, job_id, wait_s), owner,
+                       job_id)
     return jsonify(view.to_json())
 
 
@@ -74,10 +101,9 @@ def result(job_id: str) -> Response:
 def delete_result(job_id: str) -> Response:
     """Cancel a queued job, or delete a finished one; 409 while it runs."""
     state = current_state()
+    owner = request_owner(state.settings)
     _require_job_id(job_id)
-    view = state.queue.get(job_id)
-    if view is None:
-        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    view = check_owner(state.queue.get(job_id), owner, job_id)
     spec = state.settings.catalogue.models.get(view.model)
     ttl_s = spec.result_ttl_s if spec is not None else FALLBACK_RESULT_TTL_S
     outcome = state.queue.cancel(job_id, ttl_s)
@@ -97,6 +123,12 @@ def models() -> Response:
     return jsonify({"models": [_describe(spec, depths) for spec in specs]})
 
 
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text format: this process's view, or under gunicorn all processes' sum."""
+    return Response(current_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
+
+
 @blueprint.get("/healthz")
 def healthz() -> Response:
     """Liveness: the process answers. Redis is /readyz's business."""
@@ -107,6 +139,12 @@ def healthz() -> Response:
 def readyz() -> Response:
     current_state().queue.ping()  # BackendUnavailable answers 503
     return jsonify({"status": "ready"})
+
+
+@blueprint.get("/openapi.json")
+def openapi() -> Response:
+    """The API's OpenAPI 3.0 document, with each model's input schema."""
+    return jsonify(openapi_document(current_state().settings))
 
 
 def _read_submission(catalogue: Catalogue) -> inputs.Submission:
@@ -135,8 +173,8 @@ def _require_json() -> None:
 
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-           options: inputs.Options) -> Admitted:
-    idempotency_digest = options.idempotency_digest()
+           options: inputs.Options, owner: str) -> Admitted:
+    idempotency_digest = options.idempotency_digest(owner)
     return state.queue.admit(
         spec, prepared.bin, new_job_id(), prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
@@ -144,6 +182,7 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
         priority=options.priority,
         idempotency_digest=idempotency_digest,
         input_digest=prepared.digest() if idempotency_digest else "",
+        owner=owner,
     )
 
 

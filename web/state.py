@@ -1,4 +1,4 @@
-"""What every request of one app shares: settings, the queue, the long-poll notifier."""
+"""What every request of one app shares: settings, the queue, the long-poll notifier, metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from flask import current_app
 
 from carpool.queue import Queue
 from carpool.settings import Settings
+from web.metrics import WebMetrics
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -19,6 +20,7 @@ class WebState:
     settings: Settings
     queue: Queue
     notifier: Notifier
+    metrics: WebMetrics
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

@@ -2,7 +2,9 @@
 
 The loop runs in its own thread, so the worker's main thread stays free for
 heartbeats, pings and remote-control commands. A warm shutdown (SIGTERM) calls
-``stop``: the loop finishes the batch in hand, then the thread ends.
+``stop``: the loop finishes the batch in hand, then the thread ends; a batch still
+running after ``CARPOOL_STOP_GRACE_S`` has its jobs handed back to the front of
+their bin (its late results are then refused), so a stop never strands a job.
 """
 
 from __future__ import annotations
@@ -12,17 +14,76 @@ import threading
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
+from celery.worker import state
+from prometheus_client import disable_created_metrics
 
+from carpool.batching import Cost
+from carpool.durability import check_durability
+from carpool.errors import ConfigError
 from carpool.keys import Keys
+from carpool.leases import Leases
 from carpool.queue import Queue, connect
-from carpool.settings import load_settings
-from worker.handlers import make_handler
+from carpool.settings import Settings, load_settings
+from worker.flower import FlowerBatchEvents, worker_info
+from worker.gpu import GpuClaim, claim_gpu
+from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
+from worker.isolation import SuspectIsolation
+from worker.leasekeeper import LeaseKeeper
 from worker.loop import MAX_BLOCK_S, BatchLoop
+from worker.metrics import MetricsServer, WorkerMetrics
+from worker.pipeline import BatchExecutor, InlineExecutor, PipelinedExecutor
+from worker.profile import cost_seeds
 
 log = logging.getLogger(__name__)
 
 #: Redis socket timeout for the loop: above its longest block, so BLPOP never times out.
 LOOP_SOCKET_TIMEOUT_S = MAX_BLOCK_S + 10.0
+
+
+def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
+                  ) -> dict[str, ModelHandler]:
+    """Loaded handlers by model name. A model named in CARPOOL_MODELS that cannot load
+    stops the worker; with CARPOOL_MODELS empty ("every model"), it is left out and
+    the log says why in an ERROR line."""
+    handlers: dict[str, ModelHandler] = {}
+    for name in names:
+        try:
+            handler = make_handler(settings.catalogue.get(name), settings)
+            handler.load()
+        except ConfigError as exc:
+            if explicit:
+                raise
+            log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
+                      "to make this fatal)", name, exc)
+            continue
+        handlers[name] = handler
+    if not handlers:
+        raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
+    return handlers
+
+
+def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
+                  ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
+    """The torch executor, warmed up and calibrated, when a torch model is served;
+    else the torch-free pipeline (torch is never imported); inline at depth 1. And
+    the cost models that calibration profiles give each bin, to seed the scheduler."""
+    torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
+    if not torch_handlers:
+        if settings.executor.pipeline_depth < 2:
+            return InlineExecutor(), {}
+        return PipelinedExecutor(settings.executor.pipeline_depth,
+                                 settings.executor.preprocess_threads), {}
+    from worker.calibrate import prepare
+    from worker.executor import TorchExecutor
+
+    executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
+    seeds: dict[tuple[str, str], Cost] = {}
+    for handler in torch_handlers:
+        profile = prepare(executor, handler, settings.executor)
+        if profile is not None:
+            seeds.update(cost_seeds(profile))
+    return executor, seeds
 
 
 class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -35,25 +96,50 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.loop: BatchLoop | None = None
         self.thread: threading.Thread | None = None
         self.events: Any = None
+        self.gpu: GpuClaim | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.keeper: LeaseKeeper | None = None
+        self.settings: Settings | None = None
 
     def start(self, parent: Any) -> None:
-        from worker.flower import FlowerBatchEvents
-
-        settings = load_settings()
-        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
-        queue = Queue(client, Keys(settings.key_prefix))
-        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
-        handlers = {n: make_handler(settings.catalogue.get(n), settings) for n in names}
-        for handler in handlers.values():
-            handler.load()
+        settings = self.settings = load_settings()
         hostname = parent.hostname
+        self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
+        if settings.gpu_claim and self.gpu is None:
+            raise WorkerShutdown(0)  # stopped while waiting for a GPU
+        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
+        check_durability(client, require=settings.require_durable, who="worker")
+        keys = Keys(settings.key_prefix)
+        queue = Queue(client, keys)
+        leases = Leases(client, keys, settings.catalogue)
+        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
+        handlers = load_handlers(settings, names, explicit=bool(settings.worker_models))
         self.events = FlowerBatchEvents(parent.app, hostname)
+        self.keeper = LeaseKeeper(leases, settings)
+        executor, seeds = make_executor(settings, handlers)
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              listeners=[self.events])
+                              listeners=[self.keeper, self.events],
+                              claim_filters=[SuspectIsolation(leases)],
+                              executor=executor, cost_seeds=seeds)
+        loop = self.loop
+        # `<counter>_created` series would double the series count for a timestamp
+        # that Prometheus does not use; this process exports nothing else.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits)
+        loop.listeners.append(self.metrics)
+        guard = getattr(loop.executor, "guard", None)
+        if guard is not None:
+            guard.on_shrink = self.metrics.record_shrink
+        self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        self.keeper.start()
+        if settings.worker_metrics_port:
+            self.metrics_server = self.metrics.serve(settings.worker_metrics_port)
         parent.carpool_loop = self.loop  # remote-control commands find it here
+        parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
-        log.info("carpool batch loop started for models %s", ", ".join(names))
+        log.info("carpool batch loop started for models %s", ", ".join(handlers))
 
     def _run(self) -> None:
         assert self.loop is not None
@@ -63,10 +149,40 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             if self.events is not None:
                 self.events.close()
 
+    def info(self, parent: Any) -> dict[str, Any]:
+        """Added to `celery inspect stats`, which Flower shows on the worker's page."""
+        return {"carpool": worker_info(self.loop, self.gpu.gpu if self.gpu else None)}
+
     def stop(self, parent: Any) -> None:
-        if self.loop is None or self.thread is None:
-            return
-        log.info("carpool batch loop stopping after the batch in hand")
+        if self.loop is not None and self.thread is not None:
+            self._stop_loop()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.gpu is not None:
+            self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
+            self.gpu = None
+
+    def _stop_loop(self) -> None:
+        assert self.loop is not None and self.thread is not None
+        assert self.keeper is not None and self.settings is not None
+        grace_s = self.settings.stop_grace_s
+        log.info("carpool batch loop stopping after the batch in hand (grace %.0f s)", grace_s)
         self.loop.stop()
-        self.thread.join()
-        log.info("carpool batch loop stopped")
+        self.thread.join(grace_s)
+        self.keeper.stop()
+        overran = self.thread.is_alive()
+        # Overran: the batch was running, so its attempt stays counted. Otherwise only
+        # claims that never reached the model can be left: their attempt is refunded.
+        back = self.keeper.hand_back(refund_attempt=not overran)
+        if not overran:
+            self.loop.executor.close()  # its threads are idle once the loop has ended
+        if overran:
+            log.warning("the batch in hand outlasted the %.0f s grace: %d jobs handed back",
+                        grace_s, back)
+        log.info("carpool batch loop stopped; %d jobs handed back", back)
+
+
+def _celery_stopping() -> bool:
+    """True once the worker was asked to stop (Celery's signal handlers set these)."""
+    return state.should_stop is not None or state.should_terminate is not None

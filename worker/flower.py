@@ -1,8 +1,10 @@
-"""Each batch shows in Flower as a task, through Celery's own task events.
+"""What Flower shows of carpool: each batch as a task, and each worker's GPU and limits.
 
 Jobs never travel as Celery messages (that would cost a message per job); instead
 the loop sends the events a task would send — received, started, succeeded or
-failed — for one pseudo-task per batch, named ``carpool.batch``.
+failed — for one pseudo-task per batch, named ``carpool.batch``. A worker's GPU,
+models and current batch limits go into `celery inspect stats` (``worker_info``),
+which Flower shows on the worker's page.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import uuid
 from typing import Any
 
 from carpool.jobs import Claim
-from worker.loop import BatchReport
+from worker.gpu import Gpu, describe_gpu
+from worker.loop import BatchLoop, BatchReport
 
 #: The task name under which batches appear in Flower.
 BATCH_TASK_NAME = "carpool.batch"
@@ -45,6 +48,8 @@ class FlowerBatchEvents:
                        kwargs=kwargs, retries=0, eta=None, root_id=task_id, parent_id=None)
             self._send("task-started", uuid=task_id)
             return
+        if phase != "finished":
+            return
         task_id = self._task_ids.pop(claim.token, "")
         if report is None or not task_id:
             return
@@ -60,3 +65,18 @@ class FlowerBatchEvents:
             self._dispatcher.close()
             self._dispatcher.connection.release()
             self._dispatcher = None
+
+
+def worker_info(loop: BatchLoop | None, gpu: Gpu | None) -> dict[str, Any]:
+    """The worker's GPU, models and each bin's limits as its next batch sees them: as
+    retuned (``carpool_tune``), max_batch after the SLO's and the memory guard's caps."""
+    limits = loop.live_limits() if loop is not None else {}
+    return {
+        "gpu": describe_gpu(gpu),
+        "models": sorted(loop.handlers) if loop is not None else [],
+        "batch_limits": {f"{model}/{bin_name}": {"max_batch": lim.max_batch,
+                                                  "max_wait_ms": lim.max_wait_ms,
+                                                  "adaptive": lim.adaptive,
+                                                  "paused": lim.paused}
+                         for (model, bin_name), lim in sorted(limits.items())},
+    }

@@ -7,18 +7,21 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field, replace
 
-from carpool.batching import Cost, Go, Wait
+from carpool.batching import Cost, Go, Limits, Wait
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim
+from carpool.jobs import Claim, Outcome
 from carpool.queue import Queue
 from carpool.scheduler import Scheduler
 from carpool.settings import Settings
 from worker.handlers.base import ModelHandler
-from worker.runner import run_batch
+from worker.pipeline import BatchExecutor, InlineExecutor
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +43,27 @@ class BatchReport:
     runtime_s: float  # claim to completion, as the worker saw it
     inference_ms: float  # the forward pass alone (max over the batch's outcomes)
     queue_ms: list[int]  # per job: admission to claim, on Redis's clock
+    #: Per job, in claim order: its outcome, and whether its result was written
+    #: (False: refused, the lease was lost). Metrics count written jobs only.
+    outcomes: tuple[Outcome, ...] = ()
+    written: tuple[bool, ...] = ()
+    #: Claim (or, when a batch ahead was still in flight, that batch's completion) to
+    #: completion: what this batch itself cost the worker, the cost model's t(n). With
+    #: the inline executor it equals ``runtime_s``; in a pipeline, ``runtime_s`` also
+    #: counts the wait behind the batch ahead, which depends on that batch, not on n.
+    service_s: float = 0.0
 
 
 BatchListener = Callable[[str, Claim, BatchReport | None], None]
+
+
+@dataclass(frozen=True)
+class _Flight:
+    """A claimed batch handed to the executor and not yet completed in Redis."""
+
+    claim: Claim
+    started: float  # perf_counter at claim
+    outcomes: Future[list[Outcome]]
 
 
 @dataclass
@@ -53,15 +74,28 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Each is called with ("started", claim, None) and ("finished", claim, report):
+    #: Each is called with ("started", claim, None) and ("finished", claim, report),
+    #: and with ("expired", claim, None) when a claim ended jobs past their deadline
+    #: (claim.expired of them; the claim may hold no job at all then):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
+    #: ("finished", claim, None) means the batch ended without completing (an error).
     listeners: list[BatchListener] = field(default_factory=list)
+    #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
+    #: suspect inputs hooks in here.
+    claim_filters: list[Callable[[Claim], Claim]] = field(default_factory=list)
+    #: Runs claimed batches: inline by default; the torch executor keeps two in flight
+    #: (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
+    executor: BatchExecutor = field(default_factory=InlineExecutor)
     #: Calibrated t(n) = a + b·n per (model, bin), seeding the online fit.
     cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
     #: Limits, cost models and the decision; Celery remote control retunes it.
     scheduler: Scheduler = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
+    batches: int = 0
+    jobs: int = 0
+    _in_flight: deque[_Flight] = field(default_factory=deque)
+    _last_finished: float = 0.0  # perf_counter when the last batch was completed
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler([h.spec for h in self.handlers.values()],
@@ -74,14 +108,39 @@ class BatchLoop:
         if report is None:
             return
         runtime_ms = report.runtime_s * 1000.0
-        self.scheduler.observe(report.model, report.bin, report.size, runtime_ms,
+        self.scheduler.observe(report.model, report.bin, report.size,
+                               report.service_s * 1000.0,
                                [q + runtime_ms for q in report.queue_ms])
+
+    @property
+    def limits(self) -> dict[tuple[str, str], Limits]:
+        """Each bin's limits in force now: as retuned, max_batch after the SLO's cap."""
+        return self.scheduler.all_limits()
+
+    def live_limits(self) -> dict[tuple[str, str], Limits]:
+        """Each bin's limits as the next claim will see them: the memory guard's cap
+        (if the executor has one) applied too. Metrics and Flower show these."""
+        guard = getattr(self.executor, "guard", None)
+        limits = self.limits
+        if guard is None:
+            return limits
+        return {key: replace(lim, max_batch=min(lim.max_batch,
+                                                guard.limits.get(key, lim.max_batch)))
+                for key, lim in limits.items()}
 
     def stop(self) -> None:
         """Ask the loop to end after the batch in hand."""
         self._stop.set()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            # The loop's own CPU, for `ops/bench/costs.py` and anyone sizing workers.
+            log.info("batch loop ended: %d batches, %d jobs, %.3f s CPU in the loop thread",
+                     self.batches, self.jobs, time.thread_time())
+
+    def _run(self) -> None:
         backoff_s = BACKOFF_MIN_S
         while not self._stop.is_set():
             try:
@@ -95,6 +154,15 @@ class BatchLoop:
                 log.exception("batch loop step failed; retrying in %.1f s", backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
+        self.drain()
+
+    def drain(self) -> None:
+        """Complete every batch in flight (a stop finishes the batches in hand)."""
+        while self._in_flight:
+            try:
+                self._finish(self._in_flight.popleft())
+            except Exception:  # noqa: BLE001 — its leases expire and the jobs are retried
+                log.exception("completing a batch in flight failed at stop")
 
     def step(self) -> None:
         """One decision: run a batch, or block until something may be due."""
@@ -110,6 +178,12 @@ class BatchLoop:
         wait_s = MAX_BLOCK_S
         if decision.until_ms is not None:
             wait_s = min(MAX_BLOCK_S, max(0.001, (decision.until_ms - now_ms) / 1000.0))
+        if self._in_flight:
+            # A batch is computing: its end is the next thing to act on; arrivals wait.
+            oldest = self._in_flight[0]
+            if wait_for([oldest.outcomes], timeout=wait_s).done:
+                self._finish(self._in_flight.popleft())
+            return
         models = sorted({m for m, _ in self.scheduler.bins})
         self.queue.wait_for_work(models, wait_s)
 
@@ -118,23 +192,60 @@ class BatchLoop:
         return f"{self.worker_name}:{uuid.uuid4().hex[:8]}:{self._seq}"
 
     def run_one(self, go: Go) -> None:
-        handler = self.handlers[go.model]
-        spec: ModelSpec = handler.spec
-        claim = self.queue.claim(spec, go.bin, go.max_n, lease_ms=self.settings.lease_ms,
+        """Claim one batch and hand it to the executor; complete the oldest in flight
+        once ``executor.depth`` batches are."""
+        spec: ModelSpec = self.handlers[go.model].spec
+        max_n = self.executor.limit(spec.name, go.bin, go.max_n)
+        claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
                                  token=self._token(), worker=self.worker_name)
+        if claim.expired:
+            self._notify("expired", claim, None)
+        for narrow in self.claim_filters:
+            claim = narrow(claim)
         if not claim.jobs:
-            return  # another worker took them first
+            return  # another worker took them first, or they all expired
+        self.batches += 1
+        self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
+        try:
+            self._run_claimed(self.handlers[go.model], go, claim)
+        except BaseException:
+            self._notify("finished", claim, None)  # lease keepers hand its jobs back
+            raise
+
+    def _run_claimed(self, handler: ModelHandler, go: Go, claim: Claim) -> None:
+        spec = handler.spec
+        # A job on a retry may be the input that kills workers (worker/isolation.py):
+        # it runs with no other batch in flight, before or after it, so a crash it
+        # causes costs an attempt to it alone, not to a batch overlapping it.
+        retry = any(j.attempts > 1 for j in claim.jobs)
+        while retry and self._in_flight:
+            self._finish(self._in_flight.popleft())
         t0 = time.perf_counter()
-        outcomes = run_batch(handler, spec.bin_named(go.bin), claim.jobs)
-        batch = {"size": len(claim.jobs), "bin": go.bin, "worker": self.worker_name}
+        future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
+                                      claim.jobs)
+        self._in_flight.append(_Flight(claim, t0, future))
+        while self._in_flight and (retry or len(self._in_flight) >= self.executor.depth):
+            self._finish(self._in_flight.popleft())
+
+    def _finish(self, flight: _Flight) -> None:
+        """Write a batch's outcomes (waiting for them) and tell the listeners."""
+        claim = flight.claim
+        spec = self.handlers[claim.model].spec
+        outcomes = flight.outcomes.result()
+        batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
         written = self.queue.complete(spec, claim, outcomes, batch)
-        report = BatchReport(spec.name, go.bin, len(claim.jobs),
+        now = time.perf_counter()
+        service_start = max(flight.started, self._last_finished)
+        self._last_finished = now
+        report = BatchReport(spec.name, claim.bin, len(claim.jobs),
                              failed=sum(o.failed for o in outcomes),
                              refused=written.count(False),
-                             runtime_s=time.perf_counter() - t0,
+                             runtime_s=now - flight.started,
                              inference_ms=max((o.inference_ms for o in outcomes), default=0.0),
-                             queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs])
+                             queue_ms=[claim.now_ms - j.admit_ms for j in claim.jobs],
+                             outcomes=tuple(outcomes), written=tuple(written),
+                             service_s=now - service_start)
         if report.refused:
             log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
         self._notify("finished", claim, report)

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from carpool.synthetic import checksum
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     OK = "ok"
     #: 429: the bin was full (admission control working, not a failure of the job).
     REJECTED = "rejected"

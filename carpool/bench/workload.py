@@ -32,7 +32,8 @@ class SizeMix:
                 sizes.append(int(size))
                 weights.append(float(weight) if weight else 1.0)
             except ValueError:
-                raise ValueError(f"size mix {text!r}: {part!r} is not SIZE or SIZE:WEIGHT") from None
+                raise ValueError(
+                    f"size mix {text!r}: {part!r} is not SIZE or SIZE:WEIGHT") from None
         if not sizes or min(sizes) < 0 or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"size mix {text!r}: sizes >= 0 and some positive weight, please")
         return cls(tuple(sizes), tuple(weights))

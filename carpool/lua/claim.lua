@@ -8,14 +8,16 @@
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time
 --
--- Returns {now_ms, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most urgent first.
--- Ids whose record has expired are dropped; jobs whose deadline has passed
--- end "expired" here, are never computed, and their places go to the next jobs.
+-- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most
+-- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
+-- passed end "expired" here, are never computed, and their places go to the next
+-- jobs: `expired` counts them, so the worker that decided it counts each expiry once
+-- (carpool_jobs_expired_total).
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {now_ms}
+local out = {now_ms, 0}
 local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
 local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
@@ -35,6 +37,7 @@ while live < max_n and budget > 0 do
         redis.call("HDEL", key, "input")
         redis.call("EXPIRE", key, ARGV[7])
         redis.call("PUBLISH", ARGV[6], id)
+        out[2] = out[2] + 1
       else
         local attempts = tonumber(job[4]) + 1
         redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],

@@ -25,9 +25,12 @@ for i = 7, #ARGV, 4 do
   if job[1] == "running" and job[2] == ARGV[1] then
     local field = "result"
     if ARGV[i + 1] == "failed" then field = "error" end
+    -- HDEL first: Redis refuses a script for memory only at its first write, and only
+    -- if that write may grow memory. Dropping the input first lets completions (which
+    -- free memory) go on while a full Redis (noeviction) refuses new admissions.
+    redis.call("HDEL", key, "input", "lease")  -- the input is no longer needed
     redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2],
       "timings", ARGV[i + 3], "batch", ARGV[5], "t_done", now_ms)
-    redis.call("HDEL", key, "input", "lease")  -- the input is no longer needed
     redis.call("EXPIRE", key, ARGV[4])
     redis.call("ZREM", KEYS[1], id)
     redis.call("PUBLISH", ARGV[3], id)

@@ -1,5 +1,5 @@
 """A deterministic simulator of carpool's scheduling, for tests and for comparing
-batching policies in seconds (``carpool bench --simulate``). Torch- and Redis-free
+batching policies in seconds (``carpool bench simulate``). Torch- and Redis-free
 at run time; it drives carpool's own scheduling code with a fake clock.
 
     workload  arrivals: Poisson, bursts, a diurnal curve, a recorded trace

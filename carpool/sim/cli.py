@@ -1,6 +1,6 @@
-"""``carpool bench --simulate``: compare batching policies in the simulator, in seconds.
+"""``carpool bench simulate``: compare batching policies in the simulator, in seconds.
 
-    python -m carpool.sim.cli --loads 0.25,0.5,0.75,0.9,1.0,1.1 --patterns poisson,bursts
+    carpool bench simulate --loads 0.25,0.5,0.75,0.9,1.0,1.1 --patterns poisson,bursts
 
 runs every policy (fixed windows 0, the catalogue's and a long one; adaptive;
 adaptive with a p99 target) on the same seeded schedule at each load (a fraction
@@ -43,7 +43,7 @@ def _cost(text: str) -> Cost:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carpool bench --simulate", description=__doc__,
+    p = argparse.ArgumentParser(prog="carpool bench simulate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="synthetic", help="a model of the catalogue")
     p.add_argument("--config", default="", help="a catalogue TOML file (CARPOOL_CONFIG)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from carpool.catalogue import BinSpec, ModelSpec
 
@@ -29,3 +29,16 @@ class ModelHandler(Protocol):
 
     def postprocess(self, output: Any, n: int) -> list[Any]:
         """One JSON-able result per item of the batch, in order."""
+
+
+@runtime_checkable
+class SizedInputs(Protocol):
+    """A handler that can tell an input's size in its model's measure, before padding.
+
+    Optional: with it, the worker exports ``carpool_padding_waste_ratio`` for the
+    model's bins (``worker.padding``). It runs on the loop thread once per job, so
+    it must be cheap (read a field, count tokens), never decode an image.
+    """
+
+    def input_size(self, job_input: Any) -> int:
+        """The input's size in the model's measure (size, tokens, pixels)."""

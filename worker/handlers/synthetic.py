@@ -4,6 +4,7 @@ like a GPU; its output is computed from its input so misrouting is detectable.""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -12,11 +13,19 @@ from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import InvalidInput
 from carpool.synthetic import batch_cost_s, expected_result
 
+#: TEST ONLY: with ``CARPOOL_SYNTHETIC_POISON=1``, this input value kills the worker
+#: process outright (no exception, no cleanup), like a segfault in a model would.
+POISON_VALUE = "__crash__"
+#: The exit status of a worker killed by the poison input.
+POISON_EXIT_STATUS = 70
+
 
 class SyntheticHandler:
-    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float], call_log: str = "") -> None:
+    def __init__(self, spec: ModelSpec, cost_ms: tuple[float, float],
+                 poison: bool = False, call_log: str = "") -> None:
         self.spec = spec
         self.a_ms, self.b_ms = cost_ms
+        self.poison = poison
         #: Test-only (CARPOOL_SYNTHETIC_CALL_LOG): one JSON line per model call.
         self.call_log = call_log
 
@@ -28,7 +37,13 @@ class SyntheticHandler:
         # alone rather than trusting whatever reached Redis.
         if not isinstance(job_input, dict) or not isinstance(job_input.get("size"), int):
             raise InvalidInput("synthetic input must be {'value': any, 'size': int}")
+        if self.poison and job_input.get("value") == POISON_VALUE:
+            os._exit(POISON_EXIT_STATUS)  # test-only fault injection, see POISON_VALUE
         return job_input
+
+    def input_size(self, job_input: Any) -> int:
+        """Its ``size``: what a real model of this shape would be padded from."""
+        return int(job_input["size"])
 
     def collate(self, items: Sequence[dict[str, Any]], bin_spec: BinSpec) -> list[dict[str, Any]]:
         return list(items)

@@ -1,0 +1,71 @@
+"""The invariant "each admitted job is in exactly one place", checked on a snapshot.
+
+A queued job is in exactly one bin, once, and holds no lease; a running job holds
+a lease and is in no bin; a finished job (done, failed, expired, cancelled) is in
+neither. ``snapshot`` reads all of it in one read-only script, so the check holds
+for one instant even while workers run; ``violations`` lists what breaks it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from carpool.jobs import JobStatus
+from carpool.keys import Keys
+from carpool.queue import load_script, redis_errors
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Where every job of one key prefix was, at one instant."""
+
+    bins: dict[str, list[str]]  # bin key -> ids, in order (duplicates kept)
+    leases: dict[str, int]  # id -> lease deadline (ms)
+    status: dict[str, str]  # id -> status, for every job record
+
+    def placed(self) -> Counter[str]:
+        """How many times each id sits in some bin."""
+        return Counter(i for ids in self.bins.values() for i in ids)
+
+
+def snapshot(client: redis.Redis, keys: Keys) -> Snapshot:
+    """Read bins, leases and every job's status atomically."""
+    script = load_script(client, "audit")
+    with redis_errors():
+        reply: Any = script(keys=[keys.leases],
+                            args=[keys.bin_pattern, keys.job_pattern, keys.job_prefix])
+    raw_bins, raw_leases, raw_jobs = reply
+    bins: dict[str, list[str]] = {}
+    for i in range(0, len(raw_bins), 2):
+        bins.setdefault(str(raw_bins[i]), []).append(str(raw_bins[i + 1]))
+    leases = {str(raw_leases[i]): int(float(raw_leases[i + 1]))
+              for i in range(0, len(raw_leases), 2)}
+    status = {str(raw_jobs[i]): str(raw_jobs[i + 1]) for i in range(0, len(raw_jobs), 2)}
+    return Snapshot(bins, leases, status)
+
+
+def violations(snap: Snapshot, admitted: Iterable[str] = ()) -> list[str]:
+    """Every break of the one-place invariant; ``admitted`` ids must also still exist."""
+    found: list[str] = []
+    placed = snap.placed()
+    for job_id in sorted(set(admitted) - set(snap.status)):
+        found.append(f"{job_id}: admitted, but its record is gone (lost)")
+    for job_id, status in sorted(snap.status.items()):
+        in_bins, leased = placed.get(job_id, 0), job_id in snap.leases
+        if status == JobStatus.QUEUED:
+            if in_bins != 1 or leased:
+                found.append(f"{job_id}: queued, in {in_bins} bin slots, leased={leased}")
+        elif status == JobStatus.RUNNING:
+            if in_bins or not leased:
+                found.append(f"{job_id}: running, in {in_bins} bin slots, leased={leased}")
+        elif in_bins or leased:
+            found.append(f"{job_id}: {status or 'no status'}, in {in_bins} bin slots, "
+                         f"leased={leased}")
+    for job_id in sorted((set(placed) | set(snap.leases)) - set(snap.status)):
+        found.append(f"{job_id}: in a bin or leased, but has no record")
+    return found

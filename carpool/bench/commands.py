@@ -1,0 +1,202 @@
+"""The subcommands of ``carpool bench``: build the steps, run them per target, report."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import shlex
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from carpool.bench import plots
+from carpool.bench.arrivals import Bursts, all_at_once, load_trace
+from carpool.bench.ceiling import measure_ceiling
+from carpool.bench.policies import policy
+from carpool.bench.report import machine, markdown_table, write_outputs
+from carpool.bench.stats import KneeRule, Summary, find_knee
+from carpool.bench.sweep import (
+    Step,
+    StepResult,
+    fraction_steps,
+    poisson_step,
+    progress_bar,
+    run_steps,
+)
+from carpool.bench.target import Target, TargetSpec, open_target
+from carpool.bench.workload import SYNTHETIC, SizeMix, new_nonce
+from carpool.settings import load_settings
+
+
+def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or f"bench-out/{args.command}-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    header = "\n".join([
+        f"# carpool bench {args.command}", "",
+        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"- machine: {machine()}",
+        f"- command: `carpool bench {shlex.join(argv)}`",
+    ])
+    if args.command == "ceiling":
+        return cmd_ceiling(args, out, header)
+    header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
+               f"sizes {args.sizes}; workers {args.workers}")
+    handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain}[args.command]
+    return handler(args, out, header)
+
+
+def _targets(args: argparse.Namespace, out: Path, transport: str,
+             backlog: Callable[[float], int] | None = None) -> Iterator[tuple[int, Target]]:
+    """Each (policy, workers) target in turn, its stack up only while it is driven.
+
+    ``backlog(limit)`` is the number of jobs a drain will admit at once into a
+    stack whose analytical limit is ``limit`` jobs/s; its bins are made that deep.
+    """
+    sizes = SizeMix.parse(args.sizes)
+    base = TargetSpec(transport, url=args.url, redis_url=args.redis_url,
+                      key_prefix=args.key_prefix, web_workers=args.web_workers,
+                      cost_ms=args.cost_ms)
+    model = load_settings({}).catalogue.get(SYNTHETIC)
+    bin_name = model.bin_for(sizes.sizes[0]).name
+    for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
+        pol = policy(name)
+        for workers in args.workers:
+            label = name if len(args.workers) == 1 else f"{name} x{workers}"
+            n = backlog(pol.limit_per_s(model, bin_name, args.cost_ms) * workers) if backlog else 0
+            spec = replace(base, workers=workers, bin_name=bin_name, min_depth=n)
+            with open_target(spec, pol, out / "stack", label) as target:
+                yield n, target
+            if args.url or args.key_prefix:
+                return  # a running stack is one target, whatever the policies say
+
+
+def _finish(out: Path, results: list[StepResult], header: str, notes: list[str]) -> int:
+    report = write_outputs(out, results, header, notes)
+    print(markdown_table([r.summary for r in results]))
+    for note in notes:
+        print(f"- {note}")
+    print(f"report: {report}")
+    bad = sum(r.summary.counts["misrouted"] + r.summary.counts["lost"] for r in results)
+    if bad:
+        print(f"carpool bench: {bad} misrouted or lost results", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _baseline_notes(rates: dict[str, float], limits: dict[str, float | None],
+                    what: str) -> list[str]:
+    """Each target's rate as a fraction of its limit, against the per-job baseline with
+    as many workers, and (for N workers) against the same policy with one."""
+    notes = []
+    for label, rate in rates.items():
+        name, _, workers = label.partition(" x")
+        suffix = f" x{workers}" if workers else ""
+        parts = [f"{label}: {what} {rate:,.0f} jobs/s"]
+        limit = limits.get(label)
+        if limit:
+            parts.append(f"{rate / limit:.1%} of its analytical limit {limit:,.0f}/s")
+        base = rates.get(f"per-job{suffix}")
+        if base and name != "per-job":
+            parts.append(f"{rate / base:.1f}× per-job{suffix}")
+        one = rates.get(f"{name} x1")
+        if one and workers not in ("", "1"):
+            parts.append(f"{rate / one:.2f}× {name} x1")
+        notes.append(", ".join(parts))
+    return notes
+
+
+def cmd_run(args: argparse.Namespace, out: Path, header: str) -> int:
+    sizes = SizeMix.parse(args.sizes)
+    if args.arrivals == "trace":
+        arrivals = load_trace(Path(args.trace), sizes, args.seed)
+        step = Step("trace", arrivals, max(a.t_s for a in arrivals) if arrivals else None)
+    else:
+        bursts = (Bursts(args.burst_factor, args.burst_s, args.period_s)
+                  if args.arrivals == "bursts" else None)
+        step = poisson_step(f"{args.rate:g}/s", args.rate, args.duration, sizes, args.seed, bursts)
+    policies = [p for p in args.policies.split(",") if p.strip()]
+    bar = progress_bar(len(step.arrivals) * len(policies) * len(args.workers))
+    results: list[StepResult] = []
+    for _, target in _targets(args, out, args.transport):
+        results += run_steps(target, [step], new_nonce(), args.grace_s, bar)
+    bar.close()
+    for r in results:
+        name = str(r.summary.extra["target"]).replace(" ", "-")
+        plots.latency_over_time(r.records, out / f"latency-over-time-{name}.png",
+                                r.summary.label)
+    plots.batch_histogram([r.summary for r in results], out / "batch-sizes.png")
+    rates = {str(r.summary.extra["target"]): r.summary.achieved_rate for r in results}
+    limits = {str(r.summary.extra["target"]): _limit(r.summary) for r in results}
+    return _finish(out, results, header, _baseline_notes(rates, limits, "achieved"))
+
+
+def _limit(s: Summary) -> float | None:
+    value = s.extra.get("limit_per_s")
+    return value if isinstance(value, float) else None
+
+
+def cmd_sweep(args: argparse.Namespace, out: Path, header: str) -> int:
+    sizes = SizeMix.parse(args.sizes)
+    rule = KneeRule(k=args.knee_k, min_delivered=args.knee_delivered)
+    results: list[StepResult] = []
+    notes = [f"knee rule: the highest offered rate, scanning upward, before the first one "
+             f"whose p99 exceeds {rule.k:g}× the lowest rate's p99 or whose achieved rate "
+             f"falls below {rule.min_delivered:.0%} of offered"]
+    capacities: dict[str, float] = {}
+    limits: dict[str, float | None] = {}
+    knees: dict[str, Summary | None] = {}
+    for _, target in _targets(args, out, args.transport):
+        capacity = target.limit_per_s if args.capacity == "limit" else float(args.capacity)
+        if not capacity:
+            raise ValueError("--capacity limit needs a stack of our own; give jobs/s instead")
+        steps = fraction_steps(capacity, args.fractions, args.duration, sizes, args.seed)
+        bar = progress_bar(sum(len(s.arrivals) for s in steps))
+        mine = run_steps(target, steps, new_nonce(), args.grace_s, bar)
+        bar.close()
+        results += mine
+        knee = find_knee([r.summary for r in mine], rule)
+        knees[target.label] = knee
+        capacities[target.label] = max(r.summary.achieved_rate for r in mine)
+        limits[target.label] = target.limit_per_s
+        notes.append(f"{target.label}: fractions of {capacity:,.0f} jobs/s; knee "
+                     + (f"at offered {knee.offered_rate:,.0f}/s, achieved "
+                        f"{knee.achieved_rate:,.0f}/s, p99 {knee.e2e_ms.p99:,.1f} ms"
+                        if knee and knee.offered_rate else "not found (lowest rate unhealthy)"))
+    summaries = [r.summary for r in results]
+    plots.latency_vs_throughput(summaries, knees, out / "latency-vs-throughput.png")
+    # Batch sizes at each curve's knee (at its lowest rate where no knee was found).
+    shown = [knees.get(t) or min((s for s in summaries if s.extra["target"] == t),
+                                 key=lambda s: s.offered_rate or 0.0) for t in knees]
+    plots.batch_histogram(shown, out / "batch-sizes.png")
+    notes += _baseline_notes(capacities, limits, "highest achieved")
+    return _finish(out, results, header, notes)
+
+
+def cmd_drain(args: argparse.Namespace, out: Path, header: str) -> int:
+    sizes = SizeMix.parse(args.sizes)
+
+    def backlog(limit_per_s: float) -> int:
+        return int(args.jobs or math.ceil(args.work_s * limit_per_s))
+
+    results: list[StepResult] = []
+    for n, target in _targets(args, out, "redis", backlog):
+        step = Step(f"backlog {n}", all_at_once(n, sizes, args.seed), None)
+        bar = progress_bar(n)
+        results += run_steps(target, [step], new_nonce(), args.grace_s, bar)
+        bar.close()
+    plots.batch_histogram([r.summary for r in results], out / "batch-sizes.png")
+    rates = {str(r.summary.extra["target"]): r.summary.steady_rate or 0.0 for r in results}
+    limits = {str(r.summary.extra["target"]): _limit(r.summary) for r in results}
+    notes = ["throughput: jobs done between the first and the last completion, on Redis's "
+             "clock, the first batch left out (stats.steady_rate)"]
+    return _finish(out, results, header, notes + _baseline_notes(rates, limits, "drained at"))
+
+
+def cmd_ceiling(args: argparse.Namespace, out: Path, header: str) -> int:
+    ceiling = measure_ceiling(args.rates, args.duration, args.url)
+    results = [StepResult(s, []) for s in ceiling.points]
+    note = (f"generator ceiling: {ceiling.rate:,.0f} jobs/s kept (delivered >= 95 %, 99 % of "
+            f"jobs started within 10 ms of schedule), each job a submit and a long-poll")
+    return _finish(out, results, header, [note])

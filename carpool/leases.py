@@ -1,0 +1,92 @@
+"""Leases after the claim: renew them, take back the expired ones, hand them back.
+
+claim.lua leases jobs and complete.lua ends the lease; the three scripts here cover
+what happens in between. Like ``carpool.queue``, every Redis error becomes
+``BackendUnavailable``, and each script has one typed method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+
+from carpool.catalogue import Catalogue
+from carpool.keys import Keys
+from carpool.queue import WAKE_LIST_CAP, load_script, redis_errors
+
+#: Leases one reap call takes back at most; the rest wait for the next call, so one
+#: call never holds Redis for long, whatever the backlog.
+REAP_BATCH = 500
+#: Ids kept on the dead list; older ones fall off (their records keep the reason).
+DEAD_LIST_CAP = 10_000
+#: Result TTL for a reaped job whose model this process does not know.
+FALLBACK_RESULT_TTL_S = 3600
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What one reap call did."""
+
+    now_ms: int
+    requeued: int  # back at the front of their bin
+    failed: int  # lost max_attempts times: failed, and on the dead list
+    dropped: int  # stale lease entries of jobs that had ended or expired
+
+    @property
+    def reclaimed(self) -> int:
+        """Leases taken back from workers that stopped renewing them."""
+        return self.requeued + self.failed
+
+
+class Leases:
+    """Renew, reap and release leases; each is one Lua script call."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, catalogue: Catalogue) -> None:
+        self.client = client
+        self.keys = keys
+        self._ttls: list[str | int] = []
+        for spec in catalogue:
+            self._ttls += [spec.name, spec.result_ttl_s]
+        self._renew = load_script(client, "renew")
+        self._reap = load_script(client, "reap")
+        self._release = load_script(client, "release")
+
+    def renew(self, token: str, ids: Sequence[str], lease_ms: int) -> list[bool]:
+        """Extend the lease of each id still held under ``token``; False where it was lost."""
+        if not ids:
+            return []
+        args: list[str | int] = [token, lease_ms, self.keys.job_prefix, *ids]
+        with redis_errors():
+            reply = self._renew(keys=[self.keys.leases], args=args)
+        return [bool(x) for x in reply[1:]]
+
+    def reap(self, max_attempts: int, limit: int = REAP_BATCH) -> ReapReport:
+        """Take back up to ``limit`` expired leases: requeue at the front, or fail."""
+        args: list[str | int] = [
+            limit, max_attempts, self.keys.job_prefix, self.keys.bin_prefix,
+            self.keys.wake_prefix, self.keys.done_channel, DEAD_LIST_CAP, WAKE_LIST_CAP,
+            FALLBACK_RESULT_TTL_S, *self._ttls,
+        ]
+        with redis_errors():
+            reply = self._reap(keys=[self.keys.leases, self.keys.dead], args=args)
+        now_ms, requeued, failed, dropped = (int(x) for x in reply)
+        return ReapReport(now_ms, requeued, failed, dropped)
+
+    def release(self, token: str, ids: Sequence[str], *, refund_attempt: bool) -> list[bool]:
+        """Hand the ids still held under ``token`` back to the front of their bin."""
+        if not ids:
+            return []
+        args: list[str | int] = [token, self.keys.job_prefix, self.keys.bin_prefix,
+                                 self.keys.wake_prefix, WAKE_LIST_CAP,
+                                 "1" if refund_attempt else "0", *ids]
+        with redis_errors():
+            reply = self._release(keys=[self.keys.leases], args=args)
+        return [bool(x) for x in reply]
+
+    def dead_letters(self, limit: int = 100) -> list[str]:
+        """The ids most recently failed by the reaper, newest first."""
+        with redis_errors():
+            return cast(list[str], self.client.lrange(self.keys.dead, 0, limit - 1))

@@ -1,0 +1,26 @@
+-- audit.lua: one consistent, read-only snapshot of where every job is, for the
+-- invariant checker (tests, and an operator chasing a stuck job). Uses KEYS: it
+-- walks the whole keyspace of this node, so run it on test data or rarely.
+--
+-- KEYS[1]  leases  {p}:leases
+-- ARGV[1]  glob of every bin zset "{p}:q:*"   ARGV[2] glob of every job hash "{p}:job:*"
+-- ARGV[3]  job key prefix "{p}:job:"
+--
+-- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
+-- entry, most urgent first; a zset holds an id once, so a duplicate can only be across
+-- bins), leases = {id, deadline_ms, ...}, jobs = {id, status, ...}.
+local bins = {}
+for _, bin_key in ipairs(redis.call("KEYS", ARGV[1])) do
+  for _, id in ipairs(redis.call("ZRANGE", bin_key, 0, -1)) do
+    bins[#bins + 1] = bin_key
+    bins[#bins + 1] = id
+  end
+end
+local leases = redis.call("ZRANGE", KEYS[1], 0, -1, "WITHSCORES")
+local jobs = {}
+local skip = string.len(ARGV[3])
+for _, key in ipairs(redis.call("KEYS", ARGV[2])) do
+  jobs[#jobs + 1] = string.sub(key, skip + 1)
+  jobs[#jobs + 1] = redis.call("HGET", key, "status") or ""
+end
+return {bins, leases, jobs}

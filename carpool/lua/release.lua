@@ -1,0 +1,41 @@
+-- release.lua: hand a claim's jobs back to their bin before their lease runs out (a
+-- worker stopping, or a batch narrowed to isolate a suspect input). Each goes back
+-- under the score admit.lua stored in its record, so at its old place: the claim took
+-- the bin's most urgent jobs, so they are at its front again, in claim order (a record
+-- without a score goes to the very front).
+--
+-- KEYS[1]  leases  {p}:leases
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
+-- ARGV[3]  bin key prefix "{p}:q:"      ARGV[4] wake key prefix "{p}:wake:"
+-- ARGV[5]  wake list cap                ARGV[6] "1": refund the attempt the claim counted
+--          (the job never reached the model), "0": keep it counted
+-- ARGV[7..] ids, in claim order
+--
+-- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
+redis.replicate_commands()
+
+local out = {}
+local woken = {}
+for i = 7, #ARGV do
+  local id = ARGV[i]
+  local key = ARGV[2] .. id
+  local job = redis.call("HMGET", key, "status", "lease", "model", "bin", "score")
+  if job[1] == "running" and job[2] == ARGV[1] then
+    redis.call("ZREM", KEYS[1], id)  -- first: never refused for memory (see reap.lua)
+    redis.call("HDEL", key, "lease")
+    redis.call("HSET", key, "status", "queued")
+    if ARGV[6] == "1" then
+      redis.call("HINCRBY", key, "attempts", -1)
+    end
+    redis.call("ZADD", ARGV[3] .. job[3] .. ":" .. job[4], job[5] or 0, id)
+    woken[ARGV[4] .. job[3]] = job[4]
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+for wake_key, bin_name in pairs(woken) do
+  redis.call("RPUSH", wake_key, bin_name)
+  redis.call("LTRIM", wake_key, -tonumber(ARGV[5]), -1)
+end
+return out

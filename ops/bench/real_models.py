@@ -1,0 +1,173 @@
+"""resnet18 on this machine: served throughput at saturation against the offline
+best batch, and against per-job serving, all in one run.
+
+    python ops/bench/real_models.py --jobs 192 --sizes 1,4,8,16,32
+
+1. Offline: the handler's model path alone — pre-decoded 224 x 224 items,
+   collate → device → forward → postprocess (``TorchExecutor.forward``) back to
+   back at each batch size; the best rate is the denominator.
+2. Served, ``configured``: a real Celery worker (the command of
+   ops/commands.toml) with the torch executor, fast lane ``max_batch`` = the
+   offline best size, ``max_wait_ms`` 10; a backlog of JPEGs (512 x 384, as the
+   web stores them) admitted straight into Redis; rate = jobs completed between
+   the end of the first batch and the last completion, on Redis's clock.
+3. Served, ``per-job``: the same worker with ``max_batch`` 1.
+4. Offline again, to show how much the shared machine drifted during the run.
+
+Both worker and offline run torch with one intra-op thread (CARPOOL_TORCH_THREADS=1).
+Weights are random (``options.weights = "random"``): speed does not depend on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from preprocess import photo, stored  # type: ignore[import-not-found]  # this folder
+
+from carpool.catalogue import BinSpec, ModelSpec
+from carpool.jobs import new_job_id
+from carpool.keys import Keys
+from carpool.queue import Queue, connect
+from carpool.settings import ExecutorSettings
+from worker.executor import TorchExecutor
+from worker.handlers.image import ImageHandler
+
+WORKER_ARGV = ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo",
+               "--concurrency", "1", "-E", "-n", "bench@%h", "--loglevel", "INFO"]
+OPTIONS = {"arch": "resnet18", "weights": "random", "labels": "imagenet", "top_k": 5}
+START_TIMEOUT_S, DRAIN_TIMEOUT_S = 120.0, 600.0
+
+
+def spec(max_batch: int, max_wait_ms: int) -> ModelSpec:
+    return ModelSpec("resnet18", "image", "pixels", (
+        BinSpec("fast", 512 * 512, max_batch, max_wait_ms, 4096),
+        BinSpec("slow", 40_000_000, 8, 50, 512)), max_input_bytes=8 << 20, options=OPTIONS)
+
+
+def toml(s: ModelSpec) -> str:
+    lines = ["[models.resnet18]", f"max_input_bytes = {s.max_input_bytes}",
+             "[models.resnet18.options]", *(f"{k} = {json.dumps(v)}" for k, v in OPTIONS.items())]
+    for b in s.bins:
+        lines += ["[[models.resnet18.bins]]", f'name = "{b.name}"', f"max_size = {b.max_size}",
+                  f"max_batch = {b.max_batch}", f"max_wait_ms = {b.max_wait_ms}",
+                  f"max_depth = {b.max_depth}"]
+    return "\n".join(lines) + "\n"
+
+
+def one_batch(handler: ImageHandler, executor: TorchExecutor, items: list[Any]) -> None:
+    bin_spec = handler.spec.bins[0]
+    staged = executor.staging.to_device(handler.collate(items, bin_spec))
+    handler.postprocess(executor.forward(handler, staged), len(items))
+
+
+def offline(sizes: list[int], seconds: float) -> dict[int, float]:
+    """Items per second of the model path at each batch size."""
+    torch.set_num_threads(1)
+    handler = ImageHandler(spec(max(sizes), 10), "cpu")
+    handler.load()
+    executor = TorchExecutor(ExecutorSettings(device="cpu", torch_threads=1), "cpu")
+    item = handler.preprocess(json.loads(stored(photo(512, 384, 0))))
+    rates = {}
+    with torch.inference_mode():
+        for n in sizes:
+            one_batch(handler, executor, [item] * n)
+            done, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                one_batch(handler, executor, [item] * n)
+                done += n
+            rates[n] = done / (time.perf_counter() - t0)
+    executor.close()
+    return rates
+
+
+def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path) -> dict[str, Any]:
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    config = workdir / f"{prefix}.toml"
+    config.write_text(toml(s))
+    log = workdir / f"{prefix}.log"
+    env = {**os.environ, "CARPOOL_REDIS_URL": redis_url, "CARPOOL_KEY_PREFIX": prefix,
+           "CARPOOL_CONFIG": str(config), "CARPOOL_MODELS": "resnet18", "CARPOOL_DEVICE": "cpu",
+           "CARPOOL_TORCH_THREADS": "1", "CARPOOL_CALIBRATE": "never"}
+    worker = subprocess.Popen([*WORKER_ARGV, "--logfile", str(log)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = connect(redis_url)
+    queue = Queue(client, Keys(prefix))
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (log.exists() and "ready." in log.read_text()):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker did not start; see {log}")
+            time.sleep(0.2)  # a process we just started: no event to wait on
+        fast = s.bins[0]
+        ids = [queue.admit(s, fast, new_job_id(), x, queued_ttl_s=3600).id for x in inputs]
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while True:
+            views = [queue.get(i) for i in ids]
+            if all(v is not None and v.status.is_final for v in views):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("backlog did not drain")
+            time.sleep(0.5)  # bounded poll of a benchmark, not a test
+        return summarise(client, queue, ids)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def summarise(client: Any, queue: Queue, ids: list[str]) -> dict[str, Any]:
+    rows = [client.hmget(queue.keys.job(i), "t_done", "status", "batch") for i in ids]
+    done = sorted(int(t) for t, st, _ in rows if st == "done")
+    sizes = [json.loads(b)["size"] for _, st, b in rows if st == "done" and b]
+    first = sizes[0] if sizes else 1
+    span_s = (done[-1] - done[first - 1]) / 1000.0
+    return {"jobs": len(ids), "done": len(done), "jobs_per_s": (len(done) - first) / span_s,
+            "mean_batch": sum(sizes) / len(sizes), "failed": len(ids) - len(done)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=192)
+    p.add_argument("--sizes", default="1,4,8,16,32")
+    p.add_argument("--seconds", type=float, default=3.0, help="offline, per batch size")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    args = p.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    ladder = offline(sizes, args.seconds)
+    best_n = max(ladder, key=lambda n: ladder[n])
+    inputs = [stored(photo(512, 384, seed)) for seed in range(args.jobs)]
+    offline_runs = [ladder[best_n]]
+    with tempfile.TemporaryDirectory() as tmp:
+        configured = served(args.redis_url, spec(best_n, 10), inputs, Path(tmp))
+        offline_runs.append(offline([best_n], args.seconds)[best_n])
+        per_job = served(args.redis_url, spec(1, 0), inputs, Path(tmp))
+    offline_runs.append(offline([best_n], args.seconds)[best_n])
+    print("offline (model path, pre-decoded items), items/s by batch size: "
+          + ", ".join(f"{n}: {r:.1f}" for n, r in ladder.items()))
+    print(f"offline best (batch {best_n}) before / between / after the served runs: "
+          + " / ".join(f"{r:.1f}" for r in offline_runs))
+    # Each served run is compared with the offline runs just before and after it.
+    for name, r, around in (("configured", configured, offline_runs[0:2]),
+                            ("per-job", per_job, offline_runs[1:3])):
+        ref = sum(around) / 2
+        print(f"served {name}: {r['jobs_per_s']:.1f} jobs/s, mean batch {r['mean_batch']:.1f}, "
+              f"{r['done']}/{r['jobs']} done; {r['jobs_per_s'] / ref:.2f} of offline best "
+              f"(mean of the runs around it, {ref:.1f})")
+    print(f"configured / per-job: {configured['jobs_per_s'] / per_job['jobs_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

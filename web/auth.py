@@ -1,0 +1,47 @@
+"""Optional API keys: who may submit, and who may read or cancel a job.
+
+With ``CARPOOL_API_KEYS`` (or ``CARPOOL_API_KEYS_FILE``) set, every submit and
+result call needs a key (``Authorization: Bearer <key>`` or ``X-API-Key``). Each
+job records its submitter's key digest as its ``owner``, and only that key reads
+or cancels it: any other key gets the same 404 as an unknown id, so a job's
+existence does not leak. Without keys, ids (128 random bits) are the only secret.
+"""
+
+from __future__ import annotations
+
+from flask import request
+
+from carpool.jobs import JobView
+from carpool.settings import Settings, api_key_digest
+from web.errors import JobNotFound, Unauthorized
+
+#: The header a client may use instead of ``Authorization: Bearer``.
+API_KEY_HEADER = "X-API-Key"
+
+
+def _presented_key() -> str | None:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get(API_KEY_HEADER) or None
+
+
+def request_owner(settings: Settings) -> str:
+    """The owner digest this request acts as; "" when the server has no keys."""
+    if not settings.api_key_digests:
+        return ""
+    key = _presented_key()
+    if key is None:
+        raise Unauthorized("this server needs an API key: send 'Authorization: Bearer <key>'")
+    digest = api_key_digest(key)  # compared as digests: no timing leak of the key itself
+    if digest not in settings.api_key_digests:
+        raise Unauthorized("this API key is not known to the server")
+    return digest
+
+
+def check_owner(view: JobView | None, owner: str, job_id: str) -> JobView:
+    """``view`` if ``owner`` may see it; else the 404 an unknown id gets."""
+    if view is None or (owner and view.owner != owner):
+        raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
+    return view

@@ -1,0 +1,165 @@
+"""The web tier's Prometheus metrics, served at ``GET /metrics``.
+
+Counted here, once per job (workers count what happens after; ``README.md``
+maps every name to Triton's):
+
+- ``carpool_jobs_submitted_total{model,bin}``: each job newly queued (a 202). A
+  repeated idempotency key queues nothing and counts nothing.
+- ``carpool_jobs_rejected_total{model,reason}``: each job refused, by a closed
+  set of reasons (``REASONS``); a ``/submit/batch`` item refused alone counts
+  once, a request refused as a whole before its items were read counts once.
+  ``model`` is "" when the request named no model of the catalogue: a label
+  never takes a value a client made up.
+
+Under gunicorn each worker process counts into its own files in
+``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
+answers a scrape with the sum over all of them. Bin depth and the oldest job's
+age are read from Redis when scraped, in one script call, so every process
+(and every replica) reports the same values: read them with ``max by``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+
+from flask import request
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import values as prometheus_values
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from carpool.catalogue import Catalogue
+from carpool.errors import (
+    BackendUnavailable,
+    BinFull,
+    CarpoolError,
+    ConfigError,
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidInput,
+    UnknownModel,
+)
+from carpool.jobs import Admitted
+from carpool.queue import Queue
+from web.inputs import parse_json
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Why a job was refused: first match wins, so a subclass comes before its base.
+_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (BinFull, "bin_full"),
+    (BackendUnavailable, "unavailable"),
+    (UnknownModel, "unknown_model"),
+    (InputTooLarge, "too_large"),
+    (RequestEntityTooLarge, "too_large"),
+    (IdempotencyConflict, "conflict"),
+    (InvalidInput, "invalid"),
+    (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
+)
+#: Every value the ``reason`` label takes; "error" is anything else carpool refused.
+REASONS = ("bin_full", "unavailable", "unknown_model", "too_large", "conflict", "invalid",
+           "error")
+BIN_LABELS = ("model", "bin")
+
+def rejection_reason(exc: Exception) -> str:
+    for cls, reason in _REASONS:
+        if isinstance(exc, cls):
+            return reason
+    return "error"
+
+
+def requested_model(catalogue: Catalogue, exc: Exception) -> str:
+    """The catalogue model that a request refused before it was read named, or "".
+
+    Reads the request again, which only client errors (and an unknown model) pay.
+    """
+    if isinstance(exc, UnknownModel | RequestEntityTooLarge):
+        return ""
+    name: object = request.args.get("model")
+    try:
+        if request.mimetype == "application/json":
+            doc = parse_json(request.get_data())
+            name = doc.get("model") if isinstance(doc, dict) else None
+        elif request.mimetype == "multipart/form-data":
+            name = request.form.get("model")
+    except (CarpoolError, HTTPException):  # not JSON, or not a form: no model to name
+        return ""
+    return name if isinstance(name, str) and name in catalogue.models else ""
+
+
+class BinGauges(Collector):
+    """Depth and oldest job's age of every bin, read from Redis when scraped.
+
+    A bin is sorted by urgency, not age (carpool.urgency), so the peek looks at every
+    job of a bin holding fewer than ``max_batch`` (``scan``); a fuller bin only at its
+    head, its most urgent job: its oldest too unless deadlines or priorities put a
+    younger job first. A scrape thus costs O(sum of max_batch), never O(depth).
+    """
+
+    def __init__(self, queue: Queue, bins: Sequence[tuple[str, str]],
+                 scan: Sequence[int]) -> None:
+        self._queue = queue
+        self._bins = list(bins)
+        self._scan = list(scan)
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            now_ms, states = self._queue.peek(self._bins, self._scan)
+        except BackendUnavailable as exc:
+            log.warning("bin gauges left out of this scrape: %s", exc)
+            return
+        depth = GaugeMetricFamily("carpool_bin_depth", "Jobs queued in the bin.",
+                                  labels=BIN_LABELS)
+        age = GaugeMetricFamily("carpool_bin_oldest_age_seconds",
+                                "Age of the bin's oldest queued job (0 when empty; in a "
+                                "bin of max_batch or more, of its most urgent job).",
+                                labels=BIN_LABELS)
+        for s in states:
+            depth.add_metric([s.model, s.bin], s.depth)
+            oldest_ms = now_ms if s.oldest_admit_ms is None else s.oldest_admit_ms
+            age.add_metric([s.model, s.bin], max(0, now_ms - oldest_ms) / 1000.0)
+        yield depth
+        yield age
+
+
+class WebMetrics:
+    """The counters of one web process and the registry that a scrape renders."""
+
+    def __init__(self, queue: Queue, catalogue: Catalogue) -> None:
+        self.registry = CollectorRegistry()
+        multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        if multiprocess:
+            if prometheus_values.ValueClass is prometheus_values.MutexValue:
+                raise ConfigError(f"{MULTIPROC_ENV} was set after prometheus_client was "
+                                  "imported: this process's counts would never be shared")
+            # Sums every process's files. prometheus_client leaves this one untyped.
+            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
+        own = None if multiprocess else self.registry
+        self.submitted = Counter("carpool_jobs_submitted_total", "Jobs accepted and queued.",
+                                 BIN_LABELS, registry=own)
+        self.rejected = Counter("carpool_jobs_rejected_total", "Jobs refused, by reason.",
+                                ("model", "reason"), registry=own)
+        bins = [(spec.name, b.name) for spec in catalogue for b in spec.bins]
+        for model, bin_name in bins:  # every series exists from the start, at zero
+            self.submitted.labels(model, bin_name)
+        for spec in catalogue:
+            for reason in REASONS:
+                self.rejected.labels(spec.name, reason)
+        scan = [b.max_batch for spec in catalogue for b in spec.bins]
+        self.registry.register(BinGauges(queue, bins, scan))
+
+    def count_submitted(self, admitted: Admitted) -> None:
+        if not admitted.duplicate:
+            self.submitted.labels(admitted.model, admitted.bin).inc()
+
+    def count_rejected(self, model: str, exc: Exception, jobs: int = 1) -> None:
+        self.rejected.labels(model, rejection_reason(exc)).inc(jobs)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+

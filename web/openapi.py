@@ -1,0 +1,160 @@
+"""The OpenAPI 3.0 document of the HTTP API, built from the live catalogue.
+
+``GET /openapi.json`` serves it; each model's input schema comes from
+``web.schemas``. A schemathesis run against real gunicorn fuzzes every operation
+from this document (tests/test_faults_input.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from carpool.jobs import JOB_ID_CHARS, JobStatus
+from carpool.settings import Settings
+from web.schemas import batch_schema, input_schema, submit_schema
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _responses(ok: tuple[str, str, dict[str, Any]], *errors: str) -> dict[str, Any]:
+    code, text, schema = ok
+    out: dict[str, Any] = {code: {"description": text,
+                                  "content": {"application/json": {"schema": schema}}}}
+    for status in errors:
+        out[status] = {"description": _ERROR_TEXT[status],
+                       "content": {"application/json": {"schema": _ERROR}}}
+    # gunicorn refuses an over-long request line itself, before the app sees it.
+    out["414"] = {"description": _ERROR_TEXT["414"],
+                  "content": {"text/html": {"schema": {"type": "string"}}}}
+    return out
+
+
+_ERROR_TEXT = {
+    "400": "bad input, with a message that says what to fix",
+    "401": "an API key is needed, or this one is unknown",
+    "404": "unknown model, or unknown, malformed or expired job id",
+    "405": "method not allowed",
+    "409": "the job is running and can no longer be cancelled",
+    "413": "body, input or batch over its limit",
+    "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
+    "415": "a content type this route does not take",
+    "422": "idempotency key reused with a different input",
+    "429": "the bin is full; see Retry-After",
+    "503": "Redis is unreachable, loading or full; see Retry-After",
+}
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True,
+           "schema": {"type": "string", "description": f"{JOB_ID_CHARS} characters"}}
+
+
+def _components(settings: Settings) -> dict[str, Any]:
+    accepted = {"type": "object", "required": ["id", "status", "model", "bin", "result_url"],
+                "properties": {"id": {"type": "string"}, "status": {"type": "string"},
+                               "model": {"type": "string"}, "bin": {"type": "string"},
+                               "result_url": {"type": "string"},
+                               "duplicate": {"type": "boolean"}}}
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}
+    job = {"type": "object", "required": ["id", "model", "status"], "properties": {
+        "id": {"type": "string"}, "model": {"type": "string"},
+        "status": {"type": "string", "enum": [s.value for s in JobStatus]},
+        "result": {}, "error": {"type": "string"},
+        "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
+        "batch": {"type": "object"}}}
+    schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}
+    for spec in settings.catalogue:
+        schemas[f"Input_{spec.name}"] = input_schema(spec)
+        schemas[f"Submit_{spec.name}"] = submit_schema(spec)
+        schemas[f"Batch_{spec.name}"] = batch_schema(spec)
+    out: dict[str, Any] = {"schemas": schemas}
+    if settings.api_key_digests:
+        out["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return out
+
+
+def _submit(settings: Settings) -> dict[str, Any]:
+    names = [spec.name for spec in settings.catalogue]
+    json_body = {"oneOf": [{"$ref": f"#/components/schemas/Submit_{n}"} for n in names]}
+    form = {"type": "object", "required": ["model", "file"], "properties": {
+        "model": {"type": "string"}, "file": {"type": "string", "format": "binary"},
+        "deadline_ms": {"type": "string"}, "priority": {"type": "string"},
+        "idempotency_key": {"type": "string"}}}
+    return {"post": {
+        "summary": "Queue one job",
+        "parameters": [
+            {"name": "Idempotency-Key", "in": "header", "required": False,
+             "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
+            {"name": "model", "in": "query", "required": False,
+             "schema": {"type": "string"}, "description": "with a raw image/* body"}],
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": json_body},
+            "multipart/form-data": {"schema": form},
+            "image/png": {"schema": {"type": "string", "format": "binary"}}}},
+        "responses": _responses(("202", "queued", {"$ref": "#/components/schemas/Accepted"}),
+                                "400", "401", "404", "413", "415", "422", "429", "503"),
+    }}
+
+
+def _batch(settings: Settings) -> dict[str, Any]:
+    names = [spec.name for spec in settings.catalogue]
+    item = {"oneOf": [{"$ref": "#/components/schemas/Accepted"}, {
+        "type": "object", "required": ["error", "status"],
+        "properties": {"error": {"type": "object"}, "status": {"type": "integer"}}}]}
+    return {"post": {
+        "summary": "Queue many jobs for one model; each input fails alone",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
+        "responses": _responses(("202", "one entry per input, in order", {
+            "type": "object", "required": ["jobs"],
+            "properties": {"jobs": {"type": "array", "items": item}}}),
+            "400", "401", "404", "413", "415", "503"),
+    }}
+
+
+def _result(settings: Settings) -> dict[str, Any]:
+    wait = {"name": "wait", "in": "query", "required": False,
+            "schema": {"type": "number", "minimum": 0, "maximum": settings.max_wait_s}}
+    deleted = {"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "string"}, "status": {"type": "string"}, "deleted": {"type": "boolean"}}}
+    return {
+        "parameters": [_JOB_ID],
+        "get": {"summary": "A job's status and result; ?wait=S long-polls",
+                "parameters": [wait],
+                "responses": _responses(("200", "the job", {"$ref": "#/components/schemas/Job"}),
+                                        "400", "401", "404", "503")},
+        "delete": {"summary": "Cancel a queued job, or delete a finished one",
+                   "responses": _responses(("200", "cancelled or deleted", deleted),
+                                           "401", "404", "409", "503")},
+    }
+
+
+def _plain(summary: str, *errors: str) -> dict[str, Any]:
+    return {"get": {"summary": summary,
+                    "responses": _responses(("200", "ok", {"type": "object"}), *errors)}}
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The whole document for this process's settings and catalogue."""
+    doc: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {"title": "carpool", "version": "1",
+                 "description": "Batched asynchronous model inference: submit a job, "
+                                "fetch its result by id."},
+        "paths": {
+            "/submit": _submit(settings),
+            "/submit/batch": _batch(settings),
+            "/result/{job_id}": _result(settings),
+            "/models": _plain("The catalogue with live queue depths", "503"),
+            "/healthz": _plain("Liveness"),
+            "/readyz": _plain("Readiness: Redis answers", "503"),
+            "/openapi.json": _plain("This document"),
+        },
+        "components": _components(settings),
+    }
+    if settings.api_key_digests:
+        for path in ("/submit", "/submit/batch", "/result/{job_id}"):
+            for op in doc["paths"][path].values():
+                if isinstance(op, dict) and "responses" in op:
+                    op["security"] = [{"bearer": []}]
+    return doc

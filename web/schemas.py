@@ -1,0 +1,78 @@
+"""The JSON schema of each model's input, as ``web.inputs`` enforces it.
+
+Published in the OpenAPI document (``GET /openapi.json``) so clients and fuzzers
+see the contract; ``web.inputs`` stays the enforcement (it also measures and
+bins), and a test keeps the two in agreement on examples of every kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from carpool.catalogue import ModelSpec
+from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
+from web import inputs
+from web.images import ImageLimits
+
+#: base64 of ``n`` bytes is at most this many characters (plus padding slack).
+_B64_CHARS_PER_BYTE = 4 / 3
+
+
+def input_schema(spec: ModelSpec) -> dict[str, Any]:
+    """The schema of one JSON ``input`` for ``spec``."""
+    largest = spec.bins[-1].max_size
+    if spec.measure == "size":
+        return _object({"value": {"description": "any JSON value, echoed back"},
+                        "size": {"type": "integer", "minimum": 0, "maximum": largest}})
+    if spec.measure == "pixels":
+        limits = ImageLimits.from_options(spec.options)
+        return _object({"image_b64": {
+            "type": "string", "format": "byte", "minLength": 1,
+            "maxLength": int(spec.max_input_bytes * _B64_CHARS_PER_BYTE) + 4,
+            "description": f"a JPEG, PNG or WebP file, base64; at most {limits.max_side} "
+                           f"pixels a side and {limits.max_pixels} in all"}})
+    return _object({"text": {
+        "type": "string", "minLength": 1, "maxLength": inputs.input_limits(spec)["max_chars"],
+        "pattern": r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$",
+        "description": "no control characters but tab and line breaks"}})
+
+
+def submit_schema(spec: ModelSpec) -> dict[str, Any]:
+    """The body of ``POST /submit`` for ``spec``."""
+    return _object({
+        "model": {"type": "string", "enum": [spec.name]},
+        "input": input_schema(spec),
+        **_options_properties(spec),
+        "idempotency_key": {"type": "string", "minLength": 1, "nullable": True,
+                            "maxLength": inputs.MAX_IDEMPOTENCY_KEY_CHARS},
+    }, required=("model", "input"))
+
+
+def batch_schema(spec: ModelSpec) -> dict[str, Any]:
+    """The body of ``POST /submit/batch`` for ``spec``."""
+    return _object({
+        "model": {"type": "string", "enum": [spec.name]},
+        # Items are any JSON on purpose: each is validated alone against the model's
+        # input schema, and a bad one gets an error entry in the 202 answer.
+        "inputs": {"type": "array", "minItems": 1, "maxItems": inputs.MAX_BATCH_INPUTS,
+                   "items": {"description": f"see Input_{spec.name}"}},
+        **_options_properties(spec),
+    }, required=("model", "inputs"))
+
+
+def _options_properties(spec: ModelSpec) -> dict[str, Any]:
+    # null means "not given" (the default), as in web.inputs; the model's own bounds
+    # (carpool.urgency): its max_deadline_ms, priorities 0..9.
+    return {
+        "deadline_ms": {"type": "integer", "minimum": 1, "maximum": spec.max_deadline_ms,
+                        "nullable": True},
+        "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY,
+                     "nullable": True},
+    }
+
+
+def _object(properties: dict[str, Any], required: tuple[str, ...] | None = None,
+            ) -> dict[str, Any]:
+    return {"type": "object", "properties": properties,
+            "required": list(required if required is not None else properties),
+            "additionalProperties": False}

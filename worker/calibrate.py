@@ -1,0 +1,224 @@
+"""Warm-up and calibration of a torch handler on its executor's device.
+
+Calibration runs every distinct bin shape at a ladder of batch sizes (1, 2, 4,
+… up to the bin's ``max_batch``; on a GPU on past it, up to
+``PROBE_FACTOR`` × max_batch, to find the largest batch that fits), through the
+same staging and forward path that serves jobs, and keeps the median time of
+each. A worker reuses a profile from ``CARPOOL_PROFILE_DIR`` at its next start;
+a bin whose probe ran out of memory gets that size as a ceiling in the memory
+guard. Warm-up runs each bin shape once more, so first jobs do not pay for
+cuDNN's autotuning or the allocator's first growth.
+
+``CARPOOL_CALIBRATE``: ``auto`` calibrates on a GPU when no profile is cached
+(on the CPU it would take minutes and protects no memory: warm-up only),
+``always`` calibrates at every start, ``never`` only warms up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from carpool.catalogue import BinSpec
+from carpool.settings import ExecutorSettings
+from worker.executor import TorchExecutor
+from worker.handlers.base import ModelHandler
+from worker.profile import BinProfile, Point, Profile, digest, load, path_for, save, table
+from worker.runner import is_out_of_memory
+from worker.staging import map_tensors, to_host
+
+log = logging.getLogger(__name__)
+
+#: On a GPU, probe batch sizes up to this multiple of a bin's max_batch for memory.
+PROBE_FACTOR = 4
+DEFAULT_REPS = 3
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.machine()} x{torch.get_num_threads()} threads"
+
+
+def ladder(max_batch: int, limit: int) -> list[int]:
+    """Powers of two up to ``limit``, plus ``max_batch`` and ``limit`` themselves."""
+    powers = {1 << i for i in range(limit.bit_length()) if 1 << i <= limit}
+    return sorted(powers | {max_batch, limit})
+
+
+def _example(handler: ModelHandler, bin_spec: BinSpec) -> Any:
+    example = getattr(handler, "example", None)
+    if example is None:
+        raise TypeError(f"handler {type(handler).__name__} has no example(bin) to calibrate with")
+    return example(bin_spec)
+
+
+def shape_of(handler: ModelHandler, bin_spec: BinSpec) -> str:
+    """The per-item shape of a bin's batches, e.g. ``[3, 224, 224]``."""
+    shapes: list[str] = []
+
+    def note(path: str, t: torch.Tensor) -> torch.Tensor:
+        shapes.append(f"{path}{list(t.shape[1:])}")
+        return t
+
+    map_tensors(handler.collate([_example(handler, bin_spec)], bin_spec), note)
+    return " ".join(shapes) or "-"
+
+
+def _sync(executor: TorchExecutor) -> None:
+    if executor.device.type == "cuda":
+        torch.cuda.synchronize(executor.device)
+
+
+def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
+               reps: int) -> float:
+    """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out."""
+    items = [_example(handler, bin_spec)] * n
+    times = []
+    with torch.inference_mode():
+        for rep in range(reps + 1):
+            _sync(executor)
+            t0 = time.perf_counter()
+            staged = executor.staging.to_device(handler.collate(items, bin_spec))
+            to_host(executor.forward(handler, staged))
+            _sync(executor)
+            if rep:
+                times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times) if times else 0.0
+
+
+def sizes_for(executor: TorchExecutor, bin_spec: BinSpec, sizes: list[int] | None) -> list[int]:
+    """``sizes``, or the ladder to max_batch (on a GPU on to PROBE_FACTOR x max_batch)."""
+    if sizes:
+        return sorted(set(sizes))
+    factor = PROBE_FACTOR if executor.device.type == "cuda" else 1
+    return ladder(bin_spec.max_batch, bin_spec.max_batch * factor)
+
+
+def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec,
+                  reps: int, sizes: list[int]) -> BinProfile:
+    cuda = executor.device.type == "cuda"
+    profile = BinProfile(bin_spec.name, shape_of(handler, bin_spec))
+    for n in sizes:
+        try:
+            ms = time_batch(executor, handler, bin_spec, n, reps)
+        except Exception as exc:  # noqa: BLE001 — only out of memory ends the probe quietly
+            if not is_out_of_memory(exc):
+                raise
+            profile.out_of_memory_at = n
+            if cuda:
+                torch.cuda.empty_cache()
+            break
+        profile.points.append(Point(n, round(ms, 3)))
+        profile.largest_fit = n
+        log.info("calibrate %s/%s batch %d: %.2f ms", handler.spec.name, bin_spec.name, n, ms)
+    return profile
+
+
+def calibrate(executor: TorchExecutor, handler: ModelHandler, reps: int = DEFAULT_REPS,
+              sizes: list[int] | None = None) -> Profile:
+    """Measure every bin of ``handler``; bins of one shape share their measurements."""
+    name = device_name(executor.device)
+    profile = Profile(handler.spec.name, name, digest(handler.spec, name, torch.__version__),
+                      torch.__version__, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    by_shape: dict[tuple[str, tuple[int, ...]], BinProfile] = {}
+    for b in handler.spec.bins:
+        key = (shape_of(handler, b), tuple(sizes_for(executor, b, sizes)))
+        if key not in by_shape:
+            by_shape[key] = calibrate_bin(executor, handler, b, reps, list(key[1]))
+        measured = by_shape[key]
+        profile.bins[b.name] = BinProfile(b.name, key[0], measured.points,
+                                          measured.largest_fit, measured.out_of_memory_at)
+    return profile
+
+
+def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
+    """One batch per bin shape (batch 1 on the CPU; also max_batch on a GPU)."""
+    seen: set[str] = set()
+    for b in handler.spec.bins:
+        shape = shape_of(handler, b)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        sizes = [1, b.max_batch] if executor.device.type == "cuda" else [1]
+        for n in sizes:
+            time_batch(executor, handler, b, n, reps=0 if n == 1 else 1)
+
+
+def prepare(executor: TorchExecutor, handler: ModelHandler, settings: ExecutorSettings,
+            ) -> Profile | None:
+    """At worker start: reuse or make a profile (per ``settings.calibrate``), warm up,
+    and cap each bin at a batch size its probe ran out of memory at."""
+    name = device_name(executor.device)
+    key = digest(handler.spec, name, torch.__version__)
+    path = path_for(settings.profile_dir, handler.spec, key)
+    profile = None if settings.calibrate == "never" else load(path, key)
+    wanted = settings.calibrate == "always" or (
+        settings.calibrate == "auto" and profile is None and executor.device.type == "cuda")
+    if wanted:
+        profile = calibrate(executor, handler)
+        save(profile, path)
+        log.info("calibration profile written to %s\n%s", path, table(profile))
+    elif profile is not None:
+        log.info("reusing calibration profile %s", path)
+    warm_up(executor, handler)
+    for b in (profile.bins.values() if profile else ()):
+        if b.out_of_memory_at is not None:
+            executor.guard.set_ceiling((handler.spec.name, b.bin), max(1, b.largest_fit))
+    return profile
+
+
+def plot(profile: Profile, path: Path) -> None:
+    """Latency and throughput against batch size, one line per bin, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for b in profile.bins.values():
+        xs = [p.batch for p in b.points]
+        lat.plot(xs, [p.ms for p in b.points], marker="o", label=b.bin)
+        thr.plot(xs, [p.items_per_s for p in b.points], marker="o", label=b.bin)
+        thr.axvline(b.knee, linestyle=":", linewidth=0.8)
+    for ax, ylabel in ((lat, "ms per batch"), (thr, "items per second")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    thr.legend(fontsize="small", ncol=2)
+    fig.suptitle(f"{profile.model} on {profile.device} (dotted: knee)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def command(model: str, *, reps: int, sizes: list[int] | None, plot_path: Path | None) -> int:
+    """``carpool calibrate MODEL``: measure, print the table, write the profile and a plot."""
+    from carpool.settings import load_settings
+    from worker.handlers import make_handler, resolve_device
+
+    settings = load_settings()
+    spec = settings.catalogue.get(model)
+    handler = make_handler(spec, settings)
+    handler.load()
+    executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
+    try:
+        profile = calibrate(executor, handler, reps, sizes)
+    finally:
+        executor.close()
+    path = path_for(settings.executor.profile_dir, spec, profile.digest)
+    save(profile, path)
+    print(table(profile))
+    png = plot_path or path.with_suffix(".png")
+    plot(profile, png)
+    print(f"profile {path}\nplot    {png}")
+    return 0

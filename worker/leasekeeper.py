@@ -1,0 +1,165 @@
+"""Keeping leases: renew the ones in hand, reap the expired ones, hand them back at stop.
+
+``LeaseKeeper`` is a batch listener of ``BatchLoop``: it learns each claim when
+its batch starts and forgets it when it ends. Its own thread wakes every third
+of a lease and (1) renews every claim in hand, so a long batch keeps its jobs,
+and (2) runs the reaper once, so jobs of dead workers go back to their bins.
+Every worker runs one; reap.lua is atomic, so any number may reap at once.
+
+A job therefore waits at most ``lease_ms + lease_tick_ms`` after its worker
+died before it is back at the front of its bin (if any worker is alive).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from carpool.errors import BackendUnavailable
+from carpool.jobs import Claim
+from carpool.leases import REAP_BATCH, Leases
+from carpool.settings import Settings
+from worker.loop import BatchReport
+
+log = logging.getLogger(__name__)
+
+#: Reap calls per tick at most, each of REAP_BATCH leases: a backlog after a mass
+#: failure drains over a few ticks instead of holding Redis for long.
+MAX_REAPS_PER_TICK = 10
+
+
+@dataclass(frozen=True)
+class Held:
+    """One claim in hand: its jobs and when (monotonic seconds) its batch started."""
+
+    claim: Claim
+    since_s: float
+
+
+class LeaseKeeper:
+    """Renews the claims in hand and reaps expired leases, from one thread."""
+
+    def __init__(self, leases: Leases, settings: Settings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.leases = leases
+        self.settings = settings
+        self.clock = clock
+        self.reclaimed_total = 0  # leases this worker's reaper took back
+        self.dead_total = 0  # of which failed after max_attempts
+        #: Told how many leases each reap took back (the worker's Prometheus counter).
+        self.on_reclaimed: Callable[[int], None] | None = None
+        self._held: dict[str, Held] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- listener -------------------------------------------------------------------
+
+    def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+        if phase == "started":
+            with self._lock:
+                self._held[claim.token] = Held(claim, self.clock())
+            return
+        if phase != "finished":
+            return
+        with self._lock:
+            held = self._held.pop(claim.token, None)
+        if held is not None and report is None:
+            # The batch ended without completing (Redis lost mid-write, a bug): hand
+            # its jobs back now rather than after the lease; the attempt stays counted.
+            self._release(held.claim, refund_attempt=False)
+
+    def in_hand(self) -> list[Claim]:
+        with self._lock:
+            return [h.claim for h in self._held.values()]
+
+    # -- the thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="carpool-leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        tick_s = self.settings.lease_tick_ms / 1000.0
+        while True:  # first tick at once: a starting worker recovers a dead one's jobs
+            try:
+                self.tick()
+            except BackendUnavailable as exc:
+                log.warning("lease keeper: Redis unavailable (%s); next try in %.1f s",
+                            exc, tick_s)
+            except Exception:  # noqa: BLE001 — the keeper must outlive any one bug
+                log.exception("lease keeper tick failed; next try in %.1f s", tick_s)
+            if self._stopping.wait(tick_s):
+                return
+
+    def tick(self) -> None:
+        """Renew every claim in hand, then reap expired leases."""
+        self.renew_all()
+        self.reap()
+
+    def renew_all(self) -> None:
+        max_s = self.settings.max_batch_ms / 1000.0
+        now_s = self.clock()
+        for held in self._snapshot():
+            claim = held.claim
+            if now_s - held.since_s > max_s:
+                log.error("batch %s has run %.0f s, over CARPOOL_MAX_BATCH_MS: its lease is "
+                          "left to lapse and its jobs will be retried", claim.token,
+                          now_s - held.since_s)
+                with self._lock:
+                    self._held.pop(claim.token, None)
+                continue
+            kept = self.leases.renew(claim.token, [j.id for j in claim.jobs],
+                                     self.settings.lease_ms)
+            lost = kept.count(False)
+            if lost == len(kept):
+                with self._lock:
+                    self._held.pop(claim.token, None)
+            if lost:
+                log.warning("%d of %d leases of %s were lost before renewal (reaped or "
+                            "ended); their results will be refused", lost, len(kept),
+                            claim.token)
+
+    def reap(self) -> None:
+        for _ in range(MAX_REAPS_PER_TICK):
+            report = self.leases.reap(self.settings.max_attempts)
+            self.reclaimed_total += report.reclaimed
+            self.dead_total += report.failed
+            if report.reclaimed and self.on_reclaimed is not None:
+                self.on_reclaimed(report.reclaimed)
+            if report.reclaimed:
+                log.warning("reaped %d expired leases: %d jobs back in their bins, %d failed "
+                            "after %d attempts", report.reclaimed, report.requeued,
+                            report.failed, self.settings.max_attempts)
+            if report.requeued + report.failed + report.dropped < REAP_BATCH:
+                return
+
+    # -- hand-back ------------------------------------------------------------------
+
+    def hand_back(self, *, refund_attempt: bool) -> int:
+        """Release every claim in hand to the front of its bin; how many jobs went back."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        return sum(self._release(h.claim, refund_attempt=refund_attempt) for h in held)
+
+    def _release(self, claim: Claim, *, refund_attempt: bool) -> int:
+        try:
+            back = self.leases.release(claim.token, [j.id for j in claim.jobs],
+                                       refund_attempt=refund_attempt)
+        except BackendUnavailable as exc:
+            log.warning("could not hand back %s (%s); its lease will lapse instead",
+                        claim.token, exc)
+            return 0
+        return back.count(True)
+
+    def _snapshot(self) -> list[Held]:
+        with self._lock:
+            return list(self._held.values())
