@@ -245,7 +245,8 @@ def test_peek_reports_the_earliest_deadline_and_oldest_admission_of_the_next_bat
     spec = synthetic()
     oldest = admit(queue, spec, value="old")
     urgent = admit(queue, spec, value="urgent", deadline_ms=5000)
-    _, (small,) = queue.peek([("synthetic", "small")], scan=[2])
+    # A bin below its max_batch (3 here) has every job looked at; a full one only its head.
+    _, (small,) = queue.peek([("synthetic", "small")], scan=[3])
     record = queue.client.hgetall(queue.keys.job(urgent))
     assert small.depth == 2 and small.admitted == 2
     assert small.earliest_deadline_ms == int(record["deadline"])
