@@ -100,6 +100,8 @@ class Stack:
                 "CARPOOL_KEY_PREFIX": self.prefix, "CARPOOL_CONFIG": str(config),
                 "CARPOOL_SYNTHETIC_COST_MS": f"{a_ms:g},{b_ms:g}",
                 "CARPOOL_MODELS": self.spec.model, "PYTHONUNBUFFERED": "1",
+                # Several bench workers share this host: none takes the metrics port.
+                "CARPOOL_WORKER_METRICS_PORT": "0",
                 **self.spec.policy.env}
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[
