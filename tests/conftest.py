@@ -13,6 +13,18 @@ from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 
+#: A model no worker serves, with a tiny bin: it stays full once filled.
+TINY_TOML = """
+[models.tiny]
+kind = "synthetic"
+measure = "size"
+[[models.tiny.bins]]
+name = "only"
+max_size = 10
+max_batch = 2
+max_wait_ms = 5
+max_depth = 3
+"""
 #: The Redis the tests use; CI starts one here when none runs.
 REDIS_URL = os.environ.get("CARPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

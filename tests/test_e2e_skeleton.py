@@ -13,23 +13,11 @@ import pytest
 import requests
 
 from carpool.synthetic import expected_result
-from tests.conftest import make_env
+from tests.conftest import TINY_TOML, make_env
 from tests.procs import start_web, start_worker
 
 pytestmark = pytest.mark.e2e
 
-#: A model no worker serves, with a tiny bin: it stays full once filled.
-TINY_TOML = """
-[models.tiny]
-kind = "synthetic"
-measure = "size"
-[[models.tiny.bins]]
-name = "only"
-max_size = 10
-max_batch = 2
-max_wait_ms = 5
-max_depth = 3
-"""
 #: Sizes that land in the synthetic model's three bins.
 SIZES = (10, 100, 500)
 JOBS, CLIENTS = 2000, 32

@@ -16,24 +16,13 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import make_env
+from tests.conftest import TINY_TOML, make_env
 from tests.deployfiles import load_metrics
 from tests.procs import REPO_ROOT, free_port, start_web, start_worker, wait_until
 from tests.promtext import scrape
 
 pytestmark = pytest.mark.e2e
 
-TINY_TOML = """
-[models.tiny]
-kind = "synthetic"
-measure = "size"
-[[models.tiny.bins]]
-name = "only"
-max_size = 10
-max_batch = 2
-max_wait_ms = 5
-max_depth = 3
-"""
 #: Sizes in the synthetic model's small and medium bins.
 SIZES = (10, 100)
 JOBS, CLIENTS = 200, 8

@@ -25,12 +25,15 @@ import psutil
 import redis
 import requests
 
+from carpool.keys import Keys
 from carpool.localstack import web_command, worker_command
 from carpool.redis_local import free_port, start_redis
 from carpool.synthetic import batch_cost_s
 
 #: Bound on each phase; a run that needs longer is broken, not slow.
 PHASE_TIMEOUT_S = 300.0
+#: This run's keys, under their own prefix.
+KEYS = Keys("costs")
 
 
 def commandstats(r: redis.Redis) -> dict[str, int]:
@@ -78,7 +81,8 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
-               CARPOOL_SYNTHETIC_COST_MS=args.cost_ms, CARPOOL_KEY_PREFIX="costs")
+               CARPOOL_SYNTHETIC_COST_MS=args.cost_ms, CARPOOL_KEY_PREFIX=KEYS.prefix,
+               CARPOOL_MODELS="synthetic")  # no torch model loads into the figures
     logs = open(tmp / "procs.log", "ab")  # noqa: SIM115
     web = subprocess.Popen(web_command(), env=env, stdout=logs, stderr=subprocess.STDOUT)
     worker = None
@@ -107,8 +111,8 @@ def main() -> int:
         cmd1 = commandstats(r)
         worker = subprocess.Popen(worker_command(0), env=env, stdout=logs,
                                   stderr=subprocess.STDOUT)
-        jobs_key = "{costs}:stats:synthetic:small"
-        wait_for(lambda: int(r.hget(jobs_key, "drained") or 0) >= total, "drain")
+        stats_key = KEYS.stats("synthetic", "small")
+        wait_for(lambda: int(r.hget(stats_key, "drained") or 0) >= total, "drain")
         worker_cmds = delta(commandstats(r), cmd1)
         worker_cpu = tree_cpu_s(psutil.Process(worker.pid))
         worker.terminate()
@@ -154,7 +158,7 @@ def _ok(url: str) -> bool:
 
 def _done_times(r: redis.Redis) -> list[tuple[int, int]]:
     out = []
-    for key in r.scan_iter(match="{costs}:job:*", count=1000):
+    for key in r.scan_iter(match=KEYS.job_prefix + "*", count=1000):
         claim, done = r.hmget(key, "t_claim", "t_done")
         if claim and done:
             out.append((int(claim), int(done)))
