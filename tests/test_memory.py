@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.memory import MemoryGuard
+from worker.memory import CLEAN_BATCHES, MemoryGuard
 
 GIB = 1 << 30
 KEY = ("resnet18", "fast")
@@ -82,7 +82,71 @@ def test_without_a_memory_reader_only_out_of_memory_errors_shrink_the_limit() ->
     guard = MemoryGuard(None)
     assert guard.limit(KEY, 16) == 16
     guard.on_out_of_memory(KEY, 16)
-    assert [guard.limit(KEY, 16) for _ in range(4)] == [10, 12, 14, 16]
+    limits = []
+    for _ in range(CLEAN_BATCHES + 1):
+        limits.append(guard.limit(KEY, 16))
+        guard.after_batch(KEY, limits[-1])
+    # Not back into the size that just failed: 8 until CLEAN_BATCHES ran cleanly,
+    # then half way towards 16.
+    assert limits == [8] * CLEAN_BATCHES + [12]
+
+
+def serve(guard: MemoryGuard, fits: int, batches: int, max_batch: int = 64,
+          ) -> tuple[list[int], list[int]]:
+    """Run ``batches`` batches on a device that fits ``fits`` jobs: the size each
+    claim asked for, and the batches (by index) that ran out of memory."""
+    sizes, ooms = [], []
+    for i in range(batches):
+        n = guard.limit(KEY, max_batch)
+        sizes.append(n)
+        if n > fits:  # the executor splits it: both halves run
+            ooms.append(i)
+            guard.on_out_of_memory(KEY, n)
+            guard.after_batch(KEY, n - n // 2, out_of_memory=True)
+        else:
+            guard.after_batch(KEY, n)
+    return sizes, ooms
+
+
+def test_a_device_that_fits_48_of_64_settles_at_48_and_retries_ever_more_rarely() -> None:
+    guard = guard_for(FakeDevice())
+    sizes, ooms = serve(guard, fits=48, batches=300)
+    # First at 64, then each raise past 48 fails, each after twice the clean batches.
+    assert len(ooms) <= 5, ooms
+    gaps = [b - a for a, b in zip(ooms, ooms[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * CLEAN_BATCHES, gaps
+    assert all(n == 48 for i, n in enumerate(sizes[40:], 40) if i not in ooms)
+
+
+def test_an_out_of_memory_ceiling_rises_only_while_free_memory_is_above_the_high_watermark(
+) -> None:
+    device = FakeDevice()
+    guard = guard_for(device)
+    guard.limit(KEY, 64)
+    guard.on_out_of_memory(KEY, 64)
+    device.free = GIB + GIB // 4  # above the watermark, below its recovery level
+    sizes, _ = serve(guard, fits=64, batches=3 * CLEAN_BATCHES)
+    assert set(sizes) == {32}
+    device.free = 8 * GIB
+    sizes, _ = serve(guard, fits=64, batches=CLEAN_BATCHES + 1)
+    assert sizes[-1] == 48
+
+
+def test_a_short_claim_does_not_become_the_guards_own_limit() -> None:
+    guard = guard_for(FakeDevice())
+    assert guard.limit(KEY, 2) == 2  # the scheduler cut this claim short (a deadline)
+    assert guard.limit(KEY, 32) == 32  # the next full claim is not capped by it
+    assert guard.cap(KEY) is None and KEY not in guard.limits
+
+
+def test_the_claim_takes_the_smaller_of_the_schedulers_cap_and_the_memory_cap() -> None:
+    device = FakeDevice()
+    guard = guard_for(device)
+    device.free = GIB // 2
+    assert guard.limit(KEY, 64) == 32
+    device.free = GIB + GIB // 4  # hold the memory cap where it is
+    assert guard.limit(KEY, 8) == 8
+    assert guard.limit(KEY, 64) == 32
 
 
 def test_a_calibrated_ceiling_caps_the_limit_whatever_the_configuration() -> None:

@@ -4,9 +4,12 @@ Calibration runs every distinct bin shape at a ladder of batch sizes (1, 2, 4,
 … up to the bin's ``max_batch``; on a GPU on past it, up to
 ``PROBE_FACTOR`` × max_batch, to find the largest batch that fits), through the
 same staging and forward path that serves jobs, and keeps the median time of
-each. A worker reuses a profile from ``CARPOOL_PROFILE_DIR`` at its next start;
-a bin whose probe ran out of memory gets that size as a ceiling in the memory
-guard. Warm-up runs each bin shape once more, so first jobs do not pay for
+each. A worker reuses a profile from ``CARPOOL_PROFILE_DIR`` at its next start.
+A probe that fails (out of memory, or any other error) ends there: the bin's
+ceiling in the memory guard is the largest batch that ran (``largest_fit``),
+applied before warm-up, so a ``max_batch`` that does not fit never stops a
+worker from starting. Warm-up then runs each bin shape once more (on a GPU at
+every batch size it will serve, ``worker.ladder``), so first jobs do not pay for
 cuDNN's autotuning or the allocator's first growth.
 
 ``CARPOOL_CALIBRATE``: ``auto`` calibrates on a GPU when no profile is cached
@@ -30,6 +33,7 @@ from carpool.catalogue import BinSpec
 from carpool.settings import ExecutorSettings
 from worker.executor import TorchExecutor
 from worker.handlers.base import ModelHandler
+from worker.ladder import rungs
 from worker.profile import BinProfile, Point, Profile, digest, load, path_for, save, table
 from worker.runner import is_out_of_memory
 from worker.staging import map_tensors, to_host
@@ -41,9 +45,9 @@ PROBE_FACTOR = 4
 DEFAULT_REPS = 3
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+def device_name(executor: TorchExecutor) -> str:
+    if executor.gpu is not None:
+        return executor.gpu.name()
     return f"cpu {platform.machine()} x{torch.get_num_threads()} threads"
 
 
@@ -72,11 +76,6 @@ def shape_of(handler: ModelHandler, bin_spec: BinSpec) -> str:
     return " ".join(shapes) or "-"
 
 
-def _sync(executor: TorchExecutor) -> None:
-    if executor.device.type == "cuda":
-        torch.cuda.synchronize(executor.device)
-
-
 def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
                reps: int) -> float:
     """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out."""
@@ -84,11 +83,11 @@ def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec
     times = []
     with torch.inference_mode():
         for rep in range(reps + 1):
-            _sync(executor)
+            executor.synchronize()
             t0 = time.perf_counter()
             staged = executor.staging.to_device(handler.collate(items, bin_spec))
             to_host(executor.forward(handler, staged))
-            _sync(executor)
+            executor.synchronize()
             if rep:
                 times.append((time.perf_counter() - t0) * 1000.0)
     return statistics.median(times) if times else 0.0
@@ -98,23 +97,27 @@ def sizes_for(executor: TorchExecutor, bin_spec: BinSpec, sizes: list[int] | Non
     """``sizes``, or the ladder to max_batch (on a GPU on to PROBE_FACTOR x max_batch)."""
     if sizes:
         return sorted(set(sizes))
-    factor = PROBE_FACTOR if executor.device.type == "cuda" else 1
+    factor = PROBE_FACTOR if executor.gpu is not None else 1
     return ladder(bin_spec.max_batch, bin_spec.max_batch * factor)
 
 
 def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec,
                   reps: int, sizes: list[int]) -> BinProfile:
-    cuda = executor.device.type == "cuda"
+    """Time each size until one fails. Any failure ends the probe there, not only one
+    typed as out of memory (cuBLAS and cuDNN raise their allocation failures as plain
+    RuntimeErrors): it costs the bin a smaller ceiling, never the worker's start."""
     profile = BinProfile(bin_spec.name, shape_of(handler, bin_spec))
     for n in sizes:
         try:
             ms = time_batch(executor, handler, bin_spec, n, reps)
-        except Exception as exc:  # noqa: BLE001 — only out of memory ends the probe quietly
-            if not is_out_of_memory(exc):
-                raise
+        except Exception as exc:  # noqa: BLE001 — any failure ends the probe at this size
             profile.out_of_memory_at = n
-            if cuda:
-                torch.cuda.empty_cache()
+            level = logging.INFO if is_out_of_memory(exc) else logging.WARNING
+            log.log(level, "calibrate %s/%s: batch %d failed (%s: %s); ceiling %d",
+                    handler.spec.name, bin_spec.name, n, type(exc).__name__, exc,
+                    max(1, profile.largest_fit))
+            del exc  # its frames hold the failed batch's tensors
+            executor.release()
             break
         profile.points.append(Point(n, round(ms, 3)))
         profile.largest_fit = n
@@ -125,7 +128,7 @@ def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinS
 def calibrate(executor: TorchExecutor, handler: ModelHandler, reps: int = DEFAULT_REPS,
               sizes: list[int] | None = None) -> Profile:
     """Measure every bin of ``handler``; bins of one shape share their measurements."""
-    name = device_name(executor.device)
+    name = device_name(executor)
     profile = Profile(handler.spec.name, name, digest(handler.spec, name, torch.__version__),
                       torch.__version__, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     by_shape: dict[tuple[str, tuple[int, ...]], BinProfile] = {}
@@ -140,38 +143,59 @@ def calibrate(executor: TorchExecutor, handler: ModelHandler, reps: int = DEFAUL
 
 
 def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
-    """One batch per bin shape (batch 1 on the CPU; also max_batch on a GPU)."""
-    seen: set[str] = set()
+    """Run each bin shape once (batch 1) on the CPU; on a GPU at every rung of the
+    ladder up to the bin's cap (``worker.ladder``), the sizes it will serve, so
+    cuDNN autotunes here and never on the serving path. A rung that fails caps
+    the bin below it (the start goes on); batch 1 failing is a broken model."""
+    done: set[tuple[str, int]] = set()
     for b in handler.spec.bins:
+        key = (handler.spec.name, b.name)
         shape = shape_of(handler, b)
-        if shape in seen:
-            continue
-        seen.add(shape)
-        sizes = [1, b.max_batch] if executor.device.type == "cuda" else [1]
+        limit = min(b.max_batch, executor.guard.cap(key) or b.max_batch)
+        sizes = rungs(limit) if executor.pad_batches else [1]
         for n in sizes:
-            time_batch(executor, handler, b, n, reps=0 if n == 1 else 1)
+            if (shape, n) in done:
+                continue
+            try:
+                time_batch(executor, handler, b, n, reps=0)
+            except Exception as exc:  # noqa: BLE001 — a smaller ceiling, not a failed start
+                if n == 1:
+                    raise
+                log.warning("warm-up of %s/%s failed at batch %d (%s: %s): capped at %d",
+                            key[0], key[1], n, type(exc).__name__, exc, done_below(done, shape, n))
+                del exc
+                executor.release()
+                executor.guard.set_ceiling(key, done_below(done, shape, n))
+                break
+            done.add((shape, n))
+
+
+def done_below(done: set[tuple[str, int]], shape: str, n: int) -> int:
+    """The largest size of ``shape`` that warmed up below ``n`` (at least 1)."""
+    return max((m for s, m in done if s == shape and m < n), default=1)
 
 
 def prepare(executor: TorchExecutor, handler: ModelHandler, settings: ExecutorSettings,
             ) -> Profile | None:
-    """At worker start: reuse or make a profile (per ``settings.calibrate``), warm up,
-    and cap each bin at a batch size its probe ran out of memory at."""
-    name = device_name(executor.device)
+    """At worker start: reuse or make a profile (per ``settings.calibrate``), cap each
+    bin whose probe failed at the largest batch that ran (``largest_fit``), and only
+    then warm up, within those caps."""
+    name = device_name(executor)
     key = digest(handler.spec, name, torch.__version__)
     path = path_for(settings.profile_dir, handler.spec, key)
     profile = None if settings.calibrate == "never" else load(path, key)
     wanted = settings.calibrate == "always" or (
-        settings.calibrate == "auto" and profile is None and executor.device.type == "cuda")
+        settings.calibrate == "auto" and profile is None and executor.gpu is not None)
     if wanted:
         profile = calibrate(executor, handler)
         save(profile, path)
         log.info("calibration profile written to %s\n%s", path, table(profile))
     elif profile is not None:
         log.info("reusing calibration profile %s", path)
-    warm_up(executor, handler)
     for b in (profile.bins.values() if profile else ()):
         if b.out_of_memory_at is not None:
             executor.guard.set_ceiling((handler.spec.name, b.bin), max(1, b.largest_fit))
+    warm_up(executor, handler)
     return profile
 
 

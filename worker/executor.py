@@ -9,66 +9,110 @@ computes, the loop claims, preprocesses and copies batch N+1.
 
 A failing forward pass is split in halves (``runner.isolate``): an input that
 breaks the model fails alone, and an out-of-memory error frees the allocator's
-cache, halves the bin's limit in the memory guard and retries the halves.
+cache, caps the bin in the memory guard and retries the halves.
+
+On a GPU, ``cudnn.benchmark`` is on and each batch is padded up to a rung of
+``worker.ladder`` (repeating its last item; the extra rows are cut from the
+output before postprocessing), so cuDNN autotunes only the sizes that warm-up
+ran, never on the serving path.
+
+The device is an ``Accelerator`` (``worker.device``): CUDA, or in tests a
+simulated device; None on the CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from carpool.catalogue import BinSpec
 from carpool.settings import ExecutorSettings
+from worker.device import Accelerator, Event, accelerator_for
 from worker.handlers.base import ModelHandler
+from worker.ladder import padded
 from worker.memory import MemoryGuard
 from worker.pipeline import ExecutorStats, PipelinedExecutor
-from worker.staging import Staged, Staging, to_host
+from worker.staging import Staged, Staging, map_tensors, to_host
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExecutorStats", "TorchExecutor", "memory_guard"]
+__all__ = ["ExecutorStats", "Padded", "TorchExecutor", "memory_guard"]
 
 
-def memory_guard(settings: ExecutorSettings, device: torch.device) -> MemoryGuard:
+def memory_guard(settings: ExecutorSettings, gpu: Accelerator | None) -> MemoryGuard:
     """A guard reading this device's memory; on the CPU, one that only OOMs drive."""
-    if device.type != "cuda":
+    if gpu is None:
         return MemoryGuard(None)
-    return MemoryGuard(
-        lambda: torch.cuda.mem_get_info(device),
-        lambda: (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)),
-        watermark_fraction=settings.free_watermark,
-        empty_cache=torch.cuda.empty_cache,
-        empty_cache_every=settings.empty_cache_every,
-    )
+    return MemoryGuard(gpu.mem_get_info, gpu.allocator,
+                       watermark_fraction=settings.free_watermark,
+                       empty_cache=gpu.empty_cache,
+                       empty_cache_every=settings.empty_cache_every)
+
+
+@dataclass
+class Padded:
+    """A staged batch padded from ``rows`` items up to a rung of the ladder."""
+
+    staged: Staged
+    rows: int
+    to: int
+
+
+def pad_rows(t: torch.Tensor, rows: int, to: int) -> torch.Tensor:
+    """``t`` (``rows`` items along dim 0) grown to ``to`` rows by repeating its last."""
+    if t.dim() == 0 or len(t) != rows:
+        return t
+    return torch.cat([t, t[-1:].expand(to - rows, *t.shape[1:])])
 
 
 class TorchExecutor(PipelinedExecutor):
     """Runs batches of torch handlers on one device, ``depth`` in flight."""
 
-    def __init__(self, settings: ExecutorSettings, device: str,
+    def __init__(self, settings: ExecutorSettings, device: str | Accelerator,
                  guard: MemoryGuard | None = None) -> None:
-        self.device = torch.device(device)
+        self.gpu = accelerator_for(device) if isinstance(device, str) else device
+        self.device = self.gpu.device if self.gpu is not None else torch.device(str(device))
         super().__init__(settings.pipeline_depth, settings.preprocess_threads,
-                         guard or memory_guard(settings, self.device))
+                         guard or memory_guard(settings, self.gpu))
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # one shape per bin: autotune pays off
-        self.staging = Staging(self.device)
-        self.compute_stream: torch.cuda.Stream | None = (
-            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            if self.device.type == "cuda" else None)
-        #: When a list (tests, profiling): CUDA events "copy_start", "copy_end",
+            torch.backends.cudnn.benchmark = True  # sizes are padded to warmed-up rungs
+        #: Pad batches to ladder rungs (on a GPU: what cuDNN's autotuning needs).
+        self.pad_batches = self.gpu is not None
+        self.staging = Staging(self.gpu)
+        self.compute_stream: Any = self.gpu.new_stream() if self.gpu is not None else None
+        #: When a list (tests, profiling): events "copy_start", "copy_end",
         #: "compute_start", "compute_end" of every batch, in the order recorded.
-        self.trace: list[tuple[str, torch.cuda.Event]] | None = None
+        self.trace: list[tuple[str, Event]] | None = None
 
-    def _mark(self, name: str, stream: torch.cuda.Stream | None) -> None:
-        if self.trace is not None and stream is not None:
-            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    def _mark(self, name: str, stream: Any) -> None:
+        if self.trace is not None and stream is not None and self.gpu is not None:
+            event = self.gpu.new_event(timing=True)
             event.record(stream)
             self.trace.append((name, event))
+
+    def rows_for(self, handler: ModelHandler, bin_spec: BinSpec, n: int) -> int:
+        """How many rows a batch of ``n`` runs as: its rung, within the bin's cap."""
+        if not self.pad_batches:
+            return n
+        cap = self.guard.cap((handler.spec.name, bin_spec.name)) or bin_spec.max_batch
+        rung = padded(n, bin_spec.max_batch)
+        return min(rung, cap) if cap >= n else n
+
+    def stage(self, handler: ModelHandler, items: Any, bin_spec: BinSpec) -> Any:
+        batch = handler.collate(items, bin_spec)
+        with self._lock:
+            self.stats.count_padding(batch)
+        n, rows = len(items), self.rows_for(handler, bin_spec, len(items))
+        if rows == n:
+            return self.to_device(batch)
+        grown = map_tensors(batch, lambda _, t: pad_rows(t, n, rows))
+        return Padded(self.to_device(grown), n, rows)
 
     def to_device(self, batch: Any) -> Staged:
         self._mark("copy_start", self.staging.copy_stream)
@@ -76,28 +120,38 @@ class TorchExecutor(PipelinedExecutor):
         self._mark("copy_end", self.staging.copy_stream)
         return staged
 
-    def forward(self, handler: ModelHandler, staged: Staged) -> Any:
-        """Forward pass on the compute stream; the output back on the host."""
-        if self.compute_stream is None:
+    def forward(self, handler: ModelHandler, staged: Staged | Padded) -> Any:
+        """Forward pass on the compute stream; the output back on the host, cut to
+        the batch's real rows if it was padded."""
+        if isinstance(staged, Padded):
+            out = self.forward(handler, staged.staged)
+            return map_tensors(out, lambda _, t: t[: staged.rows]
+                               if t.dim() and len(t) == staged.to else t)
+        if self.gpu is None or self.compute_stream is None:
             return to_host(handler.forward(staged.batch))
-        with torch.cuda.stream(self.compute_stream):
+        with self.gpu.use_stream(self.compute_stream):
             batch = self.staging.enter_compute(staged, self.compute_stream)
             self._mark("compute_start", self.compute_stream)
             output = handler.forward(batch)
             self._mark("compute_end", self.compute_stream)
-            return to_host(output)
+            return to_host(output, self.gpu)
 
     def inference_context(self) -> contextlib.AbstractContextManager[Any]:
         return torch.inference_mode()
 
     def release(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        if self.gpu is not None:
+            self.gpu.empty_cache()
             log.info("after out of memory: %s", self.memory_summary())
 
+    def synchronize(self) -> None:
+        """Wait for the device (calibration's timings); nothing on the CPU."""
+        if self.gpu is not None:
+            self.gpu.synchronize()
+
     def memory_summary(self) -> str:
-        if self.device.type != "cuda":
+        if self.gpu is None:
             return "CPU"
         mib = 1 << 20
-        return (f"allocated {torch.cuda.memory_allocated(self.device) // mib} MiB, "
-                f"reserved {torch.cuda.memory_reserved(self.device) // mib} MiB")
+        allocated, reserved = self.gpu.allocator()
+        return f"allocated {allocated // mib} MiB, reserved {reserved // mib} MiB"

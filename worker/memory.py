@@ -1,20 +1,34 @@
-"""The memory guard: a per-bin batch limit that follows free device memory.
+"""The memory guard: a per-bin batch cap that follows free device memory and
+remembers the sizes that ran out of it.
 
-Before each batch the executor asks ``limit(bin, max_batch)``. The guard reads
-free memory (``torch.cuda.mem_get_info`` on a GPU; any reader in tests): below
-the watermark it halves that bin's limit, and once memory has recovered it grows
-the limit back one step per batch (multiplicative decrease, additive increase:
-shrinking is urgent, growing is a bet). An out-of-memory error halves the limit
-of its bin at once. ``empty_cache`` runs every ``empty_cache_every`` batches,
-called by the executor between batches only.
+Before each claim the executor asks ``limit(bin, max_batch)``: the claim takes
+the smaller of the scheduler's ``max_batch`` and the guard's own cap, and the
+guard never stores the scheduler's number (a claim cut short by a deadline says
+nothing about memory). The guard's cap has three parts; the smallest wins:
+
+* **Free memory** (``torch.cuda.mem_get_info`` on a GPU; any reader in tests):
+  below the watermark the bin's cap halves, and once memory has recovered it
+  grows back one step per batch (multiplicative decrease, additive increase:
+  shrinking is urgent, growing is a bet).
+* **Out of memory at n**: a learned ceiling below n — the largest batch that
+  ran cleanly below n, else n / 2. The ceiling is raised only after
+  ``CLEAN_BATCHES`` clean batches in a row with free memory above the high
+  watermark (``RECOVERY_FACTOR`` × the watermark), half way towards the size
+  that failed; each time a raised ceiling fails again the number of clean
+  batches it needs doubles (up to ``MAX_CLEAN_BATCHES``). A device that fits
+  48 of 64 thus settles at 48 and tries more ever more rarely.
+* **Calibration**: the largest batch its probe ran (``set_ceiling``); fixed.
+
+``empty_cache`` runs every ``empty_cache_every`` batches, called by the executor
+between batches only.
 
 Memory that this process's caching allocator holds but does not use (reserved
 minus allocated) counts as free here: torch reuses it before asking the device
 for more, although ``mem_get_info`` reports it as taken.
 
 Every value a metrics exporter needs is a plain attribute: ``shrinks_total``,
-``limits``, ``free_bytes``, ``used_bytes``, ``reserved_bytes``,
-``allocated_bytes``.
+``limits`` (each capped bin's cap, all parts applied), ``free_bytes``,
+``used_bytes``, ``reserved_bytes``, ``allocated_bytes``.
 """
 
 from __future__ import annotations
@@ -35,8 +49,12 @@ BinKey = tuple[str, str]  # (model, bin)
 #: Memory has "recovered" only above this multiple of the watermark, so a limit
 #: does not flap between halving and growing at the boundary.
 RECOVERY_FACTOR = 1.5
-#: A limit grows back by this fraction of its ceiling per healthy batch (at least 1).
+#: A limit grows back by this fraction of its top per healthy batch (at least 1).
 GROWTH_FRACTION = 1 / 8
+#: Clean batches in a row, memory recovered, before a learned ceiling is raised.
+CLEAN_BATCHES = 16
+#: The most clean batches a ceiling that keeps failing waits for (doubling up to it).
+MAX_CLEAN_BATCHES = 4096
 
 
 @dataclass(frozen=True)
@@ -52,8 +70,19 @@ class MemoryReading:
         return self.free_bytes + max(0, self.reserved_bytes - self.allocated_bytes)
 
 
+@dataclass
+class Learned:
+    """What one bin's out-of-memory errors taught: never above ``ceiling`` for now."""
+
+    ceiling: int
+    failed_at: int  # the last size that ran out of memory
+    needed: int = CLEAN_BATCHES  # clean batches before the next raise
+    clean: int = 0  # clean batches in a row so far
+    largest_ok: int = 0  # largest batch that ran cleanly since the last failure
+
+
 class MemoryGuard:
-    """Per-bin batch limits driven by free memory; thread-safe."""
+    """Per-bin batch caps driven by free memory and out-of-memory errors; thread-safe."""
 
     def __init__(
         self,
@@ -70,12 +99,19 @@ class MemoryGuard:
         self._empty_cache = empty_cache
         self.empty_cache_every = empty_cache_every
         self._lock = threading.Lock()
-        #: The batch limit each bin has now (absent: its configured max_batch).
+        #: Each capped bin's cap now, every part applied (absent: uncapped).
         self.limits: dict[BinKey, int] = {}
         #: The largest batch known to fit (calibration); never exceeded.
         self.ceilings: dict[BinKey, int] = {}
+        #: The free-memory part of each bin's cap (absent: uncapped).
+        self.memory_caps: dict[BinKey, int] = {}
+        #: The out-of-memory part.
+        self.learned: dict[BinKey, Learned] = {}
+        #: The largest max_batch asked for per bin: what a cap grows back towards.
+        self._tops: dict[BinKey, int] = {}
         self.shrinks_total = 0
         self.shrinks: dict[BinKey, int] = {}
+        self.out_of_memory_total = 0
         self.empty_cache_calls = 0
         self.batches = 0
         self.last: MemoryReading | None = None
@@ -109,45 +145,112 @@ class MemoryGuard:
         self.last = reading
         return reading
 
+    def recovered(self, reading: MemoryReading | None) -> bool:
+        """Free memory above the high watermark (always, without a reader)."""
+        if reading is None:
+            return True
+        return reading.available_bytes >= (RECOVERY_FACTOR * self.watermark_fraction
+                                           * reading.total_bytes)
+
     def set_ceiling(self, key: BinKey, largest_fit: int) -> None:
         """Never run more than ``largest_fit`` jobs of this bin at once."""
         with self._lock:
             self.ceilings[key] = max(1, largest_fit)
+            self._publish(key)
+
+    def cap(self, key: BinKey) -> int | None:
+        """The guard's own cap on this bin's batches (None: uncapped)."""
+        return self.limits.get(key)
 
     def limit(self, key: BinKey, max_batch: int) -> int:
-        """How many jobs of this bin the next batch may take, after a memory check."""
-        top = min(max_batch, self.ceilings.get(key, max_batch))
+        """How many jobs of this bin the next claim may take: ``max_batch`` (the
+        scheduler's cap for this claim) or the guard's cap, whichever is smaller."""
         reading = self.read()
         with self._lock:
-            current = min(self.limits.get(key, top), top)
-            if reading is None:
-                current = self._grow(key, current, top)  # no reader: only OOMs shrink it
-            else:
+            top = self._tops[key] = max(self._tops.get(key, 0), max_batch)
+            current = self.memory_caps.get(key, top)
+            if reading is not None:
                 watermark = self.watermark_fraction * reading.total_bytes
                 if reading.available_bytes < watermark and current > 1:
                     current = self._shrink(key, max(1, current // 2), reading,
                                            "free memory below the watermark")
-                elif reading.available_bytes >= RECOVERY_FACTOR * watermark:
-                    current = self._grow(key, current, top)
-            self.limits[key] = current
-            return current
+                elif self.recovered(reading) and current < top:
+                    current = min(top, current + max(1, int(top * GROWTH_FRACTION)))
+                    log.info("%s/%s memory cap -> %d: memory recovered", *key, current)
+            if current >= top:
+                self.memory_caps.pop(key, None)
+            else:
+                self.memory_caps[key] = current
+            cap = self._publish(key)
+        return max_batch if cap is None else max(1, min(max_batch, cap))
 
     def on_out_of_memory(self, key: BinKey, batch_size: int) -> None:
-        """A batch of ``batch_size`` ran out of memory: halve this bin's limit below it."""
+        """A batch of ``batch_size`` ran out of memory: cap this bin below it, at the
+        largest size that ran cleanly below it, else at half of it."""
         with self._lock:
-            current = min(self.limits.get(key, batch_size), batch_size)
-            self.limits[key] = self._shrink(key, max(1, current // 2), self.last,
-                                            f"out of memory at batch {batch_size}")
+            self.out_of_memory_total += 1
+            old = self.learned.get(key)
+            largest_ok = old.largest_ok if old is not None else 0
+            ceiling = largest_ok if 0 < largest_ok < batch_size else max(1, batch_size // 2)
+            cap = self.limits.get(key)
+            if cap is not None and cap < batch_size:
+                ceiling = min(ceiling, cap)  # it failed below the cap: memory got tighter
+            needed = CLEAN_BATCHES
+            if old is not None and batch_size > old.largest_ok:
+                needed = min(MAX_CLEAN_BATCHES, old.needed * 2)  # a raise failed again
+            self.learned[key] = Learned(ceiling, batch_size, needed, 0, largest_ok
+                                        if largest_ok < batch_size else 0)
+            self._shrink(key, ceiling, self.last, f"out of memory at batch {batch_size}")
+            self._publish(key)
 
-    def after_batch(self) -> None:
-        """Count a batch; empty the allocator's cache every ``empty_cache_every``."""
+    def after_batch(self, key: BinKey | None = None, ran: int = 0,
+                    out_of_memory: bool = False) -> None:
+        """Count a batch of ``key`` whose largest clean (sub-)batch was ``ran``; raise
+        a learned ceiling after enough clean ones; empty the allocator's cache every
+        ``empty_cache_every`` batches."""
         with self._lock:
             self.batches += 1
             due = self.empty_cache_every and self.batches % self.empty_cache_every == 0
+            if key is not None:
+                self._learn(key, ran, out_of_memory)
         if due and self._empty_cache is not None:
             self._empty_cache()
             self.empty_cache_calls += 1
             log.debug("emptied the CUDA cache after %d batches", self.batches)
+
+    def _learn(self, key: BinKey, ran: int, out_of_memory: bool) -> None:
+        learned = self.learned.get(key)
+        if learned is None:
+            return
+        learned.largest_ok = max(learned.largest_ok, ran)
+        if out_of_memory or not self.recovered(self.last):
+            learned.clean = 0
+            return
+        learned.clean += 1
+        if learned.clean < learned.needed:
+            return
+        learned.clean = 0
+        top = self._tops.get(key, learned.failed_at)
+        # Half way towards the size that failed; at the edge, that size itself.
+        learned.ceiling = max(learned.ceiling + 1,
+                              (learned.ceiling + learned.failed_at) // 2)
+        if learned.ceiling >= top:
+            del self.learned[key]
+            log.info("%s/%s: no out-of-memory ceiling any more", *key)
+        else:
+            log.info("%s/%s out-of-memory ceiling -> %d after %d clean batches",
+                     key[0], key[1], learned.ceiling, learned.needed)
+        self._publish(key)
+
+    def _publish(self, key: BinKey) -> int | None:
+        parts = [self.memory_caps.get(key), self.ceilings.get(key),
+                 self.learned[key].ceiling if key in self.learned else None]
+        caps = [p for p in parts if p is not None]
+        if not caps:
+            self.limits.pop(key, None)
+            return None
+        self.limits[key] = min(caps)
+        return self.limits[key]
 
     def _shrink(self, key: BinKey, new: int, reading: MemoryReading | None, why: str) -> int:
         self.shrinks_total += 1
@@ -156,13 +259,6 @@ class MemoryGuard:
             self.on_shrink(*key)
         log.warning("%s/%s batch limit -> %d: %s (%s)", key[0], key[1], new, why,
                     describe(reading))
-        return new
-
-    def _grow(self, key: BinKey, current: int, top: int) -> int:
-        if current >= top:
-            return top
-        new = min(top, current + max(1, int(top * GROWTH_FRACTION)))
-        log.info("%s/%s batch limit -> %d: memory recovered", key[0], key[1], new)
         return new
 
 

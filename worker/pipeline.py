@@ -81,6 +81,14 @@ class InlineExecutor:
 
 
 @dataclass
+class Ran:
+    """What one batch did on the compute thread, for the memory guard."""
+
+    largest_ok: int = 0  # the largest (sub-)batch that ran cleanly
+    out_of_memory: bool = False
+
+
+@dataclass
 class ExecutorStats:
     """Counters a metrics exporter reads (see also ``MemoryGuard``)."""
 
@@ -172,21 +180,32 @@ class PipelinedExecutor:
         """One result per item (``runner._Failed`` for inputs that fail alone)."""
         key = (handler.spec.name, bin_spec.name)
         oom = threading.Event()
+        ran = Ran()
+        chunks = self.chunks(key, items)
+        if len(chunks) > 1:
+            # Staged before an out-of-memory error shrank the bin: split it now
+            # rather than meet a second one.
+            staged.clear()
+            log.info("%s/%s: batch of %d staged before its cap fell to %d; run as %d parts",
+                     key[0], key[1], len(items), len(chunks[0]), len(chunks))
 
         def infer(sub: Sequence[Any]) -> list[Any]:
             if oom.is_set():
                 oom.clear()
                 self.release()
-            # The first try uses the batch staged by submit; retries stage their half.
+            # The first try uses the batch staged by submit; retries stage their part.
             batch = staged.pop() if staged and len(sub) == len(items) else self.stage(
                 handler, sub, bin_spec)
-            return checked(handler, handler.postprocess(self.forward(handler, batch),
-                                                        len(sub)), len(sub))
+            results = checked(handler, handler.postprocess(self.forward(handler, batch),
+                                                           len(sub)), len(sub))
+            ran.largest_ok = max(ran.largest_ok, len(sub))
+            return results
 
         def on_split(exc: BaseException, n: int) -> None:
             with self._lock:
                 if is_out_of_memory(exc):
                     self.stats.oom_splits += 1
+                    ran.out_of_memory = True
                     self.guard.on_out_of_memory(key, n)
                     oom.set()  # free memory once the exception (and its frames) are gone
                 else:
@@ -194,12 +213,21 @@ class PipelinedExecutor:
 
         try:
             with self.inference_context():
-                return isolate(infer, items, on_split) if items else []
+                return [r for chunk in chunks for r in isolate(infer, chunk, on_split)]
         finally:
             staged.clear()
             with self._lock:
                 self.stats.batches += 1
-            self.guard.after_batch()  # the periodic empty_cache, between batches only
+            # Teaches the guard, and the periodic empty_cache, between batches only.
+            self.guard.after_batch(key, ran.largest_ok, ran.out_of_memory)
+
+    def chunks(self, key: tuple[str, str], items: Sequence[Any]) -> list[Sequence[Any]]:
+        """``items`` in parts no larger than the bin's memory cap now (one part, if
+        it fits; none, if there are no items)."""
+        cap = self.guard.cap(key)
+        if cap is None or len(items) <= cap:
+            return [items] if items else []
+        return [items[i:i + cap] for i in range(0, len(items), cap)]
 
     def close(self) -> None:
         self._preprocess.shutdown(wait=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -39,10 +40,27 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+#: Allocation failures that CUDA libraries raise as a plain RuntimeError, not as
+#: torch's OutOfMemoryError: cuBLAS cannot create its handle or workspace, cuDNN
+#: cannot allocate its workspace, a kernel launch finds no memory. Each is the
+#: device being out of memory, and the batch is split and the bin shrunk for it.
+ALLOCATION_FAILURES = (
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+    "CUDA error: out of memory",
+    "CUDA out of memory",
+)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for torch's (CUDA) out-of-memory error, recognised without importing torch."""
-    return any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+    """True for torch's out-of-memory error (by type) and for the allocation failures
+    of cuBLAS and cuDNN, which torch raises as a RuntimeError. Torch is looked up,
+    not imported: the synthetic model's worker runs without it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in ALLOCATION_FAILURES)
 
 
 class _Failed:

@@ -6,10 +6,17 @@ the copy of batch N+1 overlaps the compute of batch N on the compute stream. An
 event recorded after the copy is what the compute stream waits on.
 
 Pinned buffers are reused: two per (tensor name, item shape, dtype) — one is
-filled while the other's copy may still be in flight. Before a buffer is
-refilled, the event of its previous copy is awaited. Pinning memory is slow
+filled while the other's copy may still be in flight. Pinning memory is slow
 (it is a system call that locks pages), so a buffer is allocated once for the
 largest batch seen and sliced after.
+
+Two threads stage at once: the loop's thread stages batch N+1 while the compute
+thread re-stages the halves of a failed batch N. So the pool is locked, a buffer
+is taken out of it while it is being filled, and each buffer carries the event
+recorded right after its own copy was issued: before a buffer is filled again,
+that event is awaited, so a copy still pending never reads a refilled buffer.
+When every buffer of a key is taken, a new one is pinned (the pool grows to the
+number of threads that stage at once, no further).
 
 On the CPU the same calls run with no streams, no pinning and no copies.
 
@@ -19,11 +26,14 @@ A batch is a tensor, a dict / list / tuple of tensors, or anything else
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from worker.device import Accelerator, Event
 
 #: Buffers per key: one being filled while the other's copy is in flight.
 BUFFERS_PER_SHAPE = 2
@@ -46,7 +56,10 @@ def map_tensors(batch: Any, fn: Callable[[str, torch.Tensor], torch.Tensor],
 @dataclass
 class _Slot:
     buffer: torch.Tensor
-    copied: torch.cuda.Event | None = None
+    #: Recorded on the copy stream right after this buffer's last copy was issued.
+    copied: Event | None = None
+    #: Taken by a thread that is filling it (not in the pool meanwhile).
+    taken: bool = False
 
 
 @dataclass
@@ -60,75 +73,89 @@ class Staged:
     """A batch on the device; ``ready`` is the event its copy recorded (GPU only)."""
 
     batch: Any
-    ready: torch.cuda.Event | None = None
+    ready: Event | None = None
 
 
 class Staging:
-    """Moves batches to ``device`` through reusable pinned buffers and a copy stream."""
+    """Moves batches to the device through reusable pinned buffers and a copy stream;
+    thread-safe."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.copy_stream: torch.cuda.Stream | None = (
-            torch.cuda.Stream(device) if self.cuda else None)  # type: ignore[no-untyped-call]
+    def __init__(self, gpu: Accelerator | None) -> None:
+        self.gpu = gpu
+        self.copy_stream: Any = gpu.new_stream() if gpu is not None else None
         self._rings: dict[BufferKey, _Ring] = {}
+        self._lock = threading.Lock()
         #: Pinned buffers allocated so far: constant once every shape was seen.
         self.pinned_allocations = 0
 
-    def _alloc(self, t: torch.Tensor) -> torch.Tensor:
-        self.pinned_allocations += 1
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-
-    def _pinned(self, path: str, t: torch.Tensor) -> _Slot:
-        ring = self._rings.setdefault((path, tuple(t.shape[1:]), t.dtype), _Ring())
-        if len(ring.slots) < BUFFERS_PER_SHAPE:
-            slot = _Slot(self._alloc(t))
-            ring.slots.append(slot)
-        else:
-            slot = ring.slots[ring.next]
-            if slot.copied is not None:
-                slot.copied.synchronize()  # its last copy must be done before we overwrite it
-            if slot.buffer.shape[0] < len(t):
-                slot.buffer = self._alloc(t)  # a bigger batch than ever: grow once
-        ring.next = (ring.next + 1) % BUFFERS_PER_SHAPE
+    def _take(self, path: str, t: torch.Tensor) -> _Slot:
+        """A buffer for ``t`` that no other thread fills; the caller gives it back."""
+        assert self.gpu is not None
+        with self._lock:
+            ring = self._rings.setdefault((path, tuple(t.shape[1:]), t.dtype), _Ring())
+            free = [i for i, s in enumerate(ring.slots) if not s.taken]
+            if len(ring.slots) < BUFFERS_PER_SHAPE or not free:
+                slot = _Slot(self.gpu.pinned(t), taken=True)
+                self.pinned_allocations += 1
+                ring.slots.append(slot)
+                return slot
+            # Round robin among the free ones: the one used longest ago is likeliest done.
+            i = min(free, key=lambda j: (j - ring.next) % len(ring.slots))
+            ring.next = (i + 1) % len(ring.slots)
+            slot = ring.slots[i]
+            slot.taken = True
+        if slot.copied is not None:
+            slot.copied.synchronize()  # its last copy must be done before we overwrite it
+        if slot.buffer.shape[0] < len(t):
+            with self._lock:
+                self.pinned_allocations += 1
+            slot.buffer = self.gpu.pinned(t)  # a bigger batch than ever: grow once
         return slot
+
+    def _give_back(self, slot: _Slot, copied: Event) -> None:
+        with self._lock:
+            slot.copied = copied
+            slot.taken = False
 
     def to_device(self, batch: Any) -> Staged:
         """Start copying ``batch`` to the device; returns at once on a GPU."""
-        if not self.cuda:
+        gpu = self.gpu
+        if gpu is None:
             return Staged(batch)
-        assert self.copy_stream is not None
-        slots: list[_Slot] = []
 
         def copy(path: str, t: torch.Tensor) -> torch.Tensor:
-            slot = self._pinned(path, t)
+            slot = self._take(path, t)
             host = slot.buffer[: len(t)]
             host.copy_(t)
-            slots.append(slot)
-            with torch.cuda.stream(self.copy_stream):
+            with gpu.use_stream(self.copy_stream):
                 # Allocated on the copy stream; the compute stream records its use.
-                return host.to(self.device, non_blocking=True)
+                on_device = gpu.copy_in(host)
+                copied = gpu.new_event()
+                copied.record(self.copy_stream)
+            self._give_back(slot, copied)
+            return on_device
 
         on_device = map_tensors(batch, copy)
-        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready = gpu.new_event()
         ready.record(self.copy_stream)
-        for slot in slots:
-            slot.copied = ready
         return Staged(on_device, ready)
 
-    def enter_compute(self, staged: Staged, stream: torch.cuda.Stream | None) -> Any:
+    def enter_compute(self, staged: Staged, stream: Any) -> Any:
         """Make ``stream`` wait for the batch's copy; the batch, usable on ``stream``."""
-        if staged.ready is None or stream is None:
+        gpu = self.gpu
+        if staged.ready is None or stream is None or gpu is None:
             return staged.batch
         stream.wait_event(staged.ready)
 
         def mark(_: str, t: torch.Tensor) -> torch.Tensor:
-            t.record_stream(stream)  # not reused by the allocator until stream is past it
+            gpu.record_stream(t, stream)  # not reused by the allocator until stream is past it
             return t
 
         return map_tensors(staged.batch, mark)
 
 
-def to_host(output: Any) -> Any:
+def to_host(output: Any, gpu: Accelerator | None = None) -> Any:
     """``output`` with every tensor on the CPU (waits for the stream that made it)."""
-    return map_tensors(output, lambda _, t: t.cpu() if t.device.type != "cpu" else t)
+    if gpu is None:
+        return map_tensors(output, lambda _, t: t.cpu() if t.device.type != "cpu" else t)
+    return map_tensors(output, lambda _, t: gpu.to_host(t))

@@ -1,0 +1,231 @@
+"""A simulated CUDA device for tests on the CPU (``worker.device.Accelerator``).
+
+* **Memory**: a caching allocator with a capacity. ``alloc`` past it raises
+  ``torch.OutOfMemoryError``, as the real one does; freed blocks stay reserved
+  (cached) until ``empty_cache``; ``mem_get_info`` reports capacity minus what is
+  reserved and what "other processes" hold (``external_bytes``). A tensor that
+  ``copy_in`` puts "on the device" holds its bytes until it is garbage.
+* **Streams and events**: every copy, event record, stream wait, kernel and
+  ``empty_cache`` is appended to ``log`` in the order issued. A copy is
+  asynchronous: it runs only when an event recorded after it is synchronised or
+  waited on by a stream (or on ``synchronize``), reading its pinned buffer then.
+  A copy whose buffer was refilled before it ran, or a kernel that reads a batch
+  whose copy has not run, is recorded in ``hazards``: a test asserts it is empty.
+
+Tensors stay on the CPU; a test handler calls ``kernel`` in its forward pass
+to say it computes (on the current stream) and how much memory it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MIB = 1 << 20
+
+
+@dataclass
+class SimCopy:
+    seq: int
+    index: int  # its place among its stream's copies
+    host: torch.Tensor
+    snapshot: torch.Tensor
+    dev: torch.Tensor
+
+
+@dataclass(eq=False)
+class SimStream:
+    sim: SimCuda
+    name: str
+
+    def wait_event(self, event: SimEvent) -> None:
+        self.sim.note("wait", self.name, event.id)
+        event.complete()
+
+
+@dataclass(eq=False)
+class SimEvent:
+    sim: SimCuda
+    id: int
+    stream: SimStream | None = None
+    upto: int = 0  # copies of ``stream`` issued before the record
+
+    def record(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else self.sim.current()
+        self.upto = self.sim.issued(self.stream)
+        self.sim.note("record", self.stream.name, self.id)
+
+    def complete(self) -> None:
+        if self.stream is not None:
+            self.sim.run_copies(self.stream, self.upto)
+
+    def synchronize(self) -> None:
+        self.complete()
+
+    def query(self) -> bool:
+        return self.stream is None or self.sim.issued_done(self.stream, self.upto)
+
+
+class SimCuda:
+    """One simulated GPU of ``capacity_bytes``."""
+
+    def __init__(self, capacity_bytes: int, name: str = "Simulated GPU") -> None:
+        self.device = torch.device("cpu")
+        self._name = name
+        self.capacity_bytes = capacity_bytes
+        self.external_bytes = 0
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.log: list[tuple[Any, ...]] = []
+        self.hazards: list[str] = []
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._ids = itertools.count(1)
+        self._copies = itertools.count(1)
+        #: Per stream: copies issued so far, and those not run yet.
+        self._count: dict[int, int] = {}
+        self._pending: dict[int, list[SimCopy]] = {}
+        #: Device tensors (by data_ptr) whose copy has not run yet.
+        self._unwritten: dict[int, SimCopy] = {}
+        self._tags: dict[int, int] = {}
+        self.default_stream = SimStream(self, "default")
+        self._streams: dict[int, SimStream] = {id(self.default_stream): self.default_stream}
+        self._stream_names = itertools.count(1)
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def note(self, *entry: Any) -> None:
+        with self._lock:
+            self.log.append(entry)
+
+    def ops(self, kind: str) -> list[tuple[Any, ...]]:
+        """The log entries of one kind (``h2d``, ``kernel``, ``oom``, ...), in order."""
+        with self._lock:
+            return [e for e in self.log if e[0] == kind]
+
+    def current(self) -> SimStream:
+        stream: SimStream = getattr(self._local, "stream", self.default_stream)
+        return stream
+
+    def issued(self, stream: SimStream) -> int:
+        return self._count.get(id(stream), 0)
+
+    def issued_done(self, stream: SimStream, upto: int) -> bool:
+        return all(c.index >= upto for c in self._pending.get(id(stream), []))
+
+    def run_copies(self, stream: SimStream, upto: int) -> None:
+        """Run the copies issued on ``stream`` before its ``upto``-th, in order."""
+        with self._lock:
+            pending = self._pending.get(id(stream), [])
+            for copy in [c for c in pending if c.index < upto]:
+                if not torch.equal(copy.host, copy.snapshot):
+                    self.hazards.append(f"copy {copy.seq}: its pinned buffer was refilled "
+                                        "before the copy ran")
+                copy.dev.copy_(copy.host)
+                self._unwritten.pop(copy.dev.data_ptr(), None)
+                pending.remove(copy)
+
+    # -- memory ------------------------------------------------------------------------
+    def alloc(self, nbytes: int, what: str = "") -> None:
+        with self._lock:
+            grow = self.allocated_bytes + nbytes - self.reserved_bytes
+            if grow > 0:
+                if self.reserved_bytes + grow + self.external_bytes > self.capacity_bytes:
+                    self.log.append(("oom", what, nbytes))
+                    raise torch.OutOfMemoryError(
+                        f"CUDA out of memory. Tried to allocate {nbytes / MIB:.2f} MiB "
+                        f"(simulated: {self.capacity_bytes / MIB:.0f} MiB in all)")
+                self.reserved_bytes += grow
+            self.allocated_bytes += nbytes
+
+    def free(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated_bytes -= nbytes
+
+    # -- the Accelerator interface -----------------------------------------------------
+    def name(self) -> str:
+        return self._name
+
+    def mem_get_info(self) -> tuple[int, int]:
+        with self._lock:
+            free = self.capacity_bytes - self.reserved_bytes - self.external_bytes
+            return max(0, free), self.capacity_bytes
+
+    def allocator(self) -> tuple[int, int]:
+        return self.allocated_bytes, self.reserved_bytes
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            self.reserved_bytes = self.allocated_bytes
+            self.log.append(("empty_cache",))
+
+    def synchronize(self) -> None:
+        with self._lock:
+            for stream in list(self._streams.values()):
+                self.run_copies(stream, self.issued(stream))
+
+    def new_stream(self) -> SimStream:
+        stream = SimStream(self, f"s{next(self._stream_names)}")
+        with self._lock:
+            self._streams[id(stream)] = stream
+        return stream
+
+    def new_event(self, timing: bool = False) -> SimEvent:
+        return SimEvent(self, next(self._ids))
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: Any) -> Iterator[None]:
+        before = self.current()
+        self._local.stream = stream
+        try:
+            yield
+        finally:
+            self._local.stream = before
+
+    def pinned(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(like.shape, dtype=like.dtype)
+
+    def copy_in(self, host: torch.Tensor) -> torch.Tensor:
+        nbytes = host.numel() * host.element_size()
+        self.alloc(nbytes, "copy")
+        dev = torch.empty_like(host)
+        weakref.finalize(dev, self.free, nbytes)
+        stream = self.current()
+        with self._lock:
+            index = self._count.get(id(stream), 0)
+            self._count[id(stream)] = index + 1
+            copy = SimCopy(next(self._copies), index, host, host.clone(), dev)
+            self._pending.setdefault(id(stream), []).append(copy)
+            self._streams.setdefault(id(stream), stream)
+            self._unwritten[dev.data_ptr()] = copy
+            self._tags[dev.data_ptr()] = copy.seq
+            self.log.append(("h2d", stream.name, copy.seq, len(host)))
+        return dev
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        return None
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    # -- what a test handler calls -----------------------------------------------------
+    def kernel(self, name: str, batch: torch.Tensor, bytes_per_item: int = 0) -> None:
+        """A kernel on the current stream reading ``batch``, needing ``bytes_per_item``
+        of scratch memory per row (raises out of memory like a real one)."""
+        stream = self.current()
+        with self._lock:
+            copy = self._unwritten.get(batch.data_ptr())
+            if copy is not None:
+                self.hazards.append(f"kernel {name} on {stream.name} read copy {copy.seq} "
+                                    "before it ran")
+            tag = self._tags.get(batch.data_ptr())
+        scratch = bytes_per_item * len(batch)
+        self.alloc(scratch, f"{name}:{len(batch)}")
+        self.note("kernel", stream.name, name, len(batch), tag)
+        self.free(scratch)
