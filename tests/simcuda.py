@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,8 @@ class SimCuda:
         self.default_stream = SimStream(self, "default")
         self._streams: dict[int, SimStream] = {id(self.default_stream): self.default_stream}
         self._stream_names = itertools.count(1)
+        #: Called as each copy is issued (a test holds a staging thread there).
+        self.copy_hook: Callable[[], None] | None = None
 
     # -- bookkeeping -------------------------------------------------------------------
     def note(self, *entry: Any) -> None:
@@ -192,6 +194,8 @@ class SimCuda:
         return torch.empty(like.shape, dtype=like.dtype)
 
     def copy_in(self, host: torch.Tensor) -> torch.Tensor:
+        if self.copy_hook is not None:
+            self.copy_hook()
         nbytes = host.numel() * host.element_size()
         self.alloc(nbytes, "copy")
         dev = torch.empty_like(host)
@@ -229,3 +233,53 @@ class SimCuda:
         self.alloc(scratch, f"{name}:{len(batch)}")
         self.note("kernel", stream.name, name, len(batch), tag)
         self.free(scratch)
+
+
+#: Floats per item of ``SimHandler``'s batches.
+ITEM_FLOATS = 4
+
+
+class SimHandler:
+    """y = 2x + 1 on a ``SimCuda``: its forward pass is one kernel needing
+    ``bytes_per_item`` of device memory per row; ``fail_over`` makes batches larger
+    than it raise ``failure`` instead (an allocation failure of cuBLAS, say)."""
+
+    def __init__(self, sim: SimCuda, spec: Any, bytes_per_item: int = 0) -> None:
+        self.sim = sim
+        self.spec = spec
+        self.bytes_per_item = bytes_per_item
+        self.fail_over: int | None = None
+        self.failure: Exception = RuntimeError("unset")
+        #: When set, the first forward pass waits for it (bounded); whether it came
+        #: in time is appended to ``gate_opened``, for the test to assert.
+        self.gate: threading.Event | None = None
+        self.gate_opened: list[bool] = []
+
+    def load(self) -> None:
+        return None
+
+    def preprocess(self, job_input: Any) -> torch.Tensor:
+        return torch.full((ITEM_FLOATS,), float(job_input["x"]))
+
+    def example(self, bin_spec: Any) -> torch.Tensor:
+        return torch.zeros(ITEM_FLOATS)
+
+    def collate(self, items: Any, bin_spec: Any) -> torch.Tensor:
+        return torch.stack(list(items))
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None and not self.gate_opened:
+            self.gate_opened.append(self.gate.wait(GATE_TIMEOUT_S))
+        if self.fail_over is not None and len(batch) > self.fail_over:
+            self.sim.note("failed", len(batch))
+            raise self.failure
+        self.sim.kernel("forward", batch, self.bytes_per_item)
+        return batch[:, 0] * 2 + 1
+
+    def postprocess(self, output: torch.Tensor, n: int) -> list[Any]:
+        return [{"y": float(v)} for v in output]
+
+
+#: How long a gated forward pass waits for the test to open the gate; the test
+#: fails (on ``gate_opened``) when it has to wait that long.
+GATE_TIMEOUT_S = 5.0

@@ -12,10 +12,12 @@ import torch
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.cli import main
 from carpool.settings import ExecutorSettings, load_settings
+from tests.simcuda import MIB, SimCuda, SimHandler
 from worker.bootstep import make_executor
 from worker.calibrate import calibrate, ladder, prepare
 from worker.executor import TorchExecutor
 from worker.handlers.image import ImageHandler
+from worker.ladder import rungs
 from worker.profile import BinProfile, Point, digest, load, path_for
 
 torch.set_num_threads(1)
@@ -122,3 +124,68 @@ def test_a_torch_worker_seeds_each_bins_cost_model_from_its_calibration_profile(
     executor.close()
     assert set(seeds) == {("tinyimg", "fast"), ("tinyimg", "slow")}
     assert all(s.a_ms >= 0 and s.b_ms >= 0 and s.ms(4) > 0 for s in seeds.values())
+
+
+# -- on a simulated GPU (tests/simcuda.py) ---------------------------------------------
+SIM_BIN = BinSpec("only", max_size=10, max_batch=8, max_wait_ms=0, max_depth=100)
+SIM_SPEC = ModelSpec("sim", "sim", "size", (SIM_BIN,))
+SIM_KEY = ("sim", "only")
+
+
+def sim_executor(sim: SimCuda) -> TorchExecutor:
+    return TorchExecutor(ExecutorSettings(device="cuda", torch_threads=0), sim)
+
+
+def test_a_probe_out_of_memory_caps_the_bin_at_largest_fit_before_warm_up(
+        tmp_path: Path) -> None:
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SIM_SPEC, bytes_per_item=10 * MIB)  # fits 6 rows, not 8
+    settings = ExecutorSettings(device="cuda", profile_dir=tmp_path, calibrate="auto")
+    executor = sim_executor(sim)
+    profile = prepare(executor, handler, settings)
+    executor.close()
+    assert profile is not None
+    only = profile.bins["only"]
+    assert (only.largest_fit, only.out_of_memory_at) == (4, 8)
+    assert executor.guard.ceilings[SIM_KEY] == only.largest_fit
+    assert executor.guard.limit(SIM_KEY, 8) == 4
+    probed = len(sim.ops("oom"))
+    # Warm-up ran every rung up to the ceiling, and nothing above it.
+    warm = [k[3] for k in sim.ops("kernel")][-len(rungs(4)):]
+    assert warm == rungs(4) and probed == 1
+
+
+def test_a_worker_restarting_on_a_saved_profile_never_warms_up_above_its_ceiling(
+        tmp_path: Path) -> None:
+    settings = ExecutorSettings(device="cuda", profile_dir=tmp_path, calibrate="auto")
+    first_sim = SimCuda(64 * MIB)
+    first = sim_executor(first_sim)
+    prepare(first, SimHandler(first_sim, SIM_SPEC, bytes_per_item=10 * MIB), settings)
+    first.close()
+    sim = SimCuda(64 * MIB)  # the restart: a fresh process, the same device
+    executor = sim_executor(sim)
+    profile = prepare(executor, SimHandler(sim, SIM_SPEC, bytes_per_item=10 * MIB), settings)
+    executor.close()
+    assert profile is not None and profile.bins["only"].out_of_memory_at == 8  # reused
+    assert sim.ops("oom") == []
+    assert max(k[3] for k in sim.ops("kernel")) == 4
+    assert executor.guard.limit(SIM_KEY, 8) == 4
+
+
+def test_a_probe_failure_not_typed_as_out_of_memory_costs_a_smaller_ceiling_not_the_start(
+        tmp_path: Path) -> None:
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SIM_SPEC)
+    handler.fail_over = 2
+    handler.failure = RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR")
+    settings = ExecutorSettings(device="cuda", profile_dir=tmp_path, calibrate="always")
+    executor = sim_executor(sim)
+    profile = prepare(executor, handler, settings)
+    executor.close()
+    assert profile is not None and profile.bins["only"].largest_fit == 2
+    assert executor.guard.limit(SIM_KEY, 8) == 2
+
+
+def test_the_docs_name_largest_fit_as_the_ceiling() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    assert "largest batch that ran (`largest_fit`)" in text

@@ -7,6 +7,8 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
@@ -24,7 +26,7 @@ from tests.procs import (
     worker_command,
 )
 from worker import gpu as gpu_module
-from worker.gpu import Gpu, GpuClaim, discover_gpus, make_visible
+from worker.gpu import Gpu, GpuClaim, discover_gpus, make_visible, verify_visible
 
 GPUS = discover_gpus(["GPU-aaaa", "GPU-bbbb", "GPU-cccc"])
 #: Long enough that only a release, never a lapse, can free a GPU within a test.
@@ -153,3 +155,31 @@ def test_a_worker_with_no_free_gpu_waits_says_so_and_stops_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(STOP_TIMEOUT_S) == 0
     assert leases.holders([gpu]) == {gpu: "busy@elsewhere"}
+
+
+class CudaSees:
+    """What a process's ``torch.cuda`` would report: these device UUIDs (no "GPU-")."""
+
+    def __init__(self, *uuids: str) -> None:
+        self.uuids = uuids
+
+    def device_count(self) -> int:
+        return len(self.uuids)
+
+    def get_device_properties(self, device: int) -> Any:
+        return SimpleNamespace(uuid=self.uuids[device])
+
+
+def test_a_process_that_sees_exactly_the_claimed_gpu_passes_the_check() -> None:
+    verify_visible(GPUS[1], CudaSees("bbbb"))
+
+
+@pytest.mark.parametrize(("sees", "why"), [
+    (("aaaa", "bbbb", "cccc"), "sees 3 devices"),
+    (("aaaa",), "device 0 is GPU-aaaa"),
+    ((), "sees 0 devices"),
+])
+def test_a_process_that_enumerated_cuda_before_the_claim_refuses_to_start(
+        sees: tuple[str, ...], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        verify_visible(GPUS[1], CudaSees(*sees))

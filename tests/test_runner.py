@@ -6,11 +6,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+import torch
+
 from carpool.catalogue import BinSpec, load_catalogue
 from carpool.jobs import ClaimedJob
 from carpool.synthetic import expected_result
 from worker.handlers.synthetic import SyntheticHandler
-from worker.runner import run_batch
+from worker.runner import is_out_of_memory, run_batch
 
 SPEC = load_catalogue(None).get("synthetic")
 BIN = SPEC.bins[0]
@@ -110,3 +113,23 @@ def test_out_of_memory_splits_the_batch_and_a_job_that_cannot_fit_alone_fails_cl
     assert [o.failed for o in outs] == [False, False, False, True, False]
     assert "out of memory with this input alone" in (outs[3].error or "")
     assert outs[4].result == expected_result({"value": 4, "size": 1})
+
+
+@pytest.mark.parametrize("exc", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    RuntimeError("CUDA error: out of memory"),
+])
+def test_out_of_memory_is_told_by_type_and_by_the_allocation_failures_of_cuda_libraries(
+        exc: BaseException) -> None:
+    assert is_out_of_memory(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    ValueError("CUBLAS_STATUS_ALLOC_FAILED"),  # not what torch raises: an input's own error
+    MemoryError("host memory"),
+])
+def test_other_errors_are_not_out_of_memory(exc: BaseException) -> None:
+    assert not is_out_of_memory(exc)

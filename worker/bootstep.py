@@ -26,7 +26,7 @@ from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 from worker.flower import FlowerBatchEvents, worker_info
-from worker.gpu import GpuClaim, claim_gpu
+from worker.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.isolation import SuspectIsolation
 from worker.leasekeeper import LeaseKeeper
@@ -118,6 +118,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
         executor, seeds = make_executor(settings, handlers)
+        if self.gpu is not None and self.gpu.gpu is not None:
+            verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
                               listeners=[self.keeper, self.events],
                               claim_filters=[SuspectIsolation(leases)],

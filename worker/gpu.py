@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from carpool.errors import BackendUnavailable, ConfigError
 from carpool.gpu_lease import GpuLeases
@@ -76,6 +77,38 @@ def make_visible(gpu: Gpu, environ: MutableMapping[str, str] = os.environ) -> No
         log.info("CARPOOL_GPU_CLAIM=1 replaces CUDA_VISIBLE_DEVICES=%s",
                  environ["CUDA_VISIBLE_DEVICES"])
     environ["CUDA_VISIBLE_DEVICES"] = gpu.uuid
+
+
+class CudaView(Protocol):
+    """What ``verify_visible`` asks of ``torch.cuda``."""
+
+    def device_count(self) -> int: ...
+
+    def get_device_properties(self, device: int) -> Any: ...
+
+
+def verify_visible(gpu: Gpu, cuda: CudaView | None = None) -> None:
+    """Check, once torch is imported, that CUDA sees exactly the claimed GPU.
+
+    ``CUDA_VISIBLE_DEVICES`` works only if it is set before CUDA enumerates the
+    devices; a process that had already done so (an import that queried CUDA,
+    a library that initialised it) would ignore it silently and run on
+    whichever GPU is device 0, shared with another worker. Without torch
+    imported (a worker of torch-free models) there is nothing to check.
+    """
+    if cuda is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return  # no torch model: nothing in this process uses CUDA
+        cuda = torch.cuda
+    count = cuda.device_count()
+    if count != 1:
+        raise ConfigError(f"claimed GPU {gpu.uuid}, but CUDA sees {count} devices: "
+                          "CUDA_VISIBLE_DEVICES was set after CUDA had enumerated them")
+    seen = str(cuda.get_device_properties(0).uuid)
+    if f"GPU-{seen}" != gpu.uuid and seen != gpu.uuid:
+        raise ConfigError(f"claimed GPU {gpu.uuid}, but CUDA's device 0 is GPU-{seen}")
+    log.info("CUDA sees exactly the claimed GPU %s", gpu.uuid)
 
 
 class GpuClaim:
