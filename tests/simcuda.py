@@ -56,11 +56,16 @@ class SimEvent:
     id: int
     stream: SimStream | None = None
     upto: int = 0  # copies of ``stream`` issued before the record
+    at: int = 0  # the record's place in the log: the simulated clock
 
     def record(self, stream: Any = None) -> None:
         self.stream = stream if stream is not None else self.sim.current()
         self.upto = self.sim.issued(self.stream)
-        self.sim.note("record", self.stream.name, self.id)
+        self.at = self.sim.note("record", self.stream.name, self.id)
+
+    def elapsed_time(self, end: SimEvent) -> float:
+        """Log entries between the two records (CUDA's: milliseconds)."""
+        return float(end.at - self.at)
 
     def complete(self) -> None:
         if self.stream is not None:
@@ -102,9 +107,11 @@ class SimCuda:
         self.copy_hook: Callable[[], None] | None = None
 
     # -- bookkeeping -------------------------------------------------------------------
-    def note(self, *entry: Any) -> None:
+    def note(self, *entry: Any) -> int:
+        """Append to the log; the entry's place in it."""
         with self._lock:
             self.log.append(entry)
+            return len(self.log) - 1
 
     def ops(self, kind: str) -> list[tuple[Any, ...]]:
         """The log entries of one kind (``h2d``, ``kernel``, ``oom``, ...), in order."""
@@ -129,7 +136,8 @@ class SimCuda:
                 if not torch.equal(copy.host, copy.snapshot):
                     self.hazards.append(f"copy {copy.seq}: its pinned buffer was refilled "
                                         "before the copy ran")
-                copy.dev.copy_(copy.host)
+                with torch.inference_mode():  # the device writes it, whatever Python's mode
+                    copy.dev.copy_(copy.host)
                 self._unwritten.pop(copy.dev.data_ptr(), None)
                 pending.remove(copy)
 

@@ -60,3 +60,13 @@ def test_a_buffer_being_filled_by_one_thread_is_never_handed_to_another() -> Non
     assert waited == [True]
     assert [float(landed(sim, s)[0, 0]) for s in (*held, *others)] == [1.0, 2.0, 3.0]
     assert sim.hazards == []
+
+
+def test_a_buffer_pinned_by_the_compute_thread_in_inference_mode_is_refilled_outside_it(
+) -> None:
+    sim = SimCuda(1 << 30)
+    staging = Staging(sim)
+    with torch.inference_mode():  # the compute thread re-stages the halves of a batch
+        halves = [staging.to_device(batch(x)) for x in (1.0, 2.0)]
+    again = staging.to_device(batch(3.0))  # the loop's thread stages the next batch
+    assert [float(landed(sim, s)[0, 0]) for s in (*halves, again)] == [1.0, 2.0, 3.0]

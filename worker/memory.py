@@ -79,6 +79,7 @@ class Learned:
     needed: int = CLEAN_BATCHES  # clean batches before the next raise
     clean: int = 0  # clean batches in a row so far
     largest_ok: int = 0  # largest batch that ran cleanly since the last failure
+    raised: bool = False  # the ceiling was raised since the last failure
 
 
 class MemoryGuard:
@@ -195,8 +196,8 @@ class MemoryGuard:
             cap = self.limits.get(key)
             if cap is not None and cap < batch_size:
                 ceiling = min(ceiling, cap)  # it failed below the cap: memory got tighter
-            needed = CLEAN_BATCHES
-            if old is not None and batch_size > old.largest_ok:
+            needed = old.needed if old is not None else CLEAN_BATCHES
+            if old is not None and old.raised:
                 needed = min(MAX_CLEAN_BATCHES, old.needed * 2)  # a raise failed again
             self.learned[key] = Learned(ceiling, batch_size, needed, 0, largest_ok
                                         if largest_ok < batch_size else 0)
@@ -230,6 +231,7 @@ class MemoryGuard:
         if learned.clean < learned.needed:
             return
         learned.clean = 0
+        learned.raised = True
         top = self._tops.get(key, learned.failed_at)
         # Half way towards the size that failed; at the edge, that size itself.
         learned.ceiling = max(learned.ceiling + 1,

@@ -88,14 +88,20 @@ class Staging:
         #: Pinned buffers allocated so far: constant once every shape was seen.
         self.pinned_allocations = 0
 
+    def _pin(self, t: torch.Tensor) -> torch.Tensor:
+        assert self.gpu is not None
+        # Not an inference tensor, even when the compute thread (in inference_mode)
+        # pins it: the loop's thread, outside that mode, refills it later.
+        with torch.inference_mode(False):
+            return self.gpu.pinned(t)
+
     def _take(self, path: str, t: torch.Tensor) -> _Slot:
         """A buffer for ``t`` that no other thread fills; the caller gives it back."""
-        assert self.gpu is not None
         with self._lock:
             ring = self._rings.setdefault((path, tuple(t.shape[1:]), t.dtype), _Ring())
             free = [i for i, s in enumerate(ring.slots) if not s.taken]
             if len(ring.slots) < BUFFERS_PER_SHAPE or not free:
-                slot = _Slot(self.gpu.pinned(t), taken=True)
+                slot = _Slot(self._pin(t), taken=True)
                 self.pinned_allocations += 1
                 ring.slots.append(slot)
                 return slot
@@ -109,7 +115,7 @@ class Staging:
         if slot.buffer.shape[0] < len(t):
             with self._lock:
                 self.pinned_allocations += 1
-            slot.buffer = self.gpu.pinned(t)  # a bigger batch than ever: grow once
+            slot.buffer = self._pin(t)  # a bigger batch than ever: grow once
         return slot
 
     def _give_back(self, slot: _Slot, copied: Event) -> None:

@@ -1,7 +1,11 @@
-"""resnet18 on this machine: served throughput at saturation against the offline
-best batch, and against per-job serving, all in one run.
+"""An image classifier (resnet18 by default) on this machine's device: served
+throughput at saturation against the offline best batch, and against per-job
+serving, all in one run.
 
     python ops/bench/real_models.py --jobs 192 --sizes 1,4,8,16,32
+    python ops/bench/real_models.py --device cuda --arch resnet50 --json out.json
+
+``--device`` is ``auto`` by default: CUDA when torch sees it, else the CPU.
 
 1. Offline: the handler's model path alone — pre-decoded 224 x 224 items,
    collate → device → forward → postprocess (``TorchExecutor.forward``) back to
@@ -14,8 +18,9 @@ best batch, and against per-job serving, all in one run.
 3. Served, ``per-job``: the same worker with ``max_batch`` 1.
 4. Offline again, to show how much the shared machine drifted during the run.
 
-Both worker and offline run torch with one intra-op thread (CARPOOL_TORCH_THREADS=1).
-Weights are random (``options.weights = "random"``): speed does not depend on them.
+On the CPU, worker and offline run torch with one intra-op thread
+(CARPOOL_TORCH_THREADS=1). Weights are random (``options.weights = "random"``):
+speed does not depend on them.
 """
 
 from __future__ import annotations
@@ -47,19 +52,33 @@ WORKER_ARGV = ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo",
                "--concurrency", "1", "-E", "-n", "bench@%h", "--loglevel", "INFO"]
 OPTIONS = {"arch": "resnet18", "weights": "random", "labels": "imagenet", "top_k": 5}
 START_TIMEOUT_S, DRAIN_TIMEOUT_S = 120.0, 600.0
+#: Intra-op threads on the CPU: a worker shares its cores (see docs/benchmarks.md).
+CPU_THREADS = 1
 
 
-def spec(max_batch: int, max_wait_ms: int) -> ModelSpec:
-    return ModelSpec("resnet18", "image", "pixels", (
+def device_for(setting: str) -> str:
+    """``auto``: CUDA when torch sees it, else the CPU; anything else as given."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+def spec(max_batch: int, max_wait_ms: int, options: dict[str, Any] | None = None,
+         ) -> ModelSpec:
+    opts = {**OPTIONS, **(options or {})}
+    return ModelSpec("classifier", "image", "pixels", (
         BinSpec("fast", 512 * 512, max_batch, max_wait_ms, 4096),
-        BinSpec("slow", 40_000_000, 8, 50, 512)), max_input_bytes=8 << 20, options=OPTIONS)
+        BinSpec("slow", 40_000_000, 8, 50, 512)), max_input_bytes=8 << 20, options=opts)
 
 
 def toml(s: ModelSpec) -> str:
-    lines = ["[models.resnet18]", f"max_input_bytes = {s.max_input_bytes}",
-             "[models.resnet18.options]", *(f"{k} = {json.dumps(v)}" for k, v in OPTIONS.items())]
+    name = s.name
+    lines = [f"[models.{name}]", f'kind = "{s.kind}"', f'measure = "{s.measure}"',
+             f"max_input_bytes = {s.max_input_bytes}",
+             f"[models.{name}.options]",
+             *(f"{k} = {json.dumps(v)}" for k, v in s.options.items())]
     for b in s.bins:
-        lines += ["[[models.resnet18.bins]]", f'name = "{b.name}"', f"max_size = {b.max_size}",
+        lines += [f"[[models.{name}.bins]]", f'name = "{b.name}"', f"max_size = {b.max_size}",
                   f"max_batch = {b.max_batch}", f"max_wait_ms = {b.max_wait_ms}",
                   f"max_depth = {b.max_depth}"]
     return "\n".join(lines) + "\n"
@@ -71,12 +90,15 @@ def one_batch(handler: ImageHandler, executor: TorchExecutor, items: list[Any]) 
     handler.postprocess(executor.forward(handler, staged), len(items))
 
 
-def offline(sizes: list[int], seconds: float) -> dict[int, float]:
+def offline(sizes: list[int], seconds: float, device: str = "cpu",
+            options: dict[str, Any] | None = None) -> dict[int, float]:
     """Items per second of the model path at each batch size."""
-    torch.set_num_threads(1)
-    handler = ImageHandler(spec(max(sizes), 10), "cpu")
+    threads = CPU_THREADS if device == "cpu" else 0
+    if threads:
+        torch.set_num_threads(threads)
+    handler = ImageHandler(spec(max(sizes), 10, options), device)
     handler.load()
-    executor = TorchExecutor(ExecutorSettings(device="cpu", torch_threads=1), "cpu")
+    executor = TorchExecutor(ExecutorSettings(device=device, torch_threads=threads), device)
     item = handler.preprocess(json.loads(stored(photo(512, 384, 0))))
     rates = {}
     with torch.inference_mode():
@@ -86,19 +108,22 @@ def offline(sizes: list[int], seconds: float) -> dict[int, float]:
             while time.perf_counter() - t0 < seconds:
                 one_batch(handler, executor, [item] * n)
                 done += n
+            executor.synchronize()
             rates[n] = done / (time.perf_counter() - t0)
     executor.close()
     return rates
 
 
-def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path) -> dict[str, Any]:
+def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
+           device: str = "cpu") -> dict[str, Any]:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     config = workdir / f"{prefix}.toml"
     config.write_text(toml(s))
     log = workdir / f"{prefix}.log"
     env = {**os.environ, "CARPOOL_REDIS_URL": redis_url, "CARPOOL_KEY_PREFIX": prefix,
-           "CARPOOL_CONFIG": str(config), "CARPOOL_MODELS": "resnet18", "CARPOOL_DEVICE": "cpu",
-           "CARPOOL_TORCH_THREADS": "1", "CARPOOL_CALIBRATE": "never"}
+           "CARPOOL_CONFIG": str(config), "CARPOOL_MODELS": s.name, "CARPOOL_DEVICE": device,
+           "CARPOOL_TORCH_THREADS": str(CPU_THREADS if device == "cpu" else 0),
+           "CARPOOL_CALIBRATE": "never", "CARPOOL_WORKER_METRICS_PORT": "0"}
     worker = subprocess.Popen([*WORKER_ARGV, "--logfile", str(log)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     client = connect(redis_url)
@@ -138,35 +163,57 @@ def summarise(client: Any, queue: Queue, ids: list[str]) -> dict[str, Any]:
             "mean_batch": sum(sizes) / len(sizes), "failed": len(ids) - len(done)}
 
 
+def run(redis_url: str, device: str, sizes: list[int], seconds: float, jobs: int,
+        options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Offline ladder, served at the best batch, served per job, offline around them."""
+    ladder = offline(sizes, seconds, device, options)
+    best_n = max(ladder, key=lambda n: ladder[n])
+    inputs = [stored(photo(512, 384, seed)) for seed in range(jobs)]
+    offline_runs = [ladder[best_n]]
+    with tempfile.TemporaryDirectory() as tmp:
+        configured = served(redis_url, spec(best_n, 10, options), inputs, Path(tmp), device)
+        offline_runs.append(offline([best_n], seconds, device, options)[best_n])
+        per_job = served(redis_url, spec(1, 0, options), inputs, Path(tmp), device)
+    offline_runs.append(offline([best_n], seconds, device, options)[best_n])
+    return {"device": device, "arch": spec(1, 0, options).options["arch"],
+            "offline_items_per_s": ladder, "best_batch": best_n,
+            "offline_best_runs": offline_runs, "configured": configured, "per_job": per_job}
+
+
+def report(r: dict[str, Any]) -> None:
+    ladder, best_n, offline_runs = r["offline_items_per_s"], r["best_batch"], r["offline_best_runs"]
+    print(f"{r['arch']} on {r['device']}")
+    print("offline (model path, pre-decoded items), items/s by batch size: "
+          + ", ".join(f"{n}: {v:.1f}" for n, v in ladder.items()))
+    print(f"offline best (batch {best_n}) before / between / after the served runs: "
+          + " / ".join(f"{v:.1f}" for v in offline_runs))
+    # Each served run is compared with the offline runs just before and after it.
+    configured, per_job = r["configured"], r["per_job"]
+    for name, s, around in (("configured", configured, offline_runs[0:2]),
+                            ("per-job", per_job, offline_runs[1:3])):
+        ref = sum(around) / 2
+        print(f"served {name}: {s['jobs_per_s']:.1f} jobs/s, mean batch {s['mean_batch']:.1f}, "
+              f"{s['done']}/{s['jobs']} done; {s['jobs_per_s'] / ref:.2f} of offline best "
+              f"(mean of the runs around it, {ref:.1f})")
+    print(f"configured / per-job: {configured['jobs_per_s'] / per_job['jobs_per_s']:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=192)
     p.add_argument("--sizes", default="1,4,8,16,32")
     p.add_argument("--seconds", type=float, default=3.0, help="offline, per batch size")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda[:N]")
+    p.add_argument("--arch", default=OPTIONS["arch"], help="a torchvision classifier")
+    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
-    ladder = offline(sizes, args.seconds)
-    best_n = max(ladder, key=lambda n: ladder[n])
-    inputs = [stored(photo(512, 384, seed)) for seed in range(args.jobs)]
-    offline_runs = [ladder[best_n]]
-    with tempfile.TemporaryDirectory() as tmp:
-        configured = served(args.redis_url, spec(best_n, 10), inputs, Path(tmp))
-        offline_runs.append(offline([best_n], args.seconds)[best_n])
-        per_job = served(args.redis_url, spec(1, 0), inputs, Path(tmp))
-    offline_runs.append(offline([best_n], args.seconds)[best_n])
-    print("offline (model path, pre-decoded items), items/s by batch size: "
-          + ", ".join(f"{n}: {r:.1f}" for n, r in ladder.items()))
-    print(f"offline best (batch {best_n}) before / between / after the served runs: "
-          + " / ".join(f"{r:.1f}" for r in offline_runs))
-    # Each served run is compared with the offline runs just before and after it.
-    for name, r, around in (("configured", configured, offline_runs[0:2]),
-                            ("per-job", per_job, offline_runs[1:3])):
-        ref = sum(around) / 2
-        print(f"served {name}: {r['jobs_per_s']:.1f} jobs/s, mean batch {r['mean_batch']:.1f}, "
-              f"{r['done']}/{r['jobs']} done; {r['jobs_per_s'] / ref:.2f} of offline best "
-              f"(mean of the runs around it, {ref:.1f})")
-    print(f"configured / per-job: {configured['jobs_per_s'] / per_job['jobs_per_s']:.2f}x")
+    result = run(args.redis_url, device_for(args.device), sizes, args.seconds, args.jobs,
+                 {"arch": args.arch})
+    report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
