@@ -64,7 +64,7 @@ class Padded:
 
 def pad_rows(t: torch.Tensor, rows: int, to: int) -> torch.Tensor:
     """``t`` (``rows`` items along dim 0) grown to ``to`` rows by repeating its last."""
-    if t.dim() == 0 or len(t) != rows:
+    if t.dim() == 0 or len(t) != rows or to <= rows:
         return t
     return torch.cat([t, t[-1:].expand(to - rows, *t.shape[1:])])
 
