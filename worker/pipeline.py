@@ -181,15 +181,18 @@ class PipelinedExecutor:
         key = (handler.spec.name, bin_spec.name)
         oom = threading.Event()
         ran = Ran()
-        chunks = self.chunks(key, items)
-        if len(chunks) > 1:
-            # Staged before an out-of-memory error shrank the bin: split it now
-            # rather than meet a second one.
-            staged.clear()
-            log.info("%s/%s: batch of %d staged before its cap fell to %d; run as %d parts",
-                     key[0], key[1], len(items), len(chunks[0]), len(chunks))
 
         def infer(sub: Sequence[Any]) -> list[Any]:
+            cap = self.guard.cap(key)
+            if cap is not None and len(sub) > cap:
+                # Larger than the bin's cap now: staged (or split in halves) before an
+                # out-of-memory error lowered it. Run it in parts of the cap rather
+                # than meet a second one.
+                staged.clear()
+                log.info("%s/%s: %d jobs over the cap of %d; run in parts", key[0], key[1],
+                         len(sub), cap)
+                return [r for i in range(0, len(sub), cap)
+                        for r in isolate(infer, sub[i:i + cap], on_split)]
             if oom.is_set():
                 oom.clear()
                 self.release()
@@ -213,21 +216,13 @@ class PipelinedExecutor:
 
         try:
             with self.inference_context():
-                return [r for chunk in chunks for r in isolate(infer, chunk, on_split)]
+                return isolate(infer, items, on_split) if items else []
         finally:
             staged.clear()
             with self._lock:
                 self.stats.batches += 1
             # Teaches the guard, and the periodic empty_cache, between batches only.
             self.guard.after_batch(key, ran.largest_ok, ran.out_of_memory)
-
-    def chunks(self, key: tuple[str, str], items: Sequence[Any]) -> list[Sequence[Any]]:
-        """``items`` in parts no larger than the bin's memory cap now (one part, if
-        it fits; none, if there are no items)."""
-        cap = self.guard.cap(key)
-        if cap is None or len(items) <= cap:
-            return [items] if items else []
-        return [items[i:i + cap] for i in range(0, len(items), cap)]
 
     def close(self) -> None:
         self._preprocess.shutdown(wait=True)
