@@ -27,8 +27,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # Budgets (seconds) that add up to under 8 minutes, model downloads excluded (none:
 # random weights). The tests are three, each bounded by its own timeout.
-TESTS_S=150
-CHECK_S=300
+TESTS_S=120
+CHECK_S=330
 
 status=0
 timeout "$TESTS_S" python -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
