@@ -170,7 +170,7 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
         if report is not None:
             sizes.append(report.size)
 
-    loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",  # type: ignore[dict-item]
+    loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
                      listeners=[listener], executor=ex)
     ids = [queue.admit(SPEC, BIN, new_job_id(), json.dumps({"x": x}), queued_ttl_s=60).id
            for x in range(8)]

