@@ -15,10 +15,23 @@ fields of a built-in model or adds new ones::
     max_batch = 32
     max_wait_ms = 20
     max_depth = 5000
+
+A model served by the user's own code names its handler class (``kind =
+"python"``; docs/own-model.md)::
+
+    [models.mine]
+    kind = "python"
+    handler = "mypkg.module:MyHandler"   # imported by workers only
+    measure = "size"                     # or "tokens", "bytes"
+    measure_field = "values"             # the input key the bin is chosen by
+    input_schema = "schemas/mine.json"   # JSON Schema of one input (or an inline table)
+    [models.mine.options]                # the handler's own, plus dtype, channels_last, compile
+    weights = "/models/mine.pt2"
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -29,8 +42,13 @@ from carpool.errors import ConfigError, InputTooLarge, UnknownModel
 
 #: Characters of an unknown model name quoted back in an error.
 MAX_NAME_SHOWN = 64
-#: What a bin's upper bound measures, per model kind.
-MEASURES = ("size", "pixels", "tokens")
+#: What a bin's upper bound measures, per model kind; ``bytes`` is an input's length
+#: as compact JSON (any input has one: models whose inputs have no natural size).
+MEASURES = ("size", "pixels", "tokens", "bytes")
+#: The kind of a model served by a user's handler class, named by ``handler``.
+PYTHON_KIND = "python"
+#: Measures a python model may bin by (pixels need the web's image path).
+PYTHON_MEASURES = ("size", "tokens", "bytes")
 #: A relative deadline longer than a day is a client bug, not a plan.
 MAX_DEADLINE_MS = 24 * 3600 * 1000
 
@@ -69,6 +87,15 @@ class ModelSpec:
     #: Workers shrink a bin's max_batch while the p99 latency they see is above
     #: this, and grow it back while it is met (carpool.slo); 0: off.
     p99_target_ms: int = 0
+    #: ``kind = "python"`` only: the handler class, ``"package.module:Class"``.
+    handler: str = ""
+    #: ``kind = "python"`` only: the JSON Schema one input must match; the web
+    #: validates with it and publishes it in the OpenAPI document.
+    input_schema: Mapping[str, Any] | None = None
+    #: ``kind = "python"`` only: the top-level input key whose value the bin is chosen
+    #: by (an integer is its own size; a string or an array, its length; a string of
+    #: a ``tokens`` model, its token count). Unused with ``measure = "bytes"``.
+    measure_field: str = ""
 
     def bin_for(self, measure_value: int) -> BinSpec:
         """The smallest bin that holds an input of this measure."""
@@ -182,7 +209,24 @@ def _bins_from(model: str, raw: Sequence[Mapping[str, Any]]) -> tuple[BinSpec, .
     return tuple(out)
 
 
-def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None) -> ModelSpec:
+def _schema_from(model: str, raw: Any, folder: Path) -> Mapping[str, Any]:
+    """An inline schema table, or the JSON file a string names (relative to the TOML)."""
+    if isinstance(raw, Mapping):
+        return raw
+    if not isinstance(raw, str):
+        raise ConfigError(f"model {model!r}: input_schema must be a table or a JSON file path")
+    path = Path(raw) if Path(raw).is_absolute() else folder / raw
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model {model!r}: input_schema {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"model {model!r}: input_schema {path} is not a JSON object")
+    return loaded
+
+
+def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None,
+                folder: Path = Path(".")) -> ModelSpec:
     allowed = {f.name for f in fields(ModelSpec)} - {"name"}
     unknown = set(raw) - allowed
     if unknown:
@@ -190,6 +234,8 @@ def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None) -> Mo
     values: dict[str, Any] = dict(raw)
     if "bins" in values:
         values["bins"] = _bins_from(name, values["bins"])
+    if "input_schema" in values:
+        values["input_schema"] = _schema_from(name, values["input_schema"], folder)
     if base is not None:
         return replace(base, **values)
     needed = {"kind", "measure", "bins"} - set(values)
@@ -222,6 +268,30 @@ def validate(spec: ModelSpec) -> None:
     if spec.result_ttl_s < 1:
         raise ConfigError(f"model {spec.name!r}: result_ttl_s must be >= 1")
     _validate_scheduling(spec)
+    _validate_python(spec)
+
+
+def _validate_python(spec: ModelSpec) -> None:
+    where = f"model {spec.name!r}"
+    if spec.kind != PYTHON_KIND:
+        if spec.handler or spec.input_schema is not None or spec.measure_field:
+            raise ConfigError(f"{where}: handler, input_schema and measure_field are for "
+                              f"kind = {PYTHON_KIND!r} models; this one is {spec.kind!r}")
+        return
+    module, _, attr = spec.handler.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"{where}: kind = {PYTHON_KIND!r} needs handler = "
+                          f"\"package.module:Class\", got {spec.handler!r}")
+    if spec.measure not in PYTHON_MEASURES:
+        raise ConfigError(f"{where}: a {PYTHON_KIND} model measures one of "
+                          f"{PYTHON_MEASURES}, not {spec.measure!r}")
+    if spec.input_schema is None:
+        raise ConfigError(f"{where}: a {PYTHON_KIND} model needs input_schema (a JSON "
+                          "Schema of one input, inline or a .json file): the web checks "
+                          "inputs with it, without importing the handler")
+    if spec.measure != "bytes" and not spec.measure_field:
+        raise ConfigError(f"{where}: measure = {spec.measure!r} needs measure_field, the "
+                          "input key the bin is chosen by (or use measure = \"bytes\")")
 
 
 def _validate_scheduling(spec: ModelSpec) -> None:
@@ -246,7 +316,7 @@ def load_catalogue(path: Path | None) -> Catalogue:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"CARPOOL_CONFIG={path}: {exc}") from exc
         for name, table in raw.get("models", {}).items():
-            models[name] = _model_from(name, table, models.get(name))
+            models[name] = _model_from(name, table, models.get(name), path.parent)
     for spec in models.values():
         validate(spec)
     return Catalogue(models)

@@ -70,6 +70,11 @@ class WordPiece:
         enc = self._tokenizer.encode(text)
         return Encoded(list(enc.ids), truncated=bool(enc.overflowing))
 
+    @property
+    def vocab_size(self) -> int:
+        """Entries in the vocabulary: a model's embedding table must have as many."""
+        return int(self._tokenizer.get_vocab_size())
+
     def count(self, text: str) -> int:
         """Tokens the model computes for ``text``: after truncation, specials included."""
         return len(self._tokenizer.encode(text).ids)

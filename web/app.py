@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from flask import Flask
 
+from carpool.catalogue import PYTHON_KIND
 from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
-from web import errors, routes
+from web import custom, errors, routes
 from web.metrics import WebMetrics
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
@@ -27,6 +28,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     Nothing here touches Redis: the app starts (and answers /healthz) without it.
     """
     settings = load_settings() if settings is None else settings
+    for spec in settings.catalogue:
+        if spec.kind == PYTHON_KIND:
+            custom.check_schema(spec)  # a broken schema stops the web at start, not per job
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,

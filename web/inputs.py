@@ -9,6 +9,9 @@ A model's ``measure`` decides what its input looks like and which bin it goes to
   WordPiece tokenizer (no torch) the worker pads with, so a text lands in the bin
   the worker computes it in.
 
+A ``kind = "python"`` model (a user's own handler) instead takes whatever its
+``input_schema`` allows, measured by ``measure_field`` (``web.custom``).
+
 Everything here works on plain Python values; ``web.routes`` takes them out of
 the HTTP request.
 """
@@ -25,10 +28,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.catalogue import PYTHON_KIND, BinSpec, Catalogue, ModelSpec
 from carpool.errors import ConfigError, InputTooLarge, InvalidInput
 from carpool.tokens import count_tokens
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
+from web import custom
 from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 
@@ -175,6 +179,8 @@ def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
 
 def prepare(spec: ModelSpec, raw: Any) -> Prepared:
     """Validate one JSON input for ``spec`` and pick its bin."""
+    if spec.kind == PYTHON_KIND:
+        return _prepare_custom(spec, raw)
     if spec.measure == "size":
         return _prepare_sized(spec, raw)
     if spec.measure == "pixels":
@@ -195,6 +201,13 @@ def input_limits(spec: ModelSpec) -> dict[str, Any]:
     elif spec.measure in _TEXT_MEASURES:
         limits["max_chars"] = _max_chars(spec)
     return limits
+
+
+def _prepare_custom(spec: ModelSpec, raw: Any) -> Prepared:
+    custom.validate(spec, raw)
+    input_json = _encode(spec, raw)
+    counter = _TEXT_MEASURES.get(spec.measure, count_tokens)
+    return Prepared(input_json, spec.bin_for(custom.measure(spec, raw, input_json, counter)))
 
 
 def _prepare_sized(spec: ModelSpec, raw: Any) -> Prepared:
@@ -245,7 +258,7 @@ def _prepare_image_bytes(spec: ModelSpec, data: bytes) -> Prepared:
     return Prepared(json.dumps(stored, separators=(",", ":")), spec.bin_for(info.pixels))
 
 
-def _encode(spec: ModelSpec, doc: Mapping[str, Any]) -> str:
+def _encode(spec: ModelSpec, doc: Any) -> str:
     """Compact, canonical JSON of an input, within the model's byte limit."""
     try:
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True, ensure_ascii=False)

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from carpool.catalogue import ModelSpec
+from carpool.catalogue import PYTHON_KIND, ModelSpec
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.images import ImageLimits
 
 #: base64 of ``n`` bytes is at most this many characters (plus padding slack).
 _B64_CHARS_PER_BYTE = 4 / 3
+#: Keys a JSON Schema document may carry that an OpenAPI 3.0 schema object may not.
+_JSON_SCHEMA_ONLY = frozenset({"$schema", "$id"})
 
 
 def input_schema(spec: ModelSpec) -> dict[str, Any]:
     """The schema of one JSON ``input`` for ``spec``."""
+    if spec.kind == PYTHON_KIND and spec.input_schema is not None:
+        # The model's own (web.custom enforces the same); OpenAPI 3.0 has no $schema/$id.
+        return {k: v for k, v in spec.input_schema.items() if k not in _JSON_SCHEMA_ONLY}
     largest = spec.bins[-1].max_size
     if spec.measure == "size":
         return _object({"value": {"description": "any JSON value, echoed back"},

@@ -3,13 +3,13 @@ so a worker that serves only `synthetic` starts without loading torch."""
 
 from __future__ import annotations
 
-from carpool.catalogue import ModelSpec
+from carpool.catalogue import PYTHON_KIND, ModelSpec
 from carpool.errors import ConfigError
 from carpool.settings import Settings
 from worker.handlers.base import ModelHandler
 
 #: Kinds whose handlers run torch models (and so want the torch executor).
-TORCH_KINDS = frozenset({"image", "text"})
+TORCH_KINDS = frozenset({"image", "text", PYTHON_KIND})
 
 
 def resolve_device(setting: str) -> str:
@@ -38,6 +38,11 @@ def make_handler(spec: ModelSpec, settings: Settings) -> ModelHandler:
         from worker.handlers.text import TextHandler
 
         return TextHandler(spec, resolve_device(settings.executor.device))
+    if spec.kind == PYTHON_KIND:
+        from worker.handlers.python import PythonModel
+        from worker.handlers.tuning import HandlerContext
+
+        return PythonModel(spec, HandlerContext.of(spec, resolve_device(settings.executor.device)))
     raise ConfigError(f"model {spec.name!r}: no handler for kind {spec.kind!r}")
 
 

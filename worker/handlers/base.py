@@ -1,4 +1,25 @@
-"""The model-handler interface: what the batch runner asks of every model."""
+"""The model-handler interface: what the batch runner asks of every model.
+
+A user's own model implements the same methods in a class of their own package
+and names it in the catalogue (``kind = "python"``, ``handler =
+"mypkg.module:MyHandler"``; docs/own-model.md). carpool constructs it as
+``MyHandler(spec, context)``: ``spec`` is its catalogue entry (``spec.options``
+holds its own options), ``context`` a ``worker.handlers.tuning.HandlerContext``
+(the device, and ``prepare``/``autocast`` for the model's ``dtype``,
+``channels_last`` and ``compile`` options).
+
+Where each method runs:
+
+- ``preprocess``: once per job, on a thread pool (decode, tokenize; a raised
+  ``carpool.errors.InvalidInput`` fails that job alone, with its message);
+- ``collate``: once per batch, on the loop's thread: stack the items into the
+  bin's shape (pad to ``bin_spec.max_size``, not to the batch's longest), as CPU
+  tensors — carpool copies them to the device (pinned, on a copy stream);
+- ``forward``: once per batch, on the compute thread, under
+  ``torch.inference_mode`` and the model's autocast, with the batch on the device;
+  carpool copies its tensors back to the CPU;
+- ``postprocess``: on the compute thread, exactly one JSON-able result per item.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +41,9 @@ class ModelHandler(Protocol):
 
     def preprocess(self, job_input: Any) -> Any:
         """Turn one decoded JSON input into a model-ready item (CPU)."""
+
+    def example(self, bin_spec: BinSpec) -> Any:
+        """A preprocessed item of the bin's largest shape, for warm-up and calibration."""
 
     def collate(self, items: Sequence[Any], bin_spec: BinSpec) -> Any:
         """Stack items into one batch, padded to the bin's shape, not the batch's longest."""

@@ -3,7 +3,8 @@
 ``options``: ``arch`` (e.g. "resnet18"), ``weights`` (see torchload), ``labels``
 ("imagenet", a file of one label per line, or absent: "class_<i>"),
 ``num_classes`` (default: the labels' count, else 1000), ``top_k`` (5),
-``resize``/``crop`` (256/224). Inputs arrive as the web stores them:
+``resize``/``crop`` (256/224), and ``dtype``, ``channels_last``, ``compile``
+(``worker.handlers.tuning``). Inputs arrive as the web stores them:
 ``{"image_b64", "format", "width", "height"}``. Items are uint8 pixels: they
 cross to the device at a quarter of float32's bytes, and the device converts
 and normalises them.
@@ -22,6 +23,7 @@ from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import ConfigError
 from worker.handlers.imaging import ImageGeometry, decode, image_bytes
 from worker.handlers.torchload import load_module
+from worker.handlers.tuning import HandlerContext
 
 #: ImageNet's channel statistics, which torchvision's classifiers were trained with.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -53,7 +55,8 @@ def labels_for(spec: ModelSpec) -> list[str] | None:
 class ImageHandler:
     def __init__(self, spec: ModelSpec, device: str) -> None:
         self.spec = spec
-        self.device = torch.device(device)
+        self.context = HandlerContext.of(spec, device)
+        self.device = self.context.device
         self.geometry = ImageGeometry.from_options(spec.options)
         self.top_k = int(spec.options.get("top_k", DEFAULT_TOP_K))
         self.labels: list[str] = []
@@ -74,7 +77,8 @@ class ImageHandler:
         labels = labels_for(self.spec)
         num_classes = len(labels) if labels else int(self.spec.options.get("num_classes", 1000))
         self.labels = labels or [f"class_{i}" for i in range(num_classes)]
-        self.model = load_module(self.spec, lambda: self._build(num_classes)).to(self.device)
+        self.model = self.context.prepare(load_module(self.spec,
+                                                      lambda: self._build(num_classes)))
         self._mean = self._mean.to(self.device)
         self._std = self._std.to(self.device)
 
@@ -92,8 +96,10 @@ class ImageHandler:
 
     def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.model is not None, "load() first"
-        x = (batch.float().div_(255.0) - self._mean) / self._std
-        probs = torch.softmax(self.model(x), dim=1)
+        x = self.context.inputs((batch.float().div_(255.0) - self._mean) / self._std)
+        with self.context.autocast():
+            logits = self.model(x)
+        probs = torch.softmax(logits.float(), dim=1)
         scores, indices = probs.topk(min(self.top_k, probs.shape[1]), dim=1)
         return scores, indices
 

