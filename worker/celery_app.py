@@ -10,10 +10,17 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from kombu import Queue
 
 from carpool.settings import DEFAULT_REDIS_URL
 from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
 from worker.bootstep import BatchLoopStep
+
+#: The one Celery queue carpool's workers consume. Never Celery's default `celery`:
+#: another application's tasks sent to the same Redis database would be received
+#: by carpool's workers and discarded as unregistered. Jobs do not travel here (they
+#: live in carpool's bins); the queue is only what a Celery worker must consume.
+CELERY_QUEUE = "carpool"
 
 
 def create_celery_app() -> Celery:
@@ -33,6 +40,10 @@ def create_celery_app() -> Celery:
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        task_default_queue=CELERY_QUEUE,
+        task_queues=[Queue(CELERY_QUEUE)],
+        # A queue not listed above is an error, never a silent subscription.
+        task_create_missing_queues=False,
     )
     app.steps["worker"].add(BatchLoopStep)
     return app
