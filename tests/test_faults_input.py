@@ -300,11 +300,13 @@ def test_a_pickled_message_pushed_into_the_broker_is_refused_and_logged(
         stack: Stack, tmp_path: Path) -> None:
     from kombu import Connection
 
+    from worker.celery_app import CELERY_QUEUE
+
     marker = tmp_path / "pickle-ran"
     payload = pickle.dumps(((_Marker(marker),), {}, {}))
     with Connection(stack.server.url) as conn:
         producer = conn.Producer(serializer="raw")
-        producer.publish(payload, routing_key="celery",
+        producer.publish(payload, routing_key=CELERY_QUEUE,  # the queue carpool's workers read
                          content_type="application/x-python-serialize", content_encoding="binary",
                          # A task the worker knows (Celery's own), so it gets as far as
                          # decoding the body: an unknown name is dropped before that.
