@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +44,9 @@ class ExecutorSettings:
     free_watermark: float = 0.10
     #: Run ``torch.cuda.empty_cache()`` every this many batches (0: never), between batches.
     empty_cache_every: int = 200
-    #: Where calibration profiles (JSON, one per device + model + bins) are kept.
-    profile_dir: Path = Path(".carpool/profiles")
+    #: Where calibration profiles (JSON, one per device + model + bins) are kept:
+    #: always absolute, so the folder does not depend on where the worker started.
+    profile_dir: Path = Path(tempfile.gettempdir()) / "carpool" / "profiles"
     calibrate: str = "auto"
 
 
@@ -173,6 +175,19 @@ def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _profile_dir(env: Mapping[str, str]) -> Path:
+    """``CARPOOL_PROFILE_DIR`` made absolute; by default the user's cache folder
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``carpool/profiles``), or the temp
+    folder for a user without a home (a container's numeric user)."""
+    raw = env.get("CARPOOL_PROFILE_DIR")
+    if raw:
+        return Path(raw).expanduser().absolute()
+    cache = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    if not os.path.isabs(cache):  # no HOME and no passwd entry: "~" stays unexpanded
+        cache = tempfile.gettempdir()
+    return Path(cache) / "carpool" / "profiles"
+
+
 def _executor(env: Mapping[str, str]) -> ExecutorSettings:
     device = env.get("CARPOOL_DEVICE") or "auto"
     if device not in ("auto", "cpu", "cuda") and not (
@@ -188,7 +203,7 @@ def _executor(env: Mapping[str, str]) -> ExecutorSettings:
         torch_threads=_int(env, "CARPOOL_TORCH_THREADS", 1, minimum=0),
         free_watermark=_fraction(env, "CARPOOL_GPU_FREE_WATERMARK", 0.10),
         empty_cache_every=_int(env, "CARPOOL_EMPTY_CACHE_EVERY", 200, minimum=0),
-        profile_dir=Path(env.get("CARPOOL_PROFILE_DIR") or ".carpool/profiles"),
+        profile_dir=_profile_dir(env),
         calibrate=calibrate,
     )
 

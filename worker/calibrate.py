@@ -58,10 +58,7 @@ def ladder(max_batch: int, limit: int) -> list[int]:
 
 
 def _example(handler: ModelHandler, bin_spec: BinSpec) -> Any:
-    example = getattr(handler, "example", None)
-    if example is None:
-        raise TypeError(f"handler {type(handler).__name__} has no example(bin) to calibrate with")
-    return example(bin_spec)
+    return handler.example(bin_spec)
 
 
 def shape_of(handler: ModelHandler, bin_spec: BinSpec) -> str:
@@ -188,8 +185,9 @@ def prepare(executor: TorchExecutor, handler: ModelHandler, settings: ExecutorSe
         settings.calibrate == "auto" and profile is None and executor.gpu is not None)
     if wanted:
         profile = calibrate(executor, handler)
-        save(profile, path)
-        log.info("calibration profile written to %s\n%s", path, table(profile))
+        if save(profile, path):  # else it warned: the worker serves on, uncached
+            log.info("calibration profile written to %s", path)
+        log.info("calibration of %s\n%s", handler.spec.name, table(profile))
     elif profile is not None:
         log.info("reusing calibration profile %s", path)
     for b in (profile.bins.values() if profile else ()):
@@ -240,9 +238,12 @@ def command(model: str, *, reps: int, sizes: list[int] | None, plot_path: Path |
     finally:
         executor.close()
     path = path_for(settings.executor.profile_dir, spec, profile.digest)
-    save(profile, path)
+    saved = save(profile, path)
     print(table(profile))
+    if not saved and plot_path is None:
+        print("profile and plot not saved: see the warning above")
+        return 0
     png = plot_path or path.with_suffix(".png")
     plot(profile, png)
-    print(f"profile {path}\nplot    {png}")
+    print(f"profile {path if saved else '(not saved: see the warning above)'}\nplot    {png}")
     return 0

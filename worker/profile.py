@@ -136,11 +136,23 @@ def load(path: Path, key: str) -> Profile | None:
     return profile
 
 
-def save(profile: Profile, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save(profile: Profile, path: Path) -> bool:
+    """Write ``profile`` to ``path``; False (and a warning) when the folder is not writable.
+
+    A profile is a cache: a worker that cannot keep one serves on and calibrates again
+    at its next start, rather than dying after the calibration it just ran.
+    """
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.to_json(), indent=2))
-    tmp.replace(path)  # atomic: two workers starting at once never read half a file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(profile.to_json(), indent=2))
+        tmp.replace(path)  # atomic: two workers starting at once never read half a file
+    except OSError as exc:
+        log.warning("calibration profile not saved to %s (%s): set CARPOOL_PROFILE_DIR to a "
+                    "writable folder (a volume in a container) to keep it across restarts",
+                    path, exc)
+        return False
+    return True
 
 
 def table(profile: Profile) -> str:

@@ -45,6 +45,10 @@ class SyntheticHandler:
         """Its ``size``: what a real model of this shape would be padded from."""
         return int(job_input["size"])
 
+    def example(self, bin_spec: BinSpec) -> dict[str, Any]:
+        """An input of the bin's largest size (``carpool calibrate synthetic``)."""
+        return {"value": 0, "size": bin_spec.max_size}
+
     def collate(self, items: Sequence[dict[str, Any]], bin_spec: BinSpec) -> list[dict[str, Any]]:
         return list(items)
 
