@@ -268,8 +268,10 @@ COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
 WEB_DOCKERFILE = OPS / "docker" / "web.Dockerfile"
 WORKER_DOCKERFILE = OPS / "docker" / "worker.Dockerfile"
+FLOWER_DOCKERFILE = OPS / "docker" / "flower.Dockerfile"
 #: Which Dockerfile builds each image that compose and Kubernetes run.
-DOCKERFILE_OF_IMAGE = {"carpool-web": WEB_DOCKERFILE, "carpool-worker": WORKER_DOCKERFILE}
+DOCKERFILE_OF_IMAGE = {"carpool-web": WEB_DOCKERFILE, "carpool-worker": WORKER_DOCKERFILE,
+                       "carpool-flower": FLOWER_DOCKERFILE}
 #: The oldest Kubernetes the manifests promise to fit, and the newest schema bundled.
 K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 #: A worker must outlast its slowest batch plus the lease hand-back on SIGTERM.

