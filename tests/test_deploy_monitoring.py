@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -161,3 +162,54 @@ def test_histogram_quantiles_keep_the_le_label(source: str) -> None:
             ), f"histogram_quantile without `by (le, ...)`: {expr}"
 
 
+
+
+# --- what a new user sees: no impossible batch size, no alert on a typo ---------------------
+
+
+def prometheus_quantile(q: float, buckets: list[tuple[float, int]]) -> float:
+    """Prometheus' histogram_quantile on cumulative ``(le, count)`` buckets: the rank's
+    bucket, then linear interpolation from its lower bound (0 for the first)."""
+    total = buckets[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0
+    for upper, count in buckets:
+        if count >= rank:
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1)
+        lower, below = upper, count
+    return lower
+
+
+def cumulative(sizes: list[int], edges: tuple[float, ...]) -> list[tuple[float, int]]:
+    return [(le, sum(1 for s in sizes if s <= le)) for le in edges]
+
+
+def test_batch_size_panel_never_shows_a_size_a_batch_cannot_have() -> None:
+    from worker.metrics import BATCH_SIZE_BUCKETS
+
+    assert all(float(le).is_integer() and le >= 1 for le in BATCH_SIZE_BUCKETS)
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])
+             if "carpool_batch_size_bucket" in t.get("expr", "")]
+    assert exprs, "the dashboard has a batch-size percentile panel"
+    for expr in exprs:
+        # Rounded up, outside the quantile: interpolation inside a bucket gives fractions.
+        assert re.fullmatch(r"ceil\(histogram_quantile\(.*\)\)", expr), expr
+    mostly_ones = [1] * 95 + [8] * 5
+    raw = prometheus_quantile(0.5, cumulative(mostly_ones, BATCH_SIZE_BUCKETS))
+    assert 0 < raw < 1  # what the panel showed before: no batch has 0.5 jobs
+    for sizes in (mostly_ones, [3] * 10 + [17] * 10, [64] * 3):
+        for q in (0.5, 0.95, 0.99):
+            shown = math.ceil(prometheus_quantile(q, cumulative(sizes, BATCH_SIZE_BUCKETS)))
+            assert 1 <= shown <= max(le for le in BATCH_SIZE_BUCKETS if le >= max(sizes))
+
+
+def test_rejection_alert_watches_real_models_not_unknown_names() -> None:
+    for groups in (alert_groups(), [g for d in [k8s_named("PrometheusRule", "carpool")]
+                                    for g in d["spec"]["groups"]]):
+        rule = next(r for g in groups for r in g["rules"]
+                    if r["alert"] == "CarpoolHighRejectionRate")
+        selectors = re.findall(r"(carpool_jobs_\w+_total)(\{[^}]*\})?", rule["expr"])
+        assert selectors
+        for name, matchers in selectors:
+            # model="" holds rejections of names no model has: a ratio of 1 by nature.
+            assert 'model!=""' in matchers, f"{name} without model!=\"\": {rule['expr']}"
