@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 from carpool.settings import DEFAULT_REDIS_URL
 from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
@@ -41,7 +41,7 @@ def create_celery_app() -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         task_default_queue=CELERY_QUEUE,
-        task_queues=[Queue(CELERY_QUEUE)],
+        task_queues=[Queue(CELERY_QUEUE)],  # type: ignore[no-untyped-call]
         # A queue not listed above is an error, never a silent subscription.
         task_create_missing_queues=False,
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from carpool.bench import plots
+from carpool.bench import plots, remote
 from carpool.bench.arrivals import Bursts, all_at_once, load_trace
 from carpool.bench.ceiling import measure_ceiling
 from carpool.bench.policies import policy
@@ -42,8 +42,11 @@ def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     ])
     if args.command == "ceiling":
         return cmd_ceiling(args, out, header)
-    header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
-               f"sizes {args.sizes}; workers {args.workers}")
+    if args.url:  # its workers and costs are the target's own, not --workers/--cost-ms
+        header += remote.describe(args.url, args.sizes)
+    else:
+        header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
+                   f"sizes {args.sizes}; workers {args.workers}")
     handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain}[args.command]
     return handler(args, out, header)
 
