@@ -1,4 +1,7 @@
-"""The `carpool` command: up, submit, result, bench."""
+"""carpool: a job queue for batched, asynchronous model inference.
+
+Each command has its own --help.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import time
 from pathlib import Path
 
 from carpool import http_client
+from carpool.clihelp import HelpParser
 from carpool.errors import CarpoolError
 from carpool.localstack import UpOptions, start_stack
 
@@ -121,39 +125,44 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carpool", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start Redis, web, workers and Flower locally")
-    up.add_argument("--port", type=int, default=8000)
+    p = HelpParser(prog="carpool", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           title="commands", parser_class=HelpParser)
+    up = sub.add_parser("up", help="start Redis, web, workers and Flower locally",
+                        description="Start Redis (or use one), gunicorn, Celery workers and "
+                        "Flower on this machine; Ctrl-C stops them all.")
+    up.add_argument("--port", type=int, default=8000, help="the web tier's port")
     up.add_argument("--redis-url", default=None,
                     help="use this Redis; default: 127.0.0.1:6379 if it answers, else start one")
-    up.add_argument("--workers", type=int, default=1)
-    up.add_argument("--no-flower", action="store_true")
-    up.add_argument("--flower-port", type=int, default=5555)
-    up.add_argument("--models", default="", help="comma list the workers serve (default all)")
+    up.add_argument("--workers", type=int, default=1, help="Celery workers to start")
+    up.add_argument("--no-flower", action="store_true", help="do not start Flower")
+    up.add_argument("--flower-port", type=int, default=5555, help="Flower's port")
+    up.add_argument("--models", default="", help="comma list the workers serve (default: all)")
     up.add_argument("--state-dir", default=".carpool", help="logs and the local Redis's data")
     up.add_argument("--demo", action="store_true", help="send one job through once it is up")
     up.add_argument("--once", action="store_true", help="stop after start-up (and the demo)")
     up.set_defaults(func=cmd_up)
     s = sub.add_parser("submit", help="submit one job")
-    s.add_argument("--url", default=DEFAULT_URL)
-    s.add_argument("--model", default="synthetic")
+    s.add_argument("--url", default=DEFAULT_URL, help="the web tier's base URL")
+    s.add_argument("--model", default="synthetic", help="the model to run (GET /models)")
     s.add_argument("--input", default='{"value": 1, "size": 8}', help="the job input, JSON")
     s.add_argument("--file", help="submit this file's bytes instead (an image)")
-    s.add_argument("--content-type", default="image/jpeg")
+    s.add_argument("--content-type", default="image/jpeg", help="with --file: its type")
     s.set_defaults(func=cmd_submit)
     r = sub.add_parser("result", help="fetch one result")
-    r.add_argument("id")
-    r.add_argument("--url", default=DEFAULT_URL)
+    r.add_argument("id", help="the job id that submit printed")
+    r.add_argument("--url", default=DEFAULT_URL, help="the web tier's base URL")
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
     c = sub.add_parser("calibrate", help="time a model's bins at several batch sizes "
                        "(needs the worker extra); writes the profile and a PNG plot")
-    c.add_argument("model")
+    c.add_argument("model", help="a model of the catalogue (CARPOOL_CONFIG), e.g. synthetic")
     c.add_argument("--reps", type=int, default=3, help="timed batches per size (median kept)")
     c.add_argument("--sizes", default="", help="batch sizes, e.g. 1,2,4,8 (default: a ladder "
                    "of powers of two up to each bin's max_batch)")
     c.add_argument("--plot", default="", help="PNG path (default: beside the profile)")
+    c.epilog = ("Settings come from the environment, as for a worker: CARPOOL_CONFIG,\n"
+                "CARPOOL_DEVICE, CARPOOL_PROFILE_DIR (where the profile is written).")
     c.set_defaults(func=cmd_calibrate)
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",
                    add_help=False)
