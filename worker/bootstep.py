@@ -25,7 +25,7 @@ from carpool.keys import Keys
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
-from worker.flower import FlowerBatchEvents, worker_info
+from worker.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.isolation import SuspectIsolation
@@ -153,7 +153,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def info(self, parent: Any) -> dict[str, Any]:
         """Added to `celery inspect stats`, which Flower shows on the worker's page."""
-        return {"carpool": worker_info(self.loop, self.gpu.gpu if self.gpu else None)}
+        return flower_rows(worker_info(self.loop, self.gpu.gpu if self.gpu else None))
 
     def stop(self, parent: Any) -> None:
         if self.loop is not None and self.thread is not None:

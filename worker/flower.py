@@ -4,7 +4,9 @@ Jobs never travel as Celery messages (that would cost a message per job); instea
 the loop sends the events a task would send — received, started, succeeded or
 failed — for one pseudo-task per batch, named ``carpool.batch``. A worker's GPU,
 models and current batch limits go into `celery inspect stats` (``worker_info``),
-which Flower shows on the worker's page.
+which Flower shows on the worker's page, in its "Other" tab: one readable row per
+fact (``flower_rows``), named ``carpool gpu``, ``carpool models`` and ``carpool
+<model>/<bin>``. Programs read the same with ``celery inspect carpool_scheduler``.
 """
 
 from __future__ import annotations
@@ -80,3 +82,18 @@ def worker_info(loop: BatchLoop | None, gpu: Gpu | None) -> dict[str, Any]:
                                                   "paused": lim.paused}
                          for (model, bin_name), lim in sorted(limits.items())},
     }
+
+
+def flower_rows(info: dict[str, Any]) -> dict[str, str]:
+    """``worker_info`` as rows Flower prints one per line: a name and a plain sentence
+    (Flower shows a nested dict as its raw repr)."""
+    gpu = info["gpu"]
+    rows = {"carpool gpu": (f"{gpu['name']} ({gpu['uuid']})" if gpu["device"] == "cuda"
+                            else gpu["device"]),
+            "carpool models": ", ".join(info["models"]) or "none"}
+    for key, lim in info["batch_limits"].items():
+        rows[f"carpool {key}"] = (
+            f"max_batch {lim['max_batch']}, max_wait_ms {lim['max_wait_ms']}, "
+            f"{'adaptive' if lim['adaptive'] else 'fixed window'}, "
+            f"{'paused' if lim['paused'] else 'running'}")
+    return rows
