@@ -28,9 +28,13 @@ def worker_command(index: int) -> list[str]:
             "--pool", "solo", "-E", "-n", f"worker{index}@%h", "--loglevel", "INFO"]
 
 
+#: Flower's task list: each batch's (model, bin, size) and its result beside its runtime.
+FLOWER_TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"
+
+
 def flower_command(port: int) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
-            f"--port={port}", "--address=127.0.0.1"]
+            f"--port={port}", "--address=127.0.0.1", f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
 
 
 @dataclass
@@ -88,7 +92,10 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str]]:
     for i in range(opts.workers):
         # One host, several workers: each its own metrics port (9100, 9101, ...; 0 stays off).
         port = str(metrics_port + i if metrics_port else 0)
-        stack.spawn(f"worker{i}", worker_command(i), {**env, "CARPOOL_WORKER_METRICS_PORT": port})
+        # Loopback, like the web and Flower here: a laptop's metrics are its own.
+        stack.spawn(f"worker{i}", worker_command(i), {
+            "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
+            "CARPOOL_WORKER_METRICS_PORT": port})
     urls = {"api": f"http://127.0.0.1:{opts.port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(opts.flower_port), env)

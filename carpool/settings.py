@@ -17,6 +17,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Where Prometheus scrapes a worker (compose, Kubernetes and ops/prometheus agree).
 DEFAULT_WORKER_METRICS_PORT = 9100
+DEFAULT_WORKER_METRICS_ADDR = "0.0.0.0"
 #: Renewal and reaping never run more often than this, whatever the lease.
 MIN_LEASE_TICK_MS = 30
 #: An API key shorter than this cannot hold 128 random bits in hex or base64.
@@ -73,6 +74,9 @@ class Settings:
     worker_name: str
     #: Port of a worker's Prometheus endpoint; 0 turns it off.
     worker_metrics_port: int
+    #: Address it listens on: every interface by default (Prometheus scrapes it from
+    #: another container); `carpool up` binds 127.0.0.1, as it does the web and Flower.
+    worker_metrics_addr: str
     #: Claim one GPU by a lease in Redis before the models load (compose replicas).
     gpu_claim: bool
     #: A claimed GPU is freed this long after its worker stops renewing the lease.
@@ -252,6 +256,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         worker_models=worker_models,
         worker_name=env.get("CARPOOL_WORKER_NAME", ""),
         worker_metrics_port=_port(env, "CARPOOL_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+        worker_metrics_addr=env.get("CARPOOL_WORKER_METRICS_ADDR") or DEFAULT_WORKER_METRICS_ADDR,
         gpu_claim=_flag(env, "CARPOOL_GPU_CLAIM"),
         gpu_lease_ms=_int(env, "CARPOOL_GPU_LEASE_MS", 30_000, minimum=100),
         gpu_devices=tuple(d for d in env.get("CARPOOL_GPU_DEVICES", "").split(",") if d),

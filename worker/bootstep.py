@@ -136,7 +136,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         self.keeper.start()
         if settings.worker_metrics_port:
-            self.metrics_server = self.metrics.serve(settings.worker_metrics_port)
+            self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
+                                                     settings.worker_metrics_addr)
         parent.carpool_loop = self.loop  # remote-control commands find it here
         parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from carpool.batching import Limits
 from carpool.errors import ConfigError
 from carpool.jobs import Claim
+from carpool.settings import DEFAULT_WORKER_METRICS_ADDR
 from worker.handlers.base import ModelHandler
 from worker.loop import BatchReport
 from worker.padding import padding_waste
@@ -49,8 +50,6 @@ COMPUTE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: Weight of the newest batch in the padding-waste average (about the last 10 batches).
 PADDING_EWMA_WEIGHT = 0.1
-#: The worker's endpoint listens on every interface: Prometheus scrapes it from outside.
-METRICS_ADDR = "0.0.0.0"
 
 BIN_LABELS = ("model", "bin")
 
@@ -214,15 +213,15 @@ class WorkerMetrics:
         """``n`` expired job leases were taken back (the lease reaper calls this)."""
         self.reclaimed.inc(n)
 
-    def serve(self, port: int) -> MetricsServer:
-        """Serve ``/metrics`` on ``port`` in a daemon thread; raises ConfigError if taken."""
+    def serve(self, port: int, addr: str = DEFAULT_WORKER_METRICS_ADDR) -> MetricsServer:
+        """Serve ``/metrics`` on ``addr:port`` in a daemon thread; ConfigError if taken."""
         try:
-            server, thread = start_http_server(port, addr=METRICS_ADDR, registry=self.registry)
+            server, thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
             raise ConfigError(
                 f"CARPOOL_WORKER_METRICS_PORT={port}: cannot listen ({exc}); give each worker "
                 "on a host its own port, or 0 to turn the endpoint off") from exc
-        log.info("worker metrics on http://%s:%d/metrics", METRICS_ADDR, port)
+        log.info("worker metrics on http://%s:%d/metrics", addr, port)
         return MetricsServer(server, thread)
 
 
