@@ -37,10 +37,12 @@ def create_app(settings: Settings | None = None) -> Flask:
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
+    metrics = WebMetrics(queue, settings.catalogue)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
-        metrics=WebMetrics(queue, settings.catalogue),
+        metrics=metrics,
     )
+    metrics.instrument(app)
     app.register_blueprint(routes.blueprint)
     errors.register(app)
     return app

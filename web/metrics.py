@@ -10,6 +10,10 @@ maps every name to Triton's):
   once, a request refused as a whole before its items were read counts once.
   ``model`` is "" when the request named no model of the catalogue: a label
   never takes a value a client made up.
+- ``carpool_http_requests_total{route,method,status}`` and
+  ``carpool_http_request_duration_seconds{route,method,status}``: every HTTP
+  request, by its route's pattern (``/result/<job_id>``, never the id; "unmatched"
+  for a path no route has) — a long-poll's time includes its wait.
 
 Under gunicorn each worker process counts into its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
@@ -22,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 
-from flask import request
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from flask import Flask, Response, g, request
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -65,6 +70,12 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
 REASONS = ("bin_full", "unavailable", "unknown_model", "too_large", "conflict", "invalid",
            "error")
 BIN_LABELS = ("model", "bin")
+HTTP_LABELS = ("route", "method", "status")
+#: Methods a label may name; any other (a client may send any token) counts as "other".
+HTTP_METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PATCH"})
+#: Request durations: a submit takes about a millisecond, a long-poll up to a minute.
+HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                  10.0, 30.0, 60.0)
 
 def rejection_reason(exc: Exception) -> str:
     for cls, reason in _REASONS:
@@ -150,6 +161,13 @@ class WebMetrics:
         for spec in catalogue:
             for reason in REASONS:
                 self.rejected.labels(spec.name, reason)
+        self.http_requests = Counter("carpool_http_requests_total",
+                                     "HTTP requests answered, by route, method and status.",
+                                     HTTP_LABELS, registry=own)
+        self.http_duration = Histogram("carpool_http_request_duration_seconds",
+                                       "Time to answer an HTTP request (a long-poll's wait "
+                                       "included).", HTTP_LABELS, buckets=HTTP_BUCKETS_S,
+                                       registry=own)
         scan = [b.max_batch for spec in catalogue for b in spec.bins]
         self.registry.register(BinGauges(queue, bins, scan))
 
@@ -162,4 +180,22 @@ class WebMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def instrument(self, app: Flask) -> None:
+        """Count and time every request ``app`` answers, errors included."""
+
+        @app.before_request
+        def start_clock() -> None:
+            g.carpool_t0 = time.perf_counter()
+
+        @app.after_request
+        def count(response: Response) -> Response:
+            t0 = g.get("carpool_t0")
+            if t0 is not None:
+                route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+                method = request.method if request.method in HTTP_METHODS else "other"
+                labels = (route, method, str(response.status_code))
+                self.http_requests.labels(*labels).inc()
+                self.http_duration.labels(*labels).observe(time.perf_counter() - t0)
+            return response
 
