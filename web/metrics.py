@@ -193,9 +193,12 @@ class WebMetrics:
             t0 = g.get("carpool_t0")
             if t0 is not None:
                 route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-                method = request.method if request.method in HTTP_METHODS else "other"
-                labels = (route, method, str(response.status_code))
-                self.http_requests.labels(*labels).inc()
-                self.http_duration.labels(*labels).observe(time.perf_counter() - t0)
+                self.observe_request(route, request.method, response.status_code,
+                                     time.perf_counter() - t0)
             return response
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        labels = (route, method if method in HTTP_METHODS else "other", str(status))
+        self.http_requests.labels(*labels).inc()
+        self.http_duration.labels(*labels).observe(seconds)
 
