@@ -226,3 +226,34 @@ def test_a_handler_that_cannot_be_used_is_a_start_up_error(
         handler_module: Path, handler: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         run(mine(handler_module, handler=handler))
+
+
+def test_tensor_example_serves_a_torchscript_file_as_it_does_an_exported_one(
+        tmp_path: Path) -> None:
+    import subprocess
+
+    from worker.handlers.python import PythonModel
+    from worker.handlers.tuning import HandlerContext
+
+    examples = Path(__file__).resolve().parent.parent / "examples" / "tensor_model"
+    outputs = []
+    for name in ("mlp.pt", "mlp.pt2"):
+        subprocess.run([sys.executable, str(examples / "make_weights.py"), str(tmp_path / name)],
+                       check=True, capture_output=True, timeout=300)
+        spec = ModelSpec("tensor", "python", "bytes", (BinSpec("all", 4096, 8, 5, 100),),
+                         options={"weights": str(tmp_path / name), "shape": [16]},
+                         handler="tensor_model:TensorModel", input_schema={"type": "object"})
+        sys.path.insert(0, str(examples))
+        try:
+            model = PythonModel(spec, HandlerContext.of(spec, "cpu"))
+            model.load()
+        finally:
+            sys.path.remove(str(examples))
+            sys.modules.pop("tensor_model", None)
+        items = [model.preprocess({"tensor": [i / 16 for i in range(16)]})]
+        with torch.inference_mode():
+            outputs.append(model.postprocess(model.forward(model.collate(items, spec.bins[0])),
+                                             1))
+        with pytest.raises(InvalidInput, match="shape"):
+            model.preprocess({"tensor": [1.0, 2.0]})
+    assert outputs[0] == outputs[1]
