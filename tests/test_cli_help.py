@@ -10,6 +10,7 @@ import pytest
 
 from carpool.bench.cli import build_parser
 from carpool.cli import main, parser
+from carpool.sim.cli import build_parser as simulate_parser
 
 
 def subparsers(p: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -28,10 +29,12 @@ def test_carpool_help_lists_every_command(capsys: pytest.CaptureFixture[str]) ->
         "up", "submit", "result", "calibrate", "bench"}
 
 
-@pytest.mark.parametrize("root", [parser, build_parser], ids=["carpool", "carpool-bench"])
+@pytest.mark.parametrize("root", [parser, build_parser, simulate_parser],
+                         ids=["carpool", "carpool-bench", "carpool-bench-simulate"])
 def test_every_flag_of_every_command_says_what_it_does(
         root: type[argparse.ArgumentParser]) -> None:
-    for name, sub in subparsers(root()):
+    top = root()
+    for name, sub in [(top.prog, top), *subparsers(top)]:
         for action in sub._actions:
             if action.option_strings and action.help != argparse.SUPPRESS:
                 assert action.help, f"{name} {action.option_strings[0]} has no help"
@@ -43,11 +46,22 @@ def test_flag_help_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None
     out = " ".join(capsys.readouterr().out.split())
     assert "the web tier's port (default: 8000)" in out
     assert "Celery workers to start (default: 1)" in out
+    assert "--demo send one job" in out and "--demo send one job through once it is up (" not in out
 
 
-def test_bench_help_is_written_for_a_user(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_zero_default_is_shown_like_any_other(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        main(["bench", "--help"])
+        main(["bench", "simulate", "--help"])
+    assert "real run) (default: 0.0)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["bench", "--help"], "Load generator and benchmarks"),
+    (["bench", "simulate", "--help"], "Compare batching policies in the simulator")])
+def test_bench_help_is_written_for_a_user(
+        capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
     out = capsys.readouterr().out
-    assert "Load generator and benchmarks" in out
+    assert says in out
     assert "argument parsing only" not in out and "``" not in out

@@ -21,6 +21,7 @@ from carpool.batching import Cost
 from carpool.bench.arrivals import Bursts
 from carpool.bench.workload import SizeMix
 from carpool.catalogue import load_catalogue
+from carpool.clihelp import HelpParser
 from carpool.sim.compare import Row, baseline_cost, sweep, verdicts
 from carpool.sim.engine import SimConfig
 from carpool.sim.plots import plot_sweep
@@ -42,9 +43,20 @@ def _cost(text: str) -> Cost:
     return Cost(values[0], values[1])
 
 
+#: What `carpool bench simulate --help` tells a user.
+DESCRIPTION = """\
+Compare batching policies in the simulator, in seconds, with no processes:
+
+  carpool bench simulate --loads 0.25,0.5,0.75,0.9,1.0,1.1 --patterns poisson,bursts
+
+runs every policy (fixed windows of 0, the catalogue's and a long one; adaptive;
+adaptive with a p99 target) on the same seeded schedule at each load (a fraction
+of the workers' capacity at full batches), then writes results.jsonl, summary.md
+and one PNG per pattern to --out, and prints the table."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carpool bench simulate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = HelpParser(prog="carpool bench simulate", description=DESCRIPTION)
     p.add_argument("--model", default="synthetic", help="a model of the catalogue")
     p.add_argument("--config", default="", help="a catalogue TOML file (CARPOOL_CONFIG)")
     p.add_argument("--cost-ms", type=_cost, default=Cost(20.0, 1.0),
@@ -53,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lognormal sigma on each batch's time (default 0.05)")
     p.add_argument("--overhead-ms", type=float, default=0.0,
                    help="worker time per batch outside t(n) (e.g. measured in a real run)")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="simulated workers")
     p.add_argument("--loads", type=_floats, default=[0.25, 0.5, 0.75, 0.9, 1.0, 1.1],
                    help="offered loads, as fractions of capacity")
     p.add_argument("--patterns", default="poisson,bursts",
@@ -65,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--sizes", default="16", help="input sizes, e.g. 16 or 16:0.6,200:0.4")
     p.add_argument("--slo-ms", type=int, default=None, help="p99 target of the SLO policy")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="random seed of the schedule")
     p.add_argument("--out", default="", help="output folder (default sim-out/<time>)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write no PNGs")
     return p
 
 
