@@ -97,6 +97,23 @@ def test_input_lands_in_the_bin_its_measure_field_picks(tmp_path: Path) -> None:
     assert inputs.prepare(spec, {"values": [1.0] * 9}).bin.name == "long"
 
 
+def test_an_integer_measure_field_is_its_own_size_and_never_negative(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [models.mine]
+        kind = "python"
+        handler = "m:C"
+        measure = "size"
+        measure_field = "n"
+        input_schema = {type = "object"}
+        """)
+    spec = load_catalogue(path).get("mine")
+    assert inputs.prepare(spec, {"n": 50}).bin.name == "long"
+    with pytest.raises(InvalidInput, match=">= 0"):
+        inputs.prepare(spec, {"n": -1})
+    with pytest.raises(InvalidInput, match="key 'n'"):
+        inputs.prepare(spec, {"m": 1})
+
+
 def test_bytes_measure_bins_by_the_inputs_json_length(tmp_path: Path) -> None:
     path = write(tmp_path, """
         [models.mine]

@@ -74,6 +74,8 @@ def measure(spec: ModelSpec, raw: Any, input_json: str,
     if isinstance(value, bool):
         raise InvalidInput(f"input.{spec.measure_field} must be an integer, string or array")
     if isinstance(value, int):
+        if value < 0:
+            raise InvalidInput(f"input.{spec.measure_field} must be >= 0, got {value}")
         return value
     if isinstance(value, str | list):
         return len(value)
