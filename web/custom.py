@@ -14,9 +14,6 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import best_match
-
 from carpool.catalogue import ModelSpec
 from carpool.errors import ConfigError, InvalidInput
 
@@ -33,6 +30,9 @@ def _hashable(spec: ModelSpec) -> str:
 
 @lru_cache(maxsize=MAX_CACHED_VALIDATORS)
 def _validator(schema_json: str) -> Any:
+    # Imported on first use (~60 ms): a web serving only built-in models never pays it.
+    import jsonschema
+
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
@@ -41,6 +41,8 @@ def _validator(schema_json: str) -> Any:
 
 def check_schema(spec: ModelSpec) -> None:
     """Refuse, at start-up, a python model whose input_schema is not a valid schema."""
+    import jsonschema
+
     try:
         _validator(_hashable(spec))
     except jsonschema.SchemaError as exc:
@@ -50,6 +52,8 @@ def check_schema(spec: ModelSpec) -> None:
 
 def validate(spec: ModelSpec, raw: Any) -> None:
     """Raise ``InvalidInput`` naming the first place ``raw`` breaks the model's schema."""
+    from jsonschema.exceptions import best_match
+
     error = best_match(_validator(_hashable(spec)).iter_errors(raw))
     if error is None:
         return
