@@ -18,10 +18,23 @@ import redis
 from redis.commands.core import Script
 
 from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import BackendUnavailable, BinFull, IdempotencyConflict, NotCancellable
+from carpool.errors import (
+    BackendUnavailable,
+    BinFull,
+    IdempotencyConflict,
+    NotCancellable,
+    WaitTooLong,
+)
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
 from carpool.keys import Keys
-from carpool.retry_after import DRAIN_TAU_MS, drain_rate_per_s, retry_after_s
+from carpool.retry_after import (
+    DRAIN_MIN_AGE_MS,
+    DRAIN_STALE_MS,
+    DRAIN_TAU_MS,
+    drain_rate_per_s,
+    late_retry_after_s,
+    retry_after_s,
+)
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 
 #: Tokens kept in a wake list; more would only cause extra, harmless peeks.
@@ -118,7 +131,8 @@ class Queue:
         input_digest: str = "",
         owner: str = "",
     ) -> Admitted:
-        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically).
+        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
+        ``WaitTooLong`` when it would start after its deadline (else max_queue_ms).
 
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
@@ -130,7 +144,8 @@ class Queue:
         args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
                 bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
                 "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
-                sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS]
+                sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS,
+                model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS]
         with redis_errors():
             reply = self._admit(keys=keys, args=args)
         kind = reply[0]
@@ -144,6 +159,11 @@ class Queue:
             )
         depth = int(reply[1])
         rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
+        if kind == "late":
+            limit_ms = int(reply[4])
+            raise WaitTooLong(model.name, bin_spec.name, depth,
+                              depth / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
+                              late_retry_after_s(depth, rate, limit_ms))
         raise BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
 
     def peek(

@@ -23,6 +23,7 @@ from carpool.errors import (
     InvalidInput,
     NotCancellable,
     UnknownModel,
+    WaitTooLong,
 )
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (Unauthorized, 401, "unauthorized"),
     (IdempotencyConflict, 422, "idempotency_conflict"),
     (NotCancellable, 409, "not_cancellable"),
+    (WaitTooLong, 429, "wait_too_long"),
     (BinFull, 429, "bin_full"),
     (BackendUnavailable, 503, "backend_unavailable"),
 )

@@ -13,10 +13,13 @@
 -- ARGV[13] wake list cap
 -- ARGV[14] sort offset, ms: score = admission (µs) + offset * 1000 (carpool/urgency.py)
 -- ARGV[15] drain-rate time constant, ms (carpool/retry_after.py)
+-- ARGV[16] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
+-- ARGV[17] drain-rate minimum age, ms  ARGV[18] a drain rate older than this is unknown, ms
 --
 -- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
 --         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
---         and the time since its first drain (-1: never drained), for Retry-After.
+--         and the time since its first drain (-1: never drained), for Retry-After |
+--         {"late", ahead, drained_ewma, age_ms, limit_ms}: refused by predicted wait.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
@@ -46,6 +49,27 @@ end
 
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local score = string.format("%.0f", now_us + tonumber(ARGV[14]) * 1000)
+
+-- >>> admission by predicted wait (docs/admission.md) >>>
+-- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
+-- measured drain rate) is later than its deadline, else than max_queue_ms. Within
+-- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
+local limit_ms = tonumber(ARGV[8])
+if limit_ms <= 0 then limit_ms = tonumber(ARGV[16]) end
+if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
+  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0")
+  if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[18]) then
+    local tau = tonumber(ARGV[15])
+    local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
+    local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[17]))
+    local per_ms = c / (tau * (1 - math.exp(-age / tau)))
+    local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
+    if ahead * 1.0 > limit_ms * per_ms then
+      return {"late", ahead, string.format("%.6f", c), now_ms - tonumber(st[3]), limit_ms}
+    end
+  end
+end
+-- <<< admission by predicted wait <<<
 local deadline_ms = 0
 if tonumber(ARGV[8]) > 0 then
   deadline_ms = now_ms + tonumber(ARGV[8])
