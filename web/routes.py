@@ -6,7 +6,10 @@ Errors are raised, never formatted here: ``web.errors`` turns each into its stat
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -15,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from carpool.catalogue import Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
-from carpool.jobs import Admitted, is_job_id, new_job_id
+from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
@@ -23,7 +26,7 @@ from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and
 from web.metrics import requested_model
 from web.openapi import openapi_document
 from web.state import WebState, current_state
-from web.waiters import wait_for_final
+from web.waiters import await_final_after, wait_for_final
 
 blueprint = Blueprint("carpool", __name__)
 
@@ -33,29 +36,45 @@ FALLBACK_RESULT_TTL_S = 3600
 
 @blueprint.post("/submit")
 def submit() -> tuple[Response, int, dict[str, str]]:
+    """202 with the job's id; with ``?wait=S``, 200 with its result if it ends within S."""
     state = current_state()
     owner = request_owner(state.settings)
     try:
+        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
         sub = _read_submission(state.settings.catalogue)
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
-    try:
-        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner)
-    except CarpoolError as exc:
-        state.metrics.count_rejected(sub.spec.name, exc)
-        raise
-    state.metrics.count_submitted(admitted)
+    deadline = time.monotonic() + wait_s
+    job_id = new_job_id()
+    with ExitStack() as stack:
+        # Watched before it is admitted: a completion that comes at once still wakes us.
+        woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
+        try:
+            admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner, job_id)
+        except CarpoolError as exc:
+            state.metrics.count_rejected(sub.spec.name, exc)
+            raise
+        state.metrics.count_submitted(admitted)
+        view = _final_by(state, admitted, woken, deadline)
+    if view is not None:
+        return jsonify(view.to_json()), 200, {}
     body = _accepted(admitted)
     return jsonify(body), 202, {"Location": body["result_url"]}
 
 
 @blueprint.post("/submit/batch")
 def submit_batch() -> tuple[Response, int]:
-    """One admission per input; each input fails alone, and answers in its place."""
+    """One admission per input; each input fails alone, and answers in its place.
+
+    With ``?wait=S``: 200 when every admitted job ended within S, each in its place as
+    its result document; else 202, with the result document of those that ended and
+    the usual accepted item for the rest.
+    """
     state = current_state()
     owner = request_owner(state.settings)
     try:
+        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
         _require_json()
         if "Idempotency-Key" in request.headers:
             raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
@@ -64,12 +83,33 @@ def submit_batch() -> tuple[Response, int]:
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
+    deadline = time.monotonic() + wait_s
+    with ExitStack() as stack:
+        jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
+        finals = [(i, _final_by(state, admitted, woken, deadline))
+                  for i, (admitted, woken) in watched.items()]
+    for i, view in finals:
+        if view is not None:
+            jobs[i] = view.to_json()
+    if wait_s > 0 and watched and all(view is not None for _, view in finals):
+        return jsonify({"jobs": jobs}), 200
+    return jsonify({"jobs": jobs}), 202
+
+
+def _admit_batch(
+    state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
+) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
+    """Each item's answer in order, and each admitted item's job (and event, to wait on)."""
     jobs: list[dict[str, Any]] = []
+    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            admitted = _admit(state, batch.spec, prepared, batch.options, owner)
+            job_id = new_job_id()
+            woken = stack.enter_context(state.notifier.watch(job_id)) if watch else None
+            admitted = _admit(state, batch.spec, prepared, batch.options, owner, job_id)
             state.metrics.count_submitted(admitted)
+            watched[i] = (admitted, woken)
             jobs.append(_accepted(admitted))
         except BackendUnavailable as exc:
             state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
@@ -81,7 +121,20 @@ def submit_batch() -> tuple[Response, int]:
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
             jobs.append(_item_error(exc))
-    return jsonify({"jobs": jobs}), 202
+    return jobs, watched
+
+
+def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None,
+              deadline: float) -> JobView | None:
+    """The job's final view if it ends by ``deadline`` (monotonic); None otherwise."""
+    if woken is None:
+        return None
+    if admitted.duplicate:  # the first job's: not watched before admission, read first
+        view = wait_for_final(state.queue, state.notifier, admitted.id,
+                              max(0.0, deadline - time.monotonic()))
+    else:
+        view = await_final_after(state.queue, woken, admitted.id, deadline)
+    return view if view is not None and view.status.is_final else None
 
 
 @blueprint.get("/result/<job_id>")
@@ -157,7 +210,8 @@ def _read_submission(catalogue: Catalogue) -> inputs.Submission:
         data = files["file"].read()
         return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key)
     if mimetype.startswith("image/"):
-        return inputs.submission_from_file(request.args.to_dict(), request.get_data(),
+        fields = {k: v for k, v in request.args.items() if k != "wait"}  # ?wait= is ours
+        return inputs.submission_from_file(fields, request.get_data(),
                                            catalogue, header_key)
     _require_json()
     doc = inputs.parse_json(request.get_data())
@@ -173,10 +227,10 @@ def _require_json() -> None:
 
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-           options: inputs.Options, owner: str) -> Admitted:
+           options: inputs.Options, owner: str, job_id: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
     return state.queue.admit(
-        spec, prepared.bin, new_job_id(), prepared.input_json,
+        spec, prepared.bin, job_id, prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
         deadline_ms=options.deadline_ms,
         priority=options.priority,
