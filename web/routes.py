@@ -22,7 +22,13 @@ from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
-from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
+from web.errors import (
+    JobNotFound,
+    UnsupportedMediaType,
+    error_body,
+    retry_after_s,
+    status_and_code,
+)
 from web.metrics import requested_model
 from web.openapi import openapi_document
 from web.state import WebState, current_state
@@ -252,7 +258,11 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:
     status, code = status_and_code(exc)
-    return {**error_body(code, str(exc)), "status": status}
+    item = {**error_body(code, str(exc)), "status": status}
+    retry = retry_after_s(exc)
+    if retry is not None:  # what the Retry-After header says for a single submit
+        item["retry_after_s"] = retry
+    return item
 
 
 def _require_job_id(job_id: str) -> None:
