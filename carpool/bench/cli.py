@@ -60,6 +60,9 @@ def _common(p: argparse.ArgumentParser, transport: bool = True) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", default="16", help="input sizes, e.g. 16 or 16:0.7,200:0.3")
     w.add_argument("--seed", type=int, default=1, help="random seed of arrivals and sizes")
+    w.add_argument("--client-timeout-s", type=float, default=0.0,
+                   help="each client gives up this long after its job's scheduled arrival "
+                        "(counted as 'timeout'); 0: never (http transport)")
     w.add_argument("--grace-s", type=float, default=60.0,
                    help="after the last arrival, how long results may take before 'lost'")
     p.add_argument("--out", default="", help="output folder (default bench-out/<cmd>-<time>)")

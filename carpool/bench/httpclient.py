@@ -131,6 +131,9 @@ class HttpClient:
                 conn = await self._connection()
                 try:
                     response = await conn.request(head, body)
+                except asyncio.CancelledError:
+                    conn.close()  # a client that gave up hangs up; the answer may still come
+                    raise
                 except ConnectionClosed:
                     conn.close()
                     if attempt == 2:
