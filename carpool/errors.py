@@ -55,6 +55,18 @@ class WaitTooLong(BinFull):
         self.limit_ms = limit_ms
 
 
+class OverShare(BinFull):
+    """Raised when a bin is near its bound and this API key is over its share of it."""
+
+    def __init__(self, model: str, bin_name: str, depth: int, retry_after_s: float) -> None:
+        super().__init__(
+            model, bin_name, depth, retry_after_s,
+            f"bin {bin_name!r} of model {model!r} is nearly full ({depth} jobs waiting) and "
+            f"this API key has sent more than its share of them; retry after "
+            f"{retry_after_s:.0f} s",
+        )
+
+
 class IdempotencyConflict(CarpoolError):
     """Raised when an idempotency key is reused with a different input."""
 

@@ -23,6 +23,7 @@ from carpool.errors import (
     BinFull,
     IdempotencyConflict,
     NotCancellable,
+    OverShare,
     WaitTooLong,
 )
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
@@ -31,9 +32,11 @@ from carpool.retry_after import (
     DRAIN_MIN_AGE_MS,
     DRAIN_STALE_MS,
     DRAIN_TAU_MS,
+    FAIR_SHARE_NEAR,
     drain_rate_per_s,
     late_retry_after_s,
     retry_after_s,
+    share_retry_after_s,
 )
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 
@@ -130,22 +133,26 @@ class Queue:
         idempotency_digest: str | None = None,
         input_digest: str = "",
         owner: str = "",
+        owner_weight: float = 1.0,
     ) -> Admitted:
         """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
-        ``WaitTooLong`` when it would start after its deadline (else max_queue_ms).
+        ``WaitTooLong`` when it would start after its deadline (else max_queue_ms), and
+        ``OverShare`` near the bound when ``owner`` is over its ``owner_weight``'s share.
 
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
         """
         idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
         keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
-                self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name)]
+                self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name),
+                self.keys.tenants(model.name, bin_spec.name)]
         deadline_ms = effective_deadline_ms(model, deadline_ms)
         args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
                 bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
                 "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
                 sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS,
-                model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS]
+                model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS,
+                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}"]
         with redis_errors():
             reply = self._admit(keys=keys, args=args)
         kind = reply[0]
@@ -159,6 +166,9 @@ class Queue:
             )
         depth = int(reply[1])
         rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
+        if kind == "share":
+            raise OverShare(model.name, bin_spec.name, depth,
+                            share_retry_after_s(float(reply[4]), rate))
         if kind == "late":
             limit_ms = int(reply[4])
             raise WaitTooLong(model.name, bin_spec.name, depth,

@@ -14,10 +14,10 @@ from dataclasses import replace
 import pytest
 
 from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.errors import BinFull, WaitTooLong
+from carpool.errors import BinFull, OverShare, WaitTooLong
 from carpool.jobs import Outcome, new_job_id
 from carpool.queue import Queue
-from carpool.retry_after import DRAIN_STALE_MS
+from carpool.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
 
 TTL_S = 60
 #: Jobs drained to make a rate: about 10 jobs/s.
@@ -123,3 +123,42 @@ def test_a_negative_max_queue_ms_is_a_config_error(value: int) -> None:
 
     with pytest.raises(ConfigError, match="max_queue_ms"):
         validate(spec_with(max_queue_ms=value))
+
+
+# Fair share between tenants: owners are API-key digests; max_queue_ms 0 leaves the
+# depth bound alone, so "near the bound" is FAIR_SHARE_NEAR of max_depth.
+ALICE, BOB = "a" * 64, "b" * 64
+NEAR = int(FAIR_SHARE_NEAR * 100)
+
+
+def test_near_the_bound_the_tenant_over_its_share_is_refused_first(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0, max_depth=100)
+    for _ in range(NEAR):
+        admit(queue, spec, owner=ALICE)
+    admit(queue, spec, owner=BOB)  # under its share (nothing yet): admitted
+    with pytest.raises(OverShare) as info:
+        admit(queue, spec, owner=ALICE)
+    assert info.value.retry_after_s >= 1
+    # Bob stays under his half: admitted up to the hard bound, never refused for share.
+    bob, exc = fill_until_refused(queue, spec, owner=BOB)
+    assert bob == 100 - NEAR - 1 and type(exc) is BinFull
+
+
+def test_a_lone_tenant_is_never_over_its_share(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0, max_depth=100)
+    admitted, exc = fill_until_refused(queue, spec, owner=ALICE)
+    assert admitted == 100 and type(exc) is BinFull
+
+
+def test_a_heavier_weight_is_a_larger_share(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0, max_depth=100)
+    for _ in range(NEAR):
+        admit(queue, spec, owner=ALICE, owner_weight=99)
+    admit(queue, spec, owner=BOB)
+    admit(queue, spec, owner=ALICE, owner_weight=99)  # 81/82 of the jobs, 99/100 share
+
+
+def test_without_owners_there_is_no_share(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0, max_depth=100)
+    admitted, exc = fill_until_refused(queue, spec)
+    assert admitted == 100 and type(exc) is BinFull

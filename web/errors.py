@@ -22,6 +22,7 @@ from carpool.errors import (
     InputTooLarge,
     InvalidInput,
     NotCancellable,
+    OverShare,
     UnknownModel,
     WaitTooLong,
 )
@@ -65,6 +66,7 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (IdempotencyConflict, 422, "idempotency_conflict"),
     (NotCancellable, 409, "not_cancellable"),
     (WaitTooLong, 429, "wait_too_long"),
+    (OverShare, 429, "over_share"),
     (BinFull, 429, "bin_full"),
     (BackendUnavailable, 503, "backend_unavailable"),
 )

@@ -46,6 +46,7 @@ from carpool.errors import (
     IdempotencyConflict,
     InputTooLarge,
     InvalidInput,
+    OverShare,
     UnknownModel,
     WaitTooLong,
 )
@@ -59,6 +60,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Why a job was refused: first match wins, so a subclass comes before its base.
 _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (WaitTooLong, "wait_too_long"),
+    (OverShare, "over_share"),
     (BinFull, "bin_full"),
     (BackendUnavailable, "unavailable"),
     (UnknownModel, "unknown_model"),
@@ -69,7 +71,7 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
 )
 #: Every value the ``reason`` label takes; "error" is anything else carpool refused.
-REASONS = ("wait_too_long", "bin_full", "unavailable", "unknown_model", "too_large",
+REASONS = ("wait_too_long", "over_share", "bin_full", "unavailable", "unknown_model", "too_large",
            "conflict", "invalid", "error")
 BIN_LABELS = ("model", "bin")
 HTTP_LABELS = ("route", "method", "status")

@@ -243,6 +243,7 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
         idempotency_digest=idempotency_digest,
         input_digest=prepared.digest() if idempotency_digest else "",
         owner=owner,
+        owner_weight=state.settings.api_key_weights.get(owner, 1.0),
     )
 
 

@@ -5,6 +5,7 @@
 -- KEYS[3]  wake list     {p}:wake:<model>      a token wakes one blocked worker
 -- KEYS[4]  idempotency   {p}:idem:<model>:<k>  read/written only when ARGV[10] == "1"
 -- KEYS[5]  stats hash    {p}:stats:<model>:<bin>  admitted += 1; drain rate read when full
+-- KEYS[6]  tenants hash  {p}:tenants:<model>:<bin> owner -> "count at weight", when owned
 -- ARGV[1]  id            ARGV[2] model        ARGV[3] bin
 -- ARGV[4]  input (JSON)  ARGV[5] max_depth    ARGV[6] max_batch
 -- ARGV[7]  ttl_s of a queued record           ARGV[8] deadline, ms after admission (0: none)
@@ -15,11 +16,13 @@
 -- ARGV[15] drain-rate time constant, ms (carpool/retry_after.py)
 -- ARGV[16] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
 -- ARGV[17] drain-rate minimum age, ms  ARGV[18] a drain rate older than this is unknown, ms
+-- ARGV[19] the owner's fair-share weight  ARGV[20] "near the bound" as a fraction of it
 --
 -- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
 --         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
 --         and the time since its first drain (-1: never drained), for Retry-After |
---         {"late", ahead, drained_ewma, age_ms, limit_ms}: refused by predicted wait.
+--         {"late", ahead, drained_ewma, age_ms, limit_ms}: refused by predicted wait |
+--         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
@@ -56,6 +59,7 @@ local score = string.format("%.0f", now_us + tonumber(ARGV[14]) * 1000)
 -- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
 local limit_ms = tonumber(ARGV[8])
 if limit_ms <= 0 then limit_ms = tonumber(ARGV[16]) end
+local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
 if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
   local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0")
   if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[18]) then
@@ -63,13 +67,52 @@ if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
     local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
     local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[17]))
     local per_ms = c / (tau * (1 - math.exp(-age / tau)))
+    drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
     local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
-    if ahead * 1.0 > limit_ms * per_ms then
-      return {"late", ahead, string.format("%.6f", c), now_ms - tonumber(st[3]), limit_ms}
+    if ahead * 1.0 > limit_ms * drain[3] then
+      return {"late", ahead, drain[1], drain[2], limit_ms}
     end
   end
 end
 -- <<< admission by predicted wait <<<
+
+-- >>> fair share between tenants (docs/admission.md) >>>
+-- Each owner's admissions into the bin are a decayed count (time constant ARGV[15]).
+-- Near the bound (depth, or predicted wait of the whole bin, over ARGV[20] of its
+-- limit), an owner whose part of the recent admissions is over its weight's part of
+-- the active owners' weights is refused first; one under its part is admitted.
+if ARGV[12] ~= "" then
+  local tau, frac = tonumber(ARGV[15]), tonumber(ARGV[20])
+  local near = depth >= frac * tonumber(ARGV[5])
+  if drain and limit_ms > 0 then near = near or depth >= frac * limit_ms * drain[3] end
+  if near then
+    local all = redis.call("HGETALL", KEYS[6])
+    local mine, sum_c, sum_w, w = 0, 0, 0, tonumber(ARGV[19])
+    for i = 1, #all, 2 do
+      local c, t, wt = string.match(all[i + 1], "(%S+) (%S+) (%S+)")
+      c = tonumber(c) * math.exp(-(now_ms - tonumber(t)) / tau)
+      if all[i] == ARGV[12] then mine = c end
+      if c >= 0.5 or all[i] == ARGV[12] then  -- active: one admission within ~0.7 tau
+        sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
+      end
+    end
+    if mine == 0 then sum_w = sum_w + w end
+    if sum_c > 0 and mine / sum_c > w / sum_w then
+      local excess = string.format("%.3f", mine - sum_c * w / sum_w)
+      if drain then return {"share", depth, drain[1], drain[2], excess} end
+      return {"share", depth, "0", -1, excess}
+    end
+  end
+  local prev = redis.call("HGET", KEYS[6], ARGV[12])
+  local c = 0
+  if prev then
+    local pc, pt = string.match(prev, "(%S+) (%S+)")
+    c = tonumber(pc) * math.exp(-(now_ms - tonumber(pt)) / tau)
+  end
+  redis.call("HSET", KEYS[6], ARGV[12], string.format("%.4f %d %s", c + 1, now_ms, ARGV[19]))
+  redis.call("EXPIRE", KEYS[6], ARGV[7])
+end
+-- <<< fair share between tenants <<<
 local deadline_ms = 0
 if tonumber(ARGV[8]) > 0 then
   deadline_ms = now_ms + tonumber(ARGV[8])
