@@ -121,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--work-s", type=float, default=8.0,
                        help="size each backlog to this many seconds at its analytical limit")
 
+    tenants = sub.add_parser("tenants", help="two API keys on one bin: one floods, one is quiet")
+    _common(tenants, transport=False)
+    tenants.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals")
+    tenants.add_argument("--flood", type=float, default=10.0,
+                         help="the flooding tenant's rate, × the analytical limit")
+    tenants.add_argument("--quiet", type=float, default=0.2,
+                         help="the quiet tenant's rate, × the analytical limit")
+
     ceiling = sub.add_parser("ceiling", help="the generator's ceiling against a trivial server")
     ceiling.add_argument("--url", default="", help="default: a stub server of our own")
     ceiling.add_argument("--rates", type=_floats, default=list(DEFAULT_RATES),

@@ -37,6 +37,8 @@ class HttpOptions:
     poll_connections: int = 1024
     #: A job's client gives up this long after its scheduled arrival (0: never).
     client_timeout_s: float = 0.0
+    #: Sent as ``Authorization: Bearer`` (a tenant of a server with API keys).
+    api_key: str = ""
 
 
 class HttpDriver:
@@ -44,8 +46,9 @@ class HttpDriver:
         self.opts = opts
         self.nonce = nonce
         self.tick = tick
-        self.submit = HttpClient(opts.base_url, opts.submit_connections)
-        self.poll = HttpClient(opts.base_url, opts.poll_connections)
+        auth = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
+        self.submit = HttpClient(opts.base_url, opts.submit_connections, auth)
+        self.poll = HttpClient(opts.base_url, opts.poll_connections, auth)
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.deadline = self.t0

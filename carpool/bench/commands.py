@@ -47,7 +47,10 @@ def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
                    f"sizes {args.sizes}; workers {args.workers}")
-    handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain}[args.command]
+    from carpool.bench.tenants import cmd_tenants
+
+    handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain,
+               "tenants": cmd_tenants}[args.command]
     return handler(args, out, header)
 
 
