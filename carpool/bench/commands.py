@@ -173,6 +173,7 @@ def cmd_sweep(args: argparse.Namespace, out: Path, header: str) -> int:
                         if knee and knee.offered_rate else "not found (lowest rate unhealthy)"))
     summaries = [r.summary for r in results]
     plots.latency_vs_throughput(summaries, knees, out / "latency-vs-throughput.png")
+    plots.overload(summaries, out / "overload.png")
     # Batch sizes at each curve's knee (at its lowest rate where no knee was found).
     shown = [knees.get(t) or min((s for s in summaries if s.extra["target"] == t),
                                  key=lambda s: s.offered_rate or 0.0) for t in knees]
