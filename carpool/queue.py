@@ -165,15 +165,15 @@ class Queue:
                 f"idempotency key was first used for job {reply[1]} with a different input"
             )
         depth = int(reply[1])
+        if kind == "late":
+            rate, limit_ms = float(reply[2]), int(reply[3])
+            raise WaitTooLong(model.name, bin_spec.name, depth,
+                              depth / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
+                              late_retry_after_s(depth, rate, limit_ms))
         rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
         if kind == "share":
             raise OverShare(model.name, bin_spec.name, depth,
                             share_retry_after_s(float(reply[4]), rate))
-        if kind == "late":
-            limit_ms = int(reply[4])
-            raise WaitTooLong(model.name, bin_spec.name, depth,
-                              depth / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
-                              late_retry_after_s(depth, rate, limit_ms))
         raise BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
 
     def peek(

@@ -152,6 +152,8 @@ def test_a_job_predicted_to_wait_too_long_is_refused_at_once_with_retry_after(
         ids = [client.submit("slowq", {"value": i, "size": 1}).id for i in range(10)]
         claim = queue.claim(spec, "only", 10, lease_ms=10_000, token="t", worker="test")
         assert sorted(j.id for j in claim.jobs) == sorted(ids)
+        for job in claim.jobs:  # a batch that ran 1 s
+            queue.client.hset(queue.keys.job(job.id), "t_claim", claim.now_ms - 1000)
         queue.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": 10})
         with pytest.raises(Overloaded) as info:
             for _ in range(spec.bins[0].max_depth):

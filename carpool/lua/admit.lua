@@ -21,7 +21,7 @@
 -- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
 --         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
 --         and the time since its first drain (-1: never drained), for Retry-After |
---         {"late", ahead, drained_ewma, age_ms, limit_ms}: refused by predicted wait |
+--         {"late", ahead, jobs/s, limit_ms}: refused by predicted wait, at that rate |
 --         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
@@ -61,16 +61,19 @@ local limit_ms = tonumber(ARGV[8])
 if limit_ms <= 0 then limit_ms = tonumber(ARGV[16]) end
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
 if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
-  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0")
+  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0", "busy_c")
   if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[18]) then
     local tau = tonumber(ARGV[15])
     local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
     local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[17]))
-    local per_ms = c / (tau * (1 - math.exp(-age / tau)))
+    -- Below saturation the drain rate is the arrival rate; how fast the workers drain
+    -- while busy (jobs per claim-to-completion ms) is the better bound then.
+    local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
+    local per_ms = math.max(c / (tau * (1 - math.exp(-age / tau))), busy_per_ms)
     drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
     local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
     if ahead * 1.0 > limit_ms * drain[3] then
-      return {"late", ahead, drain[1], drain[2], limit_ms}
+      return {"late", ahead, string.format("%.6f", per_ms * 1000), limit_ms}
     end
   end
 end
