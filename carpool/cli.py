@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from carpool import http_client
-from carpool.clihelp import HelpParser
 from carpool.client import ApiError, Client, Job
+from carpool.clihelp import HelpParser
 from carpool.errors import CarpoolError
 from carpool.localstack import UpOptions, start_stack
 
