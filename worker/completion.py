@@ -66,13 +66,13 @@ class CompletionWriter:
                 written = self.queue.complete(spec, claim, outcomes, batch)
             except BackendUnavailable as exc:
                 now_s = self.clock()
-                if self.stopping.is_set() or now_s - started_s >= self.max_batch_s:
-                    raise GaveUp(f"gave up writing the {len(outcomes)} results of "
-                                 f"{claim.token}: {exc}") from exc
                 if first_failure_s is None:
                     first_failure_s = now_s
                     log.warning("results of %s not written (%s); retrying every %.1f s at "
                                 "most while Redis is away", claim.token, exc, RETRY_MAX_S)
+                if self.stopping.is_set() or now_s - started_s >= self.max_batch_s:
+                    raise GaveUp(f"gave up writing the {len(outcomes)} results of "
+                                 f"{claim.token}: {exc}") from exc
                 self.retries += 1
                 self.stopping.wait(backoff_s)
                 backoff_s = min(RETRY_MAX_S, backoff_s * 2)
