@@ -19,6 +19,8 @@ keys then live on one shard: Cluster buys availability here, not capacity).
                                   each tenant's recent part of the bin, for fair share
     {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:workers             hash  worker name -> "<until_ms> <JSON>": the models it serves and
+                                  those it refused, with the reason (heartbeat, carpool/registry.py)
     {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
                                   newest first, capped: a place to inspect poison inputs
 """
@@ -98,6 +100,10 @@ class Keys:
 
     def gpu(self, uuid: str) -> str:
         return f"{self._tag}:gpu:{uuid}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self._tag}:workers"
 
     @property
     def gpu_free(self) -> str:

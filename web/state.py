@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from flask import current_app
 
 from carpool.queue import Queue
+from carpool.registry import RegistryCache
 from carpool.settings import Settings
 from web.metrics import WebMetrics
 from web.waiters import Notifier
@@ -21,6 +22,8 @@ class WebState:
     queue: Queue
     notifier: Notifier
     metrics: WebMetrics
+    #: Which models the live workers serve or refused (cached a few seconds).
+    models: RegistryCache
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""
