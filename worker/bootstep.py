@@ -159,8 +159,11 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                                  list(handlers), loaded.refused)
         self.presence.start()
         if settings.worker_metrics_port:
-            self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
-                                                     settings.worker_metrics_addr)
+            try:
+                self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
+                                                         settings.worker_metrics_addr)
+            except ConfigError as exc:  # a second worker on the host: serve all the same
+                log.warning("serving without a metrics endpoint: %s", exc)
         parent.carpool_loop = self.loop  # remote-control commands find it here
         parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
