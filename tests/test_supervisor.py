@@ -121,3 +121,35 @@ def test_a_worker_killed_under_carpool_up_is_replaced_and_every_job_completes(
     assert "worker0 was killed by signal 9; restarting in" in text
     worker_log = (tmp_path / "state" / "worker0.log").read_text()
     assert worker_log.count("worker0@") >= 2  # the replacement's own start is in its log
+
+
+@pytest.mark.e2e
+def test_carpool_up_demo_names_the_child_that_died_and_quotes_why(tmp_path: Path) -> None:
+    with private_redis() as redis_server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "carpool.cli", "up", "--demo", "--once", "--no-flower",
+             "--port", str(free_port()), "--redis-url", redis_server.url,
+             "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+            cwd=REPO_ROOT, env={**os.environ, "CARPOOL_MODELS": "synthetic,no-such-model",
+                                "CARPOOL_WORKER_METRICS_PORT": "0"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    first_exit = proc.stderr.index("worker0 exited with code")
+    assert "no-such-model" in proc.stderr[first_exit:first_exit + 2000]  # its own words
+    assert "5th exit within 60 s: stopping (crash loop)" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_a_worker_whose_metrics_port_is_taken_serves_without_it_and_says_so(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    from tests.conftest import make_env
+    from tests.procs import start_worker
+
+    log = tmp_path / "worker.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = make_env(redis_url, key_prefix, CARPOOL_MODELS="synthetic",
+                       CARPOOL_WORKER_METRICS_PORT=str(taken.getsockname()[1]))
+        with start_worker(env, "w1@metrics-taken", log_path=log) as worker:
+            assert worker.poll() is None
+    assert log.read_text().count("serving without a metrics endpoint") == 1
