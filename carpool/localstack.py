@@ -8,11 +8,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from carpool.commands import python_argv
 from carpool.errors import ConfigError
 from carpool.redis_local import LocalRedis, answers, choose_redis, free_port
 from carpool.settings import DEFAULT_WORKER_METRICS_PORT
@@ -24,16 +24,13 @@ STOP_GRACE_S = 30.0
 DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
 
 
+# The shipped command lines (carpool/commands.toml), run by this interpreter.
 def web_command() -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf", "web:create_app()"]
+    return python_argv("web")
 
 
 def worker_command(index: int) -> list[str]:
-    # --pool solo: the batching loop owns the GPU; one process per GPU, and CUDA
-    # must never be forked into a child.
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-            "--pool", "solo", "--concurrency", "1", "-E", "-n", f"worker{index}@%h",
-            "--loglevel", "INFO"]
+    return [*python_argv("worker", node=f"worker{index}@%h"), "--loglevel", "INFO"]
 
 
 #: Flower's task list: each batch's (model, bin, size) and its result beside its runtime.
@@ -41,8 +38,8 @@ FLOWER_TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,wor
 
 
 def flower_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
-            f"--port={port}", "--address=127.0.0.1", f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
+    return [*python_argv("flower", port=port), "--address=127.0.0.1",
+            f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
 
 
 def port_problem(port: int) -> str | None:
