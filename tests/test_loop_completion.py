@@ -1,6 +1,7 @@
 """The batch loop against a private Redis that stops answering while two batches are
 in flight (the pipelined executor): a completion that fails is reported for its own
-batch, never for the batch still computing."""
+batch, never for the batch still computing; a claim whose reply was lost has its jobs
+handed back, not left to come back as suspects."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from carpool.jobs import Claim
+import pytest
+
+from carpool.batching import Go
+from carpool.errors import BackendUnavailable
+from carpool.jobs import Claim, JobStatus
 from carpool.keys import Keys
+from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import load_settings
 from tests.conftest import make_env
-from tests.faults import admit_jobs
+from tests.faults import admit_jobs, statuses
 from tests.procs import wait_until
 from tests.redisproc import private_redis
 from worker.handlers.synthetic import SyntheticHandler
+from worker.leasekeeper import LeaseKeeper
 from worker.loop import BatchLoop, BatchReport
 from worker.pipeline import PipelinedExecutor
 
@@ -76,3 +83,31 @@ def test_a_failed_completion_is_reported_for_its_own_batch_not_the_one_computing
         queue.client.close()
     assert first_finished == (older, True)  # A ended without completing; B was computing
     assert computing != older
+
+
+def test_a_claim_whose_reply_was_lost_is_handed_back_with_its_attempt_refunded(
+        key_prefix: str) -> None:
+    with private_redis() as server:
+        queue = Queue(connect(server.url, socket_timeout_s=SOCKET_TIMEOUT_S), Keys(key_prefix))
+        settings = load_settings(make_env(server.url, key_prefix))
+        spec = settings.catalogue.get("synthetic")
+        ids = admit_jobs(queue, spec, range(3))
+        keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
+        loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))},
+                         "w-test", listeners=[keeper])
+        # A claim on an empty bin loads claim.lua, as a running worker has it loaded.
+        assert not queue.claim(spec, "medium", 1, lease_ms=1000, token="warm", worker="w").jobs
+        server.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(BackendUnavailable):
+                loop.run_one(Go("synthetic", "small", 8))  # times out: no reply
+        finally:
+            server.signal(signal.SIGCONT)
+        # Redis ran the claim once it woke: three jobs leased to a token nobody holds.
+        wait_until(lambda: set(statuses(queue, ids).values()) == {JobStatus.RUNNING}, 10,
+                   "the claim sent before Redis froze to run")
+        keeper.tick()
+        assert set(statuses(queue, ids).values()) == {JobStatus.QUEUED}
+        assert [queue.client.hget(queue.keys.job(i), "attempts") for i in ids] == ["0"] * 3
+        assert queue.client.zrange(queue.keys.bin("synthetic", "small"), 0, -1) == ids
+        queue.client.close()

@@ -80,6 +80,8 @@ class BatchLoop:
     #: (claim.expired of them; the claim may hold no job at all then):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
     #: ("finished", claim, None) means the batch ended without completing (an error).
+    #: ("unanswered", claim, None): a claim whose reply never came (claim.jobs empty;
+    #: it may have leased jobs to claim.token all the same).
     listeners: list[BatchListener] = field(default_factory=list)
     #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
     #: suspect inputs hooks in here.
@@ -204,8 +206,16 @@ class BatchLoop:
         once ``executor.depth`` batches are."""
         spec: ModelSpec = self.handlers[go.model].spec
         max_n = self.executor.limit(spec.name, go.bin, go.max_n)
-        claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
-                                 token=self._token(), worker=self.worker_name)
+        token = self._token()
+        try:
+            claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
+                                     token=token, worker=self.worker_name)
+        except BackendUnavailable:
+            # The claim may have run with its reply lost (a timeout, a dropped
+            # connection): jobs leased to a token nobody holds. Lease keepers find
+            # them by token once Redis answers and hand them back, attempt refunded.
+            self._notify("unanswered", Claim(spec.name, go.bin, token, 0, ()), None)
+            raise
         if claim.expired:
             self._notify("expired", claim, None)
         for narrow in self.claim_filters:
