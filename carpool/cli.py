@@ -84,8 +84,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                      models=args.models, state_dir=Path(args.state_dir))
     stack, urls, notes = start_stack(opts)
     supervisor = stack.supervisor
-    # SIGTERM ends the wait below as a crash loop would, without a failure to report.
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.failed.set())
+
+    def interrupted(signum: int, frame: object) -> None:
+        # Ctrl-C reaches the children too (one process group): restarting them as
+        # they exit would fight the stop. SIGTERM stops the stack the same way.
+        supervisor.hold()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         for note in notes:
             print(note, file=sys.stderr)
@@ -97,11 +104,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.once:
             return code
         print("carpool is up; Ctrl-C stops it.", flush=True)
-        supervisor.failed.wait()  # a crash loop, or SIGTERM
-        if supervisor.failure:
-            print(f"stopped: {supervisor.failure}", file=sys.stderr)
-            return 1
-        return code
+        supervisor.failed.wait()  # a crash loop (Ctrl-C and SIGTERM raise KeyboardInterrupt)
+        print(f"stopped: {supervisor.failure}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:

@@ -57,6 +57,8 @@ def port_problem(port: int) -> str | None:
 def pick_port(wanted: int | None, default: int, what: str, notes: list[str]) -> int:
     """``wanted`` if given (an error names why it cannot be used); else ``default``,
     or a free port when that one is taken (noted for the user)."""
+    if wanted == 0:
+        return free_port()  # 0: any free port, chosen here so the URLs printed are true
     if wanted is not None:
         problem = port_problem(wanted)
         if problem:

@@ -100,12 +100,15 @@ class Supervisor:
 
     def check(self) -> None:
         """Note exits, restart children whose backoff has passed, detect crash loops."""
+        if self._stopping.is_set():
+            return  # stopping: a child exiting now was told to
         now = self.clock()
         for child in self.children:
             code = child.proc.poll() if child.proc is not None else None
             if child.restart_at is None and code is not None:
                 self._exited(child, code, now)
-            if child.restart_at is not None and now >= child.restart_at and not self.failure:
+            if (child.restart_at is not None and now >= child.restart_at and not self.failure
+                    and not self._stopping.is_set()):
                 child.restart_at = None
                 child.restarts += 1
                 child.start()
@@ -132,8 +135,12 @@ class Supervisor:
     def running(self) -> list[subprocess.Popen[bytes]]:
         return [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
 
+    def hold(self) -> None:
+        """No more restarts from now on (safe from a signal handler: takes no lock)."""
+        self._stopping.set()
+
     def stop(self) -> None:
-        """No more restarts (the caller then stops the children)."""
+        """No more restarts, and the thread has ended (the caller then stops the children)."""
         with self._lock:
             self._stopping.set()
         if self._thread is not None:
