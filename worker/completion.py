@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from carpool.catalogue import ModelSpec
-from carpool.errors import BackendUnavailable
+from carpool.errors import BackendUnavailable, CarpoolError
 from carpool.jobs import Claim, Outcome
 from carpool.queue import Queue, redis_errors
 
@@ -37,7 +37,7 @@ RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _FINAL = frozenset({"done", "failed"})
 
 
-class GaveUp(Exception):
+class GaveUp(CarpoolError):
     """Raised when a batch's results could not be written and the worker stopped trying."""
 
 
