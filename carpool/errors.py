@@ -71,6 +71,24 @@ class OverShare(BinFull):
         )
 
 
+class BudgetFull(CarpoolError):
+    """Raised when a model's (or an API key's) queued input bytes are at their budget."""
+
+    #: Retry-After of a spent byte budget: it frees as workers claim, seconds apart.
+    RETRY_AFTER_S = 5.0
+
+    def __init__(self, model: str, scope: str, held_bytes: int, budget_bytes: int) -> None:
+        whose = f"model {model!r}" if scope == "model" else f"this API key's jobs of {model!r}"
+        super().__init__(
+            f"{whose} already hold {held_bytes} bytes of queued input, and this input would "
+            f"pass the budget of {budget_bytes} (max_queued_bytes); retry after "
+            f"{self.RETRY_AFTER_S:.0f} s, when workers have taken some"
+        )
+        self.model = model
+        self.scope = scope
+        self.retry_after_s = self.RETRY_AFTER_S
+
+
 class IdempotencyConflict(CarpoolError):
     """Raised when an idempotency key is reused with a different input."""
 

@@ -130,6 +130,12 @@ class JobView:
         return body
 
 
+#: The job hash's fields that a ``JobView`` is built from: never the input, which
+#: may be megabytes and would be sent on every poll of a queued job.
+VIEW_FIELDS = ("status", "model", "owner", "t_admit", "t_claim", "t_done", "timings", "result",
+               "error", "batch")
+
+
 def view_from_hash(job_id: str, h: dict[str, str]) -> JobView:
     """Build the client's view from a job hash (strings, as Redis returns them)."""
     status = JobStatus(h["status"])

@@ -17,6 +17,10 @@ keys then live on one shard: Cluster buys availability here, not capacity).
                                   count), rate_t, rate_t0 (for Retry-After)
     {p}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight":
                                   each tenant's recent part of the bin, for fair share
+    {p}:bytes:<model>       hash  queued input bytes of the model by admission time bucket
+                                  ("<bucket>" -> bytes) and the bucket width ("w", ms):
+                                  the byte budget (admit.lua; carpool/budget.py)
+    {p}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
     {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers             hash  worker name -> "<until_ms> <JSON>": the models it serves and
@@ -97,6 +101,13 @@ class Keys:
 
     def tenants(self, model: str, bin_name: str) -> str:
         return f"{self._tag}:tenants:{model}:{bin_name}"
+
+    def queued_bytes(self, model: str) -> str:
+        """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""
+        return f"{self._tag}:bytes:{model}"
+
+    def owner_queued_bytes(self, model: str, owner: str) -> str:
+        return f"{self.queued_bytes(model)}:{owner}"
 
     def gpu(self, uuid: str) -> str:
         return f"{self._tag}:gpu:{uuid}"

@@ -18,15 +18,26 @@ import redis
 from redis.commands.core import Script
 
 from carpool.catalogue import BinSpec, ModelSpec
+from carpool.budget import LIVE_BUCKETS, bucket_ms
 from carpool.errors import (
     BackendUnavailable,
     BinFull,
+    BudgetFull,
     IdempotencyConflict,
     NotCancellable,
     OverShare,
     WaitTooLong,
 )
-from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
+from carpool.jobs import (
+    VIEW_FIELDS,
+    Admitted,
+    BinState,
+    Claim,
+    ClaimedJob,
+    JobView,
+    Outcome,
+    view_from_hash,
+)
 from carpool.keys import Keys
 from carpool.retry_after import (
     DRAIN_MIN_AGE_MS,
@@ -145,14 +156,18 @@ class Queue:
         idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
         keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
                 self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name),
-                self.keys.tenants(model.name, bin_spec.name)]
+                self.keys.tenants(model.name, bin_spec.name),
+                self.keys.queued_bytes(model.name),
+                self.keys.owner_queued_bytes(model.name, owner or "-")]
         deadline_ms = effective_deadline_ms(model, deadline_ms)
         args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
                 bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
                 "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
                 sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS,
                 model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS,
-                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}"]
+                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
+                self.keys.job_prefix, model.max_queued_bytes, model.key_queued_bytes,
+                bucket_ms(queued_ttl_s), LIVE_BUCKETS]
         with redis_errors():
             reply = self._admit(keys=keys, args=args)
         kind = reply[0]
@@ -160,10 +175,13 @@ class Queue:
             return Admitted(job_id, model.name, bin_spec.name, int(reply[2]))
         if kind == "dup":
             return Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)
-        if kind == "conflict":
+        if kind == "conflict":  # never name the first job: without API keys, ids are secrets
             raise IdempotencyConflict(
-                f"idempotency key was first used for job {reply[1]} with a different input"
+                "this idempotency key was already used for a different input (of this model); "
+                "use a new key for a new input"
             )
+        if kind == "over":
+            raise BudgetFull(model.name, str(reply[1]), int(reply[2]), int(reply[3]))
         depth = int(reply[1])
         if kind == "late":
             rate, limit_ms = float(reply[2]), int(reply[3])
@@ -201,7 +219,8 @@ class Queue:
         worker: str,
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
-        keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
+        keys = [self.keys.bin(model.name, bin_name), self.keys.leases,
+                self.keys.queued_bytes(model.name)]
         args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix, worker,
                 self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
         with redis_errors():
@@ -235,15 +254,18 @@ class Queue:
         with redis_errors():
             reply = str(self._cancel(
                 keys=[self.keys.job(job_id)],
-                args=[job_id, self.keys.bin_prefix, self.keys.done_channel, result_ttl_s],
+                args=[job_id, self.keys.bin_prefix, self.keys.done_channel, result_ttl_s,
+                      self.keys.queued_bytes("")],
             ))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
         return reply
 
     def get(self, job_id: str) -> JobView | None:
+        """The job as a client sees it; reads only ``VIEW_FIELDS``, never the input."""
         with redis_errors():
-            h = cast(dict[str, str], self.client.hgetall(self.keys.job(job_id)))
+            values = self.client.hmget(self.keys.job(job_id), VIEW_FIELDS)
+        h = {k: v for k, v in zip(VIEW_FIELDS, cast(list[str | None], values)) if v is not None}
         return view_from_hash(job_id, h) if h else None
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from flask import Flask
 
+from carpool.budget import check_catalogue_memory
 from carpool.catalogue import PYTHON_KIND
-from carpool.durability import check_durability
+from carpool.durability import check_durability, read_persistence
+from carpool.errors import BackendUnavailable
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.registry import Registry, RegistryCache
@@ -51,8 +53,18 @@ def create_app(settings: Settings | None = None) -> Flask:
 
 
 def check_redis_durability(app: Flask) -> list[str]:
-    """Warn about each way this app's Redis may lose jobs; raise when they are required."""
+    """Warn about each way this app's Redis may lose jobs or fill up; raise when required.
+
+    Also checks the catalogue's byte budgets against Redis's maxmemory (carpool.budget).
+    """
     state = app.extensions[EXTENSION]
     assert isinstance(state, WebState)
-    return check_durability(state.queue.client, require=state.settings.require_durable,
-                            who="web")
+    client, require = state.queue.client, state.settings.require_durable
+    found = check_durability(client, require=require, who="web")
+    try:
+        maxmemory = read_persistence(client).maxmemory
+    except BackendUnavailable:
+        return found  # check_durability has said so
+    sizing = check_catalogue_memory(state.settings.catalogue, maxmemory, require=require,
+                                    who="web")
+    return found + [sizing] if sizing else found

@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 from carpool.errors import (
     BackendUnavailable,
     BinFull,
+    BudgetFull,
     CarpoolError,
     IdempotencyConflict,
     InputTooLarge,
@@ -69,6 +70,7 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (WaitTooLong, 429, "wait_too_long"),
     (OverShare, 429, "over_share"),
     (BinFull, 429, "bin_full"),
+    (BudgetFull, 429, "budget_full"),
     (ModelRefused, 503, "model_unavailable"),
     (BackendUnavailable, 503, "backend_unavailable"),
 )
@@ -91,7 +93,7 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
 
 def retry_after_s(exc: CarpoolError) -> int | None:
     """Whole seconds for a Retry-After header, or None when retrying will not help."""
-    if isinstance(exc, BinFull):
+    if isinstance(exc, BinFull | BudgetFull):
         return max(1, math.ceil(exc.retry_after_s))
     if isinstance(exc, BackendUnavailable):
         return UNAVAILABLE_RETRY_AFTER_S

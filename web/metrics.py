@@ -41,6 +41,7 @@ from carpool.catalogue import Catalogue
 from carpool.errors import (
     BackendUnavailable,
     BinFull,
+    BudgetFull,
     CarpoolError,
     ConfigError,
     IdempotencyConflict,
@@ -62,6 +63,7 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (WaitTooLong, "wait_too_long"),
     (OverShare, "over_share"),
     (BinFull, "bin_full"),
+    (BudgetFull, "budget_full"),
     (BackendUnavailable, "unavailable"),
     (UnknownModel, "unknown_model"),
     (InputTooLarge, "too_large"),
@@ -71,8 +73,8 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
 )
 #: Every value the ``reason`` label takes; "error" is anything else carpool refused.
-REASONS = ("wait_too_long", "over_share", "bin_full", "unavailable", "unknown_model", "too_large",
-           "conflict", "invalid", "error")
+REASONS = ("wait_too_long", "over_share", "bin_full", "budget_full", "unavailable",
+           "unknown_model", "too_large", "conflict", "invalid", "error")
 BIN_LABELS = ("model", "bin")
 HTTP_LABELS = ("route", "method", "status")
 #: Methods a label may name; any other (a client may send any token) counts as "other".

@@ -17,12 +17,19 @@
 -- ARGV[16] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
 -- ARGV[17] drain-rate minimum age, ms  ARGV[18] a drain rate older than this is unknown, ms
 -- ARGV[19] the owner's fair-share weight  ARGV[20] "near the bound" as a fraction of it
+-- ARGV[21] job key prefix "{p}:job:" (an idempotency key's first job may be gone; same slot)
+-- Byte budget (carpool/budget.py): KEYS[7] model's bytes hash {p}:bytes:<model>,
+--   KEYS[8] the API key's {p}:bytes:<model>:<owner> (read only when ARGV[12] ~= "");
+--   ARGV[22] model budget, bytes  ARGV[23] per-key budget, bytes (0: none)
+--   ARGV[24] bucket width, ms     ARGV[25] live buckets
 --
 -- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
 --         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
 --         and the time since its first drain (-1: never drained), for Retry-After |
 --         {"late", ahead, jobs/s, limit_ms}: refused by predicted wait, at that rate |
---         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share.
+--         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share |
+--         {"over", "model" | "key", held_bytes, budget_bytes}: the byte budget is spent.
+-- A job hash records its idempotency key ("idem") so DELETE can drop the key with it.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
@@ -31,10 +38,13 @@ if ARGV[10] == "1" then
   if prior then
     local sep = string.find(prior, " ", 1, true)
     local first_id = string.sub(prior, 1, sep - 1)
-    if string.sub(prior, sep + 1) == ARGV[11] then
-      return {"dup", first_id}
+    -- A key whose job is gone (result expired, deleted) is a new key: admit below.
+    if redis.call("EXISTS", ARGV[21] .. first_id) == 1 then
+      if string.sub(prior, sep + 1) == ARGV[11] then
+        return {"dup", first_id}
+      end
+      return {"conflict", first_id}
     end
-    return {"conflict", first_id}
   end
 end
 
@@ -49,6 +59,39 @@ if depth >= tonumber(ARGV[5]) then
   local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[15]))
   return {"full", depth, string.format("%.6f", c), now_ms - tonumber(st[3])}
 end
+
+-- >>> byte budget (carpool/budget.py) ------------------------------------------
+-- Queued input bytes per admission bucket; buckets older than the record TTL are
+-- dropped (their records have expired). Refuse when this input would pass a budget.
+local in_bytes = #ARGV[4]
+local budgets = {}
+if tonumber(ARGV[22]) > 0 then budgets[1] = {KEYS[7], tonumber(ARGV[22]), "model"} end
+if ARGV[12] ~= "" and tonumber(ARGV[23]) > 0 then
+  budgets[#budgets + 1] = {KEYS[8], tonumber(ARGV[23]), "key"}
+end
+for _, b in ipairs(budgets) do
+  local h = redis.call("HGETALL", b[1])
+  local w, held = nil, 0
+  for i = 1, #h, 2 do
+    if h[i] == "w" then w = tonumber(h[i + 1]) end
+  end
+  b[5] = w == nil  -- a new hash: record its bucket width
+  w = w or tonumber(ARGV[24])
+  local oldest = math.floor(now_ms / w) - tonumber(ARGV[25])
+  for i = 1, #h, 2 do
+    local bucket = tonumber(h[i])
+    if bucket and bucket <= oldest then
+      redis.call("HDEL", b[1], h[i])
+    elseif bucket then
+      held = held + tonumber(h[i + 1])
+    end
+  end
+  if held + in_bytes > b[2] then
+    return {"over", b[3], held, b[2]}
+  end
+  b[4] = w
+end
+-- <<< byte budget (the counts are added after the job is written, below) ---------
 
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local score = string.format("%.0f", now_us + tonumber(ARGV[14]) * 1000)
@@ -130,6 +173,15 @@ redis.call("ZADD", KEYS[1], score, ARGV[1])
 redis.call("HINCRBY", KEYS[5], "admitted", 1)
 if ARGV[10] == "1" then
   redis.call("SET", KEYS[4], ARGV[1] .. " " .. ARGV[11], "EX", ARGV[7])
+  redis.call("HSET", KEYS[2], "idem", KEYS[4])
+end
+for _, b in ipairs(budgets) do  -- byte budget: count this input in its admission bucket
+  if b[5] then redis.call("HSET", b[1], "w", b[4]) end
+  local bucket = string.format("%d", math.floor(now_ms / b[4]))
+  if redis.call("HINCRBY", b[1], bucket, in_bytes) == in_bytes then
+    -- A new bucket: the hash outlives every record admitted in it (and before).
+    redis.call("PEXPIRE", b[1], (tonumber(ARGV[25]) + 1) * b[4])
+  end
 end
 
 -- Wake a worker only when its plan changes: the bin got its first job (a new

@@ -3,16 +3,39 @@
 -- KEYS[1]  job hash {p}:job:<id>
 -- ARGV[1]  id   ARGV[2] bin key prefix "{p}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
+-- ARGV[5]  byte-budget key prefix "{p}:bytes:": a cancelled input leaves its model's
+--          (and its API key's) budget, as in claim.lua
+--
+-- Either way the job's idempotency key ("idem", when it still names this job) is
+-- deleted: a retry with that key queues a new job instead of finding this one.
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
 redis.replicate_commands()
 
-local job = redis.call("HMGET", KEYS[1], "status", "model", "bin")
+local job = redis.call("HMGET", KEYS[1], "status", "model", "bin", "idem", "t_admit", "owner")
 local status = job[1]
 if not status then
   return "missing"
 end
+if status ~= "running" and job[4] then
+  local prior = redis.call("GET", job[4])
+  if prior and string.sub(prior, 1, #ARGV[1] + 1) == ARGV[1] .. " " then
+    redis.call("DEL", job[4])
+  end
+end
 if status == "queued" then
+  -- >>> byte budget (carpool/budget.py): the input leaves its admission bucket
+  local n = redis.call("HSTRLEN", KEYS[1], "input")
+  local keys = {ARGV[5] .. job[2]}
+  if job[6] and job[6] ~= "" then keys[2] = keys[1] .. ":" .. job[6] end
+  for _, key in ipairs(keys) do
+    local w = tonumber(redis.call("HGET", key, "w"))
+    if w then
+      local bucket = string.format("%d", math.floor(tonumber(job[5]) / w))
+      if redis.call("HEXISTS", key, bucket) == 1 then redis.call("HINCRBY", key, bucket, -n) end
+    end
+  end
+  -- <<< byte budget
   redis.call("ZREM", ARGV[2] .. job[2] .. ":" .. job[3], ARGV[1])
   local t = redis.call("TIME")
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -7,6 +7,8 @@
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time
+-- KEYS[3]  the model's byte-budget hash {p}:bytes:<model> (admit.lua): each input taken
+--          off the bin leaves its admission bucket, and its API key's ({p}:bytes:<model>:<owner>)
 --
 -- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
@@ -21,6 +23,28 @@ local out = {now_ms, 0}
 local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
 local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
+
+-- >>> byte budget (carpool/budget.py): sum the bytes leaving per hash and bucket
+local budget_w, budget_freed = {}, {}
+local function unbudget(key, t_admit, n)
+  local w = budget_w[key]
+  if w == nil then
+    w = tonumber(redis.call("HGET", key, "w")) or false
+    budget_w[key] = w
+  end
+  if w then
+    local bucket = string.format("%d", math.floor(tonumber(t_admit) / w))
+    local per = budget_freed[key] or {}
+    budget_freed[key] = per
+    per[bucket] = (per[bucket] or 0) + n
+  end
+end
+local function unbudget_job(job)  -- job: HMGET's status, input, t_admit, ..., owner
+  unbudget(KEYS[3], job[3], #job[2])
+  if job[6] and job[6] ~= "" then unbudget(KEYS[3] .. ":" .. job[6], job[3], #job[2]) end
+end
+-- <<< byte budget
+
 while live < max_n and budget > 0 do
   local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
   if #popped == 0 then break end
@@ -28,8 +52,10 @@ while live < max_n and budget > 0 do
   for i = 1, #popped, 2 do
     local id = popped[i]
     local key = ARGV[4] .. id
-    local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline")
+    local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline",
+      "owner")
     if job[1] == "queued" then
+      unbudget_job(job)
       local deadline = tonumber(job[5]) or 0
       if deadline > 0 and now_ms >= deadline then
         redis.call("HSET", key, "status", "expired", "t_done", now_ms,
@@ -49,6 +75,13 @@ while live < max_n and budget > 0 do
         out[#out + 1] = attempts
         live = live + 1
       end
+    end
+  end
+end
+for key, per in pairs(budget_freed) do  -- byte budget: never revive a dropped bucket
+  for bucket, n in pairs(per) do
+    if redis.call("HEXISTS", key, bucket) == 1 and redis.call("HINCRBY", key, bucket, -n) < 0 then
+      redis.call("HSET", key, bucket, 0)  -- a requeued job (reap, release) was counted once
     end
   end
 end

@@ -1,0 +1,104 @@
+"""Byte budgets: how much queued input one model (and one API key) may keep in Redis.
+
+A bin's ``max_depth`` bounds a count, not bytes: 4,608 images of 8 MiB fill any
+Redis. So admit.lua also keeps, per model (and per API key when keys are on), the
+bytes of the inputs it admitted that are still queued, and refuses (429) an input
+that would take them past the model's ``max_queued_bytes``. A full model then
+refuses its own submits while other models' still fit in Redis's ``maxmemory``.
+
+The count lives in a hash of admission-time buckets (``"<bucket>" -> bytes``; the
+bucket width in ms under ``"w"``). Claims and cancels subtract an input's bytes
+from its admission bucket. A queued record that simply expires (no worker came
+within ``CARPOOL_QUEUED_TTL_S``) cannot subtract anything: instead admit.lua drops
+every bucket older than the record TTL, whose records have all expired. The count
+is thus at worst one bucket (an eighth of the TTL) of expired inputs high, never
+low, and never stuck. Inputs of running jobs no longer count: a worker holds at
+most its batches' worth. A job that goes back to its bin (a lost lease, a warm
+shutdown) is not counted again: the count may run that many inputs low, and
+claim.lua keeps each bucket at 0 or more.
+
+At start, ``check_catalogue_memory`` compares the budgets with Redis's
+``maxmemory`` (docs/operations.md, "Sizing Redis").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+
+from carpool.catalogue import ModelSpec
+from carpool.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Admission-time buckets a budget keeps per record TTL. More buckets: a count
+#: closer to the truth after records expire, and a few more hash fields to read.
+LIVE_BUCKETS = 8
+#: Bytes Redis spends per queued job beside its input: the job hash's other fields,
+#: the bin zset entry and their overhead (measured with MEMORY USAGE, rounded up).
+RECORD_OVERHEAD_BYTES = 600
+#: A finished job kept for its result_ttl_s: a synthetic record measured ~1.7 KB
+#: (status, times, timings, batch, a small result); a model's larger results add theirs.
+FINISHED_RECORD_BYTES = 1700
+#: Share of maxmemory the budgets and queued records may take before the check
+#: warns: the rest holds finished results, leases, stats and Redis's own overhead.
+QUEUED_SHARE = 0.5
+
+
+def bucket_ms(queued_ttl_s: int) -> int:
+    """Width of one admission-time bucket: the record TTL in ``LIVE_BUCKETS`` pieces."""
+    return max(1, math.ceil(queued_ttl_s * 1000 / LIVE_BUCKETS))
+
+
+def queued_bound_bytes(spec: ModelSpec) -> int:
+    """The most memory the model's queued jobs can take: its budget plus per-job records.
+
+    Without a budget, every bin full of the largest inputs.
+    """
+    depth = sum(b.max_depth for b in spec.bins)
+    inputs = spec.max_queued_bytes or depth * spec.max_stored_input_bytes
+    return min(inputs, depth * spec.max_stored_input_bytes) + depth * RECORD_OVERHEAD_BYTES
+
+
+def memory_report(specs: Iterable[ModelSpec], maxmemory_bytes: int) -> tuple[bool, str]:
+    """(fits, the arithmetic): do the catalogue's queued bounds fit in ``maxmemory``?"""
+    lines, total = [], 0
+    for spec in specs:
+        bound = queued_bound_bytes(spec)
+        total += bound
+        lines.append(f"{spec.name} {_mib(bound)}")
+    room = maxmemory_bytes - total
+    text = (f"queued jobs may take {_mib(total)} ({', '.join(lines)}) of maxmemory "
+            f"{_mib(maxmemory_bytes)}")
+    if room > 0:
+        text += (f"; the {_mib(room)} left hold finished results: at ~{FINISHED_RECORD_BYTES}"
+                 f" bytes a record kept result_ttl_s, about {room // FINISHED_RECORD_BYTES:,}"
+                 " finished jobs at once")
+    return total <= maxmemory_bytes * QUEUED_SHARE, text
+
+
+def check_catalogue_memory(specs: Iterable[ModelSpec], maxmemory_bytes: int | None, *,
+                           require: bool, who: str) -> str:
+    """Warn (or with ``require``, refuse) when the budgets do not fit Redis's maxmemory.
+
+    Returns the warning with its arithmetic; "" when the budgets fit (the arithmetic
+    is logged at INFO) or Redis has no maxmemory (the durability check warns then).
+    """
+    if not maxmemory_bytes:
+        return ""
+    fits, text = memory_report(specs, maxmemory_bytes)
+    if fits:
+        log.info("%s: %s", who, text)
+        return ""
+    advice = (f"{text}: over {QUEUED_SHARE:.0%} of it, so a flood can fill Redis and every "
+              "model's submits answer 503; lower max_queued_bytes or max_depth in the "
+              "catalogue, or raise maxmemory")
+    if require:
+        raise ConfigError(f"{who}: CARPOOL_REQUIRE_DURABLE=1 and {advice}")
+    log.warning("%s: %s", who, advice)
+    return advice
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
