@@ -17,8 +17,8 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from carpool.catalogue import BinSpec, ModelSpec
 from carpool.budget import LIVE_BUCKETS, bucket_ms
+from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import (
     BackendUnavailable,
     BinFull,
@@ -265,7 +265,8 @@ class Queue:
         """The job as a client sees it; reads only ``VIEW_FIELDS``, never the input."""
         with redis_errors():
             values = self.client.hmget(self.keys.job(job_id), VIEW_FIELDS)
-        h = {k: v for k, v in zip(VIEW_FIELDS, cast(list[str | None], values)) if v is not None}
+        pairs = zip(VIEW_FIELDS, cast(list[str | None], values), strict=True)
+        h = {k: v for k, v in pairs if v is not None}
         return view_from_hash(job_id, h) if h else None
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:

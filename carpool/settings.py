@@ -98,6 +98,9 @@ class Settings:
     api_key_digests: frozenset[str] = frozenset()
     #: Fair-share weight per key digest (``<key> weight=N`` in the keys file); default 1.
     api_key_weights: Mapping[str, float] = field(default_factory=dict)
+    #: When set, ``GET /metrics`` on the web needs ``Authorization: Bearer <token>``;
+    #: "": open (queue depths and rejection counts are then public).
+    metrics_token: str = ""
     #: TEST ONLY: the synthetic model kills its worker process on the input value
     #: "__crash__", to prove that a poison input cannot take the queue down.
     synthetic_poison: bool = False
@@ -290,6 +293,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=api_digests,
         api_key_weights=api_weights,
+        metrics_token=env.get("CARPOOL_METRICS_TOKEN", ""),
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from typing import Any
 
 from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
@@ -45,6 +46,20 @@ class InvalidJson(InvalidInput):
 
 class TooManyInputs(InputTooLarge):
     """Raised when a batch submission holds more inputs than one request may."""
+
+
+class AdmissionUnknown(BackendUnavailable):
+    """Raised when Redis failed during an admission: the job may or may not be queued.
+
+    The script may already sit in Redis's socket buffer and run once Redis resumes,
+    so the answer carries the id the job would have: GET /result/<id> tells.
+    """
+
+    def __init__(self, job_id: str, cause: BackendUnavailable) -> None:
+        super().__init__(
+            f"{cause}; job {job_id} may have been admitted: GET /result/{job_id} tells (404: "
+            "it was not), and a retry with the same idempotency key never queues it twice")
+        self.job_id = job_id
 
 
 class JobNotFound(CarpoolError):
@@ -87,8 +102,12 @@ def status_and_code(exc: CarpoolError) -> tuple[int, str]:
     return 500, "internal_error"  # ConfigError and the like: the server's fault
 
 
-def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
-    return {"error": {"code": code, "message": message}}
+def error_body(code: str, message: str, exc: Exception | None = None) -> dict[str, Any]:
+    """The JSON error; with the job's ``id`` when ``exc`` left its admission unknown."""
+    body: dict[str, Any] = {"error": {"code": code, "message": message}}
+    if isinstance(exc, AdmissionUnknown):
+        body["id"] = exc.job_id
+    return body
 
 
 def retry_after_s(exc: CarpoolError) -> int | None:
@@ -104,7 +123,7 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
     status, code = status_and_code(exc)
     if status >= 500 and status != 503:
         log.exception("carpool error answered %d", status, exc_info=exc)
-    response = jsonify(error_body(code, str(exc)))
+    response = jsonify(error_body(code, str(exc), exc))
     retry = retry_after_s(exc)
     if retry is not None:
         response.headers["Retry-After"] = str(retry)
