@@ -98,6 +98,13 @@ class Settings:
     api_key_digests: frozenset[str] = frozenset()
     #: Fair-share weight per key digest (``<key> weight=N`` in the keys file); default 1.
     api_key_weights: Mapping[str, float] = field(default_factory=dict)
+    #: A request body must arrive within this many seconds, plus one second per
+    #: ``body_min_rate_bytes_per_s`` bytes received; else 408 (web/bodies.py).
+    body_timeout_s: float = 10.0
+    body_min_rate_bytes_per_s: int = 32 << 10
+    #: Long-polls one client (address, or API key when keys are on) may hold open in
+    #: one web process at once; more answer 429 (web/polls.py).
+    max_polls_per_client: int = 1000
     #: When set, ``GET /metrics`` on the web needs ``Authorization: Bearer <token>``;
     #: "": open (queue depths and rejection counts are then public).
     metrics_token: str = ""
@@ -294,6 +301,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         api_key_digests=api_digests,
         api_key_weights=api_weights,
         metrics_token=env.get("CARPOOL_METRICS_TOKEN", ""),
+        body_timeout_s=float(_int(env, "CARPOOL_BODY_TIMEOUT_S", 10, minimum=1)),
+        body_min_rate_bytes_per_s=_int(env, "CARPOOL_BODY_MIN_RATE", 32 << 10, minimum=1),
+        max_polls_per_client=_int(env, "CARPOOL_MAX_POLLS_PER_CLIENT", 1000, minimum=1),
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),

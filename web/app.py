@@ -14,6 +14,7 @@ from carpool.registry import Registry, RegistryCache
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.metrics import WebMetrics
+from web.polls import PollCounter
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
         metrics=metrics,
         models=RegistryCache(Registry(client, keys)),
+        polls=PollCounter(settings.max_polls_per_client),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: Retry-After for a 503: Redis restarts or fails over in seconds, not minutes.
 UNAVAILABLE_RETRY_AFTER_S = 2
+#: Retry-After for a client over its long-poll cap: one of its polls ends soon.
+POLLS_RETRY_AFTER_S = 1
 
 
 class UnsupportedMediaType(InvalidInput):
@@ -62,6 +64,22 @@ class AdmissionUnknown(BackendUnavailable):
         self.job_id = job_id
 
 
+class BodyTooLarge(InputTooLarge):
+    """Raised when a request body is over the limit of what it may carry (web/bodies.py)."""
+
+
+class BodyTimeout(CarpoolError):
+    """Raised when a request body does not arrive within its time limit (web/bodies.py)."""
+
+
+class TooManyJsonValues(InputTooLarge):
+    """Raised when a JSON body holds more values than any input needs."""
+
+
+class TooManyPolls(CarpoolError):
+    """Raised when a client already holds as many long-polls as one process allows it."""
+
+
 class JobNotFound(CarpoolError):
     """Raised when a job id is malformed, unknown, or its record has expired."""
 
@@ -75,6 +93,10 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (UnsupportedMediaType, 415, "unsupported_media_type"),
     (InvalidJson, 400, "invalid_json"),
     (TooManyInputs, 413, "too_many_inputs"),
+    (BodyTooLarge, 413, "body_too_large"),
+    (TooManyJsonValues, 413, "too_many_json_values"),
+    (BodyTimeout, 408, "body_timeout"),
+    (TooManyPolls, 429, "too_many_polls"),
     (InputTooLarge, 413, "input_too_large"),
     (InvalidInput, 400, "invalid_input"),
     (UnknownModel, 404, "unknown_model"),
@@ -116,6 +138,8 @@ def retry_after_s(exc: CarpoolError) -> int | None:
         return max(1, math.ceil(exc.retry_after_s))
     if isinstance(exc, BackendUnavailable):
         return UNAVAILABLE_RETRY_AFTER_S
+    if isinstance(exc, TooManyPolls):
+        return POLLS_RETRY_AFTER_S
     return None
 
 
@@ -129,6 +153,10 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
         response.headers["Retry-After"] = str(retry)
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="carpool"'
+    if isinstance(exc, BodyTooLarge | BodyTimeout):
+        # Part of the body may still be on its way: this connection cannot carry another
+        # request, and closing it frees its slot.
+        response.headers["Connection"] = "close"
     return response, status
 
 

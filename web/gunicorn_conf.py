@@ -3,13 +3,14 @@
     gunicorn -c python:web.gunicorn_conf 'web:create_app()'
 
 Environment: ``CARPOOL_WEB_BIND`` (default 127.0.0.1:8000), ``CARPOOL_WEB_WORKERS``
-(default 2: one per core here), ``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 2000),
+(default 2: one per core here), ``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 5000),
 plus everything ``carpool.settings.load_settings`` reads.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from carpool.settings import load_settings
 
 #: Time past the longest long-poll that a graceful stop still waits for requests.
 GRACE_MARGIN_S = 10
+#: A worker's own files beside its client sockets: Redis connections, metric files, logs.
+FDS_PER_WORKER_BESIDES_CLIENTS = 200
 #: prometheus_client's multiprocess mode reads this (web/metrics.py).
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -61,6 +64,24 @@ def on_starting(server: Any) -> None:
     path, made = _metrics_dir()
     if made:
         _made_dirs.append(path)
+    _raise_open_files(server)
+
+
+def _raise_open_files(server: Any) -> None:
+    """Let every worker hold its worker_connections sockets (inherited by the forks).
+
+    The soft limit is often 1024: with it, a worker would fail accept() long before
+    its slots are used. Raised as far as the hard limit allows; a warning below that.
+    """
+    needed = worker_connections + FDS_PER_WORKER_BESIDES_CLIENTS  # a limit per process
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if wanted < needed:
+        server.log.warning("open files are limited to %d (hard limit), below the %d that "
+                           "a worker of %d connections needs: raise `ulimit -n`", hard, needed,
+                           worker_connections)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -85,9 +106,13 @@ workers = _env_int("CARPOOL_WEB_WORKERS", 2)
 # submits. The worker monkey-patches threading, so web.waiters' lock, events and
 # listener thread become greenlet-friendly: that is intended.
 worker_class = "gevent"
-# Per worker: the most connections it serves at once (long-polls included);
-# the rest wait in the listen backlog. Bounded, so overload cannot grow memory.
-worker_connections = _env_int("CARPOOL_WEB_WORKER_CONNECTIONS", 2000)
+# Per worker: the most connections it serves at once (long-polls and bodies still
+# arriving included); the rest wait in the listen backlog, /healthz among them. So
+# there are more slots than slow clients can take before they are let go: bodies
+# time out (web/bodies.py), dropped polls end within a second and one client holds
+# at most CARPOOL_MAX_POLLS_PER_CLIENT polls (web/polls.py). Still bounded: an idle
+# connection costs a greenlet and a socket, tens of KB.
+worker_connections = _env_int("CARPOOL_WEB_WORKER_CONNECTIONS", 5000)
 # A graceful stop (SIGTERM) lets the longest allowed long-poll finish first.
 graceful_timeout = int(_settings.max_wait_s) + GRACE_MARGIN_S
 errorlog = "-"

@@ -33,10 +33,13 @@ from carpool.errors import ConfigError, InputTooLarge, InvalidInput
 from carpool.tokens import count_tokens
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import custom
-from web.errors import InvalidJson, TooManyInputs, UnsupportedMediaType
+from web.errors import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
+#: JSON values (commas, opening brackets) in one request body: what a batch of
+#: typical inputs needs, while an array of that many empty objects stays ~35 MB.
+MAX_JSON_VALUES = 1 << 19
 #: Inputs in one /submit/batch request; each costs one admission round trip.
 MAX_BATCH_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
@@ -120,7 +123,17 @@ class BatchSubmission:
 
 
 def parse_json(body: bytes) -> Any:
-    """The JSON document in ``body``; NaN, Infinity and absurd nesting are refused."""
+    """The JSON document in ``body``; NaN, Infinity and absurd nesting are refused.
+
+    So is a body with more than MAX_JSON_VALUES values, counted (over-counted, as
+    strings may hold these characters) by its commas and opening brackets before
+    anything is built: memory then stays within tens of MB whatever the body holds.
+    """
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > MAX_JSON_VALUES:
+        raise TooManyJsonValues(
+            f"request body holds about {values} JSON values (commas and brackets); at most "
+            f"{MAX_JSON_VALUES} per request: split it")
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 

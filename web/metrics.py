@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from flask import Flask, Response, g, request
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -42,7 +42,6 @@ from carpool.errors import (
     BackendUnavailable,
     BinFull,
     BudgetFull,
-    CarpoolError,
     ConfigError,
     IdempotencyConflict,
     InputTooLarge,
@@ -53,7 +52,7 @@ from carpool.errors import (
 )
 from carpool.jobs import Admitted
 from carpool.queue import Queue
-from web.inputs import parse_json
+from web.errors import BodyTimeout
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +69,7 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (RequestEntityTooLarge, "too_large"),
     (IdempotencyConflict, "conflict"),
     (InvalidInput, "invalid"),
+    (BodyTimeout, "invalid"),
     (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
 )
 #: Every value the ``reason`` label takes; "error" is anything else carpool refused.
@@ -90,22 +90,29 @@ def rejection_reason(exc: Exception) -> str:
     return "error"
 
 
-def requested_model(catalogue: Catalogue, exc: Exception) -> str:
-    """The catalogue model that a request refused before it was read named, or "".
+def remember_model(doc: object) -> None:
+    """Note the model a parsed JSON body names, for ``requested_model`` to label with."""
+    if isinstance(doc, dict):
+        g.carpool_model = doc.get("model")
 
-    Reads the request again, which only client errors (and an unknown model) pay.
+
+def requested_model(catalogue: Catalogue, exc: Exception) -> str:
+    """The catalogue model that a refused request named, or "".
+
+    Never parses the body again: a JSON body's model is what ``remember_model`` saw
+    (nothing when it was refused before or while parsing), a form's is the form
+    werkzeug already parsed, a raw image's is ``?model=``.
     """
     if isinstance(exc, UnknownModel | RequestEntityTooLarge):
         return ""
     name: object = request.args.get("model")
-    try:
-        if request.mimetype == "application/json":
-            doc = parse_json(request.get_data())
-            name = doc.get("model") if isinstance(doc, dict) else None
-        elif request.mimetype == "multipart/form-data":
+    if request.mimetype == "application/json":
+        name = g.get("carpool_model")
+    elif request.mimetype == "multipart/form-data":
+        try:
             name = request.form.get("model")
-    except (CarpoolError, HTTPException):  # not JSON, or not a form: no model to name
-        return ""
+        except HTTPException:  # a malformed form: no model to name
+            return ""
     return name if isinstance(name, str) and name in catalogue.models else ""
 
 
@@ -161,6 +168,8 @@ class WebMetrics:
                                  BIN_LABELS, registry=own)
         self.rejected = Counter("carpool_jobs_rejected_total", "Jobs refused, by reason.",
                                 ("model", "reason"), registry=own)
+        self.long_polls = Gauge("carpool_web_long_polls", "Long-polls waiting now.",
+                                registry=own, multiprocess_mode="livesum")
         bins = [(spec.name, b.name) for spec in catalogue for b in spec.bins]
         for model, bin_name in bins:  # every series exists from the start, at zero
             self.submitted.labels(model, bin_name)

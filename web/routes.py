@@ -22,6 +22,7 @@ from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
+from web.bodies import BodyLimits, read_body
 from web.errors import (
     JobNotFound,
     UnsupportedMediaType,
@@ -29,8 +30,9 @@ from web.errors import (
     retry_after_s,
     status_and_code,
 )
-from web.metrics import requested_model
+from web.metrics import remember_model, requested_model
 from web.openapi import openapi_document
+from web.polls import client_gone_check
 from web.state import WebState, current_state
 from web.waiters import await_final_after, wait_for_final
 
@@ -38,6 +40,19 @@ blueprint = Blueprint("carpool", __name__)
 
 #: Kept for a deleted job whose model has left the catalogue since it ran.
 FALLBACK_RESULT_TTL_S = 3600
+
+
+@blueprint.before_request
+def read_post_body() -> None:
+    """Every POST body is read here, within its limits and time (web/bodies.py)."""
+    if request.method != "POST":
+        return
+    state = current_state()
+    try:
+        read_body(state.settings, BodyLimits(state.settings))
+    except CarpoolError as exc:
+        state.metrics.count_rejected("", exc)
+        raise
 
 
 @blueprint.post("/submit")
@@ -84,8 +99,9 @@ def submit_batch() -> tuple[Response, int]:
         _require_json()
         if "Idempotency-Key" in request.headers:
             raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
-        batch = inputs.batch_from_json(inputs.parse_json(request.get_data()),
-                                       state.settings.catalogue)
+        doc = inputs.parse_json(request.get_data())
+        remember_model(doc)
+        batch = inputs.batch_from_json(doc, state.settings.catalogue)
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
@@ -151,9 +167,14 @@ def result(job_id: str) -> Response:
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
     if owner:  # another key's job must not make this request wait out its poll
         check_owner(state.queue.get(job_id), owner, job_id)
-    view = check_owner(wait_for_final(state.queue, state.notifier, job_id, wait_s), owner,
-                       job_id)
-    return jsonify(view.to_json())
+    if wait_s <= 0:
+        view = state.queue.get(job_id)
+    else:
+        with state.polls.hold(owner or request.remote_addr or ""), \
+                state.metrics.long_polls.track_inprogress():
+            view = wait_for_final(state.queue, state.notifier, job_id, wait_s,
+                                  client_gone_check(request.environ))
+    return jsonify(check_owner(view, owner, job_id).to_json())
 
 
 @blueprint.delete("/result/<job_id>")
@@ -224,6 +245,7 @@ def _read_submission(catalogue: Catalogue) -> inputs.Submission:
                                            catalogue, header_key)
     _require_json()
     doc = inputs.parse_json(request.get_data())
+    remember_model(doc)
     return inputs.submission_from_json(doc, catalogue, header_key)
 
 

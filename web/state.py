@@ -1,4 +1,4 @@
-"""What every request of one app shares: settings, the queue, the long-poll notifier, metrics."""
+"""What every request of one app shares: settings, queue, long-poll notifier and caps, metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from carpool.queue import Queue
 from carpool.registry import RegistryCache
 from carpool.settings import Settings
 from web.metrics import WebMetrics
+from web.polls import PollCounter
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -24,6 +25,7 @@ class WebState:
     metrics: WebMetrics
     #: Which models the live workers serve or refused (cached a few seconds).
     models: RegistryCache
+    polls: PollCounter
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

@@ -1,0 +1,161 @@
+"""Request bodies, read with limits before anything parses them.
+
+A body is refused (413) from its ``Content-Length`` alone when it is over the
+limit of what it can be, before a byte of it is read; a chunked body is read up
+to that limit and refused at the first byte past it. Each limit follows from
+the catalogue: a raw image for ``?model=m`` may be as large as m's
+``max_input_bytes``; a JSON submit as large as the largest JSON any model takes
+(an image as base64 is 4/3 of its bytes); a batch up to ``CARPOOL_MAX_BODY_BYTES``.
+
+A body must also arrive in time: ``CARPOOL_BODY_TIMEOUT_S``, plus a second per
+``CARPOOL_BODY_MIN_RATE`` bytes received (Apache's mod_reqtimeout rule), else 408
+and the connection closes. A client that sends headers and one byte otherwise
+holds a connection slot for as long as it likes.
+
+Then ``parse_json`` (web/inputs.py) refuses a document with more JSON values than
+any input needs, before it builds them: a 16 MiB array of empty objects is a
+gigabyte of Python objects.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from flask import request
+
+from carpool.catalogue import Catalogue, ModelSpec
+from carpool.settings import Settings
+from web.errors import BodyTimeout, BodyTooLarge
+
+#: Room in a JSON body for the envelope: model, options, idempotency key.
+ENVELOPE_BYTES = 16 << 10
+#: A JSON input as a client may write it, against its compact stored form: spaces,
+#: and \\uXXXX escapes (6 bytes for a character that UTF-8 stores in 2).
+JSON_SLACK_FACTOR = 3
+#: A multipart body's boundaries, part headers and small form fields.
+MULTIPART_SLACK_BYTES = 16 << 10
+#: Bytes read from the client per step; the deadline is checked between steps.
+READ_CHUNK_BYTES = 64 << 10
+
+
+def json_limit_bytes(spec: ModelSpec) -> int:
+    """The largest JSON submit body that can hold one valid input of ``spec``."""
+    if spec.measure == "pixels":
+        return math.ceil(spec.max_input_bytes / 3) * 4 + ENVELOPE_BYTES
+    return spec.max_input_bytes * JSON_SLACK_FACTOR + ENVELOPE_BYTES
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """Each kind of request body's byte limit, worked out once from the settings."""
+
+    settings: Settings
+
+    def for_request(self, path: str, mimetype: str, model: str | None) -> int:
+        cap = self.settings.max_body_bytes
+        catalogue = self.settings.catalogue
+        if path == "/submit/batch":
+            return cap
+        if mimetype.startswith("image/"):
+            specs = _named(catalogue, model) or [s for s in catalogue if s.measure == "pixels"]
+            return min(cap, max((s.max_input_bytes for s in specs), default=0))
+        if mimetype == "multipart/form-data":
+            pixels = [s.max_input_bytes for s in catalogue if s.measure == "pixels"]
+            return min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
+        return min(cap, max((json_limit_bytes(s) for s in catalogue), default=ENVELOPE_BYTES))
+
+
+def _named(catalogue: Catalogue, model: str | None) -> list[ModelSpec]:
+    spec = catalogue.models.get(model) if model else None
+    return [spec] if spec is not None else []
+
+
+def read_body(settings: Settings, limits: BodyLimits) -> None:
+    """Read this POST's body within its limits, and leave it for Flask to parse.
+
+    Raises BodyTooLarge (413) or BodyTimeout (408); both close the connection.
+    """
+    environ = request.environ
+    limit = limits.for_request(request.path, request.mimetype, request.args.get("model"))
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyTooLarge(f"request body is {length} bytes; at most {limit} here")
+    want = limit + 1 if length is None else length  # chunked: one byte past tells
+    body = _read(environ, want, settings)
+    if len(body) > limit:
+        raise BodyTooLarge(f"request body is over {limit} bytes here")
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    environ.pop("HTTP_TRANSFER_ENCODING", None)
+    environ["wsgi.input_terminated"] = False
+
+
+def _read(environ: dict[str, Any], want: int, settings: Settings) -> bytes:
+    stream: BinaryIO = environ["wsgi.input"]
+    sock = environ.get("gunicorn.socket")
+    start = time.monotonic()
+    parts: list[bytes] = []
+    got = 0
+    while got < want:
+        allowed_s = settings.body_timeout_s + got / settings.body_min_rate_bytes_per_s
+        remaining_s = start + allowed_s - time.monotonic()
+        if remaining_s <= 0:
+            raise _late(settings, got)
+        try:
+            with _deadline(sock, remaining_s):
+                chunk = stream.read(min(READ_CHUNK_BYTES, want - got))
+        except TimeoutError:
+            raise _late(settings, got) from None
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _late(settings: Settings, got: int) -> BodyTimeout:
+    return BodyTimeout(
+        f"the request body did not arrive in time ({got} bytes received; allowed: "
+        f"{settings.body_timeout_s:g} s plus 1 s per {settings.body_min_rate_bytes_per_s} "
+        "bytes received)")
+
+
+@contextmanager
+def _deadline(sock: Any, seconds: float) -> Iterator[None]:
+    """Bound one read: a gevent timeout under gunicorn's gevent worker (it bounds the
+    whole read, however slowly the bytes drip), else the socket's own timeout."""
+    timeout = _gevent_timeout(seconds)
+    if timeout is not None:
+        timeout.start()
+        try:
+            yield
+        except BaseException as exc:
+            if exc is timeout:
+                raise TimeoutError from None
+            raise
+        finally:
+            timeout.cancel()
+        return
+    if sock is None:
+        yield
+        return
+    before = sock.gettimeout()
+    sock.settimeout(seconds)
+    try:
+        yield
+    finally:
+        sock.settimeout(before)
+
+
+def _gevent_timeout(seconds: float) -> Any:
+    try:
+        from gevent import Timeout, monkey
+    except ImportError:
+        return None
+    return Timeout(seconds) if monkey.is_module_patched("socket") else None
