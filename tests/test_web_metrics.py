@@ -109,3 +109,22 @@ def test_without_redis_a_scrape_still_answers_with_counters_and_no_bin_gauges(
         s = scrape(http)
     assert s.value("carpool_jobs_rejected_total", model="synthetic", reason="unavailable") == 1
     assert "carpool_bin_depth" not in s.families
+
+
+def test_a_refused_json_body_is_parsed_once_and_still_labelled_by_its_model(
+        http: FlaskClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    import web.inputs
+
+    parses = []
+    real_loads = web.inputs.json.loads
+
+    def counting_loads(*args: Any, **kwargs: Any) -> Any:
+        parses.append(1)
+        return real_loads(*args, **kwargs)
+
+    monkeypatch.setattr(web.inputs.json, "loads", counting_loads)
+    assert submit(http, size=-1) == 400
+    monkeypatch.undo()
+    assert len(parses) == 1
+    assert scrape(http).value("carpool_jobs_rejected_total", model="synthetic",
+                              reason="invalid") == 1
