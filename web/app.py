@@ -13,6 +13,7 @@ from carpool.queue import Queue, connect
 from carpool.registry import Registry, RegistryCache
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
+from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
 from web.state import EXTENSION, WebState
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         metrics=metrics,
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
+        body_limits=BodyLimits(settings),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

@@ -19,17 +19,17 @@ gigabyte of Python objects.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from flask import request
 
-from carpool.catalogue import Catalogue, ModelSpec
+from carpool.catalogue import ModelSpec
 from carpool.settings import Settings
 from web.errors import BodyTimeout, BodyTooLarge
 
@@ -51,29 +51,27 @@ def json_limit_bytes(spec: ModelSpec) -> int:
     return spec.max_input_bytes * JSON_SLACK_FACTOR + ENVELOPE_BYTES
 
 
-@dataclass(frozen=True)
 class BodyLimits:
     """Each kind of request body's byte limit, worked out once from the settings."""
 
-    settings: Settings
+    def __init__(self, settings: Settings) -> None:
+        cap = settings.max_body_bytes
+        specs = list(settings.catalogue)
+        pixels = [s.max_input_bytes for s in specs if s.measure == "pixels"]
+        self.batch = cap
+        self.json = min(cap, max((json_limit_bytes(s) for s in specs), default=ENVELOPE_BYTES))
+        self.multipart = min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
+        self.any_image = min(cap, max(pixels, default=0))
+        self.image = {s.name: min(cap, s.max_input_bytes) for s in specs}
 
     def for_request(self, path: str, mimetype: str, model: str | None) -> int:
-        cap = self.settings.max_body_bytes
-        catalogue = self.settings.catalogue
         if path == "/submit/batch":
-            return cap
+            return self.batch
         if mimetype.startswith("image/"):
-            specs = _named(catalogue, model) or [s for s in catalogue if s.measure == "pixels"]
-            return min(cap, max((s.max_input_bytes for s in specs), default=0))
+            return self.image.get(model or "", self.any_image)
         if mimetype == "multipart/form-data":
-            pixels = [s.max_input_bytes for s in catalogue if s.measure == "pixels"]
-            return min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
-        return min(cap, max((json_limit_bytes(s) for s in catalogue), default=ENVELOPE_BYTES))
-
-
-def _named(catalogue: Catalogue, model: str | None) -> list[ModelSpec]:
-    spec = catalogue.models.get(model) if model else None
-    return [spec] if spec is not None else []
+            return self.multipart
+        return self.json
 
 
 def read_body(settings: Settings, limits: BodyLimits) -> None:
@@ -154,8 +152,17 @@ def _deadline(sock: Any, seconds: float) -> Iterator[None]:
 
 
 def _gevent_timeout(seconds: float) -> Any:
+    """A gevent Timeout where gevent runs this process (gunicorn's gevent worker)."""
+    timeout = _gevent_timeout_class()
+    return timeout(seconds) if timeout is not None else None
+
+
+@functools.cache
+def _gevent_timeout_class() -> Any:
+    """gevent's Timeout, or None without gevent; patching precedes the app's import,
+    so the answer never changes in a process."""
     try:
         from gevent import Timeout, monkey
     except ImportError:
         return None
-    return Timeout(seconds) if monkey.is_module_patched("socket") else None
+    return Timeout if monkey.is_module_patched("socket") else None

@@ -22,7 +22,7 @@ from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
-from web.bodies import BodyLimits, read_body
+from web.bodies import read_body
 from web.errors import (
     JobNotFound,
     UnsupportedMediaType,
@@ -49,7 +49,7 @@ def read_post_body() -> None:
         return
     state = current_state()
     try:
-        read_body(state.settings, BodyLimits(state.settings))
+        read_body(state.settings, state.body_limits)
     except CarpoolError as exc:
         state.metrics.count_rejected("", exc)
         raise

@@ -9,6 +9,7 @@ from flask import current_app
 from carpool.queue import Queue
 from carpool.registry import RegistryCache
 from carpool.settings import Settings
+from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
 from web.waiters import Notifier
@@ -26,6 +27,7 @@ class WebState:
     #: Which models the live workers serve or refused (cached a few seconds).
     models: RegistryCache
     polls: PollCounter
+    body_limits: BodyLimits
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""
