@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 import requests
 
 from carpool.redis_local import free_port, start_redis
@@ -196,21 +197,32 @@ def cost(repo: Path, jobs: int, clients: int) -> dict[str, Any]:
                 return sum(s.get(f"{base}/result/{i}").status_code == 200 for i in ids)
 
         submit(range(50))  # warm-up: scripts loaded, connections made
+        r = redis.Redis.from_url(server.url)
+        redis0 = _redis_cpu_s(r)
         cpu0 = _tree_cpu_s(web_ps)
         with ThreadPoolExecutor(clients) as pool:
             ids = [i for part in pool.map(submit, [range(c, jobs, clients)
                                                    for c in range(clients)]) for i in part]
         cpu1 = _tree_cpu_s(web_ps)
+        redis1 = _redis_cpu_s(r)
         with ThreadPoolExecutor(clients) as pool:
             read_ok = sum(pool.map(read, [ids[c::clients] for c in range(clients)]))
         cpu2 = _tree_cpu_s(web_ps)
+        redis2 = _redis_cpu_s(r)
     finally:
         web.terminate()
         web.wait(60)
         server.stop()
     return {"jobs": len(ids), "reads_ok": read_ok,
             "web_cpu_ms_per_submit": round(1000 * (cpu1 - cpu0) / len(ids), 3),
-            "web_cpu_ms_per_result_read": round(1000 * (cpu2 - cpu1) / len(ids), 3)}
+            "web_cpu_ms_per_result_read": round(1000 * (cpu2 - cpu1) / len(ids), 3),
+            "redis_cpu_us_per_submit": round(1e6 * (redis1 - redis0) / len(ids), 1),
+            "redis_cpu_us_per_result_read": round(1e6 * (redis2 - redis1) / len(ids), 1)}
+
+
+def _redis_cpu_s(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _tree_cpu_s(proc: psutil.Process) -> float:
