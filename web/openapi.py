@@ -34,16 +34,19 @@ _ERROR_TEXT = {
     "401": "an API key is needed, or this one is unknown",
     "404": "unknown model, or unknown, malformed or expired job id",
     "405": "method not allowed",
+    "408": "the request body did not arrive in time (CARPOOL_BODY_TIMEOUT_S)",
     "409": "the job is running and can no longer be cancelled",
     "413": "body, input or batch over its limit",
     "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
     "415": "a content type this route does not take",
     "422": "idempotency key reused with a different input",
-    "429": "the bin is full, the job would start too late, or this API key is over its "
-           "share of a nearly full bin (code bin_full, wait_too_long, over_share); see "
-           "Retry-After",
-    "503": "Redis is unreachable, loading or full (see Retry-After); or, at submit, every "
-           "live worker refused the model (code model_unavailable, with the reason)",
+    "429": "the bin is full, the job would start too late, this API key is over its share "
+           "of a nearly full bin, the model's byte budget is spent (code bin_full, "
+           "wait_too_long, over_share, budget_full), or this client holds too many long-polls "
+           "(too_many_polls); see Retry-After",
+    "503": "Redis is unreachable, loading or full (see Retry-After; during a submit the body "
+           "carries the id the job may have been admitted under); or, at submit, every live "
+           "worker refused the model (code model_unavailable, with the reason)",
 }
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -101,7 +104,8 @@ def _submit(settings: Settings) -> dict[str, Any]:
             "multipart/form-data": {"schema": form},
             "image/png": {"schema": {"type": "string", "format": "binary"}}}},
         "responses": {**_responses(("202", "queued", {"$ref": "#/components/schemas/Accepted"}),
-                                   "400", "401", "404", "413", "415", "422", "429", "503"),
+                                   "400", "401", "404", "408", "413", "415", "422", "429",
+                                   "503"),
                       "200": {"description": "with ?wait: the job ended within the wait",
                               "content": {"application/json": {
                                   "schema": {"$ref": "#/components/schemas/Job"}}}}},
@@ -124,7 +128,7 @@ def _batch(settings: Settings) -> dict[str, Any]:
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
         "responses": {**_responses(("202", "one entry per input, in order", jobs),
-                                   "400", "401", "404", "413", "415", "503"),
+                                   "400", "401", "404", "408", "413", "415", "503"),
                       "200": {"description": "with ?wait: every admitted job ended",
                               "content": {"application/json": {"schema": jobs}}}},
     }}
@@ -139,11 +143,18 @@ def _result(settings: Settings) -> dict[str, Any]:
         "get": {"summary": "A job's status and result; ?wait=S long-polls",
                 "parameters": [wait],
                 "responses": _responses(("200", "the job", {"$ref": "#/components/schemas/Job"}),
-                                        "400", "401", "404", "503")},
+                                        "400", "401", "404", "429", "503")},
         "delete": {"summary": "Cancel a queued job, or delete a finished one",
                    "responses": _responses(("200", "cancelled or deleted", deleted),
                                            "401", "404", "409", "503")},
     }
+
+
+def _metrics() -> dict[str, Any]:
+    op = _plain("Prometheus text format; needs 'Authorization: Bearer <token>' when "
+                "CARPOOL_METRICS_TOKEN is set", "401")
+    op["get"]["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    return op
 
 
 def _plain(summary: str, *errors: str) -> dict[str, Any]:
@@ -166,6 +177,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                                  "workers say about each model", "503"),
             "/healthz": _plain("Liveness"),
             "/readyz": _plain("Readiness: Redis answers", "503"),
+            "/metrics": _metrics(),
             "/openapi.json": _plain("This document"),
         },
         "components": _components(settings),
