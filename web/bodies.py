@@ -83,15 +83,20 @@ def read_body(settings: Settings, limits: BodyLimits) -> None:
     limit = limits.for_request(request.path, request.mimetype, request.args.get("model"))
     length = request.content_length
     if length is not None and length > limit:
-        raise BodyTooLarge(f"request body is {length} bytes; at most {limit} here")
+        raise _too_large(f"{length} bytes", limit)
     want = limit + 1 if length is None else length  # chunked: one byte past tells
     body = _read(environ, want, settings)
     if len(body) > limit:
-        raise BodyTooLarge(f"request body is over {limit} bytes here")
+        raise _too_large("longer", limit)
     environ["wsgi.input"] = io.BytesIO(body)
     environ["CONTENT_LENGTH"] = str(len(body))
     environ.pop("HTTP_TRANSFER_ENCODING", None)
     environ["wsgi.input_terminated"] = False
+
+
+def _too_large(size: str, limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body is {size}, over {limit} bytes: at most {limit} for "
+                        "this request (its model's input limit; docs/operations.md)")
 
 
 def _read(environ: dict[str, Any], want: int, settings: Settings) -> bytes:
