@@ -76,9 +76,11 @@ def _ok(url: str) -> bool:
 class Probe(threading.Thread):
     """Asks /healthz and /submit every PROBE_INTERVAL_S; keeps (phase, what, latency)."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, web_pid: int) -> None:
         super().__init__(daemon=True)
         self.base = base
+        self.web = psutil.Process(web_pid)
+        self.peak_rss_mb = 0.0
         self.phase = "idle"
         self.phase_t0 = time.monotonic()
         self.samples: list[tuple[str, str, float, int]] = []
@@ -88,6 +90,9 @@ class Probe(threading.Thread):
     def run(self) -> None:
         body = {"model": "synthetic", "input": {"value": "probe", "size": 1}}
         while not self.stopping.wait(PROBE_INTERVAL_S):
+            with _quiet():
+                rss = sum(p.memory_info().rss for p in [self.web, *self.web.children()])
+                self.peak_rss_mb = max(self.peak_rss_mb, rss / (1 << 20))
             for what, call in (("healthz", lambda: requests.get(
                     f"{self.base}/healthz", timeout=PROBE_TIMEOUT_S)),
                                ("submit", lambda: requests.post(
@@ -120,7 +125,7 @@ def attack(repo: Path) -> dict[str, Any]:
     server = start_redis(tmp / "redis")
     web, base = start_web(repo, server.url, tmp)
     port = int(base.rsplit(":", 1)[1])
-    probe = Probe(base)
+    probe = Probe(base, web.pid)
     try:
         probe.start()
         time.sleep(2 * PROBE_INTERVAL_S)  # a few idle samples first
@@ -156,7 +161,8 @@ def attack(repo: Path) -> dict[str, Any]:
         web.wait(60)
         server.stop()
     return {"slow_bodies_opened": opened_slow, "polls_sent_and_dropped": sent,
-            "drop_s": round(drop_s, 2), "by_phase": _summary(probe.samples),
+            "drop_s": round(drop_s, 2), "web_peak_rss_mb": round(probe.peak_rss_mb),
+            "by_phase": _summary(probe.samples),
             "slowest (latency s, phase, probe, s into phase)": sorted(probe.slowest)[-5:]}
 
 
@@ -165,7 +171,8 @@ class _quiet:
         return None
 
     def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+        return exc[0] is not None and issubclass(
+            exc[0], OSError | psutil.Error)  # type: ignore[arg-type]
 
 
 def _summary(samples: list[tuple[str, str, float, int]]) -> dict[str, Any]:
