@@ -70,6 +70,21 @@ def test_a_503_during_admission_names_the_id_that_may_have_been_admitted(
             assert answer.json()["id"] == job_id and answer.json()["status"] == "queued"
 
 
+def test_a_batch_whose_first_input_meets_a_paused_redis_names_that_inputs_id(
+        env: dict[str, str], server: RedisProc) -> None:
+    inputs = [{"value": i, "size": 1} for i in range(3)]
+    with start_web(env) as base:
+        assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
+        server.signal(signal.SIGSTOP)
+        try:
+            r = requests.post(f"{base}/submit/batch", json={"model": "tiny", "inputs": inputs},
+                              timeout=STOPPED_SUBMIT_TIMEOUT_S)
+        finally:
+            server.signal(signal.SIGCONT)
+    assert r.status_code == 503
+    assert len(r.json()["id"]) == 22 and "may have been admitted" in r.text
+
+
 def test_an_idempotency_key_whose_job_was_deleted_or_expired_is_a_new_key(
         env: dict[str, str], server: RedisProc, key_prefix: str) -> None:
     with start_web(env) as base:

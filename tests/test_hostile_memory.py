@@ -97,3 +97,26 @@ def test_web_refuses_to_start_when_the_budgets_do_not_fit_maxmemory_and_says_why
     assert out.returncode != 0
     assert "queued jobs may take" in out.stderr and "of maxmemory 64 MiB" in out.stderr, \
         out.stderr[-3000:]
+
+
+def test_with_api_keys_one_key_cannot_spend_a_whole_models_budget(
+        server: RedisProc, tmp_path: Path, key_prefix: str) -> None:
+    """Per key: half of max_queued_bytes by default; a second key still gets its half."""
+    config = tmp_path / "catalogue.toml"
+    config.write_text(HOSTILE_TOML)
+    keys = ["a" * 32, "b" * 32]
+    env = make_env(server.url, key_prefix, CARPOOL_CONFIG=str(config),
+                   CARPOOL_API_KEYS=",".join(keys))
+    big = {"model": "big", "input": {"value": "x" * BIG_VALUE_CHARS, "size": 1}}
+    admitted: dict[str, int] = {}
+    with start_web(env) as base, requests.Session() as s:
+        for key in keys:
+            codes: Counter[int] = Counter()
+            for _ in range(2 * BIG_BUDGET_BYTES // BIG_VALUE_CHARS):
+                r = s.post(f"{base}/submit", json=big, timeout=30,
+                           headers={"Authorization": f"Bearer {key}"})
+                codes[r.status_code] += 1
+            admitted[key] = codes[202]
+            assert codes[429] > 0, codes
+    per_key = (BIG_BUDGET_BYTES // 2) // BIG_VALUE_CHARS
+    assert admitted == {keys[0]: per_key, keys[1]: per_key}
