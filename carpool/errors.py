@@ -78,10 +78,11 @@ class BudgetFull(CarpoolError):
     RETRY_AFTER_S = 5.0
 
     def __init__(self, model: str, scope: str, held_bytes: int, budget_bytes: int) -> None:
-        whose = f"model {model!r}" if scope == "model" else f"this API key's jobs of {model!r}"
+        whose, setting = ((f"model {model!r}", "max_queued_bytes") if scope == "model" else
+                          (f"this API key's jobs of {model!r}", "max_queued_bytes_per_key"))
         super().__init__(
             f"{whose} already hold {held_bytes} bytes of queued input, and this input would "
-            f"pass the budget of {budget_bytes} (max_queued_bytes); retry after "
+            f"pass the budget of {budget_bytes} ({setting}); retry after "
             f"{self.RETRY_AFTER_S:.0f} s, when workers have taken some"
         )
         self.model = model
