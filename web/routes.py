@@ -5,6 +5,7 @@ Errors are raised, never formatted here: ``web.errors`` turns each into its stat
 
 from __future__ import annotations
 
+import hmac
 import math
 import threading
 import time
@@ -24,7 +25,10 @@ from web import inputs
 from web.auth import check_owner, request_owner
 from web.bodies import read_body
 from web.errors import (
+    AdmissionUnknown,
     JobNotFound,
+    TooManyPolls,
+    Unauthorized,
     UnsupportedMediaType,
     error_body,
     retry_after_s,
@@ -69,6 +73,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     deadline = time.monotonic() + wait_s
     job_id = new_job_id()
     with ExitStack() as stack:
+        wait_s = _hold_poll(state, stack, owner, wait_s)
         # Watched before it is admitted: a completion that comes at once still wakes us.
         woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
         try:
@@ -107,6 +112,7 @@ def submit_batch() -> tuple[Response, int]:
         raise
     deadline = time.monotonic() + wait_s
     with ExitStack() as stack:
+        wait_s = _hold_poll(state, stack, owner, wait_s)
         jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
         finals = [(i, _final_by(state, admitted, woken, deadline))
                   for i, (admitted, woken) in watched.items()]
@@ -136,9 +142,11 @@ def _admit_batch(
         except BackendUnavailable as exc:
             state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
             if not any("id" in job for job in jobs):
-                raise  # nothing was queued: the whole request is safe to retry (503)
-            # Some are queued: say which were not, without waiting on Redis for each.
-            jobs += [_item_error(exc)] * (len(batch.inputs) - i)
+                # Only this input may be queued (its id is in the 503); none after it.
+                raise
+            # Some are queued: this one may be (its id says), the rest were not sent.
+            not_sent = BackendUnavailable(f"{exc}; not queued (not sent to Redis)")
+            jobs += [_item_error(exc)] + [_item_error(not_sent)] * (len(batch.inputs) - i - 1)
             break
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
@@ -146,16 +154,30 @@ def _admit_batch(
     return jobs, watched
 
 
+def _hold_poll(state: WebState, stack: ExitStack, owner: str, wait_s: float) -> float:
+    """``wait_s`` with one of this client's long-poll slots held on ``stack``; 0 (no
+    wait: the answer is the 202) when it holds all of them (web/polls.py)."""
+    if wait_s <= 0:
+        return wait_s
+    try:
+        stack.enter_context(state.polls.hold(owner or request.remote_addr or ""))
+    except TooManyPolls:
+        return 0.0
+    stack.enter_context(state.metrics.long_polls.track_inprogress())
+    return wait_s
+
+
 def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None,
               deadline: float) -> JobView | None:
     """The job's final view if it ends by ``deadline`` (monotonic); None otherwise."""
     if woken is None:
         return None
+    gone = client_gone_check(request.environ)
     if admitted.duplicate:  # the first job's: not watched before admission, read first
         view = wait_for_final(state.queue, state.notifier, admitted.id,
-                              max(0.0, deadline - time.monotonic()))
+                              max(0.0, deadline - time.monotonic()), gone)
     else:
-        view = await_final_after(state.queue, woken, admitted.id, deadline)
+        view = await_final_after(state.queue, woken, admitted.id, deadline, gone)
     return view if view is not None and view.status.is_final else None
 
 
@@ -208,7 +230,17 @@ def models() -> Response:
 
 @blueprint.get("/metrics")
 def metrics() -> Response:
-    """Prometheus text format: this process's view, or under gunicorn all processes' sum."""
+    """Prometheus text format: this process's view, or under gunicorn all processes' sum.
+
+    Open unless ``CARPOOL_METRICS_TOKEN`` is set; API keys do not cover it (Prometheus
+    scrapes with a token of its own).
+    """
+    token = current_state().settings.metrics_token
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+            raise Unauthorized("GET /metrics needs 'Authorization: Bearer <metrics token>' "
+                               "(CARPOOL_METRICS_TOKEN)")
     return Response(current_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -259,7 +291,16 @@ def _require_json() -> None:
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
            options: inputs.Options, owner: str, job_id: str) -> Admitted:
+    """Admit under ``job_id``; a 503 then names it: the job may have been admitted."""
     state.models.check(spec.name)  # 503 at once for a model every live worker refused
+    try:
+        return _admit_as(state, spec, prepared, options, owner, job_id)
+    except BackendUnavailable as exc:
+        raise AdmissionUnknown(job_id, exc) from exc
+
+
+def _admit_as(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
+              options: inputs.Options, owner: str, job_id: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
     return state.queue.admit(
         spec, prepared.bin, job_id, prepared.input_json,
@@ -285,7 +326,7 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:
     status, code = status_and_code(exc)
-    item = {**error_body(code, str(exc)), "status": status}
+    item = {**error_body(code, str(exc), exc), "status": status}
     retry = retry_after_s(exc)
     if retry is not None:  # what the Retry-After header says for a single submit
         item["retry_after_s"] = retry

@@ -27,6 +27,7 @@ import redis
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobView
 from carpool.queue import Queue, redis_errors
+from web.polls import CLIENT_CHECK_S, ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -167,30 +168,46 @@ class Notifier:
         return listener
 
 
-def wait_for_final(queue: Queue, notifier: Notifier, job_id: str, wait_s: float) -> JobView | None:
-    """The job once it is final, or as it is after ``wait_s``; None when it does not exist."""
+def wait_for_final(queue: Queue, notifier: Notifier, job_id: str, wait_s: float,
+                   gone: ClientGone | None = None) -> JobView | None:
+    """The job once it is final, or as it is after ``wait_s``; None when it does not exist.
+
+    Returns early, with the job as it is, once ``gone()`` says the client has left.
+    """
     if wait_s <= 0:
         return queue.get(job_id)
     with notifier.watch(job_id) as woken:
-        return _until_final(queue, woken, job_id, time.monotonic() + wait_s, read_first=True)
+        return _until_final(queue, woken, job_id, time.monotonic() + wait_s, True, gone)
 
 
 def await_final_after(queue: Queue, woken: threading.Event, job_id: str,
-                      deadline: float) -> JobView | None:
+                      deadline: float, gone: ClientGone | None = None) -> JobView | None:
     """Like ``wait_for_final`` for a job whose ``woken`` was registered before it was
     admitted (``POST /submit?wait=``): it is queued, so wait first and read once woken,
     one Redis round trip fewer than reading first."""
-    return _until_final(queue, woken, job_id, deadline, read_first=False)
+    return _until_final(queue, woken, job_id, deadline, False, gone)
 
 
 def _until_final(queue: Queue, woken: threading.Event, job_id: str, deadline: float,
-                 read_first: bool) -> JobView | None:
-    if not read_first and not woken.wait(max(0.0, deadline - time.monotonic())):
+                 read_first: bool, gone: ClientGone | None) -> JobView | None:
+    if not read_first and not _wait(woken, deadline, gone):
         return None  # not woken: still queued or running, as far as this poll knows
     while True:
         woken.clear()  # before the read: a wake-up during the read is kept
         view = queue.get(job_id)
-        remaining = deadline - time.monotonic()
-        if view is None or view.status.is_final or remaining <= 0:
+        if view is None or view.status.is_final or time.monotonic() >= deadline:
             return view
-        woken.wait(remaining)
+        if not _wait(woken, deadline, gone):
+            return view
+
+
+def _wait(woken: threading.Event, deadline: float, gone: ClientGone | None) -> bool:
+    """Wait until woken: True; False at the deadline, or as soon as the client is gone."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return woken.is_set()
+        if woken.wait(remaining if gone is None else min(remaining, CLIENT_CHECK_S)):
+            return True
+        if gone is not None and gone():
+            return False
