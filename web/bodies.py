@@ -10,7 +10,10 @@ the catalogue: a raw image for ``?model=m`` may be as large as m's
 A body must also arrive in time: ``CARPOOL_BODY_TIMEOUT_S``, plus a second per
 ``CARPOOL_BODY_MIN_RATE`` bytes received (Apache's mod_reqtimeout rule), else 408
 and the connection closes. A client that sends headers and one byte otherwise
-holds a connection slot for as long as it likes.
+holds a connection slot for as long as it likes. After a 408 or 413 the
+connection stays open for what is left of the body: gunicorn reads and drops it
+before the next request, for at most its keep-alive time (2 s), then closes. (Closing
+it here instead would race a client that already reuses the connection.)
 
 Then ``parse_json`` (web/inputs.py) refuses a document with more JSON values than
 any input needs, before it builds them: a 16 MiB array of empty objects is a

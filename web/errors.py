@@ -7,14 +7,12 @@ same table for its per-item errors.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import re
-import socket
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
 from carpool.errors import (
@@ -155,28 +153,7 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
         response.headers["Retry-After"] = str(retry)
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="carpool"'
-    if isinstance(exc, BodyTooLarge | BodyTimeout):
-        _close_after(response)
     return response, status
-
-
-def _close_after(response: Response) -> None:
-    """Close the connection once ``response`` is sent.
-
-    Part of the body may still be on its way, so the connection cannot carry another
-    request; gunicorn would first drain it (a slow client's slot held for its
-    keep-alive time). It ignores an app's ``Connection: close``, so shut the socket.
-    """
-    sock = request.environ.get("gunicorn.socket")
-    if not isinstance(sock, socket.socket):
-        response.headers["Connection"] = "close"  # servers that do honour it
-        return
-
-    def shut() -> None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    response.call_on_close(shut)
 
 
 def _http_error(exc: HTTPException) -> tuple[Response, int]:
