@@ -38,6 +38,7 @@ import psutil
 import redis
 import requests
 
+from carpool.commands import python_argv
 from carpool.redis_local import free_port, start_redis
 
 SOCKETS = 4100
@@ -55,8 +56,8 @@ def start_web(repo: Path, redis_url: str, tmp: Path) -> tuple[subprocess.Popen[b
     env = dict(os.environ, PYTHONPATH=str(repo), CARPOOL_REDIS_URL=redis_url,
                CARPOOL_WEB_BIND=f"127.0.0.1:{port}", CARPOOL_KEY_PREFIX="hostile")
     log = open(tmp / "web.log", "ab")  # noqa: SIM115 — the process's, closed with it
-    cmd = [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf", "web:create_app()"]
-    web = subprocess.Popen(cmd, env=env, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
+    web = subprocess.Popen(python_argv("web"), env=env, cwd=repo, stdout=log,
+                           stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while not _ok(f"{base}/healthz"):
