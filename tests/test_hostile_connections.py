@@ -130,14 +130,36 @@ def test_a_client_over_its_long_poll_cap_gets_429(env: dict[str, str]) -> None:
             s = connect(base)
             s.sendall(f"GET /result/{job_id}?wait=60 HTTP/1.1\r\nHost: t\r\n\r\n".encode())
             socks.append(s)
-        wait_until(lambda: long_polls(base) == POLL_CAP, SERVER_ACTS_S, "polls to wait")
-        over = requests.get(f"{base}/result/{job_id}?wait=60", timeout=SERVER_ACTS_S)
-        plain = requests.get(f"{base}/result/{job_id}", timeout=SERVER_ACTS_S)
-        for s in socks:
-            s.close()
+        try:
+            wait_until(lambda: long_polls(base) == POLL_CAP, SERVER_ACTS_S, "polls to wait")
+            over = requests.get(f"{base}/result/{job_id}?wait=60", timeout=SERVER_ACTS_S)
+            plain = requests.get(f"{base}/result/{job_id}", timeout=SERVER_ACTS_S)
+        finally:
+            for s in socks:
+                s.close()
     assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_polls"
     assert int(over.headers["Retry-After"]) >= 1
     assert plain.status_code == 200  # a poll without wait holds nothing
+
+
+def test_a_submit_with_wait_over_the_poll_cap_is_admitted_and_answered_at_once(
+        env: dict[str, str]) -> None:
+    """No worker serves "tiny": without the cap this submit would wait its 60 s."""
+    with start_web(env) as base:
+        job_id = queued_job(base)
+        socks = []
+        for _ in range(POLL_CAP):
+            s = connect(base)
+            s.sendall(f"GET /result/{job_id}?wait=60 HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+            socks.append(s)
+        try:
+            wait_until(lambda: long_polls(base) == POLL_CAP, SERVER_ACTS_S, "polls to wait")
+            r = requests.post(f"{base}/submit?wait=60", json={"model": "tiny", "input": {
+                "value": 2, "size": 1}}, timeout=SERVER_ACTS_S)
+        finally:
+            for s in socks:
+                s.close()
+    assert r.status_code == 202 and r.json()["status"] == "queued"
 
 
 def test_a_body_over_its_limit_is_refused_from_its_content_length_alone(
