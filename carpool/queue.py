@@ -11,8 +11,9 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.commands.core import Script
@@ -29,6 +30,10 @@ WAKE_LIST_CAP = 16
 #: One claim takes at most this many times max_n ids off a bin, expired ones
 #: included, so a backlog of expired jobs is cleared in bounded slices.
 CLAIM_SCAN_FACTOR = 4
+
+#: The job hash's fields that ``GET /result`` shows (carpool.jobs.view_from_hash).
+VIEW_FIELDS = ("status", "model", "result", "error", "timings", "batch", "t_admit", "t_claim",
+               "t_done", "owner")
 
 #: Error replies that mean "not now" (retry later), never "your request is wrong".
 _UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS",
@@ -92,6 +97,35 @@ def connect(
     return redis.Redis.from_pool(pool)  # the client owns the pool: close() closes both
 
 
+@dataclass(frozen=True)
+class AdmitRequest:
+    """What every job of one submission shares (the web's options for it)."""
+
+    queued_ttl_s: int
+    deadline_ms: int = 0  # 0: the model's default deadline
+    priority: int = 0
+    owner: str = ""
+
+
+def _outcomes(
+    model: ModelSpec, bin_spec: BinSpec, ids: Sequence[str], reply: Sequence[Any]
+) -> list[Admitted | BinFull]:
+    """Per id, from admit.lua's "ok"/"full" reply: the first ``admitted`` were queued."""
+    admitted, depth = int(reply[1]), int(reply[2])
+    out: list[Admitted | BinFull] = [Admitted(job_id, model.name, bin_spec.name, depth)
+                                     for job_id in ids[:admitted]]
+    if reply[0] == "full":
+        rate = drain_rate_per_s(float(reply[3]), int(reply[4]))
+        full = BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
+        out += [full] * (len(ids) - admitted)
+    return out
+
+
+def ended_ids(message: str) -> list[str]:
+    """The job ids of one message on the done channel (one batch's, space-separated)."""
+    return message.split()
+
+
 class Queue:
     """Admit, peek, claim, complete and cancel jobs; each is one Lua script call."""
 
@@ -123,28 +157,74 @@ class Queue:
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
         """
-        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
-        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
-                self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name)]
-        deadline_ms = effective_deadline_ms(model, deadline_ms)
-        args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
-                bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
-                "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
-                sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS]
+        request = AdmitRequest(queued_ttl_s, deadline_ms, priority, owner)
+        call = self._admit_call(model, bin_spec, [(job_id, input_json)], request,
+                                idempotency_digest, input_digest)
         with redis_errors():
-            reply = self._admit(keys=keys, args=args)
+            reply = self._admit(keys=call[0], args=call[1])
         kind = reply[0]
-        if kind == "ok":
-            return Admitted(job_id, model.name, bin_spec.name, int(reply[2]))
         if kind == "dup":
             return Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)
         if kind == "conflict":
             raise IdempotencyConflict(
                 f"idempotency key was first used for job {reply[1]} with a different input"
             )
-        depth = int(reply[1])
-        rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
-        raise BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
+        outcome = _outcomes(model, bin_spec, [job_id], reply)[0]
+        if isinstance(outcome, BinFull):
+            raise outcome
+        return outcome
+
+    def admit_many(
+        self, model: ModelSpec, jobs: Sequence[tuple[BinSpec, str, str]], request: AdmitRequest
+    ) -> list[Admitted | BinFull | BackendUnavailable]:
+        """Queue many jobs of one model, ``(bin, id, input JSON)`` each.
+
+        One admit.lua call per bin admits that bin's jobs, in order, up to its bound:
+        one round trip for a batch of one bin. Each job's place in the answer holds
+        its ``Admitted``, its ``BinFull``, or, when Redis was lost after an earlier
+        bin's call went through, ``BackendUnavailable``. Raises ``BackendUnavailable``
+        when nothing was queued (the whole request is then safe to retry).
+        """
+        by_bin: dict[str, list[int]] = {}
+        for i, (bin_spec, _, _) in enumerate(jobs):
+            by_bin.setdefault(bin_spec.name, []).append(i)
+        out: list[Admitted | BinFull | BackendUnavailable | None] = [None] * len(jobs)
+        for positions in by_bin.values():
+            bin_spec = jobs[positions[0]][0]
+            ids = [jobs[i][1] for i in positions]
+            keys, args = self._admit_call(model, bin_spec, [(jobs[i][1], jobs[i][2])
+                                                            for i in positions], request)
+            try:
+                with redis_errors():
+                    reply = self._admit(keys=keys, args=args)
+            except BackendUnavailable as exc:
+                if all(o is None for o in out):
+                    raise
+                out = [exc if o is None else o for o in out]
+                break
+            for i, outcome in zip(positions, _outcomes(model, bin_spec, ids, reply),
+                                  strict=True):
+                out[i] = outcome
+        return [o for o in out if o is not None]
+
+    def _admit_call(
+        self, model: ModelSpec, bin_spec: BinSpec, jobs: Sequence[tuple[str, str]],
+        request: AdmitRequest, idempotency_digest: str | None = None, input_digest: str = "",
+    ) -> tuple[list[str], list[str | int]]:
+        """admit.lua's KEYS and ARGV for ``jobs`` (id, input JSON) of one bin."""
+        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
+        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
+                idem_key, self.keys.stats(model.name, bin_spec.name)]
+        deadline_ms = effective_deadline_ms(model, request.deadline_ms)
+        args: list[str | int] = [
+            self.keys.job_prefix, model.name, bin_spec.name, bin_spec.max_depth,
+            bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
+            WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
+            sort_offset_ms(model, deadline_ms, request.priority), request.owner,
+            input_digest if idempotency_digest else ""]
+        for job_id, input_json in jobs:
+            args += [job_id, input_json]
+        return keys, args
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
@@ -212,9 +292,25 @@ class Queue:
         return reply
 
     def get(self, job_id: str) -> JobView | None:
+        """The job as a client sees it; None when it does not exist (or expired)."""
+        return self.get_many([job_id])[0]
+
+    def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
+        """Several jobs in one round trip; reads only the fields a view shows (never
+        the input, which may be large)."""
         with redis_errors():
-            h = cast(dict[str, str], self.client.hgetall(self.keys.job(job_id)))
-        return view_from_hash(job_id, h) if h else None
+            if len(job_ids) == 1:
+                rows = [self.client.hmget(self.keys.job(job_ids[0]), VIEW_FIELDS)]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for job_id in job_ids:
+                    pipe.hmget(self.keys.job(job_id), VIEW_FIELDS)
+                rows = pipe.execute()
+        views: list[JobView | None] = []
+        for job_id, row in zip(job_ids, rows, strict=True):
+            h = {k: str(v) for k, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
+            views.append(view_from_hash(job_id, h) if "status" in h else None)
+        return views
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         with redis_errors():

@@ -27,7 +27,7 @@ from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec
 from carpool.jobs import JobStatus, new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue
+from carpool.queue import Queue, ended_ids
 from tests.procs import REPO_ROOT, worker_command
 
 #: How long a test waits for a process to exit once it was told to (or killed).
@@ -64,7 +64,7 @@ class DoneCounter:
                 return  # the Redis under test went away; counts so far stand
             if msg is not None and msg["type"] == "message":
                 with self._lock:
-                    self.counts[str(msg["data"])] += 1
+                    self.counts.update(ended_ids(str(msg["data"])))
 
     def snapshot(self) -> Counter[str]:
         with self._lock:

@@ -11,7 +11,7 @@ import pytest
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.queue import Queue, connect
+from carpool.queue import Queue, connect, ended_ids
 
 TTL_S = 60
 
@@ -123,16 +123,17 @@ def test_failed_outcome_records_the_error_and_the_rest_complete(queue: Queue) ->
     assert vb is not None and vb.status is JobStatus.DONE and vb.result == {"ok": 1}
 
 
-def test_completion_publishes_each_id_on_the_done_channel(queue: Queue) -> None:
+def test_completion_publishes_the_batch_ids_on_the_done_channel_once(queue: Queue) -> None:
     spec = synthetic()
-    job = admit(queue, spec)
+    jobs = [admit(queue, spec), admit(queue, spec)]
     pubsub = queue.client.pubsub()
     pubsub.subscribe(queue.keys.done_channel)
     assert pubsub.get_message(timeout=2)["type"] == "subscribe"  # type: ignore[index]
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
-    queue.complete(spec, claim, [Outcome(job, result=1)], {"size": 1})
+    queue.complete(spec, claim, [Outcome(j, result=1) for j in jobs], {"size": 2})
     msg = pubsub.get_message(timeout=2)
-    assert msg is not None and msg["data"] == job
+    assert msg is not None and ended_ids(msg["data"]) == jobs
+    assert pubsub.get_message(timeout=0.2) is None  # one message for the whole batch
     pubsub.close()
 
 

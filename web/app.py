@@ -11,6 +11,7 @@ from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.metrics import WebMetrics
+from web.reads import ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -40,7 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     metrics = WebMetrics(queue, settings.catalogue)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
-        metrics=metrics,
+        metrics=metrics, reads=ReadBatcher(queue),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

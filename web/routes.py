@@ -13,9 +13,10 @@ from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
-from carpool.catalogue import Catalogue, ModelSpec
-from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
+from carpool.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.errors import BackendUnavailable, BinFull, CarpoolError, InvalidInput
 from carpool.jobs import Admitted, is_job_id, new_job_id
+from carpool.queue import AdmitRequest
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
@@ -64,23 +65,32 @@ def submit_batch() -> tuple[Response, int]:
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
-    jobs: list[dict[str, Any]] = []
-    for i, raw in enumerate(batch.inputs):
+    # Each input is validated on its own; the valid ones are admitted together, in
+    # one round trip (one admit.lua call per bin), each against its bin's bound.
+    items: list[dict[str, Any] | None] = []
+    valid: list[tuple[BinSpec, str, str]] = []
+    for raw in batch.inputs:
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            admitted = _admit(state, batch.spec, prepared, batch.options, owner)
-            state.metrics.count_submitted(admitted)
-            jobs.append(_accepted(admitted))
-        except BackendUnavailable as exc:
-            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
-            if not any("id" in job for job in jobs):
-                raise  # nothing was queued: the whole request is safe to retry (503)
-            # Some are queued: say which were not, without waiting on Redis for each.
-            jobs += [_item_error(exc)] * (len(batch.inputs) - i)
-            break
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
-            jobs.append(_item_error(exc))
+            items.append(_item_error(exc))
+            continue
+        items.append(None)
+        valid.append((prepared.bin, new_job_id(), prepared.input_json))
+    if valid:
+        request_opts = AdmitRequest(state.settings.queued_ttl_s, batch.options.deadline_ms,
+                                    batch.options.priority, owner)
+        try:
+            outcomes = iter(state.queue.admit_many(batch.spec, valid, request_opts))
+        except BackendUnavailable as exc:
+            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
+            raise  # nothing was queued: the whole request is safe to retry (503)
+        # Redis lost after a first bin's jobs were queued: the others say so, each.
+        for i, item in enumerate(items):
+            if item is None:
+                items[i] = _admitted_or_refused(state, batch.spec.name, next(outcomes))
+    jobs = [item for item in items if item is not None]
     return jsonify({"jobs": jobs}), 202
 
 
@@ -91,8 +101,8 @@ def result(job_id: str) -> Response:
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
     if owner:  # another key's job must not make this request wait out its poll
-        check_owner(state.queue.get(job_id), owner, job_id)
-    view = check_owner(wait_for_final(state.queue, state.notifier, job_id, wait_s), owner,
+        check_owner(state.reads.get(job_id), owner, job_id)
+    view = check_owner(wait_for_final(state.reads, state.notifier, job_id, wait_s), owner,
                        job_id)
     return jsonify(view.to_json())
 
@@ -194,6 +204,15 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
     if admitted.duplicate:
         body["duplicate"] = True
     return body
+
+
+def _admitted_or_refused(state: WebState, model: str,
+                         outcome: Admitted | BinFull | BackendUnavailable) -> dict[str, Any]:
+    if isinstance(outcome, CarpoolError):
+        state.metrics.count_rejected(model, outcome)
+        return _item_error(outcome)
+    state.metrics.count_submitted(outcome)
+    return _accepted(outcome)
 
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:

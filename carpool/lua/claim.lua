@@ -12,7 +12,8 @@
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
 -- passed end "expired" here, are never computed, and their places go to the next
 -- jobs: `expired` counts them, so the worker that decided it counts each expiry once
--- (carpool_jobs_expired_total).
+-- (carpool_jobs_expired_total). Per job: one HMGET and one HSET; the leases zset gets
+-- one ZADD per slice popped, for all its live jobs at once.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -25,6 +26,7 @@ while live < max_n and budget > 0 do
   local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
   if #popped == 0 then break end
   budget = budget - #popped / 2
+  local leased = {}
   for i = 1, #popped, 2 do
     local id = popped[i]
     local key = ARGV[4] .. id
@@ -39,10 +41,11 @@ while live < max_n and budget > 0 do
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
-        local attempts = tonumber(job[4]) + 1
+        local attempts = (tonumber(job[4]) or 0) + 1
         redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
           "t_claim", now_ms, "attempts", attempts)
-        redis.call("ZADD", KEYS[2], lease_until, id)
+        leased[#leased + 1] = lease_until
+        leased[#leased + 1] = id
         out[#out + 1] = id
         out[#out + 1] = job[2]
         out[#out + 1] = job[3]
@@ -50,6 +53,9 @@ while live < max_n and budget > 0 do
         live = live + 1
       end
     end
+  end
+  if #leased > 0 then
+    redis.call("ZADD", KEYS[2], unpack(leased))
   end
 end
 return out

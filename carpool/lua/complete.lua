@@ -9,6 +9,9 @@
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
 --
+-- Per job: HMGET, HDEL, HSET, EXPIRE; the leases zset loses all written ids in one
+-- ZREM, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
+--
 -- Returns one integer per job: 1 written, 0 refused (the lease is no longer this
 -- claim's: the job was reclaimed, cancelled or already finished). A late,
 -- zombie worker therefore cannot overwrite a result.
@@ -18,6 +21,7 @@ local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local written = 0
+local ended = {}
 for i = 7, #ARGV, 4 do
   local id = ARGV[i]
   local key = ARGV[2] .. id
@@ -32,15 +36,16 @@ for i = 7, #ARGV, 4 do
     redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2],
       "timings", ARGV[i + 3], "batch", ARGV[5], "t_done", now_ms)
     redis.call("EXPIRE", key, ARGV[4])
-    redis.call("ZREM", KEYS[1], id)
-    redis.call("PUBLISH", ARGV[3], id)
     out[#out + 1] = 1
     written = written + 1
+    ended[written] = id
   else
     out[#out + 1] = 0
   end
 end
 if written > 0 then
+  redis.call("ZREM", KEYS[1], unpack(ended))
+  redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/retry_after.py turns it into jobs/s: the sum over all workers.

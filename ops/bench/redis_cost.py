@@ -7,7 +7,8 @@ Starts a private redis-server (so ``INFO`` counts only this run), carpool's real
 web under gunicorn and one real Celery worker serving ``synthetic``. Client
 threads submit synthetic jobs over HTTP, 64 at a time (``--mode batch``: one
 ``POST /submit/batch`` of 64; ``--mode single``: 64 threads, one ``POST /submit``
-each), and fetch each result once by long-poll (``GET /result/<id>?wait=30``).
+each), and fetch each result once by long-poll (``GET /result/<id>?wait=30``), the
+results of one submission in parallel, as an asynchronous client would.
 
 Redis's own CPU per job is ``used_cpu_user + used_cpu_sys`` from ``INFO cpu``
 before and after the run, divided by the jobs; ``INFO commandstats`` gives each
@@ -82,8 +83,9 @@ def _wait_ok(url: str) -> None:
 class Client:
     """Submits and fetches; counts results that were not ``done``."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, fetchers: ThreadPoolExecutor) -> None:
         self.base = base
+        self.fetchers = fetchers
         self.local = threading.local()
         self.bad: list[str] = []
         self.counter = itertools.count()
@@ -107,8 +109,7 @@ class Client:
         r = self._session().post(f"{self.base}/submit/batch",
                                  json={"model": "synthetic", "inputs": inputs}, timeout=60)
         ids = [j["id"] for j in r.json()["jobs"] if "id" in j]
-        for job_id in ids:
-            self.fetch(job_id)
+        list(self.fetchers.map(self.fetch, ids))  # as an async client would: all at once
         return len(ids)
 
     def single_job(self, _: int) -> int:
@@ -137,7 +138,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=logs,
                                               stderr=subprocess.STDOUT))
             _wait_ok(f"{base}/healthz")
-            client = Client(base)
+            fetchers = ThreadPoolExecutor(CHUNK * args.clients)
+            client = Client(base, fetchers)
             client.batch_round(0)  # warm-up: web processes, scripts loaded, worker serving
             client.bad.clear()
             cpu0, cmd0 = redis_cpu_s(r), commandstats(r)
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     jobs = sum(pool.map(client.single_job, range(args.jobs)))
             wall_s = time.perf_counter() - t0
             cpu_s, cmds = redis_cpu_s(r) - cpu0, per_job(commandstats(r), cmd0, jobs)
+            fetchers.shutdown()
         finally:
             for p in procs:
                 p.terminate()
@@ -196,7 +199,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--mode", choices=("batch", "single"), default="batch")
-    ap.add_argument("--clients", type=int, default=4, help="client threads in batch mode")
+    ap.add_argument("--clients", type=int, default=2, help="submitting threads in batch mode")
     ap.add_argument("--cost-ms", default="2,0.05", help="synthetic a,b: a + b·n ms per batch")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     ap.add_argument("--compare", type=Path, help="a JSON of an earlier run: before → after")
