@@ -11,7 +11,7 @@ import pytest
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.queue import Queue, connect, ended_ids
+from carpool.queue import AdmitRequest, Queue, connect, ended_ids
 
 TTL_S = 60
 
@@ -302,3 +302,28 @@ def test_completions_keep_a_drain_rate_and_retry_after_grows_with_depth(queue: Q
                 break
     # 30 jobs drained, read as a rate over at least a second: about 31.5 jobs/s.
     assert answers == [pytest.approx(60 / 31.5, rel=0.05), pytest.approx(240 / 31.5, rel=0.05)]
+
+
+def test_a_batch_admitted_in_one_call_keeps_its_order_and_wakes_once(queue: Queue) -> None:
+    spec = synthetic(max_batch=4)
+    small = spec.bins[0]
+    wake = queue.keys.wake("synthetic")
+    ids = [new_job_id() for _ in range(6)]
+    out = queue.admit_many(spec, [(small, i, json.dumps({"value": n, "size": 1}))
+                                  for n, i in enumerate(ids)], AdmitRequest(TTL_S))
+    assert [o.id for o in out if not isinstance(o, Exception)] == ids
+    assert queue.client.llen(wake) == 1  # first jobs and a full batch: one wake-up, not six
+    claim = queue.claim(spec, "small", 6, lease_ms=5000, token="t", worker="w")
+    assert [j.id for j in claim.jobs] == ids  # the batch's order, not the ids' order
+    assert [json.loads(j.input_json)["value"] for j in claim.jobs] == list(range(6))
+
+
+def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
+        queue: Queue) -> None:
+    spec = synthetic(max_depth=3)
+    admit(queue, spec)
+    ids = [new_job_id() for _ in range(4)]
+    out = queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
+    assert [type(o).__name__ for o in out] == ["Admitted", "Admitted", "BinFull", "BinFull"]
+    assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 3
+    assert queue.client.exists(queue.keys.job(ids[2])) == 0  # a refused job leaves nothing

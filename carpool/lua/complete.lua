@@ -9,8 +9,9 @@
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
 --
--- Per job: HMGET, HDEL, HSET, EXPIRE; the leases zset loses all written ids in one
--- ZREM, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
+-- Per job: one HMGET, then one HSET (which also blanks the input and the lease) and one
+-- EXPIRE; the leases zset loses all written ids in one ZREM, and one PUBLISH names
+-- them all (space-separated: carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the lease is no longer this
 -- claim's: the job was reclaimed, cancelled or already finished). A late,
@@ -20,31 +21,32 @@ redis.replicate_commands()
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-local written = 0
-local ended = {}
+local ours = {}  -- ARGV index of each job whose lease is still this claim's
 for i = 7, #ARGV, 4 do
-  local id = ARGV[i]
-  local key = ARGV[2] .. id
-  local job = redis.call("HMGET", key, "status", "lease")
+  local job = redis.call("HMGET", ARGV[2] .. ARGV[i], "status", "lease")
   if job[1] == "running" and job[2] == ARGV[1] then
-    local field = "result"
-    if ARGV[i + 1] == "failed" then field = "error" end
-    -- HDEL first: Redis refuses a script for memory only at its first write, and only
-    -- if that write may grow memory. Dropping the input first lets completions (which
-    -- free memory) go on while a full Redis (noeviction) refuses new admissions.
-    redis.call("HDEL", key, "input", "lease")  -- the input is no longer needed
-    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2],
-      "timings", ARGV[i + 3], "batch", ARGV[5], "t_done", now_ms)
-    redis.call("EXPIRE", key, ARGV[4])
     out[#out + 1] = 1
-    written = written + 1
-    ended[written] = id
+    ours[#ours + 1] = i
   else
     out[#out + 1] = 0
   end
 end
+local written = #ours
 if written > 0 then
+  -- ZREM first: Redis refuses a script for memory only at its first write, and only
+  -- if that write may grow memory (ZREM cannot). So completions, which free memory
+  -- (the input is blanked), go on while a full Redis (noeviction) refuses admissions.
+  local ended = {}
+  for k, i in ipairs(ours) do ended[k] = ARGV[i] end
   redis.call("ZREM", KEYS[1], unpack(ended))
+  for _, i in ipairs(ours) do
+    local key = ARGV[2] .. ARGV[i]
+    local field = "result"
+    if ARGV[i + 1] == "failed" then field = "error" end
+    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
+      "batch", ARGV[5], "t_done", now_ms, "input", "", "lease", "")
+    redis.call("EXPIRE", key, ARGV[4])
+  end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
