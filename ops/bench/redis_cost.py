@@ -51,6 +51,12 @@ def redis_cpu_s(r: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def io_events(r: redis.Redis) -> tuple[int, int]:
+    """Read and write events Redis processed: about one each per client round trip."""
+    st = r.info("stats")
+    return int(st["total_reads_processed"]), int(st["total_writes_processed"])
+
+
 def commandstats(r: redis.Redis) -> dict[str, tuple[int, int]]:
     """command -> (calls, usec)."""
     return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
@@ -142,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client = Client(base, fetchers)
             client.batch_round(0)  # warm-up: web processes, scripts loaded, worker serving
             client.bad.clear()
-            cpu0, cmd0 = redis_cpu_s(r), commandstats(r)
+            cpu0, cmd0, io0 = redis_cpu_s(r), commandstats(r), io_events(r)
             t0 = time.perf_counter()
             if args.mode == "batch":
                 rounds = -(-args.jobs // CHUNK)
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     jobs = sum(pool.map(client.single_job, range(args.jobs)))
             wall_s = time.perf_counter() - t0
             cpu_s, cmds = redis_cpu_s(r) - cpu0, per_job(commandstats(r), cmd0, jobs)
+            io = [(b - a) / jobs for a, b in zip(io0, io_events(r), strict=True)]
             fetchers.shutdown()
         finally:
             for p in procs:
@@ -169,6 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "redis_cpu_us_per_job": round(1e6 * cpu_s / jobs, 1),
         "command_us_per_job": round(sum(v["usec"] for v in cmds.values()), 1),
         "script_calls_per_job": round(sum(v["calls"] for v in scripts.values()), 3),
+        "reads_per_job": round(io[0], 3), "writes_per_job": round(io[1], 3),
         "commands": cmds,
     }
 
