@@ -21,7 +21,7 @@ from redis.commands.core import Script
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.errors import BackendUnavailable, BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
-from carpool.keys import Keys
+from carpool.keys import Keys, shard, shard_of_job
 from carpool.retry_after import DRAIN_TAU_MS, drain_rate_per_s, retry_after_s
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 
@@ -217,7 +217,8 @@ class Queue:
                 idem_key, self.keys.stats(model.name, bin_spec.name)]
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         args: list[str | int] = [
-            self.keys.job_prefix, model.name, bin_spec.name, bin_spec.max_depth,
+            self.keys.job_prefix(shard(model.name)), model.name, bin_spec.name,
+            bin_spec.max_depth,
             bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
             WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
             sort_offset_ms(model, deadline_ms, request.priority), request.owner,
@@ -234,25 +235,32 @@ class Queue:
         ``scan`` is each bin's max_batch as the worker holds it now (default 1: the head).
         """
         scan = [1] * len(bins) if scan is None else scan
-        keys = ([self.keys.bin(m, b) for m, b in bins]
-                + [self.keys.stats(m, b) for m, b in bins])
-        with redis_errors():
-            reply = self._peek(keys=keys, args=[self.keys.job_prefix, *scan])
-        now_ms = int(reply[0])
-        states = []
-        for i, (model, bin_name) in enumerate(bins):
-            depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * i: 5 + 4 * i])
-            states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
-                                   earliest if earliest > 0 else None, admitted))
-        return now_ms, states
+        by_model: dict[str, list[int]] = {}
+        for i, (model, _) in enumerate(bins):
+            by_model.setdefault(model, []).append(i)
+        now_ms = 0
+        states: list[BinState | None] = [None] * len(bins)
+        for model, positions in by_model.items():  # a script touches one shard's keys only
+            keys = ([self.keys.bin(model, bins[i][1]) for i in positions]
+                    + [self.keys.stats(model, bins[i][1]) for i in positions])
+            with redis_errors():
+                reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)),
+                                                    *(scan[i] for i in positions)])
+            now_ms = max(now_ms, int(reply[0]))
+            for k, i in enumerate(positions):
+                depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * k: 5 + 4 * k])
+                states[i] = BinState(model, bins[i][1], depth, oldest if oldest >= 0 else None,
+                                     earliest if earliest > 0 else None, admitted)
+        return now_ms, [st for st in states if st is not None]
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
         worker: str,
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
-        keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
-        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix, worker,
+        tag = shard(model.name)
+        keys = [self.keys.bin(model.name, bin_name), self.keys.leases(tag)]
+        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                 self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
@@ -266,7 +274,8 @@ class Queue:
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
     ) -> list[bool]:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
-        args: list[Any] = [claim.token, self.keys.job_prefix, self.keys.done_channel,
+        tag = shard(model.name)
+        args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                            model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS]
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
@@ -275,7 +284,7 @@ class Queue:
                 args += [o.id, "failed", o.error, timings]
             else:
                 args += [o.id, "done", json.dumps(o.result), timings]
-        keys = [self.keys.leases, self.keys.stats(model.name, claim.bin)]
+        keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin)]
         with redis_errors():
             reply = self._complete(keys=keys, args=args)
         return [bool(x) for x in reply]
@@ -285,7 +294,8 @@ class Queue:
         with redis_errors():
             reply = str(self._cancel(
                 keys=[self.keys.job(job_id)],
-                args=[job_id, self.keys.bin_prefix, self.keys.done_channel, result_ttl_s],
+                args=[job_id, self.keys.bin_prefix(shard_of_job(job_id)),
+                      self.keys.done_channel, result_ttl_s],
             ))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")

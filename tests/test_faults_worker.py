@@ -16,7 +16,7 @@ import pytest
 
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.jobs import JobStatus
-from carpool.keys import Keys
+from carpool.keys import Keys, shard
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.synthetic import expected_result
@@ -205,7 +205,7 @@ def test_sigterm_past_the_grace_period_hands_the_batch_back_and_nothing_is_stuck
         exit_s = clock.s()
     assert set(statuses(fq, ids).values()) == {JobStatus.QUEUED}
     assert fq.client.zrange(fq.keys.bin("synthetic", "small"), 0, -1) == ids  # front, in order
-    assert fq.client.zcard(fq.keys.leases) == 0
+    assert fq.client.zcard(fq.keys.leases(shard("synthetic"))) == 0
     assert_one_place(fq.client, fq.keys, ids)
     with start_worker(env_for(server, key_prefix, FAST), "w2@fault"):
         wait_until(lambda: all_final(fq, ids), 30, "w2 to run the handed-back jobs")

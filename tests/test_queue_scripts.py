@@ -25,7 +25,7 @@ def synthetic(max_depth: int = 5000, max_batch: int = 32) -> ModelSpec:
 
 def admit(q: Queue, spec: ModelSpec, size: int = 1, value: object = 0, **kw: object) -> str:
     body = json.dumps({"value": value, "size": size})
-    return q.admit(spec, spec.bin_for(size), new_job_id(), body, queued_ttl_s=TTL_S,
+    return q.admit(spec, spec.bin_for(size), new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                    **kw).id  # type: ignore[arg-type]
 
 
@@ -170,14 +170,14 @@ def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
 def test_same_idempotency_key_returns_the_first_job(queue: Queue) -> None:
     spec = synthetic()
     body = json.dumps({"value": 1, "size": 1})
-    first = queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+    first = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                         idempotency_digest="k1", input_digest="d1")
-    again = queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+    again = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                         idempotency_digest="k1", input_digest="d1")
     assert again.id == first.id and again.duplicate
     assert queue.depths([("synthetic", "small")]) == [1]
     with pytest.raises(IdempotencyConflict):
-        queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+        queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                     idempotency_digest="k1", input_digest="other")
 
 
@@ -308,7 +308,7 @@ def test_a_batch_admitted_in_one_call_keeps_its_order_and_wakes_once(queue: Queu
     spec = synthetic(max_batch=4)
     small = spec.bins[0]
     wake = queue.keys.wake("synthetic")
-    ids = [new_job_id() for _ in range(6)]
+    ids = [new_job_id(spec.name) for _ in range(6)]
     out = queue.admit_many(spec, [(small, i, json.dumps({"value": n, "size": 1}))
                                   for n, i in enumerate(ids)], AdmitRequest(TTL_S))
     assert [o.id for o in out if not isinstance(o, Exception)] == ids
@@ -322,7 +322,7 @@ def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
         queue: Queue) -> None:
     spec = synthetic(max_depth=3)
     admit(queue, spec)
-    ids = [new_job_id() for _ in range(4)]
+    ids = [new_job_id(spec.name) for _ in range(4)]
     out = queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
     assert [type(o).__name__ for o in out] == ["Admitted", "Admitted", "BinFull", "BinFull"]
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 3

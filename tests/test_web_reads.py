@@ -30,7 +30,8 @@ class HeldQueue(Queue):
 
 def test_reads_that_arrive_during_a_round_trip_share_the_next_one(queue: Queue) -> None:
     spec = builtin_models()["synthetic"]
-    ids = [queue.admit(spec, spec.bins[0], new_job_id(), json.dumps({"value": i, "size": 1}),
+    ids = [queue.admit(spec, spec.bins[0], new_job_id(spec.name),
+                        json.dumps({"value": i, "size": 1}),
                        queued_ttl_s=60).id for i in range(9)]
     held = HeldQueue(queue)
     reads = ReadBatcher(held)

@@ -77,7 +77,7 @@ def submit_batch() -> tuple[Response, int]:
             items.append(_item_error(exc))
             continue
         items.append(None)
-        valid.append((prepared.bin, new_job_id(), prepared.input_json))
+        valid.append((prepared.bin, new_job_id(batch.spec.name), prepared.input_json))
     if valid:
         request_opts = AdmitRequest(state.settings.queued_ttl_s, batch.options.deadline_ms,
                                     batch.options.priority, owner)
@@ -186,7 +186,7 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
            options: inputs.Options, owner: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
     return state.queue.admit(
-        spec, prepared.bin, new_job_id(), prepared.input_json,
+        spec, prepared.bin, new_job_id(spec.name), prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
         deadline_ms=options.deadline_ms,
         priority=options.priority,

@@ -88,7 +88,8 @@ def run_direct(
             delay = arrival.t_s - (time.monotonic() - t0)
             if delay > 0:
                 time.sleep(delay)  # pacing the open-loop schedule, not waiting for work
-            job_id, job_input = new_job_id(), make_input(nonce, seq, arrival.size, arrival.payload)
+            job_id = new_job_id(spec.name)
+            job_input = make_input(nonce, seq, arrival.size, arrival.payload)
             listener.ours.add(job_id)
             t_start = time.monotonic() - t0
             try:
