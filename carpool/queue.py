@@ -13,9 +13,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from carpool.catalogue import BinSpec, ModelSpec
@@ -24,6 +25,7 @@ from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome
 from carpool.keys import Keys, shard, shard_of_job
 from carpool.retry_after import DRAIN_TAU_MS, drain_rate_per_s, retry_after_s
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.wake import ShardWaiters
 
 #: Tokens kept in a wake list; more would only cause extra, harmless peeks.
 WAKE_LIST_CAP = 16
@@ -74,9 +76,15 @@ _script = load_script
 
 
 def connect(
-    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None
+    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
+    cluster: bool = False,
 ) -> redis.Redis:
     """A client for ``url`` that returns str; the timeout bounds a hung Redis.
+
+    ``cluster``: ``url`` names any node of a Redis Cluster, and the client is redis-py's
+    ``RedisCluster``, which routes each command (and each script, by its first key) to
+    the shard that owns it. It offers every command carpool uses, so it is typed here
+    as the client it stands in for.
 
     redis-py's default pool fails a command ("Too many connections") once 100
     are in use. With ``max_connections``, a command that finds them all busy
@@ -89,6 +97,8 @@ def connect(
         "socket_connect_timeout": 2.0,
         "health_check_interval": 30,
     }
+    if cluster:
+        return cast(redis.Redis, RedisCluster.from_url(url, **options))
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
@@ -137,6 +147,7 @@ class Queue:
         self._claim = _script(client, "claim")
         self._complete = _script(client, "complete")
         self._cancel = _script(client, "cancel")
+        self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
 
     def admit(
         self,
@@ -223,7 +234,11 @@ class Queue:
             WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
             sort_offset_ms(model, deadline_ms, request.priority), request.owner,
             input_digest if idempotency_digest else ""]
+        tag = shard(model.name)
         for job_id, input_json in jobs:
+            if shard_of_job(job_id) != tag:  # its record would land on another shard
+                raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "
+                                 "make it with carpool.jobs.new_job_id(model)")
             args += [job_id, input_json]
         return keys, args
 
@@ -330,9 +345,20 @@ class Queue:
             return [int(x) for x in pipe.execute()]
 
     def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:
-        """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes."""
+        """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes.
+
+        One BLPOP names every wake list, except on a cluster, where a command may not
+        span slots: there each model's list has a thread of its own (carpool.wake).
+        """
+        wake_keys = [self.keys.wake(m) for m in models]
+        if isinstance(self.client, RedisCluster) and len(wake_keys) > 1:
+            if self._waiters is None or self._waiters.wake_keys != tuple(wake_keys):
+                if self._waiters is not None:
+                    self._waiters.close()
+                self._waiters = ShardWaiters(self.client, wake_keys)
+            return self._waiters.wait(timeout_s)
         with redis_errors():
-            got = self.client.blpop([self.keys.wake(m) for m in models], timeout=timeout_s)
+            got = self.client.blpop(wake_keys, timeout=timeout_s)
         return got is not None
 
     def ping(self) -> None:

@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
+                     cluster=settings.redis_cluster,
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)

@@ -73,7 +73,7 @@ def run_direct(
 ) -> list[JobRecord]:
     """Admit ``arrivals`` on their schedule; wait for every end; one record per job."""
     keys = Keys(settings.key_prefix)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
     queue = Queue(client, keys)
     spec = settings.catalogue.get(model)
     t0 = time.monotonic()
