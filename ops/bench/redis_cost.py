@@ -35,8 +35,17 @@ from typing import Any
 import redis
 import requests
 
+from carpool.catalogue import builtin_models
+from carpool.jobs import Outcome, new_job_id
+from carpool.keys import Keys
 from carpool.localstack import web_command, worker_command
+from carpool.queue import Queue, connect
 from carpool.redis_local import free_port, start_redis
+
+try:
+    from carpool.queue import AdmitRequest
+except ImportError:  # the queue before batched admission (for the "before" run)
+    AdmitRequest = None  # type: ignore[assignment,misc]
 
 #: Jobs per HTTP submission ("64 at a time").
 CHUNK = 64
@@ -161,11 +170,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu_s, cmds = redis_cpu_s(r) - cpu0, per_job(commandstats(r), cmd0, jobs)
             io = [(b - a) / jobs for a, b in zip(io0, io_events(r), strict=True)]
             fetchers.shutdown()
-        finally:
             for p in procs:
                 p.terminate()
             for p in procs:
                 p.wait(timeout=60)
+            scripts_us = script_costs(server.url, args.jobs)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=60)
             server.stop()
     if client.bad:
         raise RuntimeError(f"{len(client.bad)} results not done, e.g. {client.bad[:3]}")
@@ -177,8 +191,73 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command_us_per_job": round(sum(v["usec"] for v in cmds.values()), 1),
         "script_calls_per_job": round(sum(v["calls"] for v in scripts.values()), 3),
         "reads_per_job": round(io[0], 3), "writes_per_job": round(io[1], 3),
-        "commands": cmds,
+        "commands": cmds, "scripts": scripts_us,
     }
+
+
+def script_costs(url: str, jobs: int) -> dict[str, float]:
+    """Each script alone, straight from Python on the same Redis (the stack stopped):
+    µs of Redis time per job from ``commandstats`` (a script's time includes its
+    commands). Admission 64 jobs a call where the queue can (else one), claims and
+    completions 32 a batch, result reads 32 a round trip where it can (else one)."""
+    r = connect(url)
+    queue = Queue(r, Keys("scripts"))
+    spec = builtin_models()["synthetic"]
+    small = spec.bins[0]
+    body = json.dumps({"value": 1, "size": 8})
+
+    def usec() -> int:
+        return sum(int(v["usec"]) for k, v in r.info("commandstats").items()
+                   if k in ("cmdstat_evalsha", "cmdstat_hgetall", "cmdstat_hmget"))
+
+    def timed(step: Any) -> float:
+        r.config_resetstat()
+        step()
+        return round(usec() / jobs, 2)
+
+    def admit() -> None:
+        many = getattr(queue, "admit_many", None)
+        for _ in range(0, jobs, CHUNK):
+            if many is not None:
+                many(spec, [(small, new_job_id(spec.name), body) for _ in range(CHUNK)],
+                     AdmitRequest(3600))
+            else:
+                for _ in range(CHUNK):
+                    queue.admit(spec, small, _job_id(spec.name), body, queued_ttl_s=3600)
+
+    claims: list[Any] = []
+
+    def claim() -> None:
+        for k in range(jobs // 32):
+            claims.append(queue.claim(spec, small.name, 32, lease_ms=60_000, token=f"t{k}",
+                                      worker="w"))
+
+    def complete() -> None:
+        for c in claims:
+            outs = [Outcome(j.id, result={"echo": 1, "checksum": 1}) for j in c.jobs]
+            queue.complete(spec, c, outs, {"size": len(c.jobs), "bin": "small", "worker": "w"})
+
+    def fetch() -> None:
+        ids = [j.id for c in claims for j in c.jobs]
+        many = getattr(queue, "get_many", None)
+        for k in range(0, len(ids), 32):
+            if many is not None:
+                many(ids[k:k + 32])
+            else:
+                for job_id in ids[k:k + 32]:
+                    queue.get(job_id)
+
+    out = {"admit.lua": timed(admit), "claim.lua": timed(claim),
+           "complete.lua": timed(complete), "result read": timed(fetch)}
+    r.close()
+    return out
+
+
+def _job_id(model: str) -> str:
+    try:
+        return new_job_id(model)  # type: ignore[call-arg]
+    except TypeError:  # the queue before per-model shards: ids carry no shard
+        return new_job_id()  # type: ignore[call-arg]
 
 
 def table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
@@ -200,6 +279,10 @@ def table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
             lines.append(f"| {name} | {b['calls']} → {a['calls']} | {b['usec']} → {a['usec']} |")
         else:
             lines.append(f"| {name} | {a['calls']} | {a['usec']} |")
+    lines += ["", "| script (alone) | µs/job |", "|---|---|"]
+    for name, us in after.get("scripts", {}).items():
+        was = (before or {}).get("scripts", {}).get(name)
+        lines.append(f"| {name} | {f'{was} → ' if was is not None else ''}{us} |")
     return "\n".join(lines)
 
 
