@@ -4,12 +4,12 @@
 -- jobs of one bin), so what does not depend on the job (the clock, the depth, the
 -- counter, the wake check) is paid once per call, not once per job.
 --
--- KEYS[1]  bin zset      {p}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
--- KEYS[2]  wake list     {p}:wake:<model>      a token wakes one blocked worker
--- KEYS[3]  idempotency   {p}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
--- KEYS[4]  stats hash    {p}:stats:<model>:<bin>  admitted += jobs admitted; drain rate read
+-- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
+-- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
+-- KEYS[3]  idempotency   {p.s}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
+-- KEYS[4]  stats hash    {p.s}:stats:<model>:<bin>  admitted += jobs admitted; drain rate read
 --                        when full
--- ARGV[1]  job key prefix "{p}:job:" (job hashes are <prefix><id>, created here; same slot)
+-- ARGV[1]  job key prefix "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
 -- ARGV[2]  model         ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
 -- ARGV[6]  ttl_s of a queued record
 -- ARGV[7]  "1" if an idempotency key was given (then exactly one job)

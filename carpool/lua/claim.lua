@@ -1,9 +1,9 @@
 -- claim.lua: take up to N of one bin's most urgent jobs and lease them to one worker.
 --
--- KEYS[1]  bin zset  {p}:q:<model>:<bin>  (lowest score = most urgent first)
--- KEYS[2]  leases    {p}:leases  zset id -> lease deadline (ms)
+-- KEYS[1]  bin zset  {p.s}:q:<model>:<bin>  (lowest score = most urgent first)
+-- KEYS[2]  leases    {p.s}:leases  zset id -> lease deadline (ms)
 -- ARGV[1]  max_n     ARGV[2] lease_ms   ARGV[3] lease token (unique per claim)
--- ARGV[4]  job key prefix "{p}:job:"     ARGV[5] worker name
+-- ARGV[4]  job key prefix "{p.s}:job:"     ARGV[5] worker name
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time

@@ -1,8 +1,8 @@
 -- complete.lua: write the results of one batch, once, and wake their waiters.
 --
--- KEYS[1]  leases  {p}:leases
--- KEYS[2]  stats   {p}:stats:<model>:<bin>  drained += jobs written; the drain rate
--- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
+-- KEYS[1]  leases  {p.s}:leases
+-- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
 -- ARGV[6]  drain-rate time constant, ms (carpool/retry_after.py)
