@@ -327,3 +327,12 @@ def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
     assert [type(o).__name__ for o in out] == ["Admitted", "Admitted", "BinFull", "BinFull"]
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 3
     assert queue.client.exists(queue.keys.job(ids[2])) == 0  # a refused job leaves nothing
+
+
+def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue) -> None:
+    spec = synthetic()
+    foreign = new_job_id("another-model")
+    with pytest.raises(ValueError, match="make it with carpool.jobs.new_job_id"):
+        queue.admit(spec, spec.bins[0], foreign, "{}", queued_ttl_s=TTL_S)
+    assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
+
