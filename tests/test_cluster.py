@@ -125,6 +125,10 @@ def test_four_models_every_job_done_with_its_own_result_on_a_cluster(
                 assert body["status"] == "done", body
                 assert body["model"] == m
                 assert body["result"] == expected_result(job_input)
+        # Reads that span shards (one pipelined call per node): the catalogue's depths.
+        models = http.get(f"{base}/models", timeout=30).json()["models"]
+        depths = {m["name"]: m["bins"][0]["depth"] for m in models}
+        assert {m: depths[m] for m in MODELS} == dict.fromkeys(MODELS, 0)
 
 
 def test_a_worker_blocked_on_several_shards_wakes_for_a_job_on_any_of_them(
