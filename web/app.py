@@ -11,7 +11,7 @@ from carpool.queue import Queue, connect
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.metrics import WebMetrics
-from web.reads import ReadBatcher
+from web.reads import AdmitBatcher, ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
         metrics=metrics, reads=ReadBatcher(queue),
+        admits=AdmitBatcher(queue, settings.catalogue.get),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

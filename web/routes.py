@@ -185,6 +185,11 @@ def _require_json() -> None:
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
            options: inputs.Options, owner: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
+    if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
+        request = AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms,
+                               options.priority, owner)
+        return state.admits.admit(spec, prepared.bin, new_job_id(spec.name),
+                                  prepared.input_json, request)
     return state.queue.admit(
         spec, prepared.bin, new_job_id(spec.name), prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,

@@ -9,7 +9,7 @@ from flask import current_app
 from carpool.queue import Queue
 from carpool.settings import Settings
 from web.metrics import WebMetrics
-from web.reads import ReadBatcher
+from web.reads import AdmitBatcher, ReadBatcher
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -24,6 +24,8 @@ class WebState:
     metrics: WebMetrics
     #: Job reads of concurrent requests, sharing round trips (``GET /result``).
     reads: ReadBatcher
+    #: Admissions of concurrent ``POST /submit`` requests, sharing admit.lua calls.
+    admits: AdmitBatcher
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""
