@@ -148,7 +148,8 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             client.delete(*keys)
 
