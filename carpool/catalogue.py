@@ -15,6 +15,10 @@ fields of a built-in model or adds new ones::
     max_batch = 32
     max_wait_ms = 20
     max_depth = 5000
+    max_queue_ms = 0              # optional: this bin's own max_queue_ms (0: the model's)
+
+A model's ``max_queue_ms`` (default 5 s) refuses at once a job without a deadline
+whose predicted wait in its bin is longer (docs/admission.md).
 
 A model served by the user's own code names its handler class (``kind =
 "python"``; docs/own-model.md)::
@@ -51,6 +55,11 @@ PYTHON_KIND = "python"
 PYTHON_MEASURES = ("size", "tokens", "bytes")
 #: A relative deadline longer than a day is a client bug, not a plan.
 MAX_DEADLINE_MS = 24 * 3600 * 1000
+#: The longest predicted queue wait admitted for a job without a deadline: half of
+#: the 10 s that HTTP clients and load balancers commonly give up after, leaving the
+#: rest for the batch itself and for the drain-rate estimate being off
+#: (docs/admission.md). Longer waits are refused at once with 429 + Retry-After.
+DEFAULT_MAX_QUEUE_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class BinSpec:
     max_batch: int
     max_wait_ms: int
     max_depth: int
+    #: The longest predicted wait for a job without a deadline; 0: the model's.
+    max_queue_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,13 @@ class ModelSpec:
     #: by (an integer is its own size; a string or an array, its length; a string of
     #: a ``tokens`` model, its token count). Unused with ``measure = "bytes"``.
     measure_field: str = ""
+    #: A job without a deadline is refused (429) when its predicted wait in its bin
+    #: is longer than this (a bin may set its own); 0: the depth bound alone.
+    max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
+
+    def max_queue_ms_of(self, bin_spec: BinSpec) -> int:
+        """The predicted-wait limit of a job without a deadline in ``bin_spec``."""
+        return bin_spec.max_queue_ms or self.max_queue_ms
 
     def bin_for(self, measure_value: int) -> BinSpec:
         """The smallest bin that holds an input of this measure."""
@@ -196,16 +214,17 @@ class Catalogue:
 
 def _bins_from(model: str, raw: Sequence[Mapping[str, Any]]) -> tuple[BinSpec, ...]:
     names = {f.name for f in fields(BinSpec)}
+    optional = {"max_queue_ms"}
     out = []
     for i, item in enumerate(raw):
         unknown = set(item) - names
-        missing = names - set(item)
+        missing = names - optional - set(item)
         if unknown or missing:
             raise ConfigError(
                 f"model {model!r} bin #{i}: unknown keys {sorted(unknown)}, "
                 f"missing keys {sorted(missing)}"
             )
-        out.append(BinSpec(**{k: item[k] for k in names}))
+        out.append(BinSpec(**{k: item[k] for k in names if k in item}))
     return tuple(out)
 
 
@@ -262,6 +281,8 @@ def validate(spec: ModelSpec) -> None:
                 f"{where}: max_batch ({b.max_batch}) exceeds max_depth ({b.max_depth}); "
                 "a batch could never fill"
             )
+        if b.max_queue_ms < 0:
+            raise ConfigError(f"{where}: max_queue_ms must be >= 0")
         if not b.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"{where}: bin names are letters, digits, '-' and '_'")
         previous = b.max_size
@@ -303,8 +324,9 @@ def _validate_scheduling(spec: ModelSpec) -> None:
             f"{where}: default_deadline_ms ({spec.default_deadline_ms}) must be between 0 "
             f"and max_deadline_ms ({spec.max_deadline_ms})"
         )
-    if spec.priority_step_ms < 0 or spec.p99_target_ms < 0:
-        raise ConfigError(f"{where}: priority_step_ms and p99_target_ms must be >= 0")
+    if spec.priority_step_ms < 0 or spec.p99_target_ms < 0 or spec.max_queue_ms < 0:
+        raise ConfigError(f"{where}: priority_step_ms, p99_target_ms and max_queue_ms must "
+                          "be >= 0")
 
 
 def load_catalogue(path: Path | None) -> Catalogue:

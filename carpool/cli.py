@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from carpool import http_client
+from carpool.client import ApiError, Client, Job
 from carpool.clihelp import HelpParser
 from carpool.errors import CarpoolError
 from carpool.localstack import UpOptions, start_stack
@@ -92,21 +95,32 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
 
 
+def _answer(call: Callable[[Client], Job], args: argparse.Namespace) -> int:
+    """Print the job document; a refusal is one line on stderr and exit 1."""
+    with Client(args.url, api_key=args.api_key or None) as client:
+        try:
+            job = call(client)
+        except ApiError as exc:
+            print(f"carpool: {exc}", file=sys.stderr)
+            return 1
+    _print(dict(job.doc))
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     if args.file:
         data = Path(args.file).read_bytes()
-        status, body = http_client.call("POST", f"{args.url}/submit?model={args.model}", data,
-                                        content_type=args.content_type)
-    else:
-        status, body = http_client.submit_json(args.url, args.model, json.loads(args.input))
-    _print(body)
-    return 0 if status == 202 else 1
+        return _answer(lambda c: c.submit_file(args.model, data, args.content_type,
+                                               wait=args.wait), args)
+    try:
+        job_input = json.loads(args.input)
+    except ValueError as exc:
+        raise CarpoolError(f"--input is not JSON: {exc}") from None
+    return _answer(lambda c: c.submit(args.model, job_input, wait=args.wait), args)
 
 
 def cmd_result(args: argparse.Namespace) -> int:
-    status, body = http_client.result(args.url, args.id, args.wait)
-    _print(body)
-    return 0 if status == 200 else 1
+    return _answer(lambda c: c.result(args.id, wait=args.wait), args)
 
 
 def cmd_bench(rest: list[str]) -> int:
@@ -122,6 +136,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else None
     return command(args.model, reps=args.reps, sizes=sizes,
                    plot_path=Path(args.plot) if args.plot else None)
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    # The environment only gives defaults here: these are the client's, not the server's
+    # settings (carpool.settings), and a flag always wins.
+    p.add_argument("--url", default=os.environ.get("CARPOOL_URL", DEFAULT_URL),
+                   help="the web tier (default: $CARPOOL_URL, else %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("CARPOOL_API_KEY", ""),
+                   help="sent as 'Authorization: Bearer' (default: $CARPOOL_API_KEY)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -143,15 +166,17 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--once", action="store_true", help="stop after start-up (and the demo)")
     up.set_defaults(func=cmd_up)
     s = sub.add_parser("submit", help="submit one job")
-    s.add_argument("--url", default=DEFAULT_URL, help="the web tier's base URL")
+    _client_options(s)
     s.add_argument("--model", default="synthetic", help="the model to run (GET /models)")
     s.add_argument("--input", default='{"value": 1, "size": 8}', help="the job input, JSON")
     s.add_argument("--file", help="submit this file's bytes instead (an image)")
     s.add_argument("--content-type", default="image/jpeg", help="with --file: its type")
+    s.add_argument("--wait", type=float, default=0.0,
+                   help="answer with the result if the job ends within this many seconds")
     s.set_defaults(func=cmd_submit)
     r = sub.add_parser("result", help="fetch one result")
     r.add_argument("id", help="the job id that submit printed")
-    r.add_argument("--url", default=DEFAULT_URL, help="the web tier's base URL")
+    _client_options(r)
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
     c = sub.add_parser("calibrate", help="time a model's bins at several batch sizes "
@@ -176,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CarpoolError as exc:
+    except CarpoolError as exc:  # ClientError included: nothing listens, say
         print(f"carpool: {exc}", file=sys.stderr)
         return 2
 

@@ -28,15 +28,43 @@ class UnknownModel(CarpoolError):
 class BinFull(CarpoolError):
     """Raised when a bin is at its depth bound; the client should retry later."""
 
-    def __init__(self, model: str, bin_name: str, depth: int, retry_after_s: float) -> None:
+    def __init__(self, model: str, bin_name: str, depth: int, retry_after_s: float,
+                 message: str = "") -> None:
         super().__init__(
-            f"bin {bin_name!r} of model {model!r} is full ({depth} jobs waiting); "
+            message or f"bin {bin_name!r} of model {model!r} is full ({depth} jobs waiting); "
             f"retry after {retry_after_s:.0f} s"
         )
         self.model = model
         self.bin_name = bin_name
         self.depth = depth
         self.retry_after_s = retry_after_s
+
+
+class WaitTooLong(BinFull):
+    """Raised when a job would start after its deadline (or max_queue_ms): refused now."""
+
+    def __init__(self, model: str, bin_name: str, ahead: int, predicted_ms: float,
+                 limit_ms: int, retry_after_s: float) -> None:
+        super().__init__(
+            model, bin_name, ahead, retry_after_s,
+            f"model {model!r} bin {bin_name!r}: {ahead} jobs ahead would start this one in "
+            f"about {predicted_ms / 1000:.1f} s, later than its {limit_ms / 1000:g} s limit "
+            f"(deadline_ms, else max_queue_ms); retry after {retry_after_s:.0f} s",
+        )
+        self.predicted_ms = predicted_ms
+        self.limit_ms = limit_ms
+
+
+class OverShare(BinFull):
+    """Raised when a bin is near its bound and this API key is over its share of it."""
+
+    def __init__(self, model: str, bin_name: str, depth: int, retry_after_s: float) -> None:
+        super().__init__(
+            model, bin_name, depth, retry_after_s,
+            f"bin {bin_name!r} of model {model!r} is nearly full ({depth} jobs waiting) and "
+            f"this API key has sent more than its share of them; retry after "
+            f"{retry_after_s:.0f} s",
+        )
 
 
 class IdempotencyConflict(CarpoolError):

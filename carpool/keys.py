@@ -16,7 +16,10 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:wake:<model>        list  tokens that wake a blocked worker (capped)
     {p.s}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
                                     last_batch_ms, and the drain rate as rate_c (decayed
-                                    count), rate_t, rate_t0 (for Retry-After)
+                                    count), rate_t, rate_t0 (for Retry-After), and the
+                                    workers' busy speed as busy_c (decayed count), busy_ms
+    {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight":
+                                    each tenant's recent part of the bin, for fair share
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
     {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
@@ -96,6 +99,9 @@ class Keys:
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"
+
+    def tenants(self, model: str, bin_name: str) -> str:
+        return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"
 
     def job_pattern(self, shard_tag: str) -> str:
         """A SCAN/KEYS glob for every job hash of a shard (the audit reads them all)."""

@@ -20,10 +20,26 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import BackendUnavailable, BinFull, IdempotencyConflict, NotCancellable
+from carpool.errors import (
+    BackendUnavailable,
+    BinFull,
+    IdempotencyConflict,
+    NotCancellable,
+    OverShare,
+    WaitTooLong,
+)
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
 from carpool.keys import Keys, shard, shard_of_job
-from carpool.retry_after import DRAIN_TAU_MS, drain_rate_per_s, retry_after_s
+from carpool.retry_after import (
+    DRAIN_MIN_AGE_MS,
+    DRAIN_STALE_MS,
+    DRAIN_TAU_MS,
+    FAIR_SHARE_NEAR,
+    drain_rate_per_s,
+    late_retry_after_s,
+    retry_after_s,
+    share_retry_after_s,
+)
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 from carpool.wake import ShardWaiters
 
@@ -115,20 +131,33 @@ class AdmitRequest:
     deadline_ms: int = 0  # 0: the model's default deadline
     priority: int = 0
     owner: str = ""
+    owner_weight: float = 1.0  # the owner's fair-share weight (the keys file)
 
 
 def _outcomes(
     model: ModelSpec, bin_spec: BinSpec, ids: Sequence[str], reply: Sequence[Any]
 ) -> list[Admitted | BinFull]:
-    """Per id, from admit.lua's "ok"/"full" reply: the first ``admitted`` were queued."""
-    admitted, depth = int(reply[1]), int(reply[2])
+    """Per id, from admit.lua's reply: the first ``admitted`` were queued, the rest are
+    refused for the reason the reply names (the first refused job's)."""
+    kind, admitted, depth = reply[0], int(reply[1]), int(reply[2])
     out: list[Admitted | BinFull] = [Admitted(job_id, model.name, bin_spec.name, depth)
                                      for job_id in ids[:admitted]]
-    if reply[0] == "full":
+    if kind == "ok":
+        return out
+    refused: BinFull
+    if kind == "late":
+        ahead, rate, limit_ms = int(reply[3]), float(reply[4]), int(reply[5])
+        refused = WaitTooLong(model.name, bin_spec.name, ahead,
+                              ahead / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
+                              late_retry_after_s(ahead, rate, limit_ms))
+    else:
         rate = drain_rate_per_s(float(reply[3]), int(reply[4]))
-        full = BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
-        out += [full] * (len(ids) - admitted)
-    return out
+        if kind == "share":
+            refused = OverShare(model.name, bin_spec.name, depth,
+                                share_retry_after_s(float(reply[5]), rate))
+        else:
+            refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
+    return out + [refused] * (len(ids) - admitted)
 
 
 def ended_ids(message: str) -> list[str]:
@@ -162,13 +191,16 @@ class Queue:
         idempotency_digest: str | None = None,
         input_digest: str = "",
         owner: str = "",
+        owner_weight: float = 1.0,
     ) -> Admitted:
-        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically).
+        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
+        ``WaitTooLong`` when it would start after its deadline (else max_queue_ms), and
+        ``OverShare`` near the bound when ``owner`` is over its ``owner_weight``'s share.
 
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
         """
-        request = AdmitRequest(queued_ttl_s, deadline_ms, priority, owner)
+        request = AdmitRequest(queued_ttl_s, deadline_ms, priority, owner, owner_weight)
         call = self._admit_call(model, bin_spec, [(job_id, input_json)], request,
                                 idempotency_digest, input_digest)
         with redis_errors():
@@ -192,9 +224,10 @@ class Queue:
 
         One admit.lua call per bin admits that bin's jobs, in order, up to its bound:
         one round trip for a batch of one bin. Each job's place in the answer holds
-        its ``Admitted``, its ``BinFull``, or, when Redis was lost after an earlier
-        bin's call went through, ``BackendUnavailable``. Raises ``BackendUnavailable``
-        when nothing was queued (the whole request is then safe to retry).
+        its ``Admitted``, its ``BinFull`` (or ``WaitTooLong``, ``OverShare``), or, when
+        Redis was lost after an earlier bin's call went through, ``BackendUnavailable``.
+        Raises ``BackendUnavailable`` when nothing was queued (the whole request is then
+        safe to retry).
         """
         by_bin: dict[str, list[int]] = {}
         for i, (bin_spec, _, _) in enumerate(jobs):
@@ -225,7 +258,8 @@ class Queue:
         """admit.lua's KEYS and ARGV for ``jobs`` (id, input JSON) of one bin."""
         idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
         keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
-                idem_key, self.keys.stats(model.name, bin_spec.name)]
+                idem_key, self.keys.stats(model.name, bin_spec.name),
+                self.keys.tenants(model.name, bin_spec.name)]
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         args: list[str | int] = [
             self.keys.job_prefix(shard(model.name)), model.name, bin_spec.name,
@@ -233,7 +267,9 @@ class Queue:
             bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
             WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
             sort_offset_ms(model, deadline_ms, request.priority), request.owner,
-            input_digest if idempotency_digest else ""]
+            input_digest if idempotency_digest else "", model.max_queue_ms_of(bin_spec),
+            DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}",
+            f"{FAIR_SHARE_NEAR:g}"]
         tag = shard(model.name)
         for job_id, input_json in jobs:
             if shard_of_job(job_id) != tag:  # its record would land on another shard

@@ -17,6 +17,13 @@ from carpool.rates import decayed_rate_per_ms
 DRAIN_TAU_MS = 10_000
 #: One batch right after start-up reads as a rate over at least this long.
 DRAIN_MIN_AGE_MS = 1_000
+#: Fair share starts refusing an owner over its share at this part of a bin's bound
+#: (max_depth, or the predicted-wait limit): the rest is kept for owners under theirs.
+FAIR_SHARE_NEAR = 0.8
+#: Admission by predicted wait trusts a drain rate only while the bin drained within
+#: this long; after that (workers gone, scale from zero) the depth bound alone holds,
+#: so a bin that no worker serves yet still queues up to max_depth.
+DRAIN_STALE_MS = 3 * DRAIN_TAU_MS
 #: Retry-After is whole seconds (RFC 9110), at least 1 ...
 RETRY_AFTER_MIN_S = 1.0
 #: ... and at most this, also when no worker drains the bin at all.
@@ -34,3 +41,20 @@ def retry_after_s(depth: int, rate_per_s: float) -> float:
     if rate_per_s <= 0:
         return RETRY_AFTER_MAX_S
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, depth / rate_per_s))
+
+
+def share_retry_after_s(excess: float, rate_per_s: float) -> float:
+    """Seconds until an owner ``excess`` recent jobs over its share is back within it:
+    its excess drains at the bin's rate (an estimate: its count decays as well)."""
+    if rate_per_s <= 0:  # no drain measured: its count falls by e-fold in DRAIN_TAU_MS
+        return min(RETRY_AFTER_MAX_S, DRAIN_TAU_MS / 1000)
+    return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, excess / rate_per_s))
+
+
+def late_retry_after_s(ahead: int, rate_per_s: float, limit_ms: int) -> float:
+    """Seconds until a job refused for its predicted wait would fit its limit again:
+    the wait predicted for the ``ahead`` jobs, less the wait it may have."""
+    if rate_per_s <= 0:
+        return RETRY_AFTER_MAX_S
+    excess_s = ahead / rate_per_s - limit_ms / 1000.0
+    return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, excess_s))

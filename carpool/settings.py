@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -97,6 +98,8 @@ class Settings:
     require_durable: bool = False
     #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
     api_key_digests: frozenset[str] = frozenset()
+    #: Fair-share weight per key digest (``<key> weight=N`` in the keys file); default 1.
+    api_key_weights: Mapping[str, float] = field(default_factory=dict)
     #: TEST ONLY: the synthetic model kills its worker process on the input value
     #: "__crash__", to prove that a poison input cannot take the queue down.
     synthetic_poison: bool = False
@@ -219,22 +222,42 @@ def api_key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _api_keys(env: Mapping[str, str]) -> frozenset[str]:
+def _api_keys(env: Mapping[str, str]) -> tuple[frozenset[str], dict[str, float]]:
+    """Each key's digest, and the fair-share weight of those given one."""
     keys = [k.strip() for k in env.get("CARPOOL_API_KEYS", "").split(",")]
+    weights: dict[str, float] = {}
     path = env.get("CARPOOL_API_KEYS_FILE")
     if path:
         try:
             lines = Path(path).read_text().splitlines()
         except OSError as exc:
             raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
-        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
+        for line in lines:
+            if line.lstrip().startswith("#") or not line.strip():
+                continue
+            key, _, rest = line.strip().partition(" ")
+            keys.append(key)
+            if rest.strip():
+                weights[api_key_digest(key)] = _weight(path, key, rest.strip())
     keys = [k for k in keys if k]
     for key in keys:
         if len(key) < MIN_API_KEY_CHARS or not key.isascii() or not key.isprintable():
             raise ConfigError(
                 f"an API key ({key[:4]}...) is shorter than {MIN_API_KEY_CHARS} characters or "
                 "not printable ASCII; make keys with `openssl rand -hex 16`")
-    return frozenset(api_key_digest(k) for k in keys)
+    return frozenset(api_key_digest(k) for k in keys), weights
+
+
+def _weight(path: str, key: str, text: str) -> float:
+    name, _, value = text.partition("=")
+    try:
+        weight = float(value) if name.strip() == "weight" else math.nan
+    except ValueError:
+        weight = math.nan
+    if not 0 < weight < math.inf:
+        raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: key {key[:4]}...: write "
+                          f"'<key> weight=N' with N > 0, not {text[:40]!r}")
+    return weight
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -245,6 +268,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     worker_models = tuple(m for m in env.get("CARPOOL_MODELS", "").split(",") if m)
     for name in worker_models:
         catalogue.get(name)  # an unknown name fails at start-up, not at the first job
+    api_digests, api_weights = _api_keys(env)
     settings = Settings(
         redis_url=_redis_url(env),
         key_prefix=env.get("CARPOOL_KEY_PREFIX", "carpool"),
@@ -267,7 +291,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
-        api_key_digests=_api_keys(env),
+        api_key_digests=api_digests,
+        api_key_weights=api_weights,
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),

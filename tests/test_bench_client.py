@@ -137,3 +137,25 @@ def test_a_full_bin_is_counted_as_rejected_not_as_an_error(
     assert rejected == (len(records) + 4) // 5
     assert _count(records, Outcome.OK) == len(records) - rejected
     assert _count(records, Outcome.ERROR) == 0
+
+
+def test_a_client_that_gives_up_counts_its_job_as_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    honest = stub.respond
+    never_final = (b"HTTP/1.1 200 OK\r\nContent-Length: 47\r\n\r\n"
+                   b'{"id": "x", "status": "queued", "model": "s"} ')
+
+    def stall_some(method: str, path: str, body: bytes) -> bytes:
+        if path.startswith("/result/") and int(path[len("/result/stub"):].partition("?")[0]) % 3:
+            return never_final  # two jobs in three stay queued
+        return honest(method, path, body)
+
+    arrivals = with_sizes(poisson_times(50, 0.5, seed=3), SizeMix.parse("16"), 3)
+    with tampered_stub(monkeypatch, stall_some) as url:
+        records = run_http(arrivals, HttpOptions(url, grace_s=30.0, client_timeout_s=0.3),
+                           "timeouts")
+    timeouts = [r for r in records if r.outcome is Outcome.TIMEOUT]
+    assert timeouts and len(timeouts) + _count(records, Outcome.OK) == len(records)
+    assert _count(records, Outcome.LOST) == 0
+    assert all(r.e2e_ms is not None and r.e2e_ms >= 300 for r in timeouts)

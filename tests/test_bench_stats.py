@@ -54,7 +54,7 @@ def test_p99_of_a_hundred_values_sits_between_the_top_two() -> None:
 def test_summary_counts_every_outcome_and_hides_none(records: list[JobRecord]) -> None:
     s = summarize("recorded", records, duration_s=0.5)
     assert s.counts == {"ok": 6, "rejected": 1, "error": 0, "failed": 1, "misrouted": 1,
-                        "lost": 1}
+                        "lost": 1, "timeout": 0}
     assert s.jobs == 10
     assert s.offered_rate == pytest.approx(20.0)
     # 6 ok jobs came back within 0.44 s, less than the 0.5 s schedule.

@@ -73,6 +73,12 @@ def test_raw_image_body_is_admitted_into_the_bin_of_its_pixel_count(
     assert base64.b64decode(stored["image_b64"]) == png(300, 300)
 
 
+def test_raw_image_body_takes_wait_in_the_query(http: FlaskClient) -> None:
+    # No worker serves it: the short wait ends and the usual 202 comes back.
+    resp = http.post("/submit?model=imgs&wait=0.05", data=png(30, 30), content_type="image/png")
+    assert resp.status_code == 202, resp.get_json()
+
+
 def test_multipart_file_is_admitted(http: FlaskClient) -> None:
     resp = http.post("/submit", data={"model": "imgs", "file": (io.BytesIO(jpeg(64, 64)), "a.jpg")},
                      content_type="multipart/form-data")

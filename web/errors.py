@@ -22,7 +22,9 @@ from carpool.errors import (
     InputTooLarge,
     InvalidInput,
     NotCancellable,
+    OverShare,
     UnknownModel,
+    WaitTooLong,
 )
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (Unauthorized, 401, "unauthorized"),
     (IdempotencyConflict, 422, "idempotency_conflict"),
     (NotCancellable, 409, "not_cancellable"),
+    (WaitTooLong, 429, "wait_too_long"),
+    (OverShare, 429, "over_share"),
     (BinFull, 429, "bin_full"),
     (BackendUnavailable, 503, "backend_unavailable"),
 )

@@ -46,7 +46,9 @@ from carpool.errors import (
     IdempotencyConflict,
     InputTooLarge,
     InvalidInput,
+    OverShare,
     UnknownModel,
+    WaitTooLong,
 )
 from carpool.jobs import Admitted
 from carpool.queue import Queue
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Why a job was refused: first match wins, so a subclass comes before its base.
 _REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (WaitTooLong, "wait_too_long"),
+    (OverShare, "over_share"),
     (BinFull, "bin_full"),
     (BackendUnavailable, "unavailable"),
     (UnknownModel, "unknown_model"),
@@ -67,8 +71,8 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
 )
 #: Every value the ``reason`` label takes; "error" is anything else carpool refused.
-REASONS = ("bin_full", "unavailable", "unknown_model", "too_large", "conflict", "invalid",
-           "error")
+REASONS = ("wait_too_long", "over_share", "bin_full", "unavailable", "unknown_model", "too_large",
+           "conflict", "invalid", "error")
 BIN_LABELS = ("model", "bin")
 HTTP_LABELS = ("route", "method", "status")
 #: Methods a label may name; any other (a client may send any token) counts as "other".

@@ -39,7 +39,9 @@ _ERROR_TEXT = {
     "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
     "415": "a content type this route does not take",
     "422": "idempotency key reused with a different input",
-    "429": "the bin is full; see Retry-After",
+    "429": "the bin is full, the job would start too late, or this API key is over its "
+           "share of a nearly full bin (code bin_full, wait_too_long, over_share); see "
+           "Retry-After",
     "503": "Redis is unreachable, loading or full; see Retry-After",
 }
 
@@ -73,6 +75,11 @@ def _components(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def _wait(settings: Settings) -> dict[str, Any]:
+    return {"name": "wait", "in": "query", "required": False,
+            "schema": {"type": "number", "minimum": 0, "maximum": settings.max_wait_s}}
+
+
 def _submit(settings: Settings) -> dict[str, Any]:
     names = [spec.name for spec in settings.catalogue]
     json_body = {"oneOf": [{"$ref": f"#/components/schemas/Submit_{n}"} for n in names]}
@@ -81,8 +88,9 @@ def _submit(settings: Settings) -> dict[str, Any]:
         "deadline_ms": {"type": "string"}, "priority": {"type": "string"},
         "idempotency_key": {"type": "string"}}}
     return {"post": {
-        "summary": "Queue one job",
+        "summary": "Queue one job; ?wait=S answers 200 with its result if it ends within S",
         "parameters": [
+            _wait(settings),
             {"name": "Idempotency-Key", "in": "header", "required": False,
              "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
             {"name": "model", "in": "query", "required": False,
@@ -91,30 +99,38 @@ def _submit(settings: Settings) -> dict[str, Any]:
             "application/json": {"schema": json_body},
             "multipart/form-data": {"schema": form},
             "image/png": {"schema": {"type": "string", "format": "binary"}}}},
-        "responses": _responses(("202", "queued", {"$ref": "#/components/schemas/Accepted"}),
-                                "400", "401", "404", "413", "415", "422", "429", "503"),
+        "responses": {**_responses(("202", "queued", {"$ref": "#/components/schemas/Accepted"}),
+                                   "400", "401", "404", "413", "415", "422", "429", "503"),
+                      "200": {"description": "with ?wait: the job ended within the wait",
+                              "content": {"application/json": {
+                                  "schema": {"$ref": "#/components/schemas/Job"}}}}},
     }}
 
 
 def _batch(settings: Settings) -> dict[str, Any]:
     names = [spec.name for spec in settings.catalogue]
-    item = {"oneOf": [{"$ref": "#/components/schemas/Accepted"}, {
+    item = {"oneOf": [{"$ref": "#/components/schemas/Accepted"},
+                      {"$ref": "#/components/schemas/Job"}, {
         "type": "object", "required": ["error", "status"],
-        "properties": {"error": {"type": "object"}, "status": {"type": "integer"}}}]}
+        "properties": {"error": {"type": "object"}, "status": {"type": "integer"},
+                       "retry_after_s": {"type": "integer"}}}]}
+    jobs = {"type": "object", "required": ["jobs"],
+            "properties": {"jobs": {"type": "array", "items": item}}}
     return {"post": {
-        "summary": "Queue many jobs for one model; each input fails alone",
+        "summary": "Queue many jobs for one model; each input fails alone; ?wait=S answers "
+                   "200 when every job ended within S",
+        "parameters": [_wait(settings)],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
-        "responses": _responses(("202", "one entry per input, in order", {
-            "type": "object", "required": ["jobs"],
-            "properties": {"jobs": {"type": "array", "items": item}}}),
-            "400", "401", "404", "413", "415", "503"),
+        "responses": {**_responses(("202", "one entry per input, in order", jobs),
+                                   "400", "401", "404", "413", "415", "503"),
+                      "200": {"description": "with ?wait: every admitted job ended",
+                              "content": {"application/json": {"schema": jobs}}}},
     }}
 
 
 def _result(settings: Settings) -> dict[str, Any]:
-    wait = {"name": "wait", "in": "query", "required": False,
-            "schema": {"type": "number", "minimum": 0, "maximum": settings.max_wait_s}}
+    wait = _wait(settings)
     deleted = {"type": "object", "required": ["id"], "properties": {
         "id": {"type": "string"}, "status": {"type": "string"}, "deleted": {"type": "boolean"}}}
     return {

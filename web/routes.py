@@ -6,7 +6,10 @@ Errors are raised, never formatted here: ``web.errors`` turns each into its stat
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -15,16 +18,22 @@ from werkzeug.exceptions import HTTPException
 
 from carpool.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, BinFull, CarpoolError, InvalidInput
-from carpool.jobs import Admitted, is_job_id, new_job_id
+from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.queue import AdmitRequest
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
-from web.errors import JobNotFound, UnsupportedMediaType, error_body, status_and_code
+from web.errors import (
+    JobNotFound,
+    UnsupportedMediaType,
+    error_body,
+    retry_after_s,
+    status_and_code,
+)
 from web.metrics import requested_model
 from web.openapi import openapi_document
 from web.state import WebState, current_state
-from web.waiters import wait_for_final
+from web.waiters import await_final_after, wait_for_final
 
 blueprint = Blueprint("carpool", __name__)
 
@@ -34,29 +43,45 @@ FALLBACK_RESULT_TTL_S = 3600
 
 @blueprint.post("/submit")
 def submit() -> tuple[Response, int, dict[str, str]]:
+    """202 with the job's id; with ``?wait=S``, 200 with its result if it ends within S."""
     state = current_state()
     owner = request_owner(state.settings)
     try:
+        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
         sub = _read_submission(state.settings.catalogue)
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
-    try:
-        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner)
-    except CarpoolError as exc:
-        state.metrics.count_rejected(sub.spec.name, exc)
-        raise
-    state.metrics.count_submitted(admitted)
+    deadline = time.monotonic() + wait_s
+    job_id = new_job_id(sub.spec.name)
+    with ExitStack() as stack:
+        # Watched before it is admitted: a completion that comes at once still wakes us.
+        woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
+        try:
+            admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner, job_id)
+        except CarpoolError as exc:
+            state.metrics.count_rejected(sub.spec.name, exc)
+            raise
+        state.metrics.count_submitted(admitted)
+        view = _final_by(state, admitted, woken, deadline)
+    if view is not None:
+        return jsonify(view.to_json()), 200, {}
     body = _accepted(admitted)
     return jsonify(body), 202, {"Location": body["result_url"]}
 
 
 @blueprint.post("/submit/batch")
 def submit_batch() -> tuple[Response, int]:
-    """One admission per input; each input fails alone, and answers in its place."""
+    """One admission per input; each input fails alone, and answers in its place.
+
+    With ``?wait=S``: 200 when every admitted job ended within S, each in its place as
+    its result document; else 202, with the result document of those that ended and
+    the usual accepted item for the rest.
+    """
     state = current_state()
     owner = request_owner(state.settings)
     try:
+        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
         _require_json()
         if "Idempotency-Key" in request.headers:
             raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
@@ -65,33 +90,70 @@ def submit_batch() -> tuple[Response, int]:
     except (CarpoolError, HTTPException) as exc:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
-    # Each input is validated on its own; the valid ones are admitted together, in
-    # one round trip (one admit.lua call per bin), each against its bin's bound.
-    items: list[dict[str, Any] | None] = []
+    deadline = time.monotonic() + wait_s
+    with ExitStack() as stack:
+        jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
+        finals = [(i, _final_by(state, admitted, woken, deadline))
+                  for i, (admitted, woken) in watched.items()]
+    for i, view in finals:
+        if view is not None:
+            jobs[i] = view.to_json()
+    if wait_s > 0 and watched and all(view is not None for _, view in finals):
+        return jsonify({"jobs": jobs}), 200
+    return jsonify({"jobs": jobs}), 202
+
+
+def _admit_batch(
+    state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
+) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
+    """Each item's answer in order, and each admitted item's job (and event, to wait on).
+
+    Each input is validated on its own; the valid ones are admitted together, in one
+    round trip (one admit.lua call per bin), each against its bin's bound. With
+    ``watch``, each job is watched before it is admitted.
+    """
+    items: list[dict[str, Any]] = []
     valid: list[tuple[BinSpec, str, str]] = []
-    for raw in batch.inputs:
+    places: list[tuple[int, threading.Event | None]] = []
+    for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
             items.append(_item_error(exc))
             continue
-        items.append(None)
-        valid.append((prepared.bin, new_job_id(batch.spec.name), prepared.input_json))
-    if valid:
-        request_opts = AdmitRequest(state.settings.queued_ttl_s, batch.options.deadline_ms,
-                                    batch.options.priority, owner)
-        try:
-            outcomes = iter(state.queue.admit_many(batch.spec, valid, request_opts))
-        except BackendUnavailable as exc:
-            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
-            raise  # nothing was queued: the whole request is safe to retry (503)
-        # Redis lost after a first bin's jobs were queued: the others say so, each.
-        for i, item in enumerate(items):
-            if item is None:
-                items[i] = _admitted_or_refused(state, batch.spec.name, next(outcomes))
-    jobs = [item for item in items if item is not None]
-    return jsonify({"jobs": jobs}), 202
+        job_id = new_job_id(batch.spec.name)
+        items.append({})  # its answer, once admitted or refused
+        places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
+        valid.append((prepared.bin, job_id, prepared.input_json))
+    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+    if not valid:
+        return items, watched
+    try:
+        outcomes = state.queue.admit_many(batch.spec, valid, _admit_request(state, batch.options,
+                                                                            owner))
+    except BackendUnavailable as exc:
+        state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
+        raise  # nothing was queued: the whole request is safe to retry (503)
+    # Redis lost after a first bin's jobs were queued: the others say so, each.
+    for (i, woken), outcome in zip(places, outcomes, strict=True):
+        items[i] = _admitted_or_refused(state, batch.spec.name, outcome)
+        if isinstance(outcome, Admitted):
+            watched[i] = (outcome, woken)
+    return items, watched
+
+
+def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None,
+              deadline: float) -> JobView | None:
+    """The job's final view if it ends by ``deadline`` (monotonic); None otherwise."""
+    if woken is None:
+        return None
+    if admitted.duplicate:  # the first job's: not watched before admission, read first
+        view = wait_for_final(state.reads, state.notifier, admitted.id,
+                              max(0.0, deadline - time.monotonic()))
+    else:
+        view = await_final_after(state.reads, woken, admitted.id, deadline)
+    return view if view is not None and view.status.is_final else None
 
 
 @blueprint.get("/result/<job_id>")
@@ -167,7 +229,8 @@ def _read_submission(catalogue: Catalogue) -> inputs.Submission:
         data = files["file"].read()
         return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key)
     if mimetype.startswith("image/"):
-        return inputs.submission_from_file(request.args.to_dict(), request.get_data(),
+        fields = {k: v for k, v in request.args.items() if k != "wait"}  # ?wait= is ours
+        return inputs.submission_from_file(fields, request.get_data(),
                                            catalogue, header_key)
     _require_json()
     doc = inputs.parse_json(request.get_data())
@@ -183,22 +246,27 @@ def _require_json() -> None:
 
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-           options: inputs.Options, owner: str) -> Admitted:
+           options: inputs.Options, owner: str, job_id: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
     if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
-        request = AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms,
-                               options.priority, owner)
-        return state.admits.admit(spec, prepared.bin, new_job_id(spec.name),
-                                  prepared.input_json, request)
+        return state.admits.admit(spec, prepared.bin, job_id, prepared.input_json,
+                                  _admit_request(state, options, owner))
     return state.queue.admit(
-        spec, prepared.bin, new_job_id(spec.name), prepared.input_json,
+        spec, prepared.bin, job_id, prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
         deadline_ms=options.deadline_ms,
         priority=options.priority,
         idempotency_digest=idempotency_digest,
         input_digest=prepared.digest() if idempotency_digest else "",
         owner=owner,
+        owner_weight=state.settings.api_key_weights.get(owner, 1.0),
     )
+
+
+def _admit_request(state: WebState, options: inputs.Options, owner: str) -> AdmitRequest:
+    """What every job of one submission shares, as admit.lua takes it."""
+    return AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms, options.priority,
+                        owner, state.settings.api_key_weights.get(owner, 1.0))
 
 
 def _accepted(admitted: Admitted) -> dict[str, Any]:
@@ -222,7 +290,11 @@ def _admitted_or_refused(state: WebState, model: str,
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:
     status, code = status_and_code(exc)
-    return {**error_body(code, str(exc)), "status": status}
+    item = {**error_body(code, str(exc)), "status": status}
+    retry = retry_after_s(exc)
+    if retry is not None:  # what the Retry-After header says for a single submit
+        item["retry_after_s"] = retry
+    return item
 
 
 def _require_job_id(job_id: str) -> None:

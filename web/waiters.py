@@ -181,12 +181,26 @@ def wait_for_final(
     """The job once it is final, or as it is after ``wait_s``; None when it does not exist."""
     if wait_s <= 0:
         return queue.get(job_id)
-    deadline = time.monotonic() + wait_s
     with notifier.watch(job_id) as woken:
-        while True:
-            woken.clear()  # before the read: a wake-up during the read is kept
-            view = queue.get(job_id)
-            remaining = deadline - time.monotonic()
-            if view is None or view.status.is_final or remaining <= 0:
-                return view
-            woken.wait(remaining)
+        return _until_final(queue, woken, job_id, time.monotonic() + wait_s, read_first=True)
+
+
+def await_final_after(queue: JobReader, woken: threading.Event, job_id: str,
+                      deadline: float) -> JobView | None:
+    """Like ``wait_for_final`` for a job whose ``woken`` was registered before it was
+    admitted (``POST /submit?wait=``): it is queued, so wait first and read once woken,
+    one Redis round trip fewer than reading first."""
+    return _until_final(queue, woken, job_id, deadline, read_first=False)
+
+
+def _until_final(queue: JobReader, woken: threading.Event, job_id: str, deadline: float,
+                 read_first: bool) -> JobView | None:
+    if not read_first and not woken.wait(max(0.0, deadline - time.monotonic())):
+        return None  # not woken: still queued or running, as far as this poll knows
+    while True:
+        woken.clear()  # before the read: a wake-up during the read is kept
+        view = queue.get(job_id)
+        remaining = deadline - time.monotonic()
+        if view is None or view.status.is_final or remaining <= 0:
+            return view
+        woken.wait(remaining)

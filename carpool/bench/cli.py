@@ -60,6 +60,9 @@ def _common(p: argparse.ArgumentParser, transport: bool = True) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", default="16", help="input sizes, e.g. 16 or 16:0.7,200:0.3")
     w.add_argument("--seed", type=int, default=1, help="random seed of arrivals and sizes")
+    w.add_argument("--client-timeout-s", type=float, default=0.0,
+                   help="each client gives up this long after its job's scheduled arrival "
+                        "(counted as 'timeout'); 0: never (http transport)")
     w.add_argument("--grace-s", type=float, default=60.0,
                    help="after the last arrival, how long results may take before 'lost'")
     p.add_argument("--out", default="", help="output folder (default bench-out/<cmd>-<time>)")
@@ -117,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the backlog; default: --work-s seconds of work at each limit")
     drain.add_argument("--work-s", type=float, default=8.0,
                        help="size each backlog to this many seconds at its analytical limit")
+
+    tenants = sub.add_parser("tenants", help="two API keys on one bin: one floods, one is quiet")
+    _common(tenants, transport=False)
+    tenants.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals")
+    tenants.add_argument("--flood", type=float, default=10.0,
+                         help="the flooding tenant's rate, × the analytical limit")
+    tenants.add_argument("--quiet", type=float, default=0.2,
+                         help="the quiet tenant's rate, × the analytical limit")
 
     ceiling = sub.add_parser("ceiling", help="the generator's ceiling against a trivial server")
     ceiling.add_argument("--url", default="", help="default: a stub server of our own")

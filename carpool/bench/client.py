@@ -35,6 +35,10 @@ class HttpOptions:
     grace_s: float = 60.0
     submit_connections: int = 128
     poll_connections: int = 1024
+    #: A job's client gives up this long after its scheduled arrival (0: never).
+    client_timeout_s: float = 0.0
+    #: Sent as ``Authorization: Bearer`` (a tenant of a server with API keys).
+    api_key: str = ""
 
 
 class HttpDriver:
@@ -42,8 +46,9 @@ class HttpDriver:
         self.opts = opts
         self.nonce = nonce
         self.tick = tick
-        self.submit = HttpClient(opts.base_url, opts.submit_connections)
-        self.poll = HttpClient(opts.base_url, opts.poll_connections)
+        auth = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
+        self.submit = HttpClient(opts.base_url, opts.submit_connections, auth)
+        self.poll = HttpClient(opts.base_url, opts.poll_connections, auth)
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.deadline = self.t0
@@ -67,7 +72,16 @@ class HttpDriver:
         return records
 
     async def job(self, seq: int, arrival: Arrival) -> JobRecord:
-        record = await self._job(seq, arrival)
+        if self.opts.client_timeout_s > 0:
+            t_start = self.now()
+            try:
+                async with asyncio.timeout(arrival.t_s + self.opts.client_timeout_s - t_start):
+                    record = await self._job(seq, arrival)
+            except TimeoutError:
+                record = JobRecord(seq, arrival.size, arrival.t_s, t_start, Outcome.TIMEOUT,
+                                   t_final=self.now(), detail="the client gave up")
+        else:
+            record = await self._job(seq, arrival)
         self.tick()
         return record
 

@@ -47,7 +47,10 @@ def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
                    f"sizes {args.sizes}; workers {args.workers}")
-    handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain}[args.command]
+    from carpool.bench.tenants import cmd_tenants
+
+    handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain,
+               "tenants": cmd_tenants}[args.command]
     return handler(args, out, header)
 
 
@@ -61,7 +64,8 @@ def _targets(args: argparse.Namespace, out: Path, transport: str,
     sizes = SizeMix.parse(args.sizes)
     base = TargetSpec(transport, url=args.url, redis_url=args.redis_url,
                       key_prefix=args.key_prefix, web_workers=args.web_workers,
-                      cost_ms=args.cost_ms)
+                      cost_ms=args.cost_ms,
+                      client_timeout_s=getattr(args, "client_timeout_s", 0.0))
     model = load_settings({}).catalogue.get(SYNTHETIC)
     bin_name = model.bin_for(sizes.sizes[0]).name
     for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
@@ -169,6 +173,7 @@ def cmd_sweep(args: argparse.Namespace, out: Path, header: str) -> int:
                         if knee and knee.offered_rate else "not found (lowest rate unhealthy)"))
     summaries = [r.summary for r in results]
     plots.latency_vs_throughput(summaries, knees, out / "latency-vs-throughput.png")
+    plots.overload(summaries, out / "overload.png")
     # Batch sizes at each curve's knee (at its lowest rate where no knee was found).
     shown = [knees.get(t) or min((s for s in summaries if s.extra["target"] == t),
                                  key=lambda s: s.offered_rate or 0.0) for t in knees]

@@ -90,7 +90,8 @@ class _Connection(asyncio.Protocol):
 class HttpClient:
     """A pool of keep-alive connections to one host; at most ``max_connections`` open."""
 
-    def __init__(self, base_url: str, max_connections: int = 256) -> None:
+    def __init__(self, base_url: str, max_connections: int = 256,
+                 extra_headers: dict[str, str] | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{base_url!r}: the bench speaks plain http://host:port only")
@@ -98,7 +99,8 @@ class HttpClient:
         self.port = parts.port or 80
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
-        self._host_header = f"Host: {self.host}:{self.port}\r\n".encode()
+        self._host_header = f"Host: {self.host}:{self.port}\r\n".encode() + "".join(
+            f"{name}: {value}\r\n" for name, value in (extra_headers or {}).items()).encode()
 
     async def _connection(self) -> _Connection:
         while self._idle:
@@ -131,6 +133,9 @@ class HttpClient:
                 conn = await self._connection()
                 try:
                     response = await conn.request(head, body)
+                except asyncio.CancelledError:
+                    conn.close()  # a client that gave up hangs up; the answer may still come
+                    raise
                 except ConnectionClosed:
                     conn.close()
                     if attempt == 2:

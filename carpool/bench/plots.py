@@ -46,6 +46,30 @@ def latency_vs_throughput(summaries: Sequence[Summary], knees: Mapping[str, Summ
     return _save(fig, path)
 
 
+def overload(summaries: Sequence[Summary], path: Path) -> Path:
+    """Goodput (ok jobs/s as a fraction of the limit) and p99 against offered load
+    (× the limit), one colour per target: what overload does to each policy."""
+    fig, (good, tail) = plt.subplots(1, 2, figsize=(11, 4.5))
+    targets = sorted({str(s.extra.get("target", "")) for s in summaries})
+    for i, target in enumerate(targets):
+        points = sorted((s for s in summaries if s.extra.get("target", "") == target
+                         and isinstance(s.extra.get("limit_per_s"), float)),
+                        key=lambda s: s.offered_rate or 0.0)
+        limits = [float(s.extra["limit_per_s"]) for s in points]
+        x = [(s.offered_rate or 0.0) / lim for s, lim in zip(points, limits, strict=True)]
+        good.plot(x, [s.achieved_rate / lim for s, lim in zip(points, limits, strict=True)],
+                  marker="o", color=f"C{i}", label=target)
+        tail.plot(x, [s.e2e_ms.p99 for s in points], marker="o", color=f"C{i}", label=target)
+    good.set_ylabel("goodput (ok within the client timeout) / limit")
+    good.set_ylim(0, 1.1)
+    tail.set_ylabel("p99 of ok jobs (ms)")
+    for ax in (good, tail):
+        ax.set_xlabel("offered load (× the analytical limit)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def batch_histogram(summaries: Sequence[Summary], path: Path) -> Path:
     """How many batches of each size, one bar series per summary."""
     fig, ax = plt.subplots(figsize=(8, 4))

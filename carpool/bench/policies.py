@@ -32,6 +32,8 @@ class Policy:
     description: str
     #: Environment of this policy's workers, over the bench's own.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: The model's max_queue_ms under this policy (None: the catalogue's).
+    max_queue_ms: int | None = None
 
     def bins(self, spec: ModelSpec, min_depth: int = 0) -> tuple[BinSpec, ...]:
         """``spec``'s bins under this policy; depth raised to ``min_depth`` (a drain's N)."""
@@ -56,6 +58,8 @@ POLICIES = {
     for p in (
         Policy("configured", "the catalogue's max_batch and max_wait_ms"),
         Policy("per-job", "max_batch 1: one job per model call"),
+        Policy("depth-only", "the catalogue's batching, admission by max_depth alone "
+               "(max_queue_ms 0: no refusal by predicted wait)", max_queue_ms=0),
         Policy("fixed-window", f"leave when the window closes (cap {FIXED_WINDOW_CAP})",
                env={"CARPOOL_ADAPTIVE_BATCHING": "0"}),
     )
@@ -69,9 +73,12 @@ def policy(name: str) -> Policy:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
 
 
-def write_config(path: Path, spec: ModelSpec, bins: tuple[BinSpec, ...]) -> Path:
+def write_config(path: Path, spec: ModelSpec, bins: tuple[BinSpec, ...],
+                 max_queue_ms: int | None = None) -> Path:
     """A CARPOOL_CONFIG file that replaces ``spec``'s bins (format: carpool.catalogue)."""
     lines = [f"# written by carpool bench for model {spec.name!r}"]
+    if max_queue_ms is not None:
+        lines += [f"[models.{spec.name}]", f"max_queue_ms = {max_queue_ms}"]
     for b in bins:
         lines += [
             f"[[models.{spec.name}.bins]]",

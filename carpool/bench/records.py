@@ -27,6 +27,9 @@ class Outcome(StrEnum):
     MISROUTED = "misrouted"
     #: Accepted, then never final before the run's deadline, or its id unknown (404).
     LOST = "lost"
+    #: The client gave up (``--client-timeout-s`` after its scheduled arrival): what a
+    #: real caller with a timeout would see, whatever the server did later.
+    TIMEOUT = "timeout"
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from carpool.bench.stats import Summary
 from carpool.bench.sweep import StepResult
 
 COLUMNS = ("run", "offered /s", "achieved /s", "of limit", "p50 ms", "p95 ms", "p99 ms",
-           "max ms", "queue ms", "infer ms", "batch", "429", "err", "failed", "misrouted",
-           "lost", "gen. late p99 ms")
+           "max ms", "queue ms", "infer ms", "batch", "429", "429 p99 ms", "timeout", "err",
+           "failed", "misrouted", "lost", "gen. late p99 ms")
 
 
 def _f(x: float | None, digits: int = 0) -> str:
@@ -34,7 +34,8 @@ def row(s: Summary) -> list[str]:
     return [s.label, offered, _f(rate), share, _f(s.e2e_ms.p50, 1), _f(s.e2e_ms.p95, 1),
             _f(s.e2e_ms.p99, 1), _f(s.e2e_ms.max, 1), _f(s.split_ms["queue"], 1),
             _f(s.split_ms["inference"], 1), _f(s.mean_batch, 1), str(c["rejected"]),
-            str(c["error"]), str(c["failed"]), str(c["misrouted"]), str(c["lost"]),
+            _f(s.rejected_p99_ms, 1), str(c["timeout"]), str(c["error"]), str(c["failed"]),
+            str(c["misrouted"]), str(c["lost"]),
             _f(s.lateness_p99_ms, 1)]
 
 

@@ -95,7 +95,8 @@ class Stack:
         model = base.catalogue.get(self.spec.model)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = write_config(self.workdir / f"{self.spec.policy.name}.toml", model,
-                              self.spec.policy.bins(model, self.spec.min_depth))
+                              self.spec.policy.bins(model, self.spec.min_depth),
+                              self.spec.policy.max_queue_ms)
         a_ms, b_ms = self.spec.cost_ms
         return {**os.environ, "CARPOOL_REDIS_URL": self.spec.redis_url,
                 "CARPOOL_KEY_PREFIX": self.prefix, "CARPOOL_CONFIG": str(config),

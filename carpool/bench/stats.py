@@ -92,6 +92,8 @@ class Summary:
     lateness_p99_ms: float
     server_rate: float | None = None
     steady_rate: float | None = None
+    #: How long a refusal (429) took to come back, from the scheduled arrival, p99.
+    rejected_p99_ms: float = math.nan
     extra: dict[str, float | str] = field(default_factory=dict)
 
     @property
@@ -143,6 +145,8 @@ def summarize(
         lateness_p99_ms=percentile([r.lateness_ms for r in records], 99),
         server_rate=server_rate(records),
         steady_rate=steady_rate(records),
+        rejected_p99_ms=percentile([r.e2e_ms for r in records if r.outcome is Outcome.REJECTED
+                                    and r.e2e_ms is not None], 99),
     )
 
 

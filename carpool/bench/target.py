@@ -32,6 +32,8 @@ class Target:
     #: The analytical limit of the workers behind it, jobs/s (None: unknown).
     limit_per_s: float | None = None
     model: str = SYNTHETIC
+    #: Each simulated client gives up this long after its job's scheduled arrival (0: never).
+    client_timeout_s: float = 0.0
 
     def drive(self, arrivals: Sequence[Arrival], nonce: str, grace_s: float,
               tick: Callable[[], None]) -> list[JobRecord]:
@@ -39,7 +41,8 @@ class Target:
             assert self.settings is not None, "the redis transport needs the stack's settings"
             return run_direct(arrivals, self.settings, nonce, model=self.model,
                               grace_s=grace_s, tick=tick)
-        opts = HttpOptions(self.base_url, model=self.model, grace_s=grace_s)
+        opts = HttpOptions(self.base_url, model=self.model, grace_s=grace_s,
+                           client_timeout_s=self.client_timeout_s)
         return run_http(arrivals, opts, nonce, tick)
 
 
@@ -56,6 +59,7 @@ class TargetSpec:
     cost_ms: tuple[float, float] = (20.0, 1.0)
     min_depth: int = 0
     bin_name: str = "small"
+    client_timeout_s: float = 0.0
 
 
 @contextmanager
@@ -67,7 +71,8 @@ def open_target(spec: TargetSpec, policy: Policy, workdir: Path,
     if spec.url or spec.key_prefix:
         settings = load_settings({"CARPOOL_REDIS_URL": spec.redis_url,
                                   "CARPOOL_KEY_PREFIX": spec.key_prefix or "carpool"})
-        yield Target("external", spec.transport, spec.url, settings)
+        yield Target("external", spec.transport, spec.url, settings,
+                     client_timeout_s=spec.client_timeout_s)
         return
     stack_spec = StackSpec(policy, spec.redis_url, workers=spec.workers,
                            web=spec.transport == "http", web_workers=spec.web_workers,
@@ -76,4 +81,4 @@ def open_target(spec: TargetSpec, policy: Policy, workdir: Path,
         model = stack.settings.catalogue.get(SYNTHETIC)
         limit = policy.limit_per_s(model, spec.bin_name, spec.cost_ms) * spec.workers
         yield Target(label or policy.name, spec.transport, stack.base_url, stack.settings,
-                     limit)
+                     limit, client_timeout_s=spec.client_timeout_s)

@@ -1,7 +1,8 @@
 -- complete.lua: write the results of one batch, once, and wake their waiters.
 --
 -- KEYS[1]  leases  {p.s}:leases
--- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate
+-- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate and
+--                                             the busy time behind it (busy_c)
 -- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
@@ -9,7 +10,7 @@
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
 --
--- Per job: one HMGET, then one HSET (which also blanks the input and the lease) and one
+-- Per job: one HMGET (the claim time too, for the busy time), then one HSET (which also blanks the input and the lease) and one
 -- EXPIRE; the leases zset loses all written ids in one ZREM, and one PUBLISH names
 -- them all (space-separated: carpool.queue.ended_ids).
 --
@@ -22,9 +23,11 @@ local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local ours = {}  -- ARGV index of each job whose lease is still this claim's
+local claimed_ms = nil  -- when this batch was claimed: its busy time ends now
 for i = 7, #ARGV, 4 do
-  local job = redis.call("HMGET", ARGV[2] .. ARGV[i], "status", "lease")
+  local job = redis.call("HMGET", ARGV[2] .. ARGV[i], "status", "lease", "t_claim")
   if job[1] == "running" and job[2] == ARGV[1] then
+    claimed_ms = claimed_ms or tonumber(job[3])
     out[#out + 1] = 1
     ours[#ours + 1] = i
   else
@@ -51,13 +54,18 @@ if written > 0 then
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/retry_after.py turns it into jobs/s: the sum over all workers.
-  local st = redis.call("HMGET", KEYS[2], "rate_c", "rate_t", "rate_t0")
-  local c = 0
+  -- busy_c, decayed alike, sums claim-to-completion ms: rate_c / busy_c is how fast
+  -- the workers drain while busy, whatever the load (admit.lua's predicted wait).
+  local st = redis.call("HMGET", KEYS[2], "rate_c", "rate_t", "rate_t0", "busy_c")
+  local c, busy = 0, 0
   if st[1] then
-    c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[6]))
+    local decay = math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[6]))
+    c, busy = tonumber(st[1]) * decay, tonumber(st[4] or 0) * decay
   end
+  busy = busy + math.max(1, now_ms - (claimed_ms or now_ms))
   redis.call("HINCRBY", KEYS[2], "drained", written)
   redis.call("HSET", KEYS[2], "last_batch_ms", now_ms, "rate_t", now_ms,
-    "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms)
+    "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms,
+    "busy_c", string.format("%.3f", busy))
 end
 return out

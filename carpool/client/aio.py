@@ -1,0 +1,123 @@
+"""The asyncio client: ``AsyncClient(url, api_key=None)``, the twin of ``Client``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from carpool.client.batches import BatchRun
+from carpool.client.protocol import (
+    POLL_WAIT_S,
+    Call,
+    ClientError,
+    Job,
+    JobTimeout,
+    RetryPolicy,
+    decode,
+    file_call,
+    headers,
+    result_call,
+    submit_call,
+    unreachable,
+)
+
+
+class AsyncClient:
+    """carpool's HTTP API: submit, result, run (one round trip when it can) and map.
+
+    ``options`` of submit/run/map are the submit fields: ``deadline_ms``,
+    ``priority``, ``idempotency_key`` (submit and run only).
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, *,
+                 retry: RetryPolicy | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers(api_key),
+                                  transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: Call) -> Any:
+        """The answer's JSON; 429/503/refused connections retried by the policy."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return decode(await self._http.request(**call.send_args()))
+            except httpx.TransportError as exc:
+                error: ClientError = unreachable(self.url, exc)
+            except ClientError as exc:
+                error = exc
+            delay = self.retry.delay_s(tries, error)
+            if delay is None:
+                raise error
+            await asyncio.sleep(delay)
+
+    async def submit(self, model: str, job_input: Any, *, wait: float = 0.0,
+                     **options: Any) -> Job:
+        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
+        return Job.from_doc(await self._send(submit_call(model, job_input, wait, options)))
+
+    async def submit_file(self, model: str, data: bytes, content_type: str, *,
+                    wait: float = 0.0) -> Job:
+        """Queue one image sent as its raw bytes (``Content-Type: image/...``)."""
+        return Job.from_doc(await self._send(file_call(model, data, content_type, wait)))
+
+    async def result(self, job_id: str, wait: float = 0.0) -> Job:
+        """The job as it is now, or once final if that comes within ``wait`` seconds."""
+        return Job.from_doc(await self._send(result_call(job_id, wait)))
+
+    async def wait(self, job: Job, timeout_s: float) -> Job:
+        """Long-poll ``job`` until final; raises ``JobTimeout`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not job.final:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise JobTimeout(job, timeout_s)
+            job = await self.result(job.id, wait=min(POLL_WAIT_S, remaining))
+        return job
+
+    async def run(self, model: str, job_input: Any, *, timeout_s: float = 60.0,
+            **options: Any) -> Any:
+        """Submit, wait, return the result: one round trip when the job ends in time.
+        Raises ``JobFailed`` when it fails or expires, ``JobTimeout`` after ``timeout_s``."""
+        start = time.monotonic()
+        job = await self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s), **options)
+        return (await self.wait(job, timeout_s - (time.monotonic() - start))).outcome()
+
+    async def map(self, model: str, inputs: Sequence[Any], *, timeout_s: float = 300.0,
+            **options: Any) -> list[Any]:
+        """Each input's result, in order, through /submit/batch (1000 inputs a request).
+        Refused items (429/503) are retried by the policy; raises like ``run``."""
+        start = time.monotonic()
+        batch = BatchRun(model, inputs, options)
+        while True:
+            wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
+            for chunk, call in batch.calls(wait_s):
+                batch.take(chunk, await self._send(call))
+            delay = batch.retry_delay_s(self.retry)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        pending = batch.pending()
+        left_s = timeout_s - (time.monotonic() - start)
+        done = await asyncio.gather(*(self.wait(job, left_s) for _, job in pending))
+        for (i, _), job in zip(pending, done, strict=True):
+            batch.jobs[i] = job
+        return batch.results()

@@ -1,0 +1,214 @@
+"""What the sync and asyncio clients share: the errors, the job document, the retry
+policy, and how a request is built and its answer read. No I/O here."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from carpool.errors import CarpoolError
+
+#: The statuses after which a job never changes again.
+FINAL = frozenset({"done", "failed", "expired", "cancelled"})
+#: The longest ``?wait=`` one request asks for: under the server's default cap (60 s),
+#: and short enough that a proxy's idle timeout does not cut the request.
+POLL_WAIT_S = 30.0
+#: A long-poll answers after its wait at the latest; this much more before the
+#: client gives up on the connection.
+TIMEOUT_MARGIN_S = 10.0
+#: Inputs per /submit/batch request: the server refuses more (413).
+BATCH_INPUTS = 1000
+
+
+class ClientError(CarpoolError):
+    """Raised for any failure that carpool's client reports."""
+
+
+class ServerUnreachable(ClientError):
+    """Raised when nothing answers at the server's URL (refused, unknown host, timeout)."""
+
+
+class ApiError(ClientError):
+    """Raised when the server answers with an error status."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(ApiError):
+    """Raised on 429: the bin is full or the job would wait too long; see retry_after_s."""
+
+
+class Unavailable(ApiError):
+    """Raised on 503: the server cannot reach Redis, or no worker will serve the model."""
+
+
+class RequestRejected(ApiError):
+    """Raised on another 4xx: the request itself is wrong (input, model, key)."""
+
+
+class JobFailed(ClientError):
+    """Raised when a job ended failed, expired or cancelled instead of done."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.id} {job.status}: {job.error or 'no reason given'}")
+        self.job = job
+
+
+class JobTimeout(ClientError):
+    """Raised when a job is not final within the time the caller gave it."""
+
+    def __init__(self, job: Job, timeout_s: float) -> None:
+        super().__init__(f"job {job.id} still {job.status} after {timeout_s:g} s")
+        self.job = job
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the server last described it (the 202 answer or the result document)."""
+
+    id: str
+    status: str
+    model: str
+    result: Any = None
+    error: str | None = None
+    doc: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Job:
+        return cls(str(doc["id"]), str(doc["status"]), str(doc.get("model", "")),
+                   doc.get("result"), doc.get("error"), doc)
+
+    def outcome(self) -> Any:
+        """The result of a done job; raises ``JobFailed`` for any other final status."""
+        if self.status != "done":
+            raise JobFailed(self)
+        return self.result
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How 429, 503 and refused connections are retried: exponential backoff with
+    jitter, never sooner than the server's ``Retry-After``."""
+
+    #: Tries in all, the first included; 1 turns retries off.
+    attempts: int = 4
+    first_backoff_s: float = 0.25
+    #: A Retry-After longer than this is not waited out: the error is raised.
+    max_backoff_s: float = 30.0
+
+    def delay_s(self, tries: int, exc: ClientError) -> float | None:
+        """Seconds to wait before the next try after ``tries`` failed; None: give up."""
+        if tries >= self.attempts or not isinstance(exc, Overloaded | Unavailable
+                                                            | ServerUnreachable):
+            return None
+        backoff = self.first_backoff_s * 2 ** (tries - 1) * random.uniform(0.5, 1.0)
+        wanted = max(backoff, getattr(exc, "retry_after_s", None) or 0.0)
+        return wanted if wanted <= self.max_backoff_s else None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request, ready for either client."""
+
+    method: str
+    path: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    json: Any = None
+    content: bytes | None = None
+    content_type: str | None = None
+    timeout_s: float = POLL_WAIT_S
+
+    def send_args(self) -> dict[str, Any]:
+        headers = {"Content-Type": self.content_type} if self.content_type else {}
+        return {"method": self.method, "url": self.path, "params": dict(self.params),
+                "json": self.json, "content": self.content, "headers": headers,
+                "timeout": self.timeout_s}
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def wait_params(wait_s: float) -> dict[str, str]:
+    return {"wait": f"{wait_s:g}"} if wait_s > 0 else {}
+
+
+def submit_call(model: str, job_input: Any, wait_s: float, options: Mapping[str, Any]) -> Call:
+    body = {"model": model, "input": job_input, **{k: v for k, v in options.items()
+                                                   if v is not None}}
+    return Call("POST", "/submit", wait_params(wait_s), json=body,
+                timeout_s=wait_s + TIMEOUT_MARGIN_S)
+
+
+def file_call(model: str, data: bytes, content_type: str, wait_s: float) -> Call:
+    return Call("POST", "/submit", {"model": model, **wait_params(wait_s)}, content=data,
+                content_type=content_type, timeout_s=wait_s + TIMEOUT_MARGIN_S)
+
+
+def batch_call(model: str, inputs: Sequence[Any], wait_s: float,
+               options: Mapping[str, Any]) -> Call:
+    body = {"model": model, "inputs": list(inputs),
+            **{k: v for k, v in options.items() if v is not None}}
+    return Call("POST", "/submit/batch", wait_params(wait_s), json=body,
+                timeout_s=wait_s + TIMEOUT_MARGIN_S)
+
+
+def result_call(job_id: str, wait_s: float) -> Call:
+    return Call("GET", f"/result/{job_id}", wait_params(wait_s),
+                timeout_s=wait_s + TIMEOUT_MARGIN_S)
+
+
+def error_for(status: int, code: str, message: str,
+              retry_after: str | float | None) -> ApiError:
+    """The typed error for an error answer (or a batch item's error)."""
+    try:
+        retry_after_s = float(retry_after) if retry_after is not None else None
+    except ValueError:
+        retry_after_s = None  # an HTTP date: rare, and a backoff still applies
+    cls = (Overloaded if status == 429 else Unavailable if status == 503
+           else RequestRejected if 400 <= status < 500 else ApiError)
+    return cls(status, code, message, retry_after_s)
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON body of a 2xx answer; raises the typed error of any other."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.is_success:
+        if body is None:
+            raise ApiError(response.status_code, "bad_body", "the answer is not JSON")
+        return body
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    message = err.get("message") or response.text[:200] or response.reason_phrase
+    raise error_for(response.status_code, str(err.get("code", "http")), str(message),
+                    response.headers.get("Retry-After"))
+
+
+def unreachable(url: str, exc: httpx.TransportError) -> ClientError:
+    """What a transport failure means to the caller: only a failed connect is safe to retry."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return ServerUnreachable(f"nothing answers at {url}: {exc}")
+    return ClientError(f"the connection to {url} failed mid-request: {exc}")
+
+
+def item_error(item: Mapping[str, Any]) -> ApiError:
+    """The typed error of one refused /submit/batch item."""
+    err = item.get("error", {})
+    return error_for(int(item.get("status", 500)), str(err.get("code", "error")),
+                     str(err.get("message", "")), item.get("retry_after_s"))

@@ -1,0 +1,116 @@
+"""The blocking client: ``Client(url, api_key=None)``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from carpool.client.batches import BatchRun
+from carpool.client.protocol import (
+    POLL_WAIT_S,
+    Call,
+    ClientError,
+    Job,
+    JobTimeout,
+    RetryPolicy,
+    decode,
+    file_call,
+    headers,
+    result_call,
+    submit_call,
+    unreachable,
+)
+
+
+class Client:
+    """carpool's HTTP API: submit, result, run (one round trip when it can) and map.
+
+    ``options`` of submit/run/map are the submit fields: ``deadline_ms``,
+    ``priority``, ``idempotency_key`` (submit and run only).
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, *,
+                 retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None
+                 ) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self._http = httpx.Client(base_url=self.url, headers=headers(api_key),
+                                  transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call) -> Any:
+        """The answer's JSON; 429/503/refused connections retried by the policy."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return decode(self._http.request(**call.send_args()))
+            except httpx.TransportError as exc:
+                error: ClientError = unreachable(self.url, exc)
+            except ClientError as exc:
+                error = exc
+            delay = self.retry.delay_s(tries, error)
+            if delay is None:
+                raise error
+            time.sleep(delay)
+
+    def submit(self, model: str, job_input: Any, *, wait: float = 0.0, **options: Any) -> Job:
+        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
+        return Job.from_doc(self._send(submit_call(model, job_input, wait, options)))
+
+    def submit_file(self, model: str, data: bytes, content_type: str, *,
+                    wait: float = 0.0) -> Job:
+        """Queue one image sent as its raw bytes (``Content-Type: image/...``)."""
+        return Job.from_doc(self._send(file_call(model, data, content_type, wait)))
+
+    def result(self, job_id: str, wait: float = 0.0) -> Job:
+        """The job as it is now, or once final if that comes within ``wait`` seconds."""
+        return Job.from_doc(self._send(result_call(job_id, wait)))
+
+    def wait(self, job: Job, timeout_s: float) -> Job:
+        """Long-poll ``job`` until final; raises ``JobTimeout`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not job.final:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise JobTimeout(job, timeout_s)
+            job = self.result(job.id, wait=min(POLL_WAIT_S, remaining))
+        return job
+
+    def run(self, model: str, job_input: Any, *, timeout_s: float = 60.0,
+            **options: Any) -> Any:
+        """Submit, wait, return the result: one round trip when the job ends in time.
+        Raises ``JobFailed`` when it fails or expires, ``JobTimeout`` after ``timeout_s``."""
+        start = time.monotonic()
+        job = self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s), **options)
+        return self.wait(job, timeout_s - (time.monotonic() - start)).outcome()
+
+    def map(self, model: str, inputs: Sequence[Any], *, timeout_s: float = 300.0,
+            **options: Any) -> list[Any]:
+        """Each input's result, in order, through /submit/batch (1000 inputs a request).
+        Refused items (429/503) are retried by the policy; raises like ``run``."""
+        start = time.monotonic()
+        batch = BatchRun(model, inputs, options)
+        while True:
+            wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
+            for chunk, call in batch.calls(wait_s):
+                batch.take(chunk, self._send(call))
+            delay = batch.retry_delay_s(self.retry)
+            if delay is None:
+                break
+            time.sleep(delay)
+        for i, job in batch.pending():
+            batch.jobs[i] = self.wait(job, timeout_s - (time.monotonic() - start))
+        return batch.results()

@@ -1,0 +1,66 @@
+"""Fair share between API keys, through real gunicorn: near a bin's bound the key over
+its share gets 429 ``over_share`` with its own Retry-After; the other is still admitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from carpool.client import Client, Overloaded, RetryPolicy
+from carpool.retry_after import FAIR_SHARE_NEAR
+from carpool.settings import api_key_digest, load_settings
+from tests.conftest import make_env
+from tests.procs import start_web
+
+pytestmark = pytest.mark.e2e
+
+FLOOD, QUIET = "flood-key-0123456789abcdef", "quiet-key-0123456789abcdef"
+DEPTH = 20
+#: A model no worker serves, bounded by depth alone (max_queue_ms = 0).
+SHARED_TOML = f"""
+[models.shared]
+kind = "synthetic"
+measure = "size"
+max_queue_ms = 0
+[[models.shared.bins]]
+name = "only"
+max_size = 10
+max_batch = 2
+max_wait_ms = 5
+max_depth = {DEPTH}
+"""
+
+
+def test_the_flooding_key_is_refused_first_and_the_quiet_one_still_admitted(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "catalogue.toml"
+    cfg.write_text(SHARED_TOML)
+    keys = tmp_path / "keys"
+    keys.write_text(f"# two tenants\n{FLOOD}\n{QUIET} weight=1\n")
+    env = make_env(redis_url, key_prefix, CARPOOL_CONFIG=str(cfg),
+                   CARPOOL_API_KEYS_FILE=str(keys))
+    job = {"value": 0, "size": 1}
+    once = RetryPolicy(attempts=1)
+    with start_web(env) as base, Client(base, FLOOD, retry=once) as flood, \
+            Client(base, QUIET, retry=once) as quiet:
+        near = int(FAIR_SHARE_NEAR * DEPTH)
+        for _ in range(near):
+            flood.submit("shared", job)
+        quiet.submit("shared", job)
+        with pytest.raises(Overloaded) as info:
+            flood.submit("shared", job)
+        assert info.value.code == "over_share" and (info.value.retry_after_s or 0) >= 1
+        for _ in range(DEPTH - near - 1):  # the quiet key fills the rest of the bin
+            quiet.submit("shared", job)
+        with pytest.raises(Overloaded) as full:
+            quiet.submit("shared", job)
+        assert full.value.code == "bin_full"
+
+
+def test_a_weight_in_the_keys_file_is_read(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{FLOOD} weight=3\n{QUIET}\n")
+    settings = load_settings({"CARPOOL_API_KEYS_FILE": str(keys)})
+    assert settings.api_key_weights == {api_key_digest(FLOOD): 3.0}
+    assert settings.api_key_digests == {api_key_digest(FLOOD), api_key_digest(QUIET)}
