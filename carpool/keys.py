@@ -26,6 +26,9 @@ leases) has a tag of its own, ``{p}``.
                                     message per batch, space-separated
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
+                                    and those it refused, with the reason (heartbeat,
+                                    carpool/registry.py)
 """
 
 import base64
@@ -128,6 +131,10 @@ class Keys:
 
     def gpu(self, uuid: str) -> str:
         return f"{self._global}:gpu:{uuid}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self._global}:workers"
 
     @property
     def gpu_free(self) -> str:

@@ -22,6 +22,8 @@ from carpool.queue import WAKE_LIST_CAP, load_script, redis_errors
 REAP_BATCH = 500
 #: Ids kept on the dead list; older ones fall off (their records keep the reason).
 DEAD_LIST_CAP = 10_000
+#: Leases read at most when looking for a lost claim's jobs (all jobs running at once).
+LEASED_SCAN_LIMIT = 100_000
 #: Result TTL for a reaped job whose model this process does not know.
 FALLBACK_RESULT_TTL_S = 3600
 
@@ -104,6 +106,19 @@ class Leases:
             for i, x in zip(positions, reply, strict=True):
                 back[i] = bool(x)
         return back
+
+    def leased_to(self, token: str, limit: int = LEASED_SCAN_LIMIT) -> list[str]:
+        """The ids leased under ``token``: a claim whose reply was lost. Reads every
+        lease (up to ``limit`` per shard), so it is for that rare case only."""
+        with redis_errors():
+            ids = [job_id for tag in self._shards  # the claim's model is one of them
+                   for job_id in cast(list[str], self.client.zrange(self.keys.leases(tag), 0,
+                                                                    limit - 1))]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hget(self.keys.job(job_id), "lease")
+            holders = pipe.execute()
+        return [job_id for job_id, holder in zip(ids, holders, strict=True) if holder == token]
 
     def dead_letters(self, limit: int = 100) -> list[str]:
         """The ids most recently failed by the reaper, newest first (per model)."""

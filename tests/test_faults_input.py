@@ -36,6 +36,12 @@ FUZZ_SEED = 20261129
 #: Bound on the whole fuzz run, seconds (it takes ~10 s here). Not schemathesis's
 #: --max-time: that is a budget it fills, repeating the fuzzing phase.
 FUZZ_MAX_S = 240
+#: CARPOOL_MAX_WAIT_S of the web the fuzz runs against, seconds: the longest ?wait=
+#: the OpenAPI document advertises, so the longest request a valid case can make.
+FUZZ_MAX_WAIT_S = 2
+#: schemathesis's per-request timeout: FUZZ_MAX_WAIT_S plus room for a slow, shared
+#: machine. A request still unanswered after it is a stall, not a long-poll.
+FUZZ_REQUEST_TIMEOUT_S = FUZZ_MAX_WAIT_S + 10
 
 
 @dataclass
@@ -272,13 +278,27 @@ def test_idempotent_submits_through_gunicorn_queue_one_job(stack: Stack) -> None
 
 def test_schemathesis_fuzzing_the_openapi_document_finds_no_server_error(
         stack: Stack, tmp_path: Path) -> None:
+    # schemathesis feeds ids from earlier answers (the 202s of /submit) back into
+    # GET /result/{job_id}, so it long-polls real jobs; those of models no worker here
+    # serves (texts, imgs) stay queued, and ?wait=S then rightly holds the request S
+    # seconds (as POST /submit?wait=S does). With the default CARPOOL_MAX_WAIT_S (60)
+    # and schemathesis's 10 s request timeout, any drawn wait over 10 s on such a job
+    # was reported as "Read timed out". So the fuzz gets its own web, on the same
+    # Redis and worker, whose advertised maximum wait is below the request timeout.
     report = tmp_path / "fuzz.json"
-    cmd = [str(Path(sys.executable).parent / "schemathesis"), "run",
-           f"{stack.base}/openapi.json", "-n", str(FUZZ_EXAMPLES), "--seed", str(FUZZ_SEED),
-           "-w", "1", "--phases", "examples,coverage,fuzzing", "--no-color",
-           "--report", "json", "--report-json-path", str(report)]
-    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
-                         timeout=FUZZ_MAX_S, check=False)
+    with start_web({**stack.env, "CARPOOL_MAX_WAIT_S": str(FUZZ_MAX_WAIT_S)}) as base:
+        doc = requests.get(f"{base}/openapi.json", timeout=10).json()
+        waits = [p["schema"]["maximum"] for op in doc["paths"].values()
+                 for m in op.values() if isinstance(m, dict)  # not path-level parameters
+                 for p in m.get("parameters", ()) if p["name"] == "wait"]
+        assert waits and max(waits) == FUZZ_MAX_WAIT_S < FUZZ_REQUEST_TIMEOUT_S, waits
+        cmd = [str(Path(sys.executable).parent / "schemathesis"), "run",
+               f"{base}/openapi.json", "-n", str(FUZZ_EXAMPLES), "--seed", str(FUZZ_SEED),
+               "-w", "1", "--phases", "examples,coverage,fuzzing", "--no-color",
+               "--request-timeout", str(FUZZ_REQUEST_TIMEOUT_S),
+               "--report", "json", "--report-json-path", str(report)]
+        out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=FUZZ_MAX_S, check=False)
     summary = [line for line in out.stdout.splitlines() if "generated" in line]
     assert out.returncode == 0, out.stdout[-3000:]
     record("schemathesis fuzz of /openapi.json against gunicorn", seed=FUZZ_SEED,

@@ -8,6 +8,7 @@ from carpool.catalogue import PYTHON_KIND
 from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
+from carpool.registry import Registry, RegistryCache
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.metrics import WebMetrics
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
         metrics=metrics, reads=ReadBatcher(queue),
         admits=AdmitBatcher(queue, settings.catalogue.get),
+        models=RegistryCache(Registry(client, keys)),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

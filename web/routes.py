@@ -188,11 +188,14 @@ def delete_result(job_id: str) -> Response:
 
 @blueprint.get("/models")
 def models() -> Response:
-    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)."""
+    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)
+    and what the live workers say about each model (served, refused and why, none)."""
     state = current_state()
     specs = list(state.settings.catalogue)
     depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
-    return jsonify({"models": [_describe(spec, depths) for spec in specs]})
+    return jsonify({"models": [{**_describe(spec, depths),
+                                "workers": state.models.availability(spec.name).to_json()}
+                               for spec in specs]})
 
 
 @blueprint.get("/metrics")
@@ -247,6 +250,7 @@ def _require_json() -> None:
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
            options: inputs.Options, owner: str, job_id: str) -> Admitted:
+    state.models.check(spec.name)  # 503 at once for a model every live worker refused
     idempotency_digest = options.idempotency_digest(owner)
     if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
         return state.admits.admit(spec, prepared.bin, job_id, prepared.input_json,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from flask import current_app
 
 from carpool.queue import Queue
+from carpool.registry import RegistryCache
 from carpool.settings import Settings
 from web.metrics import WebMetrics
 from web.reads import AdmitBatcher, ReadBatcher
@@ -26,6 +27,8 @@ class WebState:
     reads: ReadBatcher
     #: Admissions of concurrent ``POST /submit`` requests, sharing admit.lua calls.
     admits: AdmitBatcher
+    #: Which models the live workers serve or refused (cached a few seconds).
+    models: RegistryCache
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

@@ -45,6 +45,12 @@ def create_celery_app() -> Celery:
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
+        # A Redis at maxmemory (noeviction) refuses kombu's own writes (the lock of its
+        # message-restore sweep, queue bindings) with an error reply, not a lost
+        # connection. Retried like a lost connection, it restarts only the Celery
+        # consumer, while the batch loop keeps draining the bins (its completions
+        # free memory, so Redis takes them); otherwise the worker would exit.
+        broker_channel_error_retry=True,
         worker_hijack_root_logger=False,
         task_default_queue=CELERY_QUEUE,
         task_queues=[Queue(CELERY_QUEUE)],  # type: ignore[no-untyped-call]
