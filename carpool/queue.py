@@ -8,6 +8,7 @@ worker backs off, without either knowing redis-py's exception tree.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -144,19 +145,17 @@ def _outcomes(
                                      for job_id in ids[:admitted]]
     if kind == "ok":
         return out
-    refused: BinFull
     if kind == "late":
         ahead, rate, limit_ms = int(reply[3]), float(reply[4]), int(reply[5])
-        refused = WaitTooLong(model.name, bin_spec.name, ahead,
-                              ahead / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
-                              late_retry_after_s(ahead, rate, limit_ms))
+        refused: BinFull = WaitTooLong(
+            model.name, bin_spec.name, ahead, ahead / rate * 1000.0 if rate > 0 else math.inf,
+            limit_ms, late_retry_after_s(ahead, rate, limit_ms))
+    elif kind == "share":
+        refused = OverShare(model.name, bin_spec.name, depth, share_retry_after_s(
+            float(reply[5]), drain_rate_per_s(float(reply[3]), int(reply[4]))))
     else:
-        rate = drain_rate_per_s(float(reply[3]), int(reply[4]))
-        if kind == "share":
-            refused = OverShare(model.name, bin_spec.name, depth,
-                                share_retry_after_s(float(reply[5]), rate))
-        else:
-            refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
+        refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(
+            depth, drain_rate_per_s(float(reply[3]), int(reply[4]))))
     return out + [refused] * (len(ids) - admitted)
 
 
@@ -261,16 +260,14 @@ class Queue:
                 idem_key, self.keys.stats(model.name, bin_spec.name),
                 self.keys.tenants(model.name, bin_spec.name)]
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
+        tag = shard(model.name)
         args: list[str | int] = [
-            self.keys.job_prefix(shard(model.name)), model.name, bin_spec.name,
-            bin_spec.max_depth,
+            self.keys.job_prefix(tag), model.name, bin_spec.name, bin_spec.max_depth,
             bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
             WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
             sort_offset_ms(model, deadline_ms, request.priority), request.owner,
             input_digest if idempotency_digest else "", model.max_queue_ms_of(bin_spec),
-            DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}",
-            f"{FAIR_SHARE_NEAR:g}"]
-        tag = shard(model.name)
+            DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}", f"{FAIR_SHARE_NEAR:g}"]
         for job_id, input_json in jobs:
             if shard_of_job(job_id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "
