@@ -13,6 +13,10 @@ class BackendUnavailable(CarpoolError):
     """Raised when Redis cannot be reached, is loading, or refuses writes (out of memory)."""
 
 
+class NotSent(BackendUnavailable):
+    """Redis was lost before this job's admission was sent: it is surely not queued."""
+
+
 class InvalidInput(CarpoolError):
     """Raised when a job's input fails validation before it is queued."""
 

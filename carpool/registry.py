@@ -89,10 +89,10 @@ class Registry:
     def live(self) -> list[WorkerModels]:
         """The entries that have not lapsed, on Redis's clock."""
         with redis_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.time()
-            pipe.hgetall(self.keys.workers)
-            (seconds, micros), entries = pipe.execute()
+            # Two calls, not one pipeline: a Redis Cluster pipeline refuses the keyless
+            # TIME. The web reads this at most every REFRESH_S (RegistryCache).
+            seconds, micros = self.client.time()
+            entries = self.client.hgetall(self.keys.workers)
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         out = []
         for worker, value in cast(dict[str, str], entries).items():

@@ -12,7 +12,7 @@ from carpool.budget import LIVE_BUCKETS, bucket_ms, memory_report
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BudgetFull
 from carpool.jobs import new_job_id
-from carpool.queue import Queue
+from carpool.queue import AdmitRequest, Queue
 
 TTL_S = 60
 #: One input's stored JSON: {"size":1,"value":"xxx..."} with this many x's.
@@ -27,7 +27,7 @@ def spec(per_key: int = 0) -> ModelSpec:
 
 def admit(q: Queue, s: ModelSpec, owner: str = "") -> str:
     body = json.dumps({"value": "x" * VALUE_CHARS, "size": 1})
-    return q.admit(s, s.bin_for(1), new_job_id(), body, queued_ttl_s=TTL_S, owner=owner).id
+    return q.admit(s, s.bin_for(1), new_job_id(s.name), body, queued_ttl_s=TTL_S, owner=owner).id
 
 
 def fill(q: Queue, s: ModelSpec, owner: str = "") -> list[str]:
@@ -46,6 +46,20 @@ def test_admission_stops_at_the_byte_budget_and_a_claim_frees_what_it_took(
     claim = queue.claim(s, "small", 3, lease_ms=10_000, token="t", worker="w")
     assert len(claim.jobs) == 3
     assert len(fill(queue, s)) == 3
+
+
+def test_one_call_of_many_jobs_stops_at_the_first_input_over_the_budget(
+        queue: Queue, client: redis.Redis) -> None:
+    s = spec()
+    body = json.dumps({"value": "x" * VALUE_CHARS, "size": 1})
+    fits = BUDGET_BYTES // len(body)
+    jobs = [(s.bin_for(1), new_job_id(s.name), body) for _ in range(fits + 3)]
+    outcomes = queue.admit_many(s, jobs, AdmitRequest(TTL_S))
+    assert [type(o).__name__ for o in outcomes] == ["Admitted"] * fits + ["BudgetFull"] * 3
+    held = sum(int(v) for f, v in client.hgetall(queue.keys.queued_bytes(s.name)).items()
+               if f != "w")
+    assert held == fits * len(body)  # the refused jobs were not counted
+    assert queue.depths([(s.name, "small")]) == [fits]
 
 
 def test_a_cancelled_job_frees_its_bytes(queue: Queue) -> None:

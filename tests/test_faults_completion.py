@@ -171,7 +171,7 @@ def _fill(fq: Queue) -> list[str]:
     ids: list[str] = []
     while True:
         try:
-            ids.append(fq.admit(spec, spec.bin_for(1), new_job_id(),
+            ids.append(fq.admit(spec, spec.bin_for(1), new_job_id(spec.name),
                                 json.dumps({"value": f"{len(ids)}-{big}", "size": 1}),
                                 queued_ttl_s=600).id)
         except BackendUnavailable as exc:

@@ -16,6 +16,7 @@ from web import custom, errors, routes
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
+from web.reads import AdmitBatcher, ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -39,13 +40,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
+                     cluster=settings.redis_cluster,
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
-        metrics=metrics,
+        metrics=metrics, reads=ReadBatcher(queue),
+        admits=AdmitBatcher(queue, settings.catalogue.get),
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask, Response, current_app, jsonify
@@ -51,17 +52,22 @@ class TooManyInputs(InputTooLarge):
 
 
 class AdmissionUnknown(BackendUnavailable):
-    """Raised when Redis failed during an admission: the job may or may not be queued.
+    """Raised when Redis failed during an admission: the jobs may or may not be queued.
 
     The script may already sit in Redis's socket buffer and run once Redis resumes,
-    so the answer carries the id the job would have: GET /result/<id> tells.
+    so the answer carries the ids the jobs would have: GET /result/<id> tells. One
+    submit's answer names its ``id``; a batch's names the ``ids`` its failed call held.
     """
 
-    def __init__(self, job_id: str, cause: BackendUnavailable) -> None:
+    def __init__(self, job_ids: Sequence[str], cause: BackendUnavailable,
+                 batch: bool = False) -> None:
+        which, read = ((f"jobs {', '.join(job_ids)}", "GET /result/<id> of each") if batch
+                       else (f"job {job_ids[0]}", f"GET /result/{job_ids[0]}"))
         super().__init__(
-            f"{cause}; job {job_id} may have been admitted: GET /result/{job_id} tells (404: "
-            "it was not), and a retry with the same idempotency key never queues it twice")
-        self.job_id = job_id
+            f"{cause}; {which} may have been admitted: {read} tells (404: it was not), "
+            "and a retry with the same idempotency key never queues it twice")
+        self.job_ids = tuple(job_ids)
+        self.batch = batch
 
 
 class BodyTooLarge(InputTooLarge):
@@ -127,8 +133,10 @@ def status_and_code(exc: CarpoolError) -> tuple[int, str]:
 def error_body(code: str, message: str, exc: Exception | None = None) -> dict[str, Any]:
     """The JSON error; with the job's ``id`` when ``exc`` left its admission unknown."""
     body: dict[str, Any] = {"error": {"code": code, "message": message}}
-    if isinstance(exc, AdmissionUnknown):
-        body["id"] = exc.job_id
+    if isinstance(exc, AdmissionUnknown) and exc.batch:
+        body["ids"] = list(exc.job_ids)
+    elif isinstance(exc, AdmissionUnknown):
+        body["id"] = exc.job_ids[0]
     return body
 
 

@@ -17,9 +17,10 @@ from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
-from carpool.catalogue import Catalogue, ModelSpec
-from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
+from carpool.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
 from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
+from carpool.queue import AdmitRequest
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
@@ -71,7 +72,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
     deadline = time.monotonic() + wait_s
-    job_id = new_job_id()
+    job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
         wait_s = _hold_poll(state, stack, owner, wait_s)
         # Watched before it is admitted: a completion that comes at once still wakes us.
@@ -127,31 +128,45 @@ def submit_batch() -> tuple[Response, int]:
 def _admit_batch(
     state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
 ) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
-    """Each item's answer in order, and each admitted item's job (and event, to wait on)."""
-    jobs: list[dict[str, Any]] = []
-    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+    """Each item's answer in order, and each admitted item's job (and event, to wait on).
+
+    Each input is validated on its own; the valid ones are admitted together, in one
+    round trip (one admit.lua call per bin), each against its bin's bound. With
+    ``watch``, each job is watched before it is admitted.
+    """
+    items: list[dict[str, Any]] = []
+    valid: list[tuple[BinSpec, str, str]] = []
+    places: list[tuple[int, threading.Event | None]] = []
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            job_id = new_job_id()
-            woken = stack.enter_context(state.notifier.watch(job_id)) if watch else None
-            admitted = _admit(state, batch.spec, prepared, batch.options, owner, job_id)
-            state.metrics.count_submitted(admitted)
-            watched[i] = (admitted, woken)
-            jobs.append(_accepted(admitted))
-        except BackendUnavailable as exc:
-            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
-            if not any("id" in job for job in jobs):
-                # Only this input may be queued (its id is in the 503); none after it.
-                raise
-            # Some are queued: this one may be (its id says), the rest were not sent.
-            not_sent = BackendUnavailable(f"{exc}; not queued (not sent to Redis)")
-            jobs += [_item_error(exc)] + [_item_error(not_sent)] * (len(batch.inputs) - i - 1)
-            break
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
-            jobs.append(_item_error(exc))
-    return jobs, watched
+            items.append(_item_error(exc))
+            continue
+        job_id = new_job_id(batch.spec.name)
+        items.append({})  # its answer, once admitted or refused
+        places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
+        valid.append((prepared.bin, job_id, prepared.input_json))
+    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+    if not valid:
+        return items, watched
+    try:
+        outcomes = state.queue.admit_many(batch.spec, valid, _admit_request(state, batch.options,
+                                                                            owner))
+    except BackendUnavailable as exc:
+        state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
+        # The first bin's admit.lua call failed: it may still run once Redis resumes,
+        # so the 503 names its jobs' ids; later bins' calls were never sent.
+        first = [job_id for bin_spec, job_id, _ in valid if bin_spec.name == valid[0][0].name]
+        raise AdmissionUnknown(first, exc, batch=True) from exc
+    # Redis lost after a first bin's jobs were queued: the others say so, each (the
+    # failed call's jobs with their ids: they may have been admitted).
+    for (i, woken), outcome, job in zip(places, outcomes, valid, strict=True):
+        items[i] = _admitted_or_refused(state, batch.spec.name, outcome, job[1])
+        if isinstance(outcome, Admitted):
+            watched[i] = (outcome, woken)
+    return items, watched
 
 
 def _hold_poll(state: WebState, stack: ExitStack, owner: str, wait_s: float) -> float:
@@ -174,10 +189,10 @@ def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None
         return None
     gone = client_gone_check(request.environ)
     if admitted.duplicate:  # the first job's: not watched before admission, read first
-        view = wait_for_final(state.queue, state.notifier, admitted.id,
+        view = wait_for_final(state.reads, state.notifier, admitted.id,
                               max(0.0, deadline - time.monotonic()), gone)
     else:
-        view = await_final_after(state.queue, woken, admitted.id, deadline, gone)
+        view = await_final_after(state.reads, woken, admitted.id, deadline, gone)
     return view if view is not None and view.status.is_final else None
 
 
@@ -188,13 +203,13 @@ def result(job_id: str) -> Response:
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
     if owner:  # another key's job must not make this request wait out its poll
-        check_owner(state.queue.get(job_id), owner, job_id)
+        check_owner(state.reads.get(job_id), owner, job_id)
     if wait_s <= 0:
-        view = state.queue.get(job_id)
+        view = state.reads.get(job_id)
     else:
         with state.polls.hold(owner or request.remote_addr or ""), \
                 state.metrics.long_polls.track_inprogress():
-            view = wait_for_final(state.queue, state.notifier, job_id, wait_s,
+            view = wait_for_final(state.reads, state.notifier, job_id, wait_s,
                                   client_gone_check(request.environ))
     return jsonify(check_owner(view, owner, job_id).to_json())
 
@@ -296,12 +311,15 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
     try:
         return _admit_as(state, spec, prepared, options, owner, job_id)
     except BackendUnavailable as exc:
-        raise AdmissionUnknown(job_id, exc) from exc
+        raise AdmissionUnknown([job_id], exc) from exc
 
 
 def _admit_as(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
               options: inputs.Options, owner: str, job_id: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
+    if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
+        return state.admits.admit(spec, prepared.bin, job_id, prepared.input_json,
+                                  _admit_request(state, options, owner))
     return state.queue.admit(
         spec, prepared.bin, job_id, prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
@@ -314,6 +332,12 @@ def _admit_as(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
     )
 
 
+def _admit_request(state: WebState, options: inputs.Options, owner: str) -> AdmitRequest:
+    """What every job of one submission shares, as admit.lua takes it."""
+    return AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms, options.priority,
+                        owner, state.settings.api_key_weights.get(owner, 1.0))
+
+
 def _accepted(admitted: Admitted) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": admitted.id, "status": "queued", "model": admitted.model, "bin": admitted.bin,
@@ -322,6 +346,17 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
     if admitted.duplicate:
         body["duplicate"] = True
     return body
+
+
+def _admitted_or_refused(state: WebState, model: str, outcome: Admitted | CarpoolError,
+                         job_id: str) -> dict[str, Any]:
+    if isinstance(outcome, BackendUnavailable) and not isinstance(outcome, NotSent):
+        outcome = AdmissionUnknown([job_id], outcome)  # its call was sent: it may run
+    if isinstance(outcome, CarpoolError):
+        state.metrics.count_rejected(model, outcome)
+        return _item_error(outcome)
+    state.metrics.count_submitted(outcome)
+    return _accepted(outcome)
 
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:

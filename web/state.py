@@ -12,6 +12,7 @@ from carpool.settings import Settings
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
+from web.reads import AdmitBatcher, ReadBatcher
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -24,6 +25,10 @@ class WebState:
     queue: Queue
     notifier: Notifier
     metrics: WebMetrics
+    #: Job reads of concurrent requests, sharing round trips (``GET /result``).
+    reads: ReadBatcher
+    #: Admissions of concurrent ``POST /submit`` requests, sharing admit.lua calls.
+    admits: AdmitBatcher
     #: Which models the live workers serve or refused (cached a few seconds).
     models: RegistryCache
     polls: PollCounter

@@ -127,7 +127,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
         if settings.gpu_claim and self.gpu is None:
             raise WorkerShutdown(0)  # stopped while waiting for a GPU
-        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
+        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S,
+                         cluster=settings.redis_cluster)
         check_durability(client, require=settings.require_durable, who="worker")
         keys = Keys(settings.key_prefix)
         queue = Queue(client, keys)

@@ -12,6 +12,7 @@ import os
 from celery import Celery
 from kombu.entity import Queue
 
+from carpool.errors import ConfigError
 from carpool.settings import DEFAULT_REDIS_URL
 from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
 from worker.bootstep import BatchLoopStep
@@ -26,6 +27,11 @@ CELERY_QUEUE = "carpool"
 def create_celery_app() -> Celery:
     broker = os.environ.get("CELERY_BROKER_URL") or os.environ.get(
         "CARPOOL_REDIS_URL", DEFAULT_REDIS_URL)
+    if os.environ.get("CARPOOL_REDIS_CLUSTER") == "1" and not os.environ.get("CELERY_BROKER_URL"):
+        # kombu's Redis transport speaks to one Redis, not to a cluster's shards.
+        raise ConfigError("CARPOOL_REDIS_CLUSTER=1 needs CELERY_BROKER_URL: Celery's Redis "
+                          "transport does not support Redis Cluster; name a standalone Redis "
+                          "for Celery's own messages (jobs never travel through it)")
     app = Celery("carpool", broker=broker)
     app.conf.update(
         # JSON only: a pickled message pushed into the broker is refused, never run.

@@ -23,6 +23,7 @@ from types import TracebackType
 
 from carpool.bench.policies import Policy, write_config
 from carpool.commands import argv
+from carpool.keys import Keys
 from carpool.queue import connect
 from carpool.settings import Settings, load_settings
 
@@ -159,7 +160,8 @@ class Stack:
                 proc.wait()
         self.procs.clear()
         client = connect(self.spec.redis_url)
-        stale = list(client.scan_iter(match="{" + self.prefix + "}*", count=1000))
+        stale = [k for pattern in Keys(self.prefix).patterns
+                 for k in client.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(stale), 1000):
             client.delete(*stale[i : i + 1000])
         client.close()

@@ -135,7 +135,7 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
                 raise SystemExit(f"worker did not start; see {log}")
             time.sleep(0.2)  # a process we just started: no event to wait on
         fast = s.bins[0]
-        ids = [queue.admit(s, fast, new_job_id(), x, queued_ttl_s=3600).id for x in inputs]
+        ids = [queue.admit(s, fast, new_job_id(s.name), x, queued_ttl_s=3600).id for x in inputs]
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while True:
             views = [queue.get(i) for i in ids]
@@ -148,7 +148,8 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             client.delete(*keys)
 
