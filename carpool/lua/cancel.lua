@@ -3,8 +3,8 @@
 -- KEYS[1]  job hash {p.s}:job:<id>
 -- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
--- ARGV[5]  byte-budget key prefix "{p}:bytes:": a cancelled input leaves its model's
---          (and its API key's) budget, as in claim.lua
+-- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
+--          its model's (and its API key's) budget, as in claim.lua
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.

@@ -7,8 +7,9 @@
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time
--- KEYS[3]  the model's byte-budget hash {p}:bytes:<model> (admit.lua): each input taken
---          off the bin leaves its admission bucket, and its API key's ({p}:bytes:<model>:<owner>)
+-- KEYS[3]  the model's byte-budget hash {p.s}:bytes:<model> (admit.lua): each input
+--          taken off the bin leaves its admission bucket, and its API key's
+--          ({p.s}:bytes:<model>:<owner>, same slot)
 --
 -- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
