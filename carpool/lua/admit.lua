@@ -4,8 +4,9 @@
 -- jobs of one bin), so what does not depend on the job (the clock, the depth, the
 -- counter, the drain rate, the wake check) is paid once per call, not once per job.
 -- Each job is still checked as if admitted alone, in order: the bound, the byte
--- budget, its predicted wait, its owner's fair share. The first job refused ends the call (every later one
--- would be refused for the same reason), and the jobs before it are queued.
+-- budget, its predicted wait, its owner's fair share. The first job refused ends the
+-- call (every later one would be refused for the same reason), and the jobs before
+-- it are queued.
 --
 -- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
 -- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
