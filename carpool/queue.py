@@ -34,6 +34,7 @@ from carpool.retry_after import (
     DRAIN_TAU_MS,
     FAIR_SHARE_NEAR,
     drain_rate_per_s,
+    fair_lead_cap_ms,
     late_retry_after_s,
     retry_after_s,
     share_retry_after_s,
@@ -138,6 +139,8 @@ class Queue:
         """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
         ``WaitTooLong`` when it would start after its deadline (else max_queue_ms), and
         ``OverShare`` near the bound when ``owner`` is over its ``owner_weight``'s share.
+        With an ``owner``, the job sorts behind that owner's backlog by its virtual clock
+        (fair queueing between owners: docs/admission.md).
 
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
@@ -152,7 +155,8 @@ class Queue:
                 "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
                 sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS,
                 model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS,
-                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}"]
+                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
+                fair_lead_cap_ms(model.max_queue_ms_of(bin_spec))]
         with redis_errors():
             reply = self._admit(keys=keys, args=args)
         kind = reply[0]

@@ -5,7 +5,7 @@
 -- KEYS[3]  wake list     {p}:wake:<model>      a token wakes one blocked worker
 -- KEYS[4]  idempotency   {p}:idem:<model>:<k>  read/written only when ARGV[10] == "1"
 -- KEYS[5]  stats hash    {p}:stats:<model>:<bin>  admitted += 1; drain rate read when full
--- KEYS[6]  tenants hash  {p}:tenants:<model>:<bin> owner -> "count at weight", when owned
+-- KEYS[6]  tenants hash  {p}:tenants:<model>:<bin> owner -> "count at weight clock", when owned
 -- ARGV[1]  id            ARGV[2] model        ARGV[3] bin
 -- ARGV[4]  input (JSON)  ARGV[5] max_depth    ARGV[6] max_batch
 -- ARGV[7]  ttl_s of a queued record           ARGV[8] deadline, ms after admission (0: none)
@@ -17,11 +17,13 @@
 -- ARGV[16] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
 -- ARGV[17] drain-rate minimum age, ms  ARGV[18] a drain rate older than this is unknown, ms
 -- ARGV[19] the owner's fair-share weight  ARGV[20] "near the bound" as a fraction of it
+-- ARGV[21] the most an owner's virtual clock may lead now, ms (fair queueing)
 --
 -- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
 --         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
 --         and the time since its first drain (-1: never drained), for Retry-After |
---         {"late", ahead, jobs/s, limit_ms}: refused by predicted wait, at that rate |
+--         {"late", ahead, jobs/s, limit_ms}: refused by predicted wait, at that rate (or
+--         its owner's turn comes after its deadline: ahead is that lead in jobs) |
 --         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
@@ -51,16 +53,13 @@ if depth >= tonumber(ARGV[5]) then
 end
 
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local score = string.format("%.0f", now_us + tonumber(ARGV[14]) * 1000)
-
--- >>> admission by predicted wait (docs/admission.md) >>>
--- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
--- measured drain rate) is later than its deadline, else than max_queue_ms. Within
--- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
+local score_us = now_us + tonumber(ARGV[14]) * 1000
 local limit_ms = tonumber(ARGV[8])
 if limit_ms <= 0 then limit_ms = tonumber(ARGV[16]) end
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
-if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
+-- Past the first batch, the bin's drain rate (for the predicted wait, and for what one
+-- job costs a tenant); none recent (cold start, scale from zero): depth alone.
+if depth >= tonumber(ARGV[6]) and (limit_ms > 0 or ARGV[12] ~= "") then
   local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0", "busy_c")
   if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[18]) then
     local tau = tonumber(ARGV[15])
@@ -71,51 +70,76 @@ if limit_ms > 0 and depth >= tonumber(ARGV[6]) then
     local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
     local per_ms = math.max(c / (tau * (1 - math.exp(-age / tau))), busy_per_ms)
     drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
-    local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
-    if ahead * 1.0 > limit_ms * drain[3] then
-      return {"late", ahead, string.format("%.6f", per_ms * 1000), limit_ms}
-    end
   end
 end
--- <<< admission by predicted wait <<<
 
 -- >>> fair share between tenants (docs/admission.md) >>>
--- Each owner's admissions into the bin are a decayed count (time constant ARGV[15]).
--- Near the bound (depth, or predicted wait of the whole bin, over ARGV[20] of its
--- limit), an owner whose part of the recent admissions is over its weight's part of
--- the active owners' weights is refused first; one under its part is admitted.
+-- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)".
+-- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[20] of
+-- its limit), an owner whose part of the recent admissions is over its weight's part
+-- of the active owners' weights is refused first; one under its part is admitted.
+-- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
+-- its owner's virtual clock is ahead of now (at most ARGV[21] ms); the clock then
+-- advances by one job's service time at the owner's fair rate.
 if ARGV[12] ~= "" then
-  local tau, frac = tonumber(ARGV[15]), tonumber(ARGV[20])
+  local tau, frac, w = tonumber(ARGV[15]), tonumber(ARGV[20]), tonumber(ARGV[19])
   local near = depth >= frac * tonumber(ARGV[5])
   if drain and limit_ms > 0 then near = near or depth >= frac * limit_ms * drain[3] end
-  if near then
-    local all = redis.call("HGETALL", KEYS[6])
-    local mine, sum_c, sum_w, w = 0, 0, 0, tonumber(ARGV[19])
-    for i = 1, #all, 2 do
-      local c, t, wt = string.match(all[i + 1], "(%S+) (%S+) (%S+)")
-      c = tonumber(c) * math.exp(-(now_ms - tonumber(t)) / tau)
-      if all[i] == ARGV[12] then mine = c end
-      if c >= 0.5 or all[i] == ARGV[12] then  -- active: one admission within ~0.7 tau
-        sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
-      end
+  local mine, clock_us, sum_c, sum_w, found = 0, 0, 0, 0, false
+  local all = {}
+  if near or drain then
+    all = redis.call("HGETALL", KEYS[6])
+  else
+    local prev = redis.call("HGET", KEYS[6], ARGV[12])
+    if prev then all = {ARGV[12], prev} end
+  end
+  for i = 1, #all, 2 do
+    local c, ct, wt, v = string.match(all[i + 1], "(%S+) (%S+) (%S+) ?(%S*)")
+    c, v = tonumber(c) * math.exp(-(now_ms - tonumber(ct)) / tau), tonumber(v) or 0
+    if all[i] == ARGV[12] then
+      mine, clock_us, found = c, v, true
+    elseif c < 0.01 and v < now_us then  -- idle for ~5 tau: forgotten, the hash stays small
+      redis.call("HDEL", KEYS[6], all[i])
     end
-    if mine == 0 then sum_w = sum_w + w end
-    if sum_c > 0 and mine / sum_c > w / sum_w then
-      local excess = string.format("%.3f", mine - sum_c * w / sum_w)
-      if drain then return {"share", depth, drain[1], drain[2], excess} end
-      return {"share", depth, "0", -1, excess}
+    if c >= 0.5 or all[i] == ARGV[12] then  -- active: one admission within ~0.7 tau
+      sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
     end
   end
-  local prev = redis.call("HGET", KEYS[6], ARGV[12])
-  local c = 0
-  if prev then
-    local pc, pt = string.match(prev, "(%S+) (%S+)")
-    c = tonumber(pc) * math.exp(-(now_ms - tonumber(pt)) / tau)
+  if not found then sum_w = sum_w + w end
+  if near and sum_c > 0 and mine / sum_c > w / sum_w then
+    local excess = string.format("%.3f", mine - sum_c * w / sum_w)
+    if drain then return {"share", depth, drain[1], drain[2], excess} end
+    return {"share", depth, "0", -1, excess}
   end
-  redis.call("HSET", KEYS[6], ARGV[12], string.format("%.4f %d %s", c + 1, now_ms, ARGV[19]))
+  if drain then
+    local start_us = math.min(math.max(clock_us, now_us), now_us + tonumber(ARGV[21]) * 1000)
+    local dl_us = tonumber(ARGV[8]) * 1000
+    if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
+      local ahead = math.ceil((start_us - now_us) / 1000 * drain[3])
+      return {"late", ahead, string.format("%.6f", drain[3] * 1000), limit_ms}
+    end
+    score_us = score_us + start_us - now_us
+    if dl_us > 0 then score_us = math.min(score_us, now_us + dl_us) end  -- never past it
+    clock_us = start_us + 1000 * sum_w / (w * drain[3])
+  end
+  redis.call("HSET", KEYS[6], ARGV[12],
+    string.format("%.4f %d %s %.0f", mine + 1, now_ms, ARGV[19], clock_us))
   redis.call("EXPIRE", KEYS[6], ARGV[7])
 end
 -- <<< fair share between tenants <<<
+local score = string.format("%.0f", score_us)
+
+-- >>> admission by predicted wait (docs/admission.md) >>>
+-- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
+-- measured drain rate) is later than its deadline, else than max_queue_ms. Within
+-- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
+if drain and limit_ms > 0 then
+  local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
+  if ahead * 1.0 > limit_ms * drain[3] then
+    return {"late", ahead, string.format("%.6f", drain[3] * 1000), limit_ms}
+  end
+end
+-- <<< admission by predicted wait <<<
 local deadline_ms = 0
 if tonumber(ARGV[8]) > 0 then
   deadline_ms = now_ms + tonumber(ARGV[8])

@@ -1,0 +1,94 @@
+"""Fair queueing between tenants within a bin (admit.lua) on a real redis-server.
+
+Each owner (API-key digest) has a virtual clock per bin: a job sorts later by how far
+its owner's clock leads now, and the clock advances by one job's service time at the
+owner's fair rate. With a drain rate of ~10 jobs/s (``drain``), one job of a lone
+owner moves its clock ~100 ms, of one of two active owners ~200 ms; the assertions
+below hold whatever the machine's speed as long as admitting the backlog takes less
+than that backlog's lead (a second or more).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from carpool.errors import WaitTooLong
+from carpool.queue import Queue
+from carpool.urgency import sort_offset_ms
+from tests.test_admission import admit, drain, fill_until_refused, spec_with
+
+ALICE, BOB = "a" * 64, "b" * 64
+#: Alice's backlog: ~1.5 s of her virtual clock at ~10 jobs/s.
+BACKLOG = 16
+
+
+def ranks(queue: Queue, spec_name: str) -> list[str]:
+    return queue.client.zrange(queue.keys.bin(spec_name, "small"), 0, -1)  # type: ignore[return-value]
+
+
+def shift_ms(queue: Queue, job_id: str, offset_ms: int) -> float:
+    """How much later the job sorts than its plain urgency (admission + offset)."""
+    h = queue.client.hgetall(queue.keys.job(job_id))
+    return (float(h["score"]) - (int(h["t_admit"]) + offset_ms) * 1000) / 1000
+
+
+def test_a_flooding_keys_backlog_does_not_delay_a_quiet_keys_new_job(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    flood = [admit(queue, spec, owner=ALICE) for _ in range(BACKLOG)]
+    quiet = admit(queue, spec, owner=BOB)
+    order = ranks(queue, spec.name)
+    # Bob's job goes before all of Alice's backlog but the few whose turn has come
+    # (the first batch, admitted at once, and those within the time admitting took).
+    assert order.index(quiet) <= 4, order.index(quiet)
+    assert [j for j in order if j != quiet] == flood
+
+
+def test_order_within_a_key_is_unchanged(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    backlog = [admit(queue, spec, owner=ALICE) for _ in range(BACKLOG)]
+    urgent = admit(queue, spec, owner=ALICE, priority=9)
+    due = admit(queue, spec, owner=ALICE, deadline_ms=60_000)
+    # Her clock did move her later jobs back (this is the order under fair queueing) ...
+    assert shift_ms(queue, backlog[-1], spec.max_deadline_ms) > 500
+    # ... yet her own jobs keep their urgency order: deadline first (never sorted past
+    # it), then priority 9, then the rest first-in, first-out.
+    assert ranks(queue, spec.name)[-len(backlog) - 2:] == [due, urgent, *backlog]
+    assert shift_ms(queue, due, sort_offset_ms(spec, 60_000, 0)) < 1  # t_admit is in ms
+
+
+def test_without_keys_the_order_and_score_are_unchanged(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    jobs = [admit(queue, spec) for _ in range(BACKLOG)]
+    assert ranks(queue, spec.name) == jobs
+    # The plain urgency to the µs: Redis's admission time (ms in t_admit) + the offset.
+    assert all(0 <= shift_ms(queue, j, spec.max_deadline_ms) < 1 for j in jobs)
+    assert not queue.client.exists(queue.keys.tenants(spec.name, "small"))
+
+
+def test_the_flood_is_refused_by_its_own_predicted_wait_and_the_quiet_key_admitted(
+    queue: Queue,
+) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drain(queue, spec)
+    _, exc = fill_until_refused(queue, spec, owner=ALICE)
+    assert isinstance(exc, WaitTooLong) and exc.retry_after_s >= 1
+    # Only the few of Alice's jobs whose turn has come sort ahead of Bob's: admitted.
+    for _ in range(3):
+        admit(queue, spec, owner=BOB)
+
+
+def test_a_job_whose_turn_comes_after_its_deadline_is_refused_not_admitted_to_miss_it(
+    queue: Queue,
+) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    for _ in range(BACKLOG):
+        admit(queue, spec, owner=ALICE)
+    # Alice's clock leads by ~1.5 s: a 500 ms deadline would pass before her turn.
+    with pytest.raises(WaitTooLong) as info:
+        admit(queue, spec, owner=ALICE, deadline_ms=500)
+    assert info.value.limit_ms == 500 and info.value.retry_after_s >= 1
+    admit(queue, spec, owner=BOB, deadline_ms=500)  # Bob's clock is at now
