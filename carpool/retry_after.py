@@ -56,8 +56,10 @@ def retry_after_s(depth: int, rate_per_s: float) -> float:
 
 
 def share_retry_after_s(excess: float, rate_per_s: float) -> float:
-    """Seconds until an owner ``excess`` recent jobs over its share is back within it:
-    its excess drains at the bin's rate (an estimate: its count decays as well)."""
+    """Seconds until an owner ``excess`` jobs over its share is back within it: its
+    excess drains at the bin's rate. With a drain rate the excess is its virtual
+    clock's lead over the bin's bound, so this is exact in the clock's terms; without
+    one it is of recent admissions (an estimate: that count decays as well)."""
     if rate_per_s <= 0:  # no drain measured: its count falls by e-fold in DRAIN_TAU_MS
         return min(RETRY_AFTER_MAX_S, DRAIN_TAU_MS / 1000)
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, excess / rate_per_s))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.errors import WaitTooLong
+from carpool.errors import OverShare, WaitTooLong
 from carpool.queue import Queue
 from carpool.urgency import sort_offset_ms
 from tests.test_admission import admit, drain, fill_until_refused, spec_with
@@ -92,3 +92,15 @@ def test_a_job_whose_turn_comes_after_its_deadline_is_refused_not_admitted_to_mi
         admit(queue, spec, owner=ALICE, deadline_ms=500)
     assert info.value.limit_ms == 500 and info.value.retry_after_s >= 1
     admit(queue, spec, owner=BOB, deadline_ms=500)  # Bob's clock is at now
+
+
+def test_a_quiet_keys_past_admissions_do_not_make_it_over_its_share(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drain(queue, spec)
+    # Bob admitted 100 jobs in the last moments, all served since: nothing of his queued.
+    now_ms = int(queue.client.hget(queue.keys.stats(spec.name, "small"), "rate_t"))  # type: ignore[arg-type]
+    queue.client.hset(queue.keys.tenants(spec.name, "small"), BOB, f"100 {now_ms} 1 0")
+    # Alice floods: near the bound she holds more than her half of it.
+    _, exc = fill_until_refused(queue, spec, owner=ALICE)
+    admit(queue, spec, owner=BOB)  # not over his share: his clock is at now
+    assert isinstance(exc, OverShare) and exc.retry_after_s >= 1

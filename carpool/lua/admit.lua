@@ -76,8 +76,9 @@ end
 -- >>> fair share between tenants (docs/admission.md) >>>
 -- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)".
 -- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[20] of
--- its limit), an owner whose part of the recent admissions is over its weight's part
--- of the active owners' weights is refused first; one under its part is admitted.
+-- its limit), an owner over its weight's part of the active owners' weights is refused
+-- first; one under its part is admitted. Its part: of the bin's bound, its queued
+-- jobs as its clock's lead says; with no drain rate (no clock), of recent admissions.
 -- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
 -- its owner's virtual clock is ahead of now (at most ARGV[21] ms); the clock then
 -- advances by one job's service time at the owner's fair rate.
@@ -106,10 +107,21 @@ if ARGV[12] ~= "" then
     end
   end
   if not found then sum_w = sum_w + w end
-  if near and sum_c > 0 and mine / sum_c > w / sum_w then
-    local excess = string.format("%.3f", mine - sum_c * w / sum_w)
-    if drain then return {"share", depth, drain[1], drain[2], excess} end
-    return {"share", depth, "0", -1, excess}
+  if near and sum_w > w then  -- others active: is this owner over its part of the bin?
+    local excess = mine - sum_c * w / sum_w  -- in recent admissions, without a drain rate
+    if drain then
+      -- Its clock leads now by its queued jobs at its fair rate (rate * w / sum_w), so it
+      -- holds over its part of the bin's bound when that lead is over the bound's drain
+      -- time. The excess, in jobs at the bin's rate, gives its own Retry-After.
+      local bound = tonumber(ARGV[5])
+      if limit_ms > 0 then bound = math.min(bound, limit_ms * drain[3]) end
+      excess = (math.max(clock_us, now_us) - now_us) / 1000 * drain[3] - bound
+    end
+    if excess > 0 then
+      excess = string.format("%.3f", excess)
+      if drain then return {"share", depth, drain[1], drain[2], excess} end
+      return {"share", depth, "0", -1, excess}
+    end
   end
   if drain then
     local start_us = math.min(math.max(clock_us, now_us), now_us + tonumber(ARGV[21]) * 1000)
