@@ -15,8 +15,8 @@ keys then live on one shard: Cluster buys availability here, not capacity).
     {p}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
                                   last_batch_ms, and the drain rate as rate_c (decayed
                                   count), rate_t, rate_t0 (for Retry-After)
-    {p}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight":
-                                  each tenant's recent part of the bin, for fair share
+    {p}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
+                                  virtual clock (µs)": fair share and fair queueing
     {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
     {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
