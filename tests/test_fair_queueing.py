@@ -104,3 +104,31 @@ def test_a_quiet_keys_past_admissions_do_not_make_it_over_its_share(queue: Queue
     _, exc = fill_until_refused(queue, spec, owner=ALICE)
     admit(queue, spec, owner=BOB)  # not over his share: his clock is at now
     assert isinstance(exc, OverShare) and exc.retry_after_s >= 1
+
+
+def test_a_heavier_weight_moves_its_clock_less_per_job(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    heavy, light = [], []
+    for _ in range(BACKLOG // 2):
+        heavy.append(admit(queue, spec, owner=ALICE, owner_weight=3))
+        light.append(admit(queue, spec, owner=BOB))
+    # Both active: per job, Alice's clock moves 4/3 of a job's time, Bob's 4 of them.
+    off = spec.max_deadline_ms
+    assert shift_ms(queue, light[-1], off) > 2 * shift_ms(queue, heavy[-1], off) > 0
+
+
+def test_a_clock_behind_now_restarts_at_now_and_its_lead_is_capped(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drain(queue, spec)
+    for _ in range(2):  # past the first batch: the clock is read
+        admit(queue, spec)
+    tenants = queue.keys.tenants(spec.name, "small")
+    now_ms = int(queue.client.hget(queue.keys.stats(spec.name, "small"), "rate_t"))  # type: ignore[arg-type]
+    queue.client.hset(tenants, ALICE, f"1 {now_ms} 1 {(now_ms - 60_000) * 1000}")
+    idle = admit(queue, spec, owner=ALICE, deadline_ms=60_000, priority=9)
+    assert 0 <= shift_ms(queue, idle, sort_offset_ms(spec, 60_000, 9)) < 1  # µs of t_admit
+    queue.client.hset(tenants, ALICE, f"1 {now_ms} 1 {(now_ms + 3_600_000) * 1000}")
+    ahead = admit(queue, spec, owner=ALICE, deadline_ms=60_000, priority=9)
+    # Capped at 2 × max_queue_ms (FAIR_LEAD_QUEUE_FACTOR), not the hour it led by.
+    assert 2000 <= shift_ms(queue, ahead, sort_offset_ms(spec, 60_000, 9)) < 2001
