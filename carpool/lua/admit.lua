@@ -80,8 +80,8 @@ end
 -- first; one under its part is admitted. Its part: of the bin's bound, its queued
 -- jobs as its clock's lead says; with no drain rate (no clock), of recent admissions.
 -- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
--- its owner's virtual clock is ahead of now (at most ARGV[21] ms); the clock then
--- advances by one job's service time at the owner's fair rate.
+-- its owner's virtual clock is ahead of now; the clock then advances by one job's
+-- service time at the owner's fair rate. It never leads now by more than ARGV[21] ms.
 if ARGV[12] ~= "" then
   local tau, frac, w = tonumber(ARGV[15]), tonumber(ARGV[20]), tonumber(ARGV[19])
   local near = depth >= frac * tonumber(ARGV[5])
@@ -124,7 +124,8 @@ if ARGV[12] ~= "" then
     end
   end
   if drain then
-    local start_us = math.min(math.max(clock_us, now_us), now_us + tonumber(ARGV[21]) * 1000)
+    local cap_us = now_us + tonumber(ARGV[21]) * 1000
+    local start_us = math.min(math.max(clock_us, now_us), cap_us)
     local dl_us = tonumber(ARGV[8]) * 1000
     if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
       local ahead = math.ceil((start_us - now_us) / 1000 * drain[3])
@@ -132,7 +133,7 @@ if ARGV[12] ~= "" then
     end
     score_us = score_us + start_us - now_us
     if dl_us > 0 then score_us = math.min(score_us, now_us + dl_us) end  -- never past it
-    clock_us = start_us + 1000 * sum_w / (w * drain[3])
+    clock_us = math.min(start_us + 1000 * sum_w / (w * drain[3]), cap_us)
   end
   redis.call("HSET", KEYS[6], ARGV[12],
     string.format("%.4f %d %s %.0f", mine + 1, now_ms, ARGV[19], clock_us))
