@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from carpool.jobs import JobStatus
-from carpool.keys import Keys
+from carpool.keys import Keys, shard
 from carpool.queue import load_script, redis_errors
 
 
@@ -33,13 +33,20 @@ class Snapshot:
         return Counter(i for ids in self.bins.values() for i in ids)
 
 
-def snapshot(client: redis.Redis, keys: Keys) -> Snapshot:
-    """Read bins, leases and every job's status atomically."""
+def snapshot(client: redis.Redis, keys: Keys, models: Iterable[str]) -> Snapshot:
+    """Read bins, leases and every job's status of ``models``, each shard atomically."""
     script = load_script(client, "audit")
-    with redis_errors():
-        reply: Any = script(keys=[keys.leases],
-                            args=[keys.bin_pattern, keys.job_pattern, keys.job_prefix])
-    raw_bins, raw_leases, raw_jobs = reply
+    raw_bins: list[Any] = []
+    raw_leases: list[Any] = []
+    raw_jobs: list[Any] = []
+    for tag in sorted({shard(m) for m in models}):
+        with redis_errors():
+            reply: Any = script(keys=[keys.leases(tag)],
+                                args=[keys.bin_pattern(tag), keys.job_pattern(tag),
+                                      keys.job_prefix(tag)])
+        raw_bins += reply[0]
+        raw_leases += reply[1]
+        raw_jobs += reply[2]
     bins: dict[str, list[str]] = {}
     for i in range(0, len(raw_bins), 2):
         bins.setdefault(str(raw_bins[i]), []).append(str(raw_bins[i + 1]))

@@ -256,6 +256,11 @@ def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None,
     if "input_schema" in values:
         values["input_schema"] = _schema_from(name, values["input_schema"], folder)
     if base is not None:
+        # Field by field, tables too: overriding [models.resnet18.options] weights
+        # keeps the built-in arch, labels and sizes (the advice every refusal gives).
+        # Arrays (bins) replace the built-in one whole: a bin list is one decision.
+        if isinstance(values.get("options"), Mapping):
+            values["options"] = {**base.options, **values["options"]}
         return replace(base, **values)
     needed = {"kind", "measure", "bins"} - set(values)
     if needed:

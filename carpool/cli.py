@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +18,13 @@ from carpool import http_client
 from carpool.client import ApiError, Client, Job
 from carpool.clihelp import HelpParser
 from carpool.errors import CarpoolError
-from carpool.localstack import UpOptions, start_stack
+from carpool.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
+from carpool.supervisor import Supervisor
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: Long-polls of 30 s the demo makes at most (a first start warms models up first).
-DEMO_POLLS = 6
+#: The demo long-polls this long at most (a first start warms models up first), in
+#: polls of DEMO_POLL_S, so a child that crash-loops meanwhile is reported at once.
+DEMO_TIMEOUT_S, DEMO_POLL_S = 180.0, 5
 #: How long `carpool up` waits for the web tier to answer /readyz.
 READY_TIMEOUT_S = 60.0
 
@@ -32,7 +33,12 @@ def _print(obj: object) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def _wait_ready(base_url: str, stack_dead: object) -> None:
+def _check(supervisor: Supervisor) -> None:
+    if supervisor.failure:
+        raise CarpoolError(supervisor.failure)
+
+
+def _wait_ready(base_url: str, supervisor: Supervisor) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
@@ -41,13 +47,14 @@ def _wait_ready(base_url: str, stack_dead: object) -> None:
                 return
         except OSError:
             pass
-        if callable(stack_dead) and stack_dead():
-            raise CarpoolError(f"a process died while starting: {stack_dead()}")
-        time.sleep(0.2)  # polling a process we just started: it has no event to offer
+        _check(supervisor)
+        # Polling a process we just started (it has no event to offer); a child that
+        # dies meanwhile is reported by the supervisor at once, with its log lines.
+        supervisor.failed.wait(0.2)
     raise CarpoolError(f"web did not become ready at {base_url} within {READY_TIMEOUT_S:.0f} s")
 
 
-def demo(base_url: str) -> int:
+def demo(base_url: str, supervisor: Supervisor) -> int:
     """Send one synthetic job through the stack and print its result."""
     job_input = {"value": "hello from carpool", "size": 12}
     status, body = http_client.submit_json(base_url, "synthetic", job_input)
@@ -58,11 +65,15 @@ def demo(base_url: str) -> int:
     job_id = body["id"]
     # The first start of a worker loads and calibrates every model it serves before
     # its first batch, so the demo keeps long-polling, within a bound.
-    for _ in range(DEMO_POLLS):
-        status, body = http_client.result(base_url, job_id, wait_s=30)
+    deadline = time.monotonic() + DEMO_TIMEOUT_S
+    while True:
+        status, body = http_client.result(base_url, job_id, wait_s=DEMO_POLL_S)
         if status != 200 or body.get("status") not in ("queued", "running"):
             break
-    print(f"GET /result/{job_id}?wait=30 -> {status}")
+        _check(supervisor)
+        if time.monotonic() >= deadline:
+            break
+    print(f"GET /result/{job_id}?wait={DEMO_POLL_S} -> {status}")
     _print(body)
     return 0 if body.get("status") == "done" else 1
 
@@ -71,23 +82,31 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(port=args.port, redis_url=args.redis_url, workers=args.workers,
                      flower=not args.no_flower, flower_port=args.flower_port,
                      models=args.models, state_dir=Path(args.state_dir))
-    stack, urls = start_stack(opts)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stack, urls, notes = start_stack(opts)
+    supervisor = stack.supervisor
+
+    def interrupted(signum: int, frame: object) -> None:
+        # Ctrl-C reaches the children too (one process group): restarting them as
+        # they exit would fight the stop. SIGTERM stops the stack the same way.
+        supervisor.hold()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
-        _wait_ready(urls["api"], stack.dead)
+        for note in notes:
+            print(note, file=sys.stderr)
+        _wait_ready(urls["api"], supervisor)
         for name, url in urls.items():
             print(f"{name:7s} {url}")
         print(f"logs    {opts.state_dir}/")
-        code = demo(urls["api"]) if args.demo else 0
+        code = demo(urls["api"], supervisor) if args.demo else 0
         if args.once:
             return code
-        print("carpool is up; Ctrl-C stops it.")
-        while not stop.wait(0.5):
-            if stack.dead():
-                print(f"stopped: {', '.join(stack.dead())} exited; see its log", file=sys.stderr)
-                return 1
-        return code
+        print("carpool is up; Ctrl-C stops it.", flush=True)
+        supervisor.failed.wait()  # a crash loop (Ctrl-C and SIGTERM raise KeyboardInterrupt)
+        print(f"stopped: {supervisor.failure}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
@@ -154,12 +173,15 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start Redis, web, workers and Flower locally",
                         description="Start Redis (or use one), gunicorn, Celery workers and "
                         "Flower on this machine; Ctrl-C stops them all.")
-    up.add_argument("--port", type=int, default=8000, help="the web tier's port")
+    up.add_argument("--port", type=int, default=None,
+                    help=f"the web tier's port (default {DEFAULT_WEB_PORT}, or a free one if "
+                    "taken)")
     up.add_argument("--redis-url", default=None,
                     help="use this Redis; default: 127.0.0.1:6379 if it answers, else start one")
     up.add_argument("--workers", type=int, default=1, help="Celery workers to start")
     up.add_argument("--no-flower", action="store_true", help="do not start Flower")
-    up.add_argument("--flower-port", type=int, default=5555, help="Flower's port")
+    up.add_argument("--flower-port", type=int, default=None,
+                    help=f"Flower's port (default {DEFAULT_FLOWER_PORT}, or a free one if taken)")
     up.add_argument("--models", default="", help="comma list the workers serve (default: all)")
     up.add_argument("--state-dir", default=".carpool", help="logs and the local Redis's data")
     up.add_argument("--demo", action="store_true", help="send one job through once it is up")

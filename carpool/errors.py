@@ -25,6 +25,10 @@ class UnknownModel(CarpoolError):
     """Raised when a request names a model that is not in the catalogue."""
 
 
+class ModelRefused(CarpoolError):
+    """Raised when every live worker that tried to load a model refused it (with why)."""
+
+
 class BinFull(CarpoolError):
     """Raised when a bin is at its depth bound; the client should retry later."""
 

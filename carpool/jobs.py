@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from carpool.keys import SHARD_CHARS, shard
+
 #: 16 random bytes = 128 bits (≥ 122 required): ids cannot be guessed.
 JOB_ID_BYTES = 16
-#: token_urlsafe(16) is exactly 22 characters of [A-Za-z0-9_-].
-JOB_ID_CHARS = 22
+#: The model's shard tag (carpool.keys.shard), then token_urlsafe(16): exactly 22
+#: characters; all of [A-Za-z0-9_-].
+JOB_ID_CHARS = SHARD_CHARS + 22
 
 
 class JobStatus(StrEnum):
@@ -27,8 +30,10 @@ class JobStatus(StrEnum):
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
-def new_job_id() -> str:
-    return secrets.token_urlsafe(JOB_ID_BYTES)
+def new_job_id(model: str) -> str:
+    """A fresh id for a job of ``model``; it starts with the model's shard tag, so the
+    job's keys are found (on its shard) from the id alone."""
+    return shard(model) + secrets.token_urlsafe(JOB_ID_BYTES)
 
 
 def is_job_id(text: str) -> bool:

@@ -1,29 +1,55 @@
 """The Redis key schema. No other module formats a Redis key.
 
-Every key carries the same hash tag (``{prefix}``), so each Lua script touches
-keys of one slot and the protocol also runs on Redis Cluster (all of carpool's
-keys then live on one shard: Cluster buys availability here, not capacity).
+Keys are hash-tagged per model, so on Redis Cluster each model's keys live in one
+slot (one shard) and models spread over the masters. A model's shard ``<s>`` is a
+short digest of its name (``shard(model)``), and every job id starts with its
+model's shard, so ``GET /result/<id>`` finds the job's shard from the id alone.
+Each Lua script touches one shard's keys only. State that spans models (GPU
+leases) has a tag of its own, ``{p}``.
 
-    {p}:job:<id>            hash  one job: input, status, times, score (its place in its bin
-                                  zset, kept so a lost job goes back there), result
-    {p}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
-                                  carpool/urgency.py): most urgent first, FIFO on ties
-    {p}:leases              zset  claimed job ids, scored by lease deadline (ms)
-    {p}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
-    {p}:wake:<model>        list  tokens that wake a blocked worker (capped)
-    {p}:done                chan  pub/sub: the id of every job that reached an end state
-    {p}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
-                                  last_batch_ms, and the drain rate as rate_c (decayed
-                                  count), rate_t, rate_t0 (for Retry-After)
-    {p}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
-                                  virtual clock (µs)": fair share and fair queueing
-    {p}:gpu:<uuid>          str   the worker that holds this GPU; expires with its lease
-    {p}:gpu-free            list  tokens that wake a worker waiting for a GPU (capped)
-    {p}:dead                list  ids of jobs failed by the reaper (workers lost them too often),
-                                  newest first, capped: a place to inspect poison inputs
+    {p.s}:job:<id>            hash  one job: input, status, times, score (its place in its bin
+                                    zset, kept so a lost job goes back there), result
+    {p.s}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
+                                    carpool/urgency.py): most urgent first, FIFO on ties
+    {p.s}:leases              zset  claimed job ids of the shard, scored by lease deadline (ms)
+    {p.s}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
+    {p.s}:wake:<model>        list  tokens that wake a blocked worker (capped)
+    {p.s}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
+                                    last_batch_ms, and the drain rate as rate_c (decayed
+                                    count), rate_t, rate_t0 (for Retry-After), and the
+                                    workers' busy speed as busy_c (decayed count), busy_ms
+    {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
+                                    virtual clock (µs)": fair share and fair queueing
+    {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
+                                    often), newest first, capped: poison inputs to inspect
+    {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
+                                    message per batch, space-separated
+    {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
+    {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
+                                    and those it refused, with the reason (heartbeat,
+                                    carpool/registry.py)
 """
 
+import base64
+import hashlib
 from dataclasses import dataclass
+
+#: Characters of a model's shard tag, and so of the front of each of its job ids:
+#: 24 bits, so models of a catalogue almost never share a slot (sharing one is
+#: harmless: their keys still differ).
+SHARD_CHARS = 4
+
+
+def shard(model: str) -> str:
+    """The shard tag of ``model``: the same in every process, whatever the catalogue."""
+    digest = hashlib.sha256(model.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()[:SHARD_CHARS]
+
+
+def shard_of_job(job_id: str) -> str:
+    """The shard tag of a job, which its id carries in front (carpool.jobs.new_job_id)."""
+    return job_id[:SHARD_CHARS]
 
 
 def _glob_escape(text: str) -> str:
@@ -37,68 +63,79 @@ class Keys:
 
     prefix: str = "carpool"
 
+    def _tag(self, shard_tag: str) -> str:
+        return "{" + f"{self.prefix}.{shard_tag}" + "}"
+
     @property
-    def _tag(self) -> str:
+    def _global(self) -> str:
         return "{" + self.prefix + "}"
 
     def job(self, job_id: str) -> str:
-        return f"{self._tag}:job:{job_id}"
+        return f"{self.job_prefix(shard_of_job(job_id))}{job_id}"
 
-    @property
-    def job_prefix(self) -> str:
-        """What `job(id)` puts before the id; Lua scripts build job keys from it."""
-        return f"{self._tag}:job:"
+    def job_prefix(self, shard_tag: str) -> str:
+        """What `job(id)` puts before the ids of one shard; Lua scripts build job keys."""
+        return f"{self._tag(shard_tag)}:job:"
 
     def bin(self, model: str, bin_name: str) -> str:
-        return f"{self.bin_prefix}{model}:{bin_name}"
+        return f"{self.bin_prefix(shard(model))}{model}:{bin_name}"
 
-    @property
-    def bin_prefix(self) -> str:
+    def bin_prefix(self, shard_tag: str) -> str:
         """What `bin(model, bin)` puts before "<model>:<bin>"; cancel.lua uses it."""
-        return f"{self._tag}:q:"
+        return f"{self._tag(shard_tag)}:q:"
 
-    @property
-    def leases(self) -> str:
-        return f"{self._tag}:leases"
+    def leases(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:leases"
 
     def idempotency(self, model: str, key_digest: str) -> str:
-        return f"{self._tag}:idem:{model}:{key_digest}"
+        return f"{self._tag(shard(model))}:idem:{model}:{key_digest}"
 
     def wake(self, model: str) -> str:
-        return f"{self.wake_prefix}{model}"
+        return f"{self.wake_prefix(shard(model))}{model}"
 
-    @property
-    def wake_prefix(self) -> str:
+    def wake_prefix(self, shard_tag: str) -> str:
         """What `wake(model)` puts before the model; reap.lua and release.lua use it."""
-        return f"{self._tag}:wake:"
+        return f"{self._tag(shard_tag)}:wake:"
+
+    def dead(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:dead"
+
+    def stats(self, model: str, bin_name: str) -> str:
+        return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"
+
+    def tenants(self, model: str, bin_name: str) -> str:
+        return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"
+
+    def job_pattern(self, shard_tag: str) -> str:
+        """A SCAN/KEYS glob for every job hash of a shard (the audit reads them all)."""
+        return _glob_escape(self.job_prefix(shard_tag)) + "*"
+
+    def bin_pattern(self, shard_tag: str) -> str:
+        """A SCAN/KEYS glob for every bin zset of a shard."""
+        return _glob_escape(self.bin_prefix(shard_tag)) + "*"
 
     @property
-    def dead(self) -> str:
-        return f"{self._tag}:dead"
+    def any_bin_pattern(self) -> str:
+        """A SCAN/KEYS glob for every bin zset of every shard."""
+        return _glob_escape("{" + self.prefix + ".") + "*}:q:*"
 
     @property
-    def job_pattern(self) -> str:
-        """A SCAN/KEYS glob for every job hash (the audit reads them all)."""
-        return _glob_escape(self.job_prefix) + "*"
-
-    @property
-    def bin_pattern(self) -> str:
-        """A SCAN/KEYS glob for every bin zset."""
-        return _glob_escape(self.bin_prefix) + "*"
+    def patterns(self) -> tuple[str, str]:
+        """SCAN globs that together match every key under this prefix (tests clean up)."""
+        return (_glob_escape(self._global) + "*",
+                _glob_escape("{" + self.prefix + ".") + "*")
 
     @property
     def done_channel(self) -> str:
-        return f"{self._tag}:done"
-
-    def stats(self, model: str, bin_name: str) -> str:
-        return f"{self._tag}:stats:{model}:{bin_name}"
-
-    def tenants(self, model: str, bin_name: str) -> str:
-        return f"{self._tag}:tenants:{model}:{bin_name}"
+        return f"{self._global}:done"
 
     def gpu(self, uuid: str) -> str:
-        return f"{self._tag}:gpu:{uuid}"
+        return f"{self._global}:gpu:{uuid}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self._global}:workers"
 
     @property
     def gpu_free(self) -> str:
-        return f"{self._tag}:gpu-free"
+        return f"{self._global}:gpu-free"

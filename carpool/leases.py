@@ -14,7 +14,7 @@ from typing import cast
 import redis
 
 from carpool.catalogue import Catalogue
-from carpool.keys import Keys
+from carpool.keys import Keys, shard, shard_of_job
 from carpool.queue import WAKE_LIST_CAP, load_script, redis_errors
 
 #: Leases one reap call takes back at most; the rest wait for the next call, so one
@@ -22,6 +22,8 @@ from carpool.queue import WAKE_LIST_CAP, load_script, redis_errors
 REAP_BATCH = 500
 #: Ids kept on the dead list; older ones fall off (their records keep the reason).
 DEAD_LIST_CAP = 10_000
+#: Leases read at most when looking for a lost claim's jobs (all jobs running at once).
+LEASED_SCAN_LIMIT = 100_000
 #: Result TTL for a reaped job whose model this process does not know.
 FALLBACK_RESULT_TTL_S = 3600
 
@@ -41,6 +43,14 @@ class ReapReport:
         return self.requeued + self.failed
 
 
+def _by_shard(ids: Sequence[str]) -> dict[str, list[int]]:
+    """Positions of ``ids`` by their shard (a claim's jobs share one: its model's)."""
+    out: dict[str, list[int]] = {}
+    for i, job_id in enumerate(ids):
+        out.setdefault(shard_of_job(job_id), []).append(i)
+    return out
+
+
 class Leases:
     """Renew, reap and release leases; each is one Lua script call."""
 
@@ -50,43 +60,69 @@ class Leases:
         self._ttls: list[str | int] = []
         for spec in catalogue:
             self._ttls += [spec.name, spec.result_ttl_s]
+        #: The catalogue's shards, each reaped on its own.
+        self._shards = sorted({shard(spec.name) for spec in catalogue})
         self._renew = load_script(client, "renew")
         self._reap = load_script(client, "reap")
         self._release = load_script(client, "release")
 
     def renew(self, token: str, ids: Sequence[str], lease_ms: int) -> list[bool]:
         """Extend the lease of each id still held under ``token``; False where it was lost."""
-        if not ids:
-            return []
-        args: list[str | int] = [token, lease_ms, self.keys.job_prefix, *ids]
-        with redis_errors():
-            reply = self._renew(keys=[self.keys.leases], args=args)
-        return [bool(x) for x in reply[1:]]
+        held = [False] * len(ids)
+        for tag, positions in _by_shard(ids).items():
+            args: list[str | int] = [token, lease_ms, self.keys.job_prefix(tag),
+                                     *(ids[i] for i in positions)]
+            with redis_errors():
+                reply = self._renew(keys=[self.keys.leases(tag)], args=args)
+            for i, x in zip(positions, reply[1:], strict=True):
+                held[i] = bool(x)
+        return held
 
     def reap(self, max_attempts: int, limit: int = REAP_BATCH) -> ReapReport:
-        """Take back up to ``limit`` expired leases: requeue at the front, or fail."""
-        args: list[str | int] = [
-            limit, max_attempts, self.keys.job_prefix, self.keys.bin_prefix,
-            self.keys.wake_prefix, self.keys.done_channel, DEAD_LIST_CAP, WAKE_LIST_CAP,
-            FALLBACK_RESULT_TTL_S, *self._ttls,
-        ]
-        with redis_errors():
-            reply = self._reap(keys=[self.keys.leases, self.keys.dead], args=args)
-        now_ms, requeued, failed, dropped = (int(x) for x in reply)
-        return ReapReport(now_ms, requeued, failed, dropped)
+        """Take back up to ``limit`` expired leases per shard: requeue at the front, or fail."""
+        total = ReapReport(0, 0, 0, 0)
+        for tag in self._shards:  # one call per shard: a script touches one shard only
+            args: list[str | int] = [
+                limit, max_attempts, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
+                self.keys.wake_prefix(tag), self.keys.done_channel, DEAD_LIST_CAP,
+                WAKE_LIST_CAP, FALLBACK_RESULT_TTL_S, *self._ttls,
+            ]
+            with redis_errors():
+                reply = self._reap(keys=[self.keys.leases(tag), self.keys.dead(tag)], args=args)
+            now_ms, requeued, failed, dropped = (int(x) for x in reply)
+            total = ReapReport(max(total.now_ms, now_ms), total.requeued + requeued,
+                               total.failed + failed, total.dropped + dropped)
+        return total
 
     def release(self, token: str, ids: Sequence[str], *, refund_attempt: bool) -> list[bool]:
         """Hand the ids still held under ``token`` back to the front of their bin."""
-        if not ids:
-            return []
-        args: list[str | int] = [token, self.keys.job_prefix, self.keys.bin_prefix,
-                                 self.keys.wake_prefix, WAKE_LIST_CAP,
-                                 "1" if refund_attempt else "0", *ids]
+        back = [False] * len(ids)
+        for tag, positions in _by_shard(ids).items():
+            args: list[str | int] = [token, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
+                                     self.keys.wake_prefix(tag), WAKE_LIST_CAP,
+                                     "1" if refund_attempt else "0", *(ids[i] for i in positions)]
+            with redis_errors():
+                reply = self._release(keys=[self.keys.leases(tag)], args=args)
+            for i, x in zip(positions, reply, strict=True):
+                back[i] = bool(x)
+        return back
+
+    def leased_to(self, token: str, limit: int = LEASED_SCAN_LIMIT) -> list[str]:
+        """The ids leased under ``token``: a claim whose reply was lost. Reads every
+        lease (up to ``limit`` per shard), so it is for that rare case only."""
         with redis_errors():
-            reply = self._release(keys=[self.keys.leases], args=args)
-        return [bool(x) for x in reply]
+            ids = [job_id for tag in self._shards  # the claim's model is one of them
+                   for job_id in cast(list[str], self.client.zrange(self.keys.leases(tag), 0,
+                                                                    limit - 1))]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hget(self.keys.job(job_id), "lease")
+            holders = pipe.execute()
+        return [job_id for job_id, holder in zip(ids, holders, strict=True) if holder == token]
 
     def dead_letters(self, limit: int = 100) -> list[str]:
-        """The ids most recently failed by the reaper, newest first."""
+        """The ids most recently failed by the reaper, newest first (per model)."""
         with redis_errors():
-            return cast(list[str], self.client.lrange(self.keys.dead, 0, limit - 1))
+            return [job_id for tag in self._shards
+                    for job_id in cast(list[str], self.client.lrange(self.keys.dead(tag), 0,
+                                                                     limit - 1))][:limit]

@@ -1,31 +1,36 @@
-"""`carpool up`: Redis, gunicorn, N Celery workers and Flower, stopped cleanly on Ctrl-C."""
+"""`carpool up`: Redis, gunicorn, N Celery workers and Flower, supervised (a child that
+exits is restarted: carpool/supervisor.py) and stopped cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from carpool.redis_local import LocalRedis, answers, choose_redis
+from carpool.commands import python_argv
+from carpool.errors import ConfigError
+from carpool.redis_local import LocalRedis, answers, choose_redis, free_port
 from carpool.settings import DEFAULT_WORKER_METRICS_PORT
+from carpool.supervisor import Child, Supervisor
 
 #: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
 STOP_GRACE_S = 30.0
+#: The ports `carpool up` takes unless told otherwise (a taken one is replaced).
+DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
 
 
+# The shipped command lines (carpool/commands.toml), run by this interpreter.
 def web_command() -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf", "web:create_app()"]
+    return python_argv("web")
 
 
 def worker_command(index: int) -> list[str]:
-    # --pool solo: the batching loop owns the GPU; one process per GPU, and CUDA
-    # must never be forked into a child.
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-            "--pool", "solo", "-E", "-n", f"worker{index}@%h", "--loglevel", "INFO"]
+    return [*python_argv("worker", node=f"worker{index}@%h"), "--loglevel", "INFO"]
 
 
 #: Flower's task list: each batch's (model, bin, size) and its result beside its runtime.
@@ -33,8 +38,38 @@ FLOWER_TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,wor
 
 
 def flower_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
-            f"--port={port}", "--address=127.0.0.1", f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
+    return [*python_argv("flower", port=port), "--address=127.0.0.1",
+            f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
+
+
+def port_problem(port: int) -> str | None:
+    """Why 127.0.0.1:``port`` cannot be listened on now, or None if it can."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} is already in use by another process"
+            return f"port {port} cannot be listened on: {exc.strerror or exc}"
+    return None
+
+
+def pick_port(wanted: int | None, default: int, what: str, notes: list[str]) -> int:
+    """``wanted`` if given (an error names why it cannot be used); else ``default``,
+    or a free port when that one is taken (noted for the user)."""
+    if wanted == 0:
+        return free_port()  # 0: any free port, chosen here so the URLs printed are true
+    if wanted is not None:
+        problem = port_problem(wanted)
+        if problem:
+            raise ConfigError(f"{what}: {problem}; pick another with the option, or leave "
+                              "it out to let carpool up choose a free one")
+        return wanted
+    if port_problem(default) is None:
+        return default
+    port = free_port()
+    notes.append(f"{what}: port {default} is taken, using {port}")
+    return port
 
 
 @dataclass
@@ -42,24 +77,20 @@ class Stack:
     """The processes of one local stack."""
 
     log_dir: Path
-    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=Supervisor)
     redis: LocalRedis | None = None
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
-        # The child keeps its own copy of the descriptor; ours closes at once.
-        with open(self.log_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.children.append((name, proc))
-
-    def dead(self) -> list[str]:
-        return [name for name, p in self.children if p.poll() is not None]
+        self.supervisor.add(Child(name, cmd, env, self.log_dir / f"{name}.log"))
 
     def stop(self) -> None:
-        for _, proc in self.children:
+        self.supervisor.stop()
+        procs = [c.proc for c in self.supervisor.children if c.proc is not None]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        for _, proc in self.children:
+        for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -70,37 +101,47 @@ class Stack:
 
 @dataclass(frozen=True)
 class UpOptions:
-    port: int
+    port: int | None
     redis_url: str | None
     workers: int
     flower: bool
-    flower_port: int
+    flower_port: int | None
     models: str
     state_dir: Path
 
 
-def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str]]:
-    """Start everything; returns the stack and the URLs to print."""
+def _metrics_ports(env: dict[str, str], workers: int, notes: list[str]) -> list[int]:
+    """One metrics port per worker (9100, 9101, ...), a free one for a taken one; 0 off."""
+    base = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
+    if not base:
+        return [0] * workers
+    return [pick_port(None, base + i, f"worker{i} metrics", notes) for i in range(workers)]
+
+
+def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
+    """Start everything; returns the stack, the URLs to print and notes on ports."""
     opts.state_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    web_port = pick_port(opts.port, DEFAULT_WEB_PORT, "web (--port)", notes)
+    flower_port = (pick_port(opts.flower_port, DEFAULT_FLOWER_PORT, "Flower (--flower-port)",
+                             notes) if opts.flower else 0)
     url, local = choose_redis(opts.redis_url, opts.state_dir / "redis")
     stack = Stack(opts.state_dir, redis=local)
-    env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{opts.port}")
+    env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{web_port}")
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models
     stack.spawn("web", web_command(), env)
-    metrics_port = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
-    for i in range(opts.workers):
-        # One host, several workers: each its own metrics port (9100, 9101, ...; 0 stays off).
-        port = str(metrics_port + i if metrics_port else 0)
+    for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):
         # Loopback, like the web and Flower here: a laptop's metrics are its own.
         stack.spawn(f"worker{i}", worker_command(i), {
             "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
-            "CARPOOL_WORKER_METRICS_PORT": port})
-    urls = {"api": f"http://127.0.0.1:{opts.port}", "redis": url}
+            "CARPOOL_WORKER_METRICS_PORT": str(port)})
+    urls = {"api": f"http://127.0.0.1:{web_port}", "redis": url}
     if opts.flower:
-        stack.spawn("flower", flower_command(opts.flower_port), env)
-        urls["flower"] = f"http://127.0.0.1:{opts.flower_port}"
-    return stack, urls
+        stack.spawn("flower", flower_command(flower_port), env)
+        urls["flower"] = f"http://127.0.0.1:{flower_port}"
+    stack.supervisor.start()
+    return stack, urls, notes
 
 
 def redis_is_up(url: str) -> bool:

@@ -8,13 +8,16 @@ worker backs off, without either knowing redis-py's exception tree.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from carpool.catalogue import BinSpec, ModelSpec
@@ -27,7 +30,7 @@ from carpool.errors import (
     WaitTooLong,
 )
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
-from carpool.keys import Keys
+from carpool.keys import Keys, shard, shard_of_job
 from carpool.retry_after import (
     DRAIN_MIN_AGE_MS,
     DRAIN_STALE_MS,
@@ -40,12 +43,17 @@ from carpool.retry_after import (
     share_retry_after_s,
 )
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.wake import ShardWaiters
 
 #: Tokens kept in a wake list; more would only cause extra, harmless peeks.
 WAKE_LIST_CAP = 16
 #: One claim takes at most this many times max_n ids off a bin, expired ones
 #: included, so a backlog of expired jobs is cleared in bounded slices.
 CLAIM_SCAN_FACTOR = 4
+
+#: The job hash's fields that ``GET /result`` shows (carpool.jobs.view_from_hash).
+VIEW_FIELDS = ("status", "model", "result", "error", "timings", "batch", "t_admit", "t_claim",
+               "t_done", "owner")
 
 #: Error replies that mean "not now" (retry later), never "your request is wrong".
 _UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS",
@@ -86,9 +94,15 @@ _script = load_script
 
 
 def connect(
-    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None
+    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
+    cluster: bool = False,
 ) -> redis.Redis:
     """A client for ``url`` that returns str; the timeout bounds a hung Redis.
+
+    ``cluster``: ``url`` names any node of a Redis Cluster, and the client is redis-py's
+    ``RedisCluster``, which routes each command (and each script, by its first key) to
+    the shard that owns it. It offers every command carpool uses, so it is typed here
+    as the client it stands in for.
 
     redis-py's default pool fails a command ("Too many connections") once 100
     are in use. With ``max_connections``, a command that finds them all busy
@@ -101,12 +115,54 @@ def connect(
         "socket_connect_timeout": 2.0,
         "health_check_interval": 30,
     }
+    if cluster:
+        return cast(redis.Redis, RedisCluster.from_url(url, **options))
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=socket_timeout_s, **options
     )
     return redis.Redis.from_pool(pool)  # the client owns the pool: close() closes both
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """What every job of one submission shares (the web's options for it)."""
+
+    queued_ttl_s: int
+    deadline_ms: int = 0  # 0: the model's default deadline
+    priority: int = 0
+    owner: str = ""
+    owner_weight: float = 1.0  # the owner's fair-share weight (the keys file)
+
+
+def _outcomes(
+    model: ModelSpec, bin_spec: BinSpec, ids: Sequence[str], reply: Sequence[Any]
+) -> list[Admitted | BinFull]:
+    """Per id, from admit.lua's reply: the first ``admitted`` were queued, the rest are
+    refused for the reason the reply names (the first refused job's)."""
+    kind, admitted, depth = reply[0], int(reply[1]), int(reply[2])
+    out: list[Admitted | BinFull] = [Admitted(job_id, model.name, bin_spec.name, depth)
+                                     for job_id in ids[:admitted]]
+    if kind == "ok":
+        return out
+    if kind == "late":
+        ahead, rate, limit_ms = int(reply[3]), float(reply[4]), int(reply[5])
+        refused: BinFull = WaitTooLong(
+            model.name, bin_spec.name, ahead, ahead / rate * 1000.0 if rate > 0 else math.inf,
+            limit_ms, late_retry_after_s(ahead, rate, limit_ms))
+    elif kind == "share":
+        refused = OverShare(model.name, bin_spec.name, depth, share_retry_after_s(
+            float(reply[5]), drain_rate_per_s(float(reply[3]), int(reply[4]))))
+    else:
+        refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(
+            depth, drain_rate_per_s(float(reply[3]), int(reply[4]))))
+    return out + [refused] * (len(ids) - admitted)
+
+
+def ended_ids(message: str) -> list[str]:
+    """The job ids of one message on the done channel (one batch's, space-separated)."""
+    return message.split()
 
 
 class Queue:
@@ -120,20 +176,12 @@ class Queue:
         self._claim = _script(client, "claim")
         self._complete = _script(client, "complete")
         self._cancel = _script(client, "cancel")
+        self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
 
     def admit(
-        self,
-        model: ModelSpec,
-        bin_spec: BinSpec,
-        job_id: str,
-        input_json: str,
-        *,
-        queued_ttl_s: int,
-        deadline_ms: int = 0,
-        priority: int = 0,
-        idempotency_digest: str | None = None,
-        input_digest: str = "",
-        owner: str = "",
+        self, model: ModelSpec, bin_spec: BinSpec, job_id: str, input_json: str, *,
+        queued_ttl_s: int, deadline_ms: int = 0, priority: int = 0,
+        idempotency_digest: str | None = None, input_digest: str = "", owner: str = "",
         owner_weight: float = 1.0,
     ) -> Admitted:
         """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
@@ -145,40 +193,82 @@ class Queue:
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
         """
-        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
-        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.job(job_id),
-                self.keys.wake(model.name), idem_key, self.keys.stats(model.name, bin_spec.name),
-                self.keys.tenants(model.name, bin_spec.name)]
-        deadline_ms = effective_deadline_ms(model, deadline_ms)
-        args: list[str | int] = [job_id, model.name, bin_spec.name, input_json, bin_spec.max_depth,
-                bin_spec.max_batch, queued_ttl_s, deadline_ms, priority,
-                "1" if idempotency_digest else "0", input_digest, owner, WAKE_LIST_CAP,
-                sort_offset_ms(model, deadline_ms, priority), DRAIN_TAU_MS,
-                model.max_queue_ms_of(bin_spec), DRAIN_MIN_AGE_MS, DRAIN_STALE_MS,
-                f"{owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
-                fair_lead_cap_ms(model.max_queue_ms_of(bin_spec))]
+        request = AdmitRequest(queued_ttl_s, deadline_ms, priority, owner, owner_weight)
+        call = self._admit_call(model, bin_spec, [(job_id, input_json)], request,
+                                idempotency_digest, input_digest)
         with redis_errors():
-            reply = self._admit(keys=keys, args=args)
+            reply = self._admit(keys=call[0], args=call[1])
         kind = reply[0]
-        if kind == "ok":
-            return Admitted(job_id, model.name, bin_spec.name, int(reply[2]))
         if kind == "dup":
             return Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)
         if kind == "conflict":
             raise IdempotencyConflict(
                 f"idempotency key was first used for job {reply[1]} with a different input"
             )
-        depth = int(reply[1])
-        if kind == "late":
-            rate, limit_ms = float(reply[2]), int(reply[3])
-            raise WaitTooLong(model.name, bin_spec.name, depth,
-                              depth / rate * 1000.0 if rate > 0 else float("inf"), limit_ms,
-                              late_retry_after_s(depth, rate, limit_ms))
-        rate = drain_rate_per_s(float(reply[2]), int(reply[3]))
-        if kind == "share":
-            raise OverShare(model.name, bin_spec.name, depth,
-                            share_retry_after_s(float(reply[4]), rate))
-        raise BinFull(model.name, bin_spec.name, depth, retry_after_s(depth, rate))
+        outcome = _outcomes(model, bin_spec, [job_id], reply)[0]
+        if isinstance(outcome, BinFull):
+            raise outcome
+        return outcome
+
+    def admit_many(
+        self, model: ModelSpec, jobs: Sequence[tuple[BinSpec, str, str]], request: AdmitRequest
+    ) -> list[Admitted | BinFull | BackendUnavailable]:
+        """Queue many jobs of one model, ``(bin, id, input JSON)`` each.
+
+        One admit.lua call per bin admits that bin's jobs, in order, up to its bound:
+        one round trip for a batch of one bin. Each job's place in the answer holds
+        its ``Admitted``, its ``BinFull`` (or ``WaitTooLong``, ``OverShare``), or, when
+        Redis was lost after an earlier bin's call went through, ``BackendUnavailable``.
+        Raises ``BackendUnavailable`` when nothing was queued (the whole request is then
+        safe to retry).
+        """
+        by_bin: dict[str, list[int]] = {}
+        for i, (bin_spec, _, _) in enumerate(jobs):
+            by_bin.setdefault(bin_spec.name, []).append(i)
+        out: list[Admitted | BinFull | BackendUnavailable | None] = [None] * len(jobs)
+        for positions in by_bin.values():
+            bin_spec = jobs[positions[0]][0]
+            ids = [jobs[i][1] for i in positions]
+            keys, args = self._admit_call(model, bin_spec, [(jobs[i][1], jobs[i][2])
+                                                            for i in positions], request)
+            try:
+                with redis_errors():
+                    reply = self._admit(keys=keys, args=args)
+            except BackendUnavailable as exc:
+                if all(o is None for o in out):
+                    raise
+                out = [exc if o is None else o for o in out]
+                break
+            for i, outcome in zip(positions, _outcomes(model, bin_spec, ids, reply),
+                                  strict=True):
+                out[i] = outcome
+        return [o for o in out if o is not None]
+
+    def _admit_call(
+        self, model: ModelSpec, bin_spec: BinSpec, jobs: Sequence[tuple[str, str]],
+        request: AdmitRequest, idempotency_digest: str | None = None, input_digest: str = "",
+    ) -> tuple[list[str], list[str | int]]:
+        """admit.lua's KEYS and ARGV for ``jobs`` (id, input JSON) of one bin."""
+        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
+        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
+                idem_key, self.keys.stats(model.name, bin_spec.name),
+                self.keys.tenants(model.name, bin_spec.name)]
+        deadline_ms = effective_deadline_ms(model, request.deadline_ms)
+        tag = shard(model.name)
+        args: list[str | int] = [
+            self.keys.job_prefix(tag), model.name, bin_spec.name, bin_spec.max_depth,
+            bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
+            WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
+            sort_offset_ms(model, deadline_ms, request.priority), request.owner,
+            input_digest if idempotency_digest else "", model.max_queue_ms_of(bin_spec),
+            DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
+            fair_lead_cap_ms(model.max_queue_ms_of(bin_spec))]
+        for job_id, input_json in jobs:
+            if shard_of_job(job_id) != tag:  # its record would land on another shard
+                raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "
+                                 "make it with carpool.jobs.new_job_id(model)")
+            args += [job_id, input_json]
+        return keys, args
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
@@ -188,25 +278,32 @@ class Queue:
         ``scan`` is each bin's max_batch as the worker holds it now (default 1: the head).
         """
         scan = [1] * len(bins) if scan is None else scan
-        keys = ([self.keys.bin(m, b) for m, b in bins]
-                + [self.keys.stats(m, b) for m, b in bins])
-        with redis_errors():
-            reply = self._peek(keys=keys, args=[self.keys.job_prefix, *scan])
-        now_ms = int(reply[0])
-        states = []
-        for i, (model, bin_name) in enumerate(bins):
-            depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * i: 5 + 4 * i])
-            states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
-                                   earliest if earliest > 0 else None, admitted))
-        return now_ms, states
+        by_model: dict[str, list[int]] = {}
+        for i, (model, _) in enumerate(bins):
+            by_model.setdefault(model, []).append(i)
+        now_ms = 0
+        states: list[BinState | None] = [None] * len(bins)
+        for model, positions in by_model.items():  # a script touches one shard's keys only
+            keys = ([self.keys.bin(model, bins[i][1]) for i in positions]
+                    + [self.keys.stats(model, bins[i][1]) for i in positions])
+            with redis_errors():
+                reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)),
+                                                    *(scan[i] for i in positions)])
+            now_ms = max(now_ms, int(reply[0]))
+            for k, i in enumerate(positions):
+                depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * k: 5 + 4 * k])
+                states[i] = BinState(model, bins[i][1], depth, oldest if oldest >= 0 else None,
+                                     earliest if earliest > 0 else None, admitted)
+        return now_ms, [st for st in states if st is not None]
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
         worker: str,
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
-        keys = [self.keys.bin(model.name, bin_name), self.keys.leases]
-        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix, worker,
+        tag = shard(model.name)
+        keys = [self.keys.bin(model.name, bin_name), self.keys.leases(tag)]
+        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                 self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
@@ -220,7 +317,8 @@ class Queue:
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
     ) -> list[bool]:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
-        args: list[Any] = [claim.token, self.keys.job_prefix, self.keys.done_channel,
+        tag = shard(model.name)
+        args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                            model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS]
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
@@ -229,7 +327,7 @@ class Queue:
                 args += [o.id, "failed", o.error, timings]
             else:
                 args += [o.id, "done", json.dumps(o.result), timings]
-        keys = [self.keys.leases, self.keys.stats(model.name, claim.bin)]
+        keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin)]
         with redis_errors():
             reply = self._complete(keys=keys, args=args)
         return [bool(x) for x in reply]
@@ -239,16 +337,33 @@ class Queue:
         with redis_errors():
             reply = str(self._cancel(
                 keys=[self.keys.job(job_id)],
-                args=[job_id, self.keys.bin_prefix, self.keys.done_channel, result_ttl_s],
+                args=[job_id, self.keys.bin_prefix(shard_of_job(job_id)),
+                      self.keys.done_channel, result_ttl_s],
             ))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
         return reply
 
     def get(self, job_id: str) -> JobView | None:
+        """The job as a client sees it; None when it does not exist (or expired)."""
+        return self.get_many([job_id])[0]
+
+    def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
+        """Several jobs in one round trip; reads only the fields a view shows (never
+        the input, which may be large)."""
         with redis_errors():
-            h = cast(dict[str, str], self.client.hgetall(self.keys.job(job_id)))
-        return view_from_hash(job_id, h) if h else None
+            if len(job_ids) == 1:
+                rows = [self.client.hmget(self.keys.job(job_ids[0]), VIEW_FIELDS)]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for job_id in job_ids:
+                    pipe.hmget(self.keys.job(job_id), VIEW_FIELDS)
+                rows = pipe.execute()
+        views: list[JobView | None] = []
+        for job_id, row in zip(job_ids, rows, strict=True):
+            h = {k: str(v) for k, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
+            views.append(view_from_hash(job_id, h) if "status" in h else None)
+        return views
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         with redis_errors():
@@ -258,9 +373,20 @@ class Queue:
             return [int(x) for x in pipe.execute()]
 
     def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:
-        """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes."""
+        """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes.
+
+        One BLPOP names every wake list, except on a cluster, where a command may not
+        span slots: there each model's list has a thread of its own (carpool.wake).
+        """
+        wake_keys = [self.keys.wake(m) for m in models]
+        if isinstance(self.client, RedisCluster) and len(wake_keys) > 1:
+            if self._waiters is None or self._waiters.wake_keys != tuple(wake_keys):
+                if self._waiters is not None:
+                    self._waiters.close()
+                self._waiters = ShardWaiters(self.client, wake_keys)
+            return self._waiters.wait(timeout_s)
         with redis_errors():
-            got = self.client.blpop([self.keys.wake(m) for m in models], timeout=timeout_s)
+            got = self.client.blpop(wake_keys, timeout=timeout_s)
         return got is not None
 
     def ping(self) -> None:

@@ -58,6 +58,8 @@ class Settings:
 
     redis_url: str
     key_prefix: str
+    #: CARPOOL_REDIS_CLUSTER=1: ``redis_url`` names any node of a Redis Cluster.
+    redis_cluster: bool
     catalogue: Catalogue
     #: How long a claimed batch stays leased to one worker before others may retry it.
     lease_ms: int
@@ -270,6 +272,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(
         redis_url=_redis_url(env),
         key_prefix=env.get("CARPOOL_KEY_PREFIX", "carpool"),
+        redis_cluster=_flag(env, "CARPOOL_REDIS_CLUSTER"),
         catalogue=catalogue,
         lease_ms=_int(env, "CARPOOL_LEASE_MS", 30_000, minimum=100),
         max_attempts=_int(env, "CARPOOL_MAX_ATTEMPTS", 3, minimum=1),

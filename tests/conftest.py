@@ -47,7 +47,8 @@ def client(redis_url: str, key_prefix: str) -> Iterator[redis.Redis]:
     except redis.ConnectionError:
         pytest.fail(f"no Redis at {redis_url}: start one (see .ci/run)")
     yield c
-    keys = list(c.scan_iter(match="{" + key_prefix + "}*", count=1000))
+    keys = [k for pattern in Keys(key_prefix).patterns
+                for k in c.scan_iter(match=pattern, count=1000)]
     if keys:
         c.delete(*keys)
     c.close()

@@ -27,7 +27,7 @@ from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec
 from carpool.jobs import JobStatus, new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue
+from carpool.queue import Queue, ended_ids
 from tests.procs import REPO_ROOT, worker_command
 
 #: How long a test waits for a process to exit once it was told to (or killed).
@@ -64,7 +64,7 @@ class DoneCounter:
                 return  # the Redis under test went away; counts so far stand
             if msg is not None and msg["type"] == "message":
                 with self._lock:
-                    self.counts[str(msg["data"])] += 1
+                    self.counts.update(ended_ids(str(msg["data"])))
 
     def snapshot(self) -> Counter[str]:
         with self._lock:
@@ -80,7 +80,8 @@ def admit_jobs(queue: Queue, spec: ModelSpec, values: Iterable[Any], size: int =
                ttl_s: int = 600) -> list[str]:
     """Admit one synthetic job per value straight into Redis (no web), in order."""
     bin_spec = spec.bin_for(size)
-    return [queue.admit(spec, bin_spec, new_job_id(), json.dumps({"value": v, "size": size}),
+    return [queue.admit(spec, bin_spec, new_job_id(spec.name),
+                        json.dumps({"value": v, "size": size}),
                         queued_ttl_s=ttl_s).id for v in values]
 
 
@@ -96,8 +97,9 @@ def all_final(queue: Queue, ids: Iterable[str]) -> bool:
     return all(s is not None and s.is_final for s in statuses(queue, ids).values())
 
 
-def assert_one_place(client: redis.Redis, keys: Keys, admitted: Iterable[str]) -> None:
-    found = violations(snapshot(client, keys), admitted)
+def assert_one_place(client: redis.Redis, keys: Keys, admitted: Iterable[str],
+                     models: Iterable[str] = ("synthetic",)) -> None:
+    found = violations(snapshot(client, keys, models), admitted)
     assert found == [], found
 
 

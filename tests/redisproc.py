@@ -130,3 +130,58 @@ def private_redis(*args: str, binary: str | None = None,
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
 
+
+
+#: Masters of the test cluster: the fewest for which "models spread over masters" means
+#: something, and what `redis-cli --cluster create` accepts without replicas.
+CLUSTER_MASTERS = 3
+
+
+#: A cluster node also listens on its port + 10000 (the cluster bus).
+MAX_CLUSTER_PORT = 65535 - 10000
+
+
+def _cluster_port() -> int:
+    while True:
+        port = free_port()
+        if port <= MAX_CLUSTER_PORT:
+            return port
+
+
+def _cluster_ok(node: RedisProc) -> bool:
+    with node.client() as c:
+        info = c.execute_command("CLUSTER", "INFO")
+    text = info if isinstance(info, str) else str(info)
+    return "cluster_state:ok" in text
+
+
+@contextmanager
+def private_cluster(masters: int = CLUSTER_MASTERS) -> Iterator[list[RedisProc]]:
+    """A Redis Cluster of ``masters`` redis-servers on loopback, slots spread over all."""
+    nodes = [RedisProc(newest_redis(), ["--cluster-enabled", "yes", "--cluster-config-file",
+                                        "nodes.conf", "--appendonly", "no"], None)
+             for _ in range(masters)]
+    for node in nodes:
+        node.port = _cluster_port()
+    try:
+        for node in nodes:
+            node.start()
+        subprocess.run(["redis-cli", "--cluster", "create",
+                        *(f"127.0.0.1:{n.port}" for n in nodes),
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        wait_until(lambda: all(_cluster_ok(n) for n in nodes), START_TIMEOUT_S,
+                   "the cluster to reach cluster_state:ok")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+            shutil.rmtree(node.dir, ignore_errors=True)
+
+
+def close_cluster_client(client: redis.Redis) -> None:
+    """Close a RedisCluster client and its per-node pools (its close() leaves them open)."""
+    for node in client.get_nodes():  # type: ignore[attr-defined]
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+    client.close()

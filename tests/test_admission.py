@@ -34,7 +34,7 @@ def spec_with(max_queue_ms: int, max_depth: int = 1000, max_batch: int = 2) -> M
 
 def admit(q: Queue, spec: ModelSpec, **kw: object) -> str:
     body = json.dumps({"value": 0, "size": 1})
-    return q.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+    return q.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                    **kw).id  # type: ignore[arg-type]
 
 

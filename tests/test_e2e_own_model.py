@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from carpool.keys import Keys
 from carpool.queue import connect
 from tests.conftest import REDIS_URL, make_env
 from tests.procs import REPO_ROOT, start_web, start_worker
@@ -58,7 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             yield base_url
     finally:
         client = connect(REDIS_URL)
-        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             client.delete(*keys)
         client.close()

@@ -115,7 +115,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with start_web(env) as url, start_worker(env, node), requests.Session() as http:
             yield Stack(url, node, tmp / "calls.jsonl", celery, client, Keys(prefix), http)
     finally:
-        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             client.delete(*keys)
         client.close()

@@ -24,7 +24,8 @@ def test_sigterm_lets_the_batch_in_hand_finish(
     env = make_env(redis_url, key_prefix, CARPOOL_SYNTHETIC_COST_MS=f"{SLOW_BATCH_MS},0")
     spec = settings.catalogue.get("synthetic")
     with start_worker(env) as proc:
-        ids = [queue.admit(spec, spec.bins[0], new_job_id(), json.dumps({"value": i, "size": 1}),
+        ids = [queue.admit(spec, spec.bins[0], new_job_id(spec.name),
+                        json.dumps({"value": i, "size": 1}),
                            queued_ttl_s=60).id for i in range(3)]
 
         def running() -> bool:

@@ -98,7 +98,7 @@ def test_a_full_bin_answers_429_with_retry_after(stack: str) -> None:
 
 def test_unknown_id_is_404_and_invalid_input_is_400(stack: str) -> None:
     with requests.Session() as s:
-        assert s.get(f"{stack}/result/{'A' * 22}", timeout=10).status_code == 404
+        assert s.get(f"{stack}/result/{'A' * 26}", timeout=10).status_code == 404
         r = submit(s, stack, {"value": 1, "size": "big"})
         assert r.status_code == 400
         assert "size" in json.dumps(r.json())

@@ -70,7 +70,7 @@ class TinyHandler:
 
 
 def admit(queue: Queue, xs: Sequence[Any]) -> list[str]:
-    return [queue.admit(SPEC, BIN, new_job_id(), json.dumps({"x": x}), queued_ttl_s=60).id
+    return [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
             for x in xs]
 
 

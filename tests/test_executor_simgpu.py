@@ -172,7 +172,7 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
 
     loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
                      listeners=[listener], executor=ex)
-    ids = [queue.admit(SPEC, BIN, new_job_id(), json.dumps({"x": x}), queued_ttl_s=60).id
+    ids = [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
            for x in range(8)]
     for _ in range(100):  # bounded: each step claims, completes or waits <= 1 s
         if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):

@@ -16,6 +16,7 @@ from carpool.errors import OverShare, WaitTooLong
 from carpool.queue import Queue
 from carpool.urgency import sort_offset_ms
 from tests.test_admission import admit, drain, fill_until_refused, spec_with
+from tests.test_admission_batch import admit_many, split
 
 ALICE, BOB = "a" * 64, "b" * 64
 #: Alice's backlog: ~1.5 s of her virtual clock at ~10 jobs/s.
@@ -132,3 +133,57 @@ def test_a_clock_behind_now_restarts_at_now_and_its_lead_is_capped(queue: Queue)
     ahead = admit(queue, spec, owner=ALICE, deadline_ms=60_000, priority=9)
     # Capped at 2 × max_queue_ms (FAIR_LEAD_QUEUE_FACTOR), not the hour it led by.
     assert 2000 <= shift_ms(queue, ahead, sort_offset_ms(spec, 60_000, 9)) < 2001
+
+
+def test_a_batch_moves_its_owners_clock_job_by_job_and_stores_it_once(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    admitted, refused = split(admit_many(queue, spec, BACKLOG, owner=ALICE))
+    assert admitted == BACKLOG and not refused
+    batch = ranks(queue, spec.name)
+    quiet = admit(queue, spec, owner=BOB)
+    order = ranks(queue, spec.name)
+    # As for single jobs: Bob's job goes before Alice's batch but its first few.
+    assert order.index(quiet) <= 4, order.index(quiet)
+    assert [j for j in order if j != quiet] == batch
+    # Past the first batch (max_batch 2) each job of the call sorts one job's time at
+    # her fair rate (~100 ms) behind the one before ...
+    shifts = [shift_ms(queue, j, spec.max_deadline_ms) for j in batch]
+    steps = [b - a for a, b in zip(shifts[2:-1], shifts[3:], strict=True)]
+    assert min(steps) > 50, steps
+    # ... and her clock, written once, stands one more step past the call's last job.
+    last = queue.client.hgetall(queue.keys.job(batch[-1]))
+    entry = queue.client.hget(queue.keys.tenants(spec.name, "small"), ALICE)
+    clock_ms = float(entry.split()[3]) / 1000  # type: ignore[union-attr]
+    assert abs(clock_ms - int(last["t_admit"]) - shifts[-1] - steps[-1]) < 0.1
+
+
+def test_in_a_batch_each_job_counts_the_jobs_ahead_of_its_own_place(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drain(queue, spec)
+    flood, exc = fill_until_refused(queue, spec, owner=ALICE)
+    assert isinstance(exc, WaitTooLong)
+    # Every one of Alice's jobs sorts ahead of a job at Bob's plain urgency, so without
+    # fair queueing his first job would be refused: his clock is at now, so only the
+    # few of hers whose turn has come are ahead of it.
+    admitted, refused = split(admit_many(queue, spec, 20, owner=BOB))
+    assert admitted >= 2, (admitted, flood)
+    first = refused[0]
+    assert isinstance(first, WaitTooLong)
+    # Bob's later jobs sort later by his clock: ahead of the first one refused are the
+    # call's own earlier jobs and at least the jobs of Alice ahead of his last admitted.
+    order = ranks(queue, spec.name)
+    bobs = [j for j in order if queue.client.hget(queue.keys.job(j), "owner") == BOB]
+    assert len(bobs) == admitted
+    alice_ahead = order.index(bobs[-1]) - (admitted - 1)
+    assert first.depth >= admitted + alice_ahead, (first.depth, admitted, alice_ahead)
+
+
+def test_an_owner_idle_for_long_is_dropped_from_the_tenants_hash(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec)
+    tenants = queue.keys.tenants(spec.name, "small")
+    queue.client.hset(tenants, BOB, "0.001 1000 1 5")  # decayed away, clock long past
+    for _ in range(3):  # past the first batch: the whole hash is read
+        admit(queue, spec, owner=ALICE)
+    assert queue.client.hkeys(tenants) == [ALICE]

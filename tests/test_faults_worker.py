@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.jobs import JobStatus
-from carpool.keys import Keys
+from carpool.jobs import JobStatus, new_job_id
+from carpool.keys import Keys, shard
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.synthetic import expected_result
@@ -205,7 +205,7 @@ def test_sigterm_past_the_grace_period_hands_the_batch_back_and_nothing_is_stuck
         exit_s = clock.s()
     assert set(statuses(fq, ids).values()) == {JobStatus.QUEUED}
     assert fq.client.zrange(fq.keys.bin("synthetic", "small"), 0, -1) == ids  # front, in order
-    assert fq.client.zcard(fq.keys.leases) == 0
+    assert fq.client.zcard(fq.keys.leases(shard("synthetic"))) == 0
     assert_one_place(fq.client, fq.keys, ids)
     with start_worker(env_for(server, key_prefix, FAST), "w2@fault"):
         wait_until(lambda: all_final(fq, ids), 30, "w2 to run the handed-back jobs")
@@ -237,8 +237,8 @@ def test_garbage_written_straight_into_redis_fails_alone_and_the_worker_lives(
     bin_spec = spec.bin_for(1)
     bad_inputs = ["not json", "[1, 2]", json.dumps({"size": "big"}), "{" * 10_000,
                   json.dumps({"value": 1})]
-    bad = [fq.admit(spec, bin_spec, f"{'B' * 20}{i:02d}", text, queued_ttl_s=600).id
-           for i, text in enumerate(bad_inputs)]
+    bad = [fq.admit(spec, bin_spec, new_job_id(spec.name), text, queued_ttl_s=600).id
+           for text in bad_inputs]
     with start_worker(env_for(server, key_prefix, FAST), "w1@garbage") as w1:
         wait_until(lambda: all_final(fq, good + bad), 30, "every job to end")
         assert w1.poll() is None

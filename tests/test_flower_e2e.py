@@ -71,7 +71,8 @@ def test_a_batch_shows_as_a_task_and_the_worker_shows_its_gpu_models_and_limits(
             return True
         last = queue.get(sent[-1]) if sent else None
         if last is None or last.status.is_final:
-            sent.append(queue.admit(spec, spec.bins[0], new_job_id(), '{"value": 1, "size": 1}',
+            sent.append(queue.admit(spec, spec.bins[0], new_job_id(spec.name),
+                                    '{"value": 1, "size": 1}',
                                     queued_ttl_s=60).id)
         return False
 

@@ -6,6 +6,7 @@ import pytest
 
 from carpool.catalogue import load_catalogue
 from carpool.jobs import Claim, JobStatus
+from carpool.keys import shard_of_job
 from carpool.leases import Leases
 from carpool.queue import Queue
 from carpool.settings import Settings, load_settings
@@ -39,7 +40,7 @@ def worker_settings(redis_url: str, key_prefix: str) -> Settings:
 
 
 def lease_deadline(queue: Queue, job: str) -> float | None:
-    return queue.client.zscore(queue.keys.leases, job)
+    return queue.client.zscore(queue.keys.leases(shard_of_job(job)), job)
 
 
 def report_for(claim: Claim) -> BatchReport:

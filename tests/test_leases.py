@@ -13,7 +13,7 @@ import pytest
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.jobs import JobStatus, Outcome
-from carpool.keys import Keys
+from carpool.keys import Keys, shard
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from tests.test_queue_scripts import admit, synthetic
@@ -37,7 +37,7 @@ def bin_ids(queue: Queue) -> list[str]:
 
 
 def assert_one_place(queue: Queue, admitted: list[str]) -> None:
-    assert violations(snapshot(queue.client, queue.keys), admitted) == []
+    assert violations(snapshot(queue.client, queue.keys, ["synthetic"]), admitted) == []
 
 
 def test_an_expired_lease_goes_back_to_its_place_at_the_front_of_its_bin(
@@ -141,7 +141,7 @@ def test_renewal_under_another_token_or_after_a_reap_is_refused(
     assert leases.renew("not-mine", [job], 60_000) == [False]
     leases.reap(MAX_ATTEMPTS)
     assert leases.renew("mine", [job], 60_000) == [False]
-    assert job not in queue.client.zrange(queue.keys.leases, 0, -1)
+    assert job not in queue.client.zrange(queue.keys.leases(shard("synthetic")), 0, -1)
 
 
 def test_a_zombie_cannot_complete_a_job_reclaimed_by_another_worker(
@@ -209,7 +209,7 @@ def test_audit_flags_a_job_in_two_places_and_a_lost_one(queue: Queue) -> None:
     spec = synthetic()
     job = admit(queue, spec)
     queue.client.zadd(queue.keys.bin("synthetic", "large"), {job: 0})  # a duplicate, by hand
-    found = violations(snapshot(queue.client, queue.keys), [job, "A" * 22])
+    found = violations(snapshot(queue.client, queue.keys, ["synthetic"]), [job, "A" * 26])
     assert any("queued, in 2 bin slots" in v for v in found)
     assert any("lost" in v for v in found)
 
@@ -220,9 +220,9 @@ def test_audit_ignores_other_prefixes(queue: Queue, keys: Keys) -> None:
     other = Queue(queue.client, Keys(keys.prefix + "-other"))
     try:
         admit(other, spec)
-        assert list(snapshot(queue.client, keys).status) == [job]
+        assert list(snapshot(queue.client, keys, ["synthetic"]).status) == [job]
     finally:
-        queue.client.delete(*queue.client.keys(other.keys.job_pattern),
+        queue.client.delete(*queue.client.keys(other.keys.job_pattern(shard("synthetic"))),
                             other.keys.bin("synthetic", "small"),
                             other.keys.wake("synthetic"))
 

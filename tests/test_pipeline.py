@@ -31,7 +31,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
 
     small = SPEC.bin_named("small")
     inputs = [{"value": i, "size": 1} for i in range(70)]
-    ids = [queue.admit(SPEC, small, new_job_id(), json.dumps(x), queued_ttl_s=60).id
+    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps(x), queued_ttl_s=60).id
            for x in inputs]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
@@ -53,7 +53,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
 def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
         settings: Settings, queue: Queue) -> None:
     small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(), json.dumps({"value": i, "size": 1}),
+    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
                        queued_ttl_s=60).id for i in range(70)]
     queue.client.hset(queue.keys.job(ids[32]), "attempts", 1)  # lost once: batch 2 is a retry
     unfinished_at_submit: list[int] = []
@@ -91,7 +91,7 @@ def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahe
             reports.append(report)
 
     small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(), json.dumps({"value": i, "size": 1}),
+    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
                        queued_ttl_s=60).id for i in range(64)]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},

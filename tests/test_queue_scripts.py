@@ -11,7 +11,7 @@ import pytest
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.queue import Queue, connect
+from carpool.queue import AdmitRequest, Queue, connect, ended_ids
 
 TTL_S = 60
 
@@ -25,7 +25,7 @@ def synthetic(max_depth: int = 5000, max_batch: int = 32) -> ModelSpec:
 
 def admit(q: Queue, spec: ModelSpec, size: int = 1, value: object = 0, **kw: object) -> str:
     body = json.dumps({"value": value, "size": size})
-    return q.admit(spec, spec.bin_for(size), new_job_id(), body, queued_ttl_s=TTL_S,
+    return q.admit(spec, spec.bin_for(size), new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                    **kw).id  # type: ignore[arg-type]
 
 
@@ -123,16 +123,17 @@ def test_failed_outcome_records_the_error_and_the_rest_complete(queue: Queue) ->
     assert vb is not None and vb.status is JobStatus.DONE and vb.result == {"ok": 1}
 
 
-def test_completion_publishes_each_id_on_the_done_channel(queue: Queue) -> None:
+def test_completion_publishes_the_batch_ids_on_the_done_channel_once(queue: Queue) -> None:
     spec = synthetic()
-    job = admit(queue, spec)
+    jobs = [admit(queue, spec), admit(queue, spec)]
     pubsub = queue.client.pubsub()
     pubsub.subscribe(queue.keys.done_channel)
     assert pubsub.get_message(timeout=2)["type"] == "subscribe"  # type: ignore[index]
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
-    queue.complete(spec, claim, [Outcome(job, result=1)], {"size": 1})
+    queue.complete(spec, claim, [Outcome(j, result=1) for j in jobs], {"size": 2})
     msg = pubsub.get_message(timeout=2)
-    assert msg is not None and msg["data"] == job
+    assert msg is not None and ended_ids(msg["data"]) == jobs
+    assert pubsub.get_message(timeout=0.2) is None  # one message for the whole batch
     pubsub.close()
 
 
@@ -169,14 +170,14 @@ def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
 def test_same_idempotency_key_returns_the_first_job(queue: Queue) -> None:
     spec = synthetic()
     body = json.dumps({"value": 1, "size": 1})
-    first = queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+    first = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                         idempotency_digest="k1", input_digest="d1")
-    again = queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+    again = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                         idempotency_digest="k1", input_digest="d1")
     assert again.id == first.id and again.duplicate
     assert queue.depths([("synthetic", "small")]) == [1]
     with pytest.raises(IdempotencyConflict):
-        queue.admit(spec, spec.bins[0], new_job_id(), body, queued_ttl_s=TTL_S,
+        queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
                     idempotency_digest="k1", input_digest="other")
 
 
@@ -302,3 +303,37 @@ def test_completions_keep_a_drain_rate_and_retry_after_grows_with_depth(queue: Q
                 break
     # 30 jobs drained, read as a rate over at least a second: about 31.5 jobs/s.
     assert answers == [pytest.approx(60 / 31.5, rel=0.05), pytest.approx(240 / 31.5, rel=0.05)]
+
+
+def test_a_batch_admitted_in_one_call_keeps_its_order_and_wakes_once(queue: Queue) -> None:
+    spec = synthetic(max_batch=4)
+    small = spec.bins[0]
+    wake = queue.keys.wake("synthetic")
+    ids = [new_job_id(spec.name) for _ in range(6)]
+    out = queue.admit_many(spec, [(small, i, json.dumps({"value": n, "size": 1}))
+                                  for n, i in enumerate(ids)], AdmitRequest(TTL_S))
+    assert [o.id for o in out if not isinstance(o, Exception)] == ids
+    assert queue.client.llen(wake) == 1  # first jobs and a full batch: one wake-up, not six
+    claim = queue.claim(spec, "small", 6, lease_ms=5000, token="t", worker="w")
+    assert [j.id for j in claim.jobs] == ids  # the batch's order, not the ids' order
+    assert [json.loads(j.input_json)["value"] for j in claim.jobs] == list(range(6))
+
+
+def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
+        queue: Queue) -> None:
+    spec = synthetic(max_depth=3)
+    admit(queue, spec)
+    ids = [new_job_id(spec.name) for _ in range(4)]
+    out = queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
+    assert [type(o).__name__ for o in out] == ["Admitted", "Admitted", "BinFull", "BinFull"]
+    assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 3
+    assert queue.client.exists(queue.keys.job(ids[2])) == 0  # a refused job leaves nothing
+
+
+def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue) -> None:
+    spec = synthetic()
+    foreign = new_job_id("another-model")
+    with pytest.raises(ValueError, match="make it with carpool.jobs.new_job_id"):
+        queue.admit(spec, spec.bins[0], foreign, "{}", queued_ttl_s=TTL_S)
+    assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
+

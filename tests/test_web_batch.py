@@ -10,8 +10,6 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool.errors import BackendUnavailable
-from carpool.jobs import Admitted
 from carpool.keys import Keys
 from tests.procs import free_port
 from tests.webtools import app_state, web_client, web_settings
@@ -94,18 +92,20 @@ def test_batch_with_redis_unreachable_answers_503(
 def test_batch_that_loses_redis_midway_keeps_the_queued_and_marks_the_rest_503(
     http: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A batch over two bins is one admit.lua call per bin: Redis is lost between them."""
     queue = app_state(http).queue
-    real_admit = queue.admit
+    real_admit = queue._admit
     calls: list[int] = []
 
-    def admit_then_lose_redis(*args: Any, **kwargs: Any) -> Admitted:
+    def admit_then_lose_redis(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) > 1:
-            raise BackendUnavailable("Redis is unreachable: (simulated)")
+            raise redis.ConnectionError("simulated")
         return real_admit(*args, **kwargs)
 
-    monkeypatch.setattr(queue, "admit", admit_then_lose_redis)
-    resp = http.post(BATCH, json={"model": "synthetic", "inputs": [item(1)] * 4})
+    monkeypatch.setattr(queue, "_admit", admit_then_lose_redis)
+    inputs = [item(1), item(200), item(1), item(300)]  # small, medium, small, medium
+    resp = http.post(BATCH, json={"model": "synthetic", "inputs": inputs})
     assert resp.status_code == 202
-    assert [j["status"] for j in resp.get_json()["jobs"]] == ["queued", 503, 503, 503]
+    assert [j["status"] for j in resp.get_json()["jobs"]] == ["queued", 503, "queued", 503]
     assert len(calls) == 2  # no further round trip once Redis is known to be gone

@@ -86,7 +86,7 @@ def test_thousand_long_polls_wait_while_new_submits_are_answered(
     env = make_env(redis_url, key_prefix)
     spec = load_settings(env).catalogue.get("synthetic")
     small = spec.bins[0]
-    job_ids = [queue.admit(spec, small, new_job_id(), '{"size":1,"value":0}',
+    job_ids = [queue.admit(spec, small, new_job_id(spec.name), '{"size":1,"value":0}',
                            queued_ttl_s=600).id for _ in range(POLLS)]
     with start_web(env) as base_url:
         port = int(base_url.rsplit(":", 1)[1])

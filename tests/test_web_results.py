@@ -72,7 +72,7 @@ def test_failed_job_shows_its_error(http: FlaskClient, queue: Queue) -> None:
 
 
 def test_unknown_job_id_answers_404(http: FlaskClient) -> None:
-    resp = http.get(f"/result/{new_job_id()}")
+    resp = http.get(f"/result/{new_job_id('synthetic')}")
     assert resp.status_code == 404
     assert resp.get_json()["error"]["code"] == "not_found"
 
@@ -161,4 +161,4 @@ def test_delete_of_a_running_job_answers_409(http: FlaskClient, queue: Queue) ->
 
 
 def test_delete_of_an_unknown_job_answers_404(http: FlaskClient) -> None:
-    assert http.delete(f"/result/{new_job_id()}").status_code == 404
+    assert http.delete(f"/result/{new_job_id('synthetic')}").status_code == 404

@@ -11,6 +11,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool.jobs import JOB_ID_CHARS
 from carpool.keys import Keys
 from carpool.retry_after import RETRY_AFTER_MAX_S
 from tests.procs import free_port
@@ -186,7 +187,7 @@ def test_unreachable_redis_answers_503_with_retry_after(
     closed = f"redis://127.0.0.1:{free_port()}/0"
     with web_client(web_settings(closed, key_prefix, tmp_path)) as http:
         for resp in (http.post(SUBMIT, json=job()), http.get("/models"), http.get("/readyz"),
-                     http.get("/result/" + "a" * 22)):
+                     http.get("/result/" + "a" * JOB_ID_CHARS)):
             assert resp.status_code == 503
             assert error_code(resp) == "backend_unavailable"
             assert int(resp.headers["Retry-After"]) >= 1

@@ -117,7 +117,7 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
 def test_the_loop_counts_jobs_that_claim_found_expired(
         queue: Queue, settings: Settings, client: redis.Redis) -> None:
     spec = settings.catalogue.get("synthetic")
-    late, on_time = new_job_id(), new_job_id()
+    late, on_time = new_job_id(spec.name), new_job_id(spec.name)
     for job_id in (late, on_time):
         queue.admit(spec, spec.bins[0], job_id, '{"value": 1, "size": 1}', queued_ttl_s=60,
                     deadline_ms=60_000)

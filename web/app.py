@@ -8,9 +8,11 @@ from carpool.catalogue import PYTHON_KIND
 from carpool.durability import check_durability
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
+from carpool.registry import Registry, RegistryCache
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.metrics import WebMetrics
+from web.reads import AdmitBatcher, ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -34,13 +36,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
+                     cluster=settings.redis_cluster,
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
-        metrics=metrics,
+        metrics=metrics, reads=ReadBatcher(queue),
+        admits=AdmitBatcher(queue, settings.catalogue.get),
+        models=RegistryCache(Registry(client, keys)),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)

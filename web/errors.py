@@ -21,6 +21,7 @@ from carpool.errors import (
     IdempotencyConflict,
     InputTooLarge,
     InvalidInput,
+    ModelRefused,
     NotCancellable,
     OverShare,
     UnknownModel,
@@ -68,6 +69,7 @@ _RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
     (WaitTooLong, 429, "wait_too_long"),
     (OverShare, 429, "over_share"),
     (BinFull, 429, "bin_full"),
+    (ModelRefused, 503, "model_unavailable"),
     (BackendUnavailable, 503, "backend_unavailable"),
 )
 

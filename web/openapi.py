@@ -42,7 +42,8 @@ _ERROR_TEXT = {
     "429": "the bin is full, the job would start too late, or this API key is over its "
            "share of a nearly full bin (code bin_full, wait_too_long, over_share); see "
            "Retry-After",
-    "503": "Redis is unreachable, loading or full; see Retry-After",
+    "503": "Redis is unreachable, loading or full (see Retry-After); or, at submit, every "
+           "live worker refused the model (code model_unavailable, with the reason)",
 }
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -161,7 +162,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/submit": _submit(settings),
             "/submit/batch": _batch(settings),
             "/result/{job_id}": _result(settings),
-            "/models": _plain("The catalogue with live queue depths", "503"),
+            "/models": _plain("The catalogue with live queue depths and what the live "
+                                 "workers say about each model", "503"),
             "/healthz": _plain("Liveness"),
             "/readyz": _plain("Readiness: Redis answers", "503"),
             "/openapi.json": _plain("This document"),

@@ -16,9 +16,10 @@ from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
-from carpool.catalogue import Catalogue, ModelSpec
-from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput
+from carpool.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.errors import BackendUnavailable, BinFull, CarpoolError, InvalidInput
 from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
+from carpool.queue import AdmitRequest
 from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
 from web import inputs
 from web.auth import check_owner, request_owner
@@ -52,7 +53,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
         raise
     deadline = time.monotonic() + wait_s
-    job_id = new_job_id()
+    job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
         # Watched before it is admitted: a completion that comes at once still wakes us.
         woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
@@ -105,29 +106,41 @@ def submit_batch() -> tuple[Response, int]:
 def _admit_batch(
     state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
 ) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
-    """Each item's answer in order, and each admitted item's job (and event, to wait on)."""
-    jobs: list[dict[str, Any]] = []
-    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+    """Each item's answer in order, and each admitted item's job (and event, to wait on).
+
+    Each input is validated on its own; the valid ones are admitted together, in one
+    round trip (one admit.lua call per bin), each against its bin's bound. With
+    ``watch``, each job is watched before it is admitted.
+    """
+    items: list[dict[str, Any]] = []
+    valid: list[tuple[BinSpec, str, str]] = []
+    places: list[tuple[int, threading.Event | None]] = []
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw)
-            job_id = new_job_id()
-            woken = stack.enter_context(state.notifier.watch(job_id)) if watch else None
-            admitted = _admit(state, batch.spec, prepared, batch.options, owner, job_id)
-            state.metrics.count_submitted(admitted)
-            watched[i] = (admitted, woken)
-            jobs.append(_accepted(admitted))
-        except BackendUnavailable as exc:
-            state.metrics.count_rejected(batch.spec.name, exc, jobs=len(batch.inputs) - i)
-            if not any("id" in job for job in jobs):
-                raise  # nothing was queued: the whole request is safe to retry (503)
-            # Some are queued: say which were not, without waiting on Redis for each.
-            jobs += [_item_error(exc)] * (len(batch.inputs) - i)
-            break
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
-            jobs.append(_item_error(exc))
-    return jobs, watched
+            items.append(_item_error(exc))
+            continue
+        job_id = new_job_id(batch.spec.name)
+        items.append({})  # its answer, once admitted or refused
+        places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
+        valid.append((prepared.bin, job_id, prepared.input_json))
+    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+    if not valid:
+        return items, watched
+    try:
+        outcomes = state.queue.admit_many(batch.spec, valid, _admit_request(state, batch.options,
+                                                                            owner))
+    except BackendUnavailable as exc:
+        state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
+        raise  # nothing was queued: the whole request is safe to retry (503)
+    # Redis lost after a first bin's jobs were queued: the others say so, each.
+    for (i, woken), outcome in zip(places, outcomes, strict=True):
+        items[i] = _admitted_or_refused(state, batch.spec.name, outcome)
+        if isinstance(outcome, Admitted):
+            watched[i] = (outcome, woken)
+    return items, watched
 
 
 def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None,
@@ -136,10 +149,10 @@ def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None
     if woken is None:
         return None
     if admitted.duplicate:  # the first job's: not watched before admission, read first
-        view = wait_for_final(state.queue, state.notifier, admitted.id,
+        view = wait_for_final(state.reads, state.notifier, admitted.id,
                               max(0.0, deadline - time.monotonic()))
     else:
-        view = await_final_after(state.queue, woken, admitted.id, deadline)
+        view = await_final_after(state.reads, woken, admitted.id, deadline)
     return view if view is not None and view.status.is_final else None
 
 
@@ -150,8 +163,8 @@ def result(job_id: str) -> Response:
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
     if owner:  # another key's job must not make this request wait out its poll
-        check_owner(state.queue.get(job_id), owner, job_id)
-    view = check_owner(wait_for_final(state.queue, state.notifier, job_id, wait_s), owner,
+        check_owner(state.reads.get(job_id), owner, job_id)
+    view = check_owner(wait_for_final(state.reads, state.notifier, job_id, wait_s), owner,
                        job_id)
     return jsonify(view.to_json())
 
@@ -175,11 +188,14 @@ def delete_result(job_id: str) -> Response:
 
 @blueprint.get("/models")
 def models() -> Response:
-    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)."""
+    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)
+    and what the live workers say about each model (served, refused and why, none)."""
     state = current_state()
     specs = list(state.settings.catalogue)
     depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
-    return jsonify({"models": [_describe(spec, depths) for spec in specs]})
+    return jsonify({"models": [{**_describe(spec, depths),
+                                "workers": state.models.availability(spec.name).to_json()}
+                               for spec in specs]})
 
 
 @blueprint.get("/metrics")
@@ -234,7 +250,11 @@ def _require_json() -> None:
 
 def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
            options: inputs.Options, owner: str, job_id: str) -> Admitted:
+    state.models.check(spec.name)  # 503 at once for a model every live worker refused
     idempotency_digest = options.idempotency_digest(owner)
+    if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
+        return state.admits.admit(spec, prepared.bin, job_id, prepared.input_json,
+                                  _admit_request(state, options, owner))
     return state.queue.admit(
         spec, prepared.bin, job_id, prepared.input_json,
         queued_ttl_s=state.settings.queued_ttl_s,
@@ -247,6 +267,12 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
     )
 
 
+def _admit_request(state: WebState, options: inputs.Options, owner: str) -> AdmitRequest:
+    """What every job of one submission shares, as admit.lua takes it."""
+    return AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms, options.priority,
+                        owner, state.settings.api_key_weights.get(owner, 1.0))
+
+
 def _accepted(admitted: Admitted) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": admitted.id, "status": "queued", "model": admitted.model, "bin": admitted.bin,
@@ -255,6 +281,15 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
     if admitted.duplicate:
         body["duplicate"] = True
     return body
+
+
+def _admitted_or_refused(state: WebState, model: str,
+                         outcome: Admitted | BinFull | BackendUnavailable) -> dict[str, Any]:
+    if isinstance(outcome, CarpoolError):
+        state.metrics.count_rejected(model, outcome)
+        return _item_error(outcome)
+    state.metrics.count_submitted(outcome)
+    return _accepted(outcome)
 
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from flask import current_app
 
 from carpool.queue import Queue
+from carpool.registry import RegistryCache
 from carpool.settings import Settings
 from web.metrics import WebMetrics
+from web.reads import AdmitBatcher, ReadBatcher
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -21,6 +23,12 @@ class WebState:
     queue: Queue
     notifier: Notifier
     metrics: WebMetrics
+    #: Job reads of concurrent requests, sharing round trips (``GET /result``).
+    reads: ReadBatcher
+    #: Admissions of concurrent ``POST /submit`` requests, sharing admit.lua calls.
+    admits: AdmitBatcher
+    #: Which models the live workers serve or refused (cached a few seconds).
+    models: RegistryCache
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

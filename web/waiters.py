@@ -21,12 +21,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import redis
 
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobView
-from carpool.queue import Queue, redis_errors
+from carpool.queue import ended_ids, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class _Listener:
                     if message is None:
                         continue
                     if message["type"] == "message":
-                        self.wake(str(message["data"]))
+                        for job_id in ended_ids(str(message["data"])):
+                            self.wake(job_id)
                     elif message["type"] == "subscribe":
                         # (Re)subscribed: ids published before now were missed.
                         self.backoff_s = BACKOFF_FIRST_S
@@ -167,7 +169,15 @@ class Notifier:
         return listener
 
 
-def wait_for_final(queue: Queue, notifier: Notifier, job_id: str, wait_s: float) -> JobView | None:
+class JobReader(Protocol):
+    """Reads one job: ``Queue``, or ``web.reads.ReadBatcher`` sharing round trips."""
+
+    def get(self, job_id: str) -> JobView | None: ...
+
+
+def wait_for_final(
+    queue: JobReader, notifier: Notifier, job_id: str, wait_s: float
+) -> JobView | None:
     """The job once it is final, or as it is after ``wait_s``; None when it does not exist."""
     if wait_s <= 0:
         return queue.get(job_id)
@@ -175,7 +185,7 @@ def wait_for_final(queue: Queue, notifier: Notifier, job_id: str, wait_s: float)
         return _until_final(queue, woken, job_id, time.monotonic() + wait_s, read_first=True)
 
 
-def await_final_after(queue: Queue, woken: threading.Event, job_id: str,
+def await_final_after(queue: JobReader, woken: threading.Event, job_id: str,
                       deadline: float) -> JobView | None:
     """Like ``wait_for_final`` for a job whose ``woken`` was registered before it was
     admitted (``POST /submit?wait=``): it is queued, so wait first and read once woken,
@@ -183,7 +193,7 @@ def await_final_after(queue: Queue, woken: threading.Event, job_id: str,
     return _until_final(queue, woken, job_id, deadline, read_first=False)
 
 
-def _until_final(queue: Queue, woken: threading.Event, job_id: str, deadline: float,
+def _until_final(queue: JobReader, woken: threading.Event, job_id: str, deadline: float,
                  read_first: bool) -> JobView | None:
     if not read_first and not woken.wait(max(0.0, deadline - time.monotonic())):
         return None  # not woken: still queued or running, as far as this poll knows

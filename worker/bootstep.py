@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from celery import bootsteps
@@ -24,6 +25,7 @@ from carpool.errors import ConfigError
 from carpool.keys import Keys
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
+from carpool.registry import Registry
 from carpool.settings import Settings, load_settings
 from worker.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.gpu import GpuClaim, claim_gpu, verify_visible
@@ -33,6 +35,7 @@ from worker.leasekeeper import LeaseKeeper
 from worker.loop import MAX_BLOCK_S, BatchLoop
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.pipeline import BatchExecutor, InlineExecutor, PipelinedExecutor
+from worker.presence import Presence
 from worker.profile import cost_seeds
 
 log = logging.getLogger(__name__)
@@ -41,12 +44,26 @@ log = logging.getLogger(__name__)
 LOOP_SOCKET_TIMEOUT_S = MAX_BLOCK_S + 10.0
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """The models a worker serves (their handlers) and those it refused, with why."""
+
+    handlers: dict[str, ModelHandler]
+    refused: dict[str, str]
+
+
 def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
                   ) -> dict[str, ModelHandler]:
-    """Loaded handlers by model name. A model named in CARPOOL_MODELS that cannot load
-    stops the worker; with CARPOOL_MODELS empty ("every model"), it is left out and
-    the log says why in an ERROR line."""
+    """Loaded handlers by model name (see ``load_models``)."""
+    return load_models(settings, names, explicit).handlers
+
+
+def load_models(settings: Settings, names: tuple[str, ...], explicit: bool) -> Loaded:
+    """A model named in CARPOOL_MODELS that cannot load stops the worker; with
+    CARPOOL_MODELS empty ("every model"), it is left out, the log says why in an
+    ERROR line, and the reason is published (worker/presence.py)."""
     handlers: dict[str, ModelHandler] = {}
+    refused: dict[str, str] = {}
     for name in names:
         try:
             handler = make_handler(settings.catalogue.get(name), settings)
@@ -56,11 +73,12 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
                 raise
             log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
                       "to make this fatal)", name, exc)
+            refused[name] = str(exc)
             continue
         handlers[name] = handler
     if not handlers:
         raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
-    return handlers
+    return Loaded(handlers, refused)
 
 
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
@@ -101,6 +119,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.metrics_server: MetricsServer | None = None
         self.keeper: LeaseKeeper | None = None
         self.settings: Settings | None = None
+        self.presence: Presence | None = None
 
     def start(self, parent: Any) -> None:
         settings = self.settings = load_settings()
@@ -108,13 +127,15 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
         if settings.gpu_claim and self.gpu is None:
             raise WorkerShutdown(0)  # stopped while waiting for a GPU
-        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S)
+        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S,
+                         cluster=settings.redis_cluster)
         check_durability(client, require=settings.require_durable, who="worker")
         keys = Keys(settings.key_prefix)
         queue = Queue(client, keys)
         leases = Leases(client, keys, settings.catalogue)
         names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
-        handlers = load_handlers(settings, names, explicit=bool(settings.worker_models))
+        loaded = load_models(settings, names, explicit=bool(settings.worker_models))
+        handlers = loaded.handlers
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
         executor, seeds = make_executor(settings, handlers)
@@ -135,9 +156,15 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         self.keeper.start()
+        self.presence = Presence(Registry(client, keys), settings.worker_name or hostname,
+                                 list(handlers), loaded.refused)
+        self.presence.start()
         if settings.worker_metrics_port:
-            self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
-                                                     settings.worker_metrics_addr)
+            try:
+                self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
+                                                         settings.worker_metrics_addr)
+            except ConfigError as exc:  # a second worker on the host: serve all the same
+                log.warning("serving without a metrics endpoint: %s", exc)
         parent.carpool_loop = self.loop  # remote-control commands find it here
         parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
@@ -159,6 +186,9 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def stop(self, parent: Any) -> None:
         if self.loop is not None and self.thread is not None:
             self._stop_loop()
+        if self.presence is not None:
+            self.presence.stop()
+            self.presence = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

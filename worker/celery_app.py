@@ -12,6 +12,7 @@ import os
 from celery import Celery
 from kombu.entity import Queue
 
+from carpool.errors import ConfigError
 from carpool.settings import DEFAULT_REDIS_URL
 from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
 from worker.bootstep import BatchLoopStep
@@ -26,6 +27,11 @@ CELERY_QUEUE = "carpool"
 def create_celery_app() -> Celery:
     broker = os.environ.get("CELERY_BROKER_URL") or os.environ.get(
         "CARPOOL_REDIS_URL", DEFAULT_REDIS_URL)
+    if os.environ.get("CARPOOL_REDIS_CLUSTER") == "1" and not os.environ.get("CELERY_BROKER_URL"):
+        # kombu's Redis transport speaks to one Redis, not to a cluster's shards.
+        raise ConfigError("CARPOOL_REDIS_CLUSTER=1 needs CELERY_BROKER_URL: Celery's Redis "
+                          "transport does not support Redis Cluster; name a standalone Redis "
+                          "for Celery's own messages (jobs never travel through it)")
     app = Celery("carpool", broker=broker)
     app.conf.update(
         # JSON only: a pickled message pushed into the broker is refused, never run.
@@ -39,6 +45,12 @@ def create_celery_app() -> Celery:
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
+        # A Redis at maxmemory (noeviction) refuses kombu's own writes (the lock of its
+        # message-restore sweep, queue bindings) with an error reply, not a lost
+        # connection. Retried like a lost connection, it restarts only the Celery
+        # consumer, while the batch loop keeps draining the bins (its completions
+        # free memory, so Redis takes them); otherwise the worker would exit.
+        broker_channel_error_retry=True,
         worker_hijack_root_logger=False,
         task_default_queue=CELERY_QUEUE,
         task_queues=[Queue(CELERY_QUEUE)],  # type: ignore[no-untyped-call]

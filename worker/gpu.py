@@ -205,7 +205,8 @@ def claim_gpu(settings: Settings, holder: str,
     """
     if not settings.gpu_claim:
         return None
-    leases = GpuLeases(connect(settings.redis_url), Keys(settings.key_prefix))
+    leases = GpuLeases(connect(settings.redis_url, cluster=settings.redis_cluster),
+                       Keys(settings.key_prefix))
     claim = GpuClaim(leases, discover_gpus(settings.gpu_devices), holder, settings.gpu_lease_ms)
     gpu = claim.acquire(should_stop)
     if gpu is None:

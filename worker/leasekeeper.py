@@ -52,6 +52,10 @@ class LeaseKeeper:
         #: Told how many leases each reap took back (the worker's Prometheus counter).
         self.on_reclaimed: Callable[[int], None] | None = None
         self._held: dict[str, Held] = {}
+        #: Claims whose reply was lost, by token, with when (clock seconds): looked for on
+        #: every tick for one lease (a hung Redis may run a claim sent before it froze
+        #: only after it answers other calls), handed back once found.
+        self._unanswered: dict[str, float] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,6 +63,10 @@ class LeaseKeeper:
     # -- listener -------------------------------------------------------------------
 
     def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+        if phase == "unanswered":
+            with self._lock:
+                self._unanswered[claim.token] = self.clock()
+            return
         if phase == "started":
             with self._lock:
                 self._held[claim.token] = Held(claim, self.clock())
@@ -101,9 +109,26 @@ class LeaseKeeper:
                 return
 
     def tick(self) -> None:
-        """Renew every claim in hand, then reap expired leases."""
+        """Renew every claim in hand, hand back lost claims' jobs, reap expired leases."""
         self.renew_all()
+        self.recover_unanswered()
         self.reap()
+
+    def recover_unanswered(self) -> None:
+        """Hand back, attempt refunded, the jobs of claims whose reply was lost: they
+        never reached a model, and must not come back through the reaper as suspects."""
+        with self._lock:
+            pending = dict(self._unanswered)
+        window_s = self.settings.lease_ms / 1000.0
+        for token, since_s in pending.items():
+            ids = self.leases.leased_to(token)
+            if ids:
+                back = self.leases.release(token, ids, refund_attempt=True)
+                log.warning("claim %s ran but its reply was lost: %d jobs handed back",
+                            token, back.count(True))
+            if ids or self.clock() - since_s > window_s:
+                with self._lock:
+                    self._unanswered.pop(token, None)
 
     def renew_all(self) -> None:
         max_s = self.settings.max_batch_ms / 1000.0

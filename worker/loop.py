@@ -20,6 +20,7 @@ from carpool.jobs import Claim, Outcome
 from carpool.queue import Queue
 from carpool.scheduler import Scheduler
 from carpool.settings import Settings
+from worker.completion import CompletionWriter, GaveUp
 from worker.handlers.base import ModelHandler
 from worker.pipeline import BatchExecutor, InlineExecutor
 
@@ -79,6 +80,8 @@ class BatchLoop:
     #: (claim.expired of them; the claim may hold no job at all then):
     #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
     #: ("finished", claim, None) means the batch ended without completing (an error).
+    #: ("unanswered", claim, None): a claim whose reply never came (claim.jobs empty;
+    #: it may have leased jobs to claim.token all the same).
     listeners: list[BatchListener] = field(default_factory=list)
     #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
     #: suspect inputs hooks in here.
@@ -96,8 +99,13 @@ class BatchLoop:
     jobs: int = 0
     _in_flight: deque[_Flight] = field(default_factory=deque)
     _last_finished: float = 0.0  # perf_counter when the last batch was completed
+    #: Writes each batch's results, retrying while Redis is away (worker/completion.py).
+    writer: CompletionWriter = field(init=False)
 
     def __post_init__(self) -> None:
+        self.writer = CompletionWriter(self.queue, self._stop,
+                                       max_batch_s=self.settings.max_batch_ms / 1000.0,
+                                       worker=self.worker_name)
         self.scheduler = Scheduler([h.spec for h in self.handlers.values()],
                                    adaptive=self.settings.adaptive_batching,
                                    cost_seeds=self.cost_seeds)
@@ -146,7 +154,7 @@ class BatchLoop:
             try:
                 self.step()
                 backoff_s = BACKOFF_MIN_S
-            except BackendUnavailable as exc:
+            except (BackendUnavailable, GaveUp) as exc:
                 log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
@@ -161,7 +169,9 @@ class BatchLoop:
         while self._in_flight:
             try:
                 self._finish(self._in_flight.popleft())
-            except Exception:  # noqa: BLE001 — its leases expire and the jobs are retried
+            except GaveUp:
+                pass  # logged; its jobs were handed back or their lease lapses
+            except Exception:  # noqa: BLE001 — its jobs were handed back (or lapse)
                 log.exception("completing a batch in flight failed at stop")
 
     def step(self) -> None:
@@ -196,8 +206,16 @@ class BatchLoop:
         once ``executor.depth`` batches are."""
         spec: ModelSpec = self.handlers[go.model].spec
         max_n = self.executor.limit(spec.name, go.bin, go.max_n)
-        claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
-                                 token=self._token(), worker=self.worker_name)
+        token = self._token()
+        try:
+            claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
+                                     token=token, worker=self.worker_name)
+        except BackendUnavailable:
+            # The claim may have run with its reply lost (a timeout, a dropped
+            # connection): jobs leased to a token nobody holds. Lease keepers find
+            # them by token once Redis answers and hand them back, attempt refunded.
+            self._notify("unanswered", Claim(spec.name, go.bin, token, 0, ()), None)
+            raise
         if claim.expired:
             self._notify("expired", claim, None)
         for narrow in self.claim_filters:
@@ -207,34 +225,42 @@ class BatchLoop:
         self.batches += 1
         self.jobs += len(claim.jobs)
         self._notify("started", claim, None)
-        try:
-            self._run_claimed(self.handlers[go.model], go, claim)
-        except BaseException:
-            self._notify("finished", claim, None)  # lease keepers hand its jobs back
-            raise
-
-    def _run_claimed(self, handler: ModelHandler, go: Go, claim: Claim) -> None:
-        spec = handler.spec
         # A job on a retry may be the input that kills workers (worker/isolation.py):
         # it runs with no other batch in flight, before or after it, so a crash it
         # causes costs an attempt to it alone, not to a batch overlapping it.
         retry = any(j.attempts > 1 for j in claim.jobs)
-        while retry and self._in_flight:
-            self._finish(self._in_flight.popleft())
-        t0 = time.perf_counter()
-        future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
-                                      claim.jobs)
+        try:
+            while retry and self._in_flight:
+                self._finish(self._in_flight.popleft())
+            t0 = time.perf_counter()
+            future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
+                                          claim.jobs)
+        except BaseException:
+            self._notify("finished", claim, None)  # never submitted: hand its jobs back
+            raise
         self._in_flight.append(_Flight(claim, t0, future))
+        # Completing older batches may fail; each failure is reported for its own
+        # batch (in _finish), never for this one, which is still computing.
         while self._in_flight and (retry or len(self._in_flight) >= self.executor.depth):
             self._finish(self._in_flight.popleft())
 
     def _finish(self, flight: _Flight) -> None:
-        """Write a batch's outcomes (waiting for them) and tell the listeners."""
+        """Write a batch's outcomes (waiting for them) and tell the listeners; if that
+        fails, tell them the batch ended without completing, then raise."""
+        try:
+            self._complete(flight)
+        except BaseException as exc:
+            if isinstance(exc, GaveUp):
+                log.warning("%s: its jobs go back to their bin (or their lease lapses)", exc)
+            self._notify("finished", flight.claim, None)  # lease keepers hand it back
+            raise
+
+    def _complete(self, flight: _Flight) -> None:
         claim = flight.claim
         spec = self.handlers[claim.model].spec
         outcomes = flight.outcomes.result()
         batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
-        written = self.queue.complete(spec, claim, outcomes, batch)
+        written = self.writer.write(spec, claim, outcomes, batch, flight.started)
         now = time.perf_counter()
         service_start = max(flight.started, self._last_finished)
         self._last_finished = now

@@ -23,7 +23,7 @@ from carpool.bench.workload import SYNTHETIC, make_input
 from carpool.errors import BinFull
 from carpool.jobs import new_job_id, view_from_hash
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue, connect, ended_ids
 from carpool.settings import Settings
 
 #: Job hashes read per pipelined round trip when collecting results.
@@ -49,12 +49,12 @@ class _Listener:
             msg = self.pubsub.get_message(timeout=LISTEN_POLL_S)
             if msg is None or msg["type"] != "message":
                 continue
-            job_id = str(msg["data"])
-            if job_id in self.ours and job_id not in self.done_at:
-                with self.cond:
-                    self.done_at[job_id] = time.monotonic() - self.t0
-                    self.cond.notify_all()
-                self.tick()
+            for job_id in ended_ids(str(msg["data"])):
+                if job_id in self.ours and job_id not in self.done_at:
+                    with self.cond:
+                        self.done_at[job_id] = time.monotonic() - self.t0
+                        self.cond.notify_all()
+                    self.tick()
 
 
 def _subscribe(client: redis.Redis, channel: str) -> redis.client.PubSub:
@@ -73,7 +73,7 @@ def run_direct(
 ) -> list[JobRecord]:
     """Admit ``arrivals`` on their schedule; wait for every end; one record per job."""
     keys = Keys(settings.key_prefix)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
     queue = Queue(client, keys)
     spec = settings.catalogue.get(model)
     t0 = time.monotonic()
@@ -88,7 +88,8 @@ def run_direct(
             delay = arrival.t_s - (time.monotonic() - t0)
             if delay > 0:
                 time.sleep(delay)  # pacing the open-loop schedule, not waiting for work
-            job_id, job_input = new_job_id(), make_input(nonce, seq, arrival.size, arrival.payload)
+            job_id = new_job_id(spec.name)
+            job_input = make_input(nonce, seq, arrival.size, arrival.payload)
             listener.ours.add(job_id)
             t_start = time.monotonic() - t0
             try:

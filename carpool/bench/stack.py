@@ -22,14 +22,15 @@ from pathlib import Path
 from types import TracebackType
 
 from carpool.bench.policies import Policy, write_config
+from carpool.commands import argv
+from carpool.keys import Keys
 from carpool.queue import connect
 from carpool.settings import Settings, load_settings
 
-# The canonical command lines of ops/commands.toml (tests/test_bench_stack.py checks
-# they agree); the port and worker count travel in the environment, as in production.
-WEB_ARGV = ["gunicorn", "-c", "python:web.gunicorn_conf", "web:create_app()"]
-WORKER_ARGV = ["celery", "-A", "worker.celery_app", "worker",
-               "--pool", "solo", "--concurrency", "1", "-E", "-n", "worker@%h"]
+# The shipped command lines (carpool/commands.toml); the port and worker count travel
+# in the environment, as in production.
+WEB_ARGV = argv("web")
+WORKER_ARGV = argv("worker")
 #: Bound on a process becoming ready (a cold Celery worker takes a few seconds).
 START_TIMEOUT_S = 60.0
 #: A warm shutdown finishes the batch in hand; a full batch is well under this.
@@ -159,7 +160,8 @@ class Stack:
                 proc.wait()
         self.procs.clear()
         client = connect(self.spec.redis_url)
-        stale = list(client.scan_iter(match="{" + self.prefix + "}*", count=1000))
+        stale = [k for pattern in Keys(self.prefix).patterns
+                 for k in client.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(stale), 1000):
             client.delete(*stale[i : i + 1000])
         client.close()

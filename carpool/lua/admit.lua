@@ -1,70 +1,103 @@
--- admit.lua: admit one job into its bin, or refuse it, atomically.
+-- admit.lua: admit one or more jobs into one bin, or refuse them, atomically.
 --
--- KEYS[1]  bin zset      {p}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
--- KEYS[2]  job hash      {p}:job:<id>          created here
--- KEYS[3]  wake list     {p}:wake:<model>      a token wakes one blocked worker
--- KEYS[4]  idempotency   {p}:idem:<model>:<k>  read/written only when ARGV[10] == "1"
--- KEYS[5]  stats hash    {p}:stats:<model>:<bin>  admitted += 1; drain rate read when full
--- KEYS[6]  tenants hash  {p}:tenants:<model>:<bin> owner -> "count at weight clock", when owned
--- ARGV[1]  id            ARGV[2] model        ARGV[3] bin
--- ARGV[4]  input (JSON)  ARGV[5] max_depth    ARGV[6] max_batch
--- ARGV[7]  ttl_s of a queued record           ARGV[8] deadline, ms after admission (0: none)
--- ARGV[9]  priority      ARGV[10] "1" if an idempotency key was given
--- ARGV[11] input digest  ARGV[12] owner digest ("" when no API key)
--- ARGV[13] wake list cap
--- ARGV[14] sort offset, ms: score = admission (µs) + offset * 1000 (carpool/urgency.py)
--- ARGV[15] drain-rate time constant, ms (carpool/retry_after.py)
--- ARGV[16] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
--- ARGV[17] drain-rate minimum age, ms  ARGV[18] a drain rate older than this is unknown, ms
--- ARGV[19] the owner's fair-share weight  ARGV[20] "near the bound" as a fraction of it
--- ARGV[21] the most an owner's virtual clock may lead now, ms (fair queueing)
+-- One call admits a whole submission (POST /submit: one job; POST /submit/batch: the
+-- jobs of one bin), so what does not depend on the job (the clock, the depth, the
+-- counter, the drain rate, the owner's state, the wake check) is paid once per call,
+-- not once per job. Each job is still checked as if admitted alone, in order: the
+-- bound, its predicted wait, its owner's fair share; with an owner, each job sorts by
+-- its owner's virtual clock as it stands after the call's earlier jobs. The first job
+-- refused ends the call (every later one would be refused for the same reason), and
+-- the jobs before it are queued.
 --
--- Returns {"ok", id, depth_after, admit_ms} | {"dup", first_id} | {"conflict", first_id} |
---         {"full", depth, drained_ewma, age_ms}: the bin's drain counter decayed to now
---         and the time since its first drain (-1: never drained), for Retry-After |
---         {"late", ahead, jobs/s, limit_ms}: refused by predicted wait, at that rate (or
---         its owner's turn comes after its deadline: ahead is that lead in jobs) |
---         {"share", depth, drained_ewma, age_ms, excess}: the owner is over its share.
--- Admission time is Redis's own clock, so the hosts' clocks never matter.
+-- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
+-- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
+-- KEYS[3]  idempotency   {p.s}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
+-- KEYS[4]  stats hash    {p.s}:stats:<model>:<bin>  admitted += jobs admitted; drain rate
+--                        read when full, when the predicted wait is checked, or owned
+-- KEYS[5]  tenants hash  {p.s}:tenants:<model>:<bin>  owner -> "count as-of-ms weight
+--                        clock", when owned
+-- ARGV[1]  job key prefix "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
+-- ARGV[2]  model         ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
+-- ARGV[6]  ttl_s of a queued record
+-- ARGV[7]  "1" if an idempotency key was given (then exactly one job)
+-- ARGV[8]  wake list cap
+-- ARGV[9]  drain-rate time constant, ms (carpool/retry_after.py)
+-- ARGV[10] deadline, ms after admission (0: none)   ARGV[11] priority
+-- ARGV[12] sort offset, ms: score = admission (µs) + offset * 1000 (carpool/urgency.py)
+-- ARGV[13] owner digest ("" when no API key)        ARGV[14] input digest ("" if no key)
+-- ARGV[15] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
+-- ARGV[16] drain-rate minimum age, ms  ARGV[17] a drain rate older than this is unknown, ms
+-- ARGV[18] the owner's fair-share weight  ARGV[19] "near the bound" as a fraction of it
+-- ARGV[20] the most an owner's virtual clock may lead now, ms (fair queueing)
+-- ARGV[21..] per job, 2 values: id, input (JSON)
+--
+-- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
+-- the bin's depth after them:
+--         {"ok", admitted, depth_after, admit_ms} when every job was admitted;
+--         {"full", admitted, depth_after, drained_ewma, age_ms} when the bin reached
+--         max_depth: the bin's drain counter decayed to now and the time since its first
+--         drain (-1: never drained), for Retry-After;
+--         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
+--         refused by predicted wait (`ahead` jobs sort before it, drained at that rate),
+--         or its owner's turn comes after its deadline (`ahead` is that lead in jobs);
+--         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
+--         owner is over its share (by `excess` jobs);
+--         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
+-- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
+-- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are not
+-- written: every reader treats a missing one as its default.
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
-if ARGV[10] == "1" then
-  local prior = redis.call("GET", KEYS[4])
+if ARGV[7] == "1" then
+  local prior = redis.call("GET", KEYS[3])
   if prior then
     local sep = string.find(prior, " ", 1, true)
     local first_id = string.sub(prior, 1, sep - 1)
-    if string.sub(prior, sep + 1) == ARGV[11] then
+    if string.sub(prior, sep + 1) == ARGV[14] then
       return {"dup", first_id}
     end
     return {"conflict", first_id}
   end
 end
 
+local FIRST_JOB = 21
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
-if depth >= tonumber(ARGV[5]) then
-  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0")
+local max_batch = tonumber(ARGV[5])
+local n = math.min((#ARGV - FIRST_JOB + 1) / 2, tonumber(ARGV[4]) - depth)
+
+local function full(admitted, depth_now)
+  local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0")
   if not st[3] then
-    return {"full", depth, "0", -1}
+    return {"full", admitted, depth_now, "0", -1}
   end
-  local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[15]))
-  return {"full", depth, string.format("%.6f", c), now_ms - tonumber(st[3])}
+  local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[9]))
+  return {"full", admitted, depth_now, string.format("%.6f", c), now_ms - tonumber(st[3])}
+end
+if n <= 0 then
+  return full(0, depth)
 end
 
+-- Job i of a call sorts at base_us + i (later by its owner's clock lead, which only
+-- grows within the call): the call's jobs keep their order in the bin.
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local score_us = now_us + tonumber(ARGV[14]) * 1000
-local limit_ms = tonumber(ARGV[8])
-if limit_ms <= 0 then limit_ms = tonumber(ARGV[16]) end
+local base_us = now_us + tonumber(ARGV[12]) * 1000
+local limit_ms = tonumber(ARGV[10])
+if limit_ms <= 0 then limit_ms = tonumber(ARGV[15]) end
+local owned = ARGV[13] ~= ""
+
+-- The bin's drain rate, read once per call: past the first batch, for the predicted
+-- wait and, with an owner, for its virtual clock. None recent (cold start, scale from
+-- zero): depth alone. Job i is timed (judged with the rate) when depth + i is past
+-- the first batch, as if admitted alone.
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
--- Past the first batch, the bin's drain rate (for the predicted wait, and for what one
--- job costs a tenant); none recent (cold start, scale from zero): depth alone.
-if depth >= tonumber(ARGV[6]) and (limit_ms > 0 or ARGV[12] ~= "") then
-  local st = redis.call("HMGET", KEYS[5], "rate_c", "rate_t", "rate_t0", "busy_c")
-  if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[18]) then
-    local tau = tonumber(ARGV[15])
+if depth + n - 1 >= max_batch and (limit_ms > 0 or owned) then
+  local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0", "busy_c")
+  if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[17]) then
+    local tau = tonumber(ARGV[9])
     local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
-    local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[17]))
+    local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[16]))
     -- Below saturation the drain rate is the arrival rate; how fast the workers drain
     -- while busy (jobs per claim-to-completion ms) is the better bound then.
     local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
@@ -72,109 +105,193 @@ if depth >= tonumber(ARGV[6]) and (limit_ms > 0 or ARGV[12] ~= "") then
     drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
   end
 end
+local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 
--- >>> fair share between tenants (docs/admission.md) >>>
--- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)".
--- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[20] of
+-- >>> fair share between tenants (docs/admission.md): the owner's state >>>
+-- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)", read
+-- once per call (all jobs of a call have one owner) and written back once.
+-- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[19] of
 -- its limit), an owner over its weight's part of the active owners' weights is refused
 -- first; one under its part is admitted. Its part: of the bin's bound, its queued
 -- jobs as its clock's lead says; with no drain rate (no clock), of recent admissions.
 -- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
 -- its owner's virtual clock is ahead of now; the clock then advances by one job's
--- service time at the owner's fair rate. It never leads now by more than ARGV[21] ms.
-if ARGV[12] ~= "" then
-  local tau, frac, w = tonumber(ARGV[15]), tonumber(ARGV[20]), tonumber(ARGV[19])
-  local near = depth >= frac * tonumber(ARGV[5])
-  if drain and limit_ms > 0 then near = near or depth >= frac * limit_ms * drain[3] end
-  local mine, clock_us, sum_c, sum_w, found = 0, 0, 0, 0, false
-  local all = {}
-  if near or drain then
-    all = redis.call("HGETALL", KEYS[6])
+-- service time at the owner's fair rate. It never leads now by more than ARGV[20] ms.
+local tau, frac, w = tonumber(ARGV[9]), tonumber(ARGV[19]), tonumber(ARGV[18])
+local function near(d)
+  if d >= frac * tonumber(ARGV[4]) then return true end
+  return drain ~= nil and limit_ms > 0 and d >= max_batch and d >= frac * limit_ms * drain[3]
+end
+local mine, clock_us, sum_c, sum_w = 0, 0, 0, 0
+local forgotten = {}  -- owners idle for ~5 tau: dropped, so the hash stays small
+local cap_us, dl_us = now_us + tonumber(ARGV[20]) * 1000, tonumber(ARGV[10]) * 1000
+if owned then
+  local all, found = {}, false
+  if drain or near(depth + n - 1) then  -- near only grows with depth: else no job is
+    all = redis.call("HGETALL", KEYS[5])
   else
-    local prev = redis.call("HGET", KEYS[6], ARGV[12])
-    if prev then all = {ARGV[12], prev} end
+    local prev = redis.call("HGET", KEYS[5], ARGV[13])
+    if prev then all = {ARGV[13], prev} end
   end
   for i = 1, #all, 2 do
     local c, ct, wt, v = string.match(all[i + 1], "(%S+) (%S+) (%S+) ?(%S*)")
     c, v = tonumber(c) * math.exp(-(now_ms - tonumber(ct)) / tau), tonumber(v) or 0
-    if all[i] == ARGV[12] then
+    if all[i] == ARGV[13] then
       mine, clock_us, found = c, v, true
-    elseif c < 0.01 and v < now_us then  -- idle for ~5 tau: forgotten, the hash stays small
-      redis.call("HDEL", KEYS[6], all[i])
+    elseif c < 0.01 and v < now_us then
+      forgotten[#forgotten + 1] = all[i]
     end
-    if c >= 0.5 or all[i] == ARGV[12] then  -- active: one admission within ~0.7 tau
+    if c >= 0.5 or all[i] == ARGV[13] then  -- active: one admission within ~0.7 tau
       sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
     end
   end
   if not found then sum_w = sum_w + w end
-  if near and sum_w > w then  -- others active: is this owner over its part of the bin?
-    local excess = mine - sum_c * w / sum_w  -- in recent admissions, without a drain rate
-    if drain then
-      -- Its clock leads now by its queued jobs at its fair rate (rate * w / sum_w), so it
-      -- holds over its part of the bin's bound when that lead is over the bound's drain
-      -- time. The excess, in jobs at the bin's rate, gives its own Retry-After.
-      local bound = tonumber(ARGV[5])
-      if limit_ms > 0 then bound = math.min(bound, limit_ms * drain[3]) end
-      excess = (math.max(clock_us, now_us) - now_us) / 1000 * drain[3] - bound
-    end
-    if excess > 0 then
-      excess = string.format("%.3f", excess)
-      if drain then return {"share", depth, drain[1], drain[2], excess} end
-      return {"share", depth, "0", -1, excess}
-    end
-  end
-  if drain then
-    local cap_us = now_us + tonumber(ARGV[21]) * 1000
-    local start_us = math.min(math.max(clock_us, now_us), cap_us)
-    local dl_us = tonumber(ARGV[8]) * 1000
-    if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
-      local ahead = math.ceil((start_us - now_us) / 1000 * drain[3])
-      return {"late", ahead, string.format("%.6f", drain[3] * 1000), limit_ms}
-    end
-    score_us = score_us + start_us - now_us
-    if dl_us > 0 then score_us = math.min(score_us, now_us + dl_us) end  -- never past it
-    clock_us = math.min(start_us + 1000 * sum_w / (w * drain[3]), cap_us)
-  end
-  redis.call("HSET", KEYS[6], ARGV[12],
-    string.format("%.4f %d %s %.0f", mine + 1, now_ms, ARGV[19], clock_us))
-  redis.call("EXPIRE", KEYS[6], ARGV[7])
 end
 -- <<< fair share between tenants <<<
-local score = string.format("%.0f", score_us)
 
--- >>> admission by predicted wait (docs/admission.md) >>>
--- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
--- measured drain rate) is later than its deadline, else than max_queue_ms. Within
--- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
-if drain and limit_ms > 0 then
-  local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", "(" .. score)
-  if ahead * 1.0 > limit_ms * drain[3] then
-    return {"late", ahead, string.format("%.6f", drain[3] * 1000), limit_ms}
+-- Each job in order: its predicted wait, then its owner's share. The first job
+-- refused ends the call (every later one would be refused for the same reason).
+local scores = {}  -- of the jobs admitted, in order
+local refusal = nil  -- {"late", ahead, jobs/s} | {"share", excess}: the first job refused
+local ahead0, counted_us, counted = nil, nil, 0
+for i = 0, n - 1 do
+  local timed = drain ~= nil and depth + i >= max_batch
+  local sort_us = base_us
+
+  -- >>> fair share between tenants: fair queueing of job i >>>
+  local start_us = now_us  -- where its owner's clock stands for it
+  if owned and timed then
+    start_us = math.min(math.max(clock_us, now_us), cap_us)
+    if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
+      refusal = {"late", math.ceil((start_us - now_us) / 1000 * drain[3]), rate_s}
+      n = i
+      break
+    end
+    sort_us = base_us + start_us - now_us
+    if dl_us > 0 then sort_us = math.min(sort_us, now_us + dl_us) end  -- never past it
+  end
+  -- <<< fair share between tenants <<<
+
+  -- >>> admission by predicted wait (docs/admission.md) >>>
+  -- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
+  -- measured drain rate) is later than its deadline, else than max_queue_ms. Within
+  -- the first batch, or with no recent drain: depth alone. The jobs ahead of the
+  -- call's score are counted once per call, again only for a job fair queueing moved;
+  -- the call's i earlier jobs sort ahead of job i as well.
+  if timed and limit_ms > 0 then
+    local ahead
+    if sort_us == base_us then
+      ahead0 = ahead0 or redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", base_us))
+      ahead = ahead0 + i
+    else
+      if sort_us ~= counted_us then
+        counted_us = sort_us
+        counted = redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", sort_us))
+      end
+      ahead = counted + i
+    end
+    if ahead * 1.0 > limit_ms * drain[3] then
+      refusal = {"late", ahead, rate_s}
+      n = i
+      break
+    end
+  end
+  -- <<< admission by predicted wait <<<
+
+  -- >>> fair share between tenants: job i's share; then its admission moves the clock >>>
+  if owned then
+    if near(depth + i) and sum_w > w then  -- others active: is it over its part?
+      local excess = mine - sum_c * w / sum_w  -- in recent admissions, without a drain rate
+      if timed then
+        -- Its clock leads now by its queued jobs at its fair rate (rate * w / sum_w), so
+        -- it holds over its part of the bin's bound when that lead is over the bound's
+        -- drain time. The excess, in jobs at the bin's rate, gives its own Retry-After.
+        local bound = tonumber(ARGV[4])
+        if limit_ms > 0 then bound = math.min(bound, limit_ms * drain[3]) end
+        excess = (start_us - now_us) / 1000 * drain[3] - bound
+      end
+      if excess > 0 then
+        refusal = {"share", string.format("%.3f", excess)}
+        n = i
+        break
+      end
+    end
+    mine, sum_c = mine + 1, sum_c + 1
+    if timed then clock_us = math.min(start_us + 1000 * sum_w / (w * drain[3]), cap_us) end
+  end
+  -- <<< fair share between tenants <<<
+  scores[i + 1] = string.format("%.0f", sort_us + i)
+end
+-- >>> fair share between tenants: the owner's state, written back once >>>
+-- After every check: a full Redis refuses a script's first write only if it may grow
+-- memory (docs/architecture.md), so an HDEL goes after the first HSET.
+if owned and n > 0 then
+  redis.call("HSET", KEYS[5], ARGV[13],
+    string.format("%.4f %d %s %.0f", mine, now_ms, ARGV[18], clock_us))
+  redis.call("EXPIRE", KEYS[5], ARGV[6])
+end
+if #forgotten > 0 then redis.call("HDEL", KEYS[5], unpack(forgotten)) end
+-- <<< fair share between tenants <<<
+
+local after = depth + n
+if n > 0 then
+  local head = nil
+  if depth > 0 then
+    head = tonumber(redis.call("ZRANGE", KEYS[1], 0, 0, "WITHSCORES")[2])
+  end
+  local fields = {"model", ARGV[2], "bin", ARGV[3], "status", "queued", "t_admit", now_ms,
+                  "input", "", "score", ""}
+  if tonumber(ARGV[10]) > 0 then
+    fields[#fields + 1] = "deadline"
+    fields[#fields + 1] = now_ms + tonumber(ARGV[10])
+  end
+  if ARGV[11] ~= "0" then
+    fields[#fields + 1] = "priority"
+    fields[#fields + 1] = ARGV[11]
+  end
+  if ARGV[13] ~= "" then
+    fields[#fields + 1] = "owner"
+    fields[#fields + 1] = ARGV[13]
+  end
+  if ARGV[14] ~= "" then
+    fields[#fields + 1] = "digest"
+    fields[#fields + 1] = ARGV[14]
+  end
+
+  local members = {}
+  for i = 0, n - 1 do
+    local id = ARGV[FIRST_JOB + 2 * i]
+    local score = scores[i + 1]
+    fields[10] = ARGV[FIRST_JOB + 2 * i + 1]
+    fields[12] = score
+    redis.call("HSET", ARGV[1] .. id, unpack(fields))
+    redis.call("EXPIRE", ARGV[1] .. id, ARGV[6])
+    members[#members + 1] = score
+    members[#members + 1] = id
+  end
+  redis.call("ZADD", KEYS[1], unpack(members))
+  redis.call("HINCRBY", KEYS[4], "admitted", n)
+  if ARGV[7] == "1" then
+    redis.call("SET", KEYS[3], ARGV[FIRST_JOB] .. " " .. ARGV[14], "EX", ARGV[6])
+  end
+
+  -- Wake a worker only when its plan changes: the bin got its first jobs (a new
+  -- deadline), a new most urgent job (it overtook the head: an earlier deadline or a
+  -- higher priority), or just filled a batch. Other arrivals need no wake-up.
+  if head == nil or (depth < max_batch and after >= max_batch) or tonumber(scores[1]) < head then
+    redis.call("RPUSH", KEYS[2], ARGV[3])
+    redis.call("LTRIM", KEYS[2], -tonumber(ARGV[8]), -1)
   end
 end
--- <<< admission by predicted wait <<<
-local deadline_ms = 0
-if tonumber(ARGV[8]) > 0 then
-  deadline_ms = now_ms + tonumber(ARGV[8])
-end
 
-redis.call("HSET", KEYS[2],
-  "model", ARGV[2], "bin", ARGV[3], "input", ARGV[4], "status", "queued",
-  "t_admit", now_ms, "deadline", deadline_ms, "priority", ARGV[9], "score", score,
-  "attempts", 0, "digest", ARGV[11], "owner", ARGV[12])
-redis.call("EXPIRE", KEYS[2], ARGV[7])
-redis.call("ZADD", KEYS[1], score, ARGV[1])
-redis.call("HINCRBY", KEYS[5], "admitted", 1)
-if ARGV[10] == "1" then
-  redis.call("SET", KEYS[4], ARGV[1] .. " " .. ARGV[11], "EX", ARGV[7])
+if refusal and refusal[1] == "share" then
+  if drain then return {"share", n, after, drain[1], drain[2], refusal[2]} end
+  return {"share", n, after, "0", -1, refusal[2]}
 end
-
--- Wake a worker only when its plan changes: the bin got its first job (a new
--- deadline), a new most urgent job (it overtook the head: an earlier deadline or
--- a higher priority), or just filled a batch. Other arrivals need no wake-up.
-local after = depth + 1
-if after == 1 or after == tonumber(ARGV[6]) or redis.call("ZRANK", KEYS[1], ARGV[1]) == 0 then
-  redis.call("RPUSH", KEYS[3], ARGV[3])
-  redis.call("LTRIM", KEYS[3], -tonumber(ARGV[13]), -1)
+if refusal then
+  return {"late", n, after, refusal[2], refusal[3], limit_ms}
 end
-return {"ok", ARGV[1], after, now_ms}
+if FIRST_JOB + 2 * n <= #ARGV then
+  return full(n, after)
+end
+return {"ok", n, after, now_ms}

@@ -2,9 +2,9 @@
 -- invariant checker (tests, and an operator chasing a stuck job). Uses KEYS: it
 -- walks the whole keyspace of this node, so run it on test data or rarely.
 --
--- KEYS[1]  leases  {p}:leases
--- ARGV[1]  glob of every bin zset "{p}:q:*"   ARGV[2] glob of every job hash "{p}:job:*"
--- ARGV[3]  job key prefix "{p}:job:"
+-- KEYS[1]  leases  {p.s}:leases
+-- ARGV[1]  glob of every bin zset "{p.s}:q:*"   ARGV[2] glob of every job hash "{p.s}:job:*"
+-- ARGV[3]  job key prefix "{p.s}:job:"
 --
 -- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
 -- entry, most urgent first; a zset holds an id once, so a duplicate can only be across

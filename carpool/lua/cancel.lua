@@ -1,7 +1,7 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
--- KEYS[1]  job hash {p}:job:<id>
--- ARGV[1]  id   ARGV[2] bin key prefix "{p}:q:" (the bin zset is <prefix><model>:<bin>,
+-- KEYS[1]  job hash {p.s}:job:<id>
+-- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".

@@ -1,9 +1,9 @@
 -- claim.lua: take up to N of one bin's most urgent jobs and lease them to one worker.
 --
--- KEYS[1]  bin zset  {p}:q:<model>:<bin>  (lowest score = most urgent first)
--- KEYS[2]  leases    {p}:leases  zset id -> lease deadline (ms)
+-- KEYS[1]  bin zset  {p.s}:q:<model>:<bin>  (lowest score = most urgent first)
+-- KEYS[2]  leases    {p.s}:leases  zset id -> lease deadline (ms)
 -- ARGV[1]  max_n     ARGV[2] lease_ms   ARGV[3] lease token (unique per claim)
--- ARGV[4]  job key prefix "{p}:job:"     ARGV[5] worker name
+-- ARGV[4]  job key prefix "{p.s}:job:"     ARGV[5] worker name
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time
@@ -12,7 +12,8 @@
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
 -- passed end "expired" here, are never computed, and their places go to the next
 -- jobs: `expired` counts them, so the worker that decided it counts each expiry once
--- (carpool_jobs_expired_total).
+-- (carpool_jobs_expired_total). Per job: one HMGET and one HSET; the leases zset gets
+-- one ZADD per slice popped, for all its live jobs at once.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -25,6 +26,7 @@ while live < max_n and budget > 0 do
   local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
   if #popped == 0 then break end
   budget = budget - #popped / 2
+  local leased = {}
   for i = 1, #popped, 2 do
     local id = popped[i]
     local key = ARGV[4] .. id
@@ -39,10 +41,11 @@ while live < max_n and budget > 0 do
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
-        local attempts = tonumber(job[4]) + 1
+        local attempts = (tonumber(job[4]) or 0) + 1
         redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
           "t_claim", now_ms, "attempts", attempts)
-        redis.call("ZADD", KEYS[2], lease_until, id)
+        leased[#leased + 1] = lease_until
+        leased[#leased + 1] = id
         out[#out + 1] = id
         out[#out + 1] = job[2]
         out[#out + 1] = job[3]
@@ -50,6 +53,9 @@ while live < max_n and budget > 0 do
         live = live + 1
       end
     end
+  end
+  if #leased > 0 then
+    redis.call("ZADD", KEYS[2], unpack(leased))
   end
 end
 return out

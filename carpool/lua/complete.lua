@@ -1,14 +1,18 @@
 -- complete.lua: write the results of one batch, once, and wake their waiters.
 --
--- KEYS[1]  leases  {p}:leases
--- KEYS[2]  stats   {p}:stats:<model>:<bin>  drained += jobs written; the drain rate and
---                                           the busy time behind it (busy_c)
--- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
+-- KEYS[1]  leases  {p.s}:leases
+-- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate and
+--                                             the busy time behind it (busy_c)
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
 -- ARGV[6]  drain-rate time constant, ms (carpool/retry_after.py)
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
+--
+-- Per job: one HMGET (the claim time too, for the busy time), then one HSET (which also blanks the input and the lease) and one
+-- EXPIRE; the leases zset loses all written ids in one ZREM, and one PUBLISH names
+-- them all (space-separated: carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the lease is no longer this
 -- claim's: the job was reclaimed, cancelled or already finished). A late,
@@ -18,32 +22,35 @@ redis.replicate_commands()
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-local written = 0
+local ours = {}  -- ARGV index of each job whose lease is still this claim's
 local claimed_ms = nil  -- when this batch was claimed: its busy time ends now
 for i = 7, #ARGV, 4 do
-  local id = ARGV[i]
-  local key = ARGV[2] .. id
-  local job = redis.call("HMGET", key, "status", "lease", "t_claim")
+  local job = redis.call("HMGET", ARGV[2] .. ARGV[i], "status", "lease", "t_claim")
   if job[1] == "running" and job[2] == ARGV[1] then
     claimed_ms = claimed_ms or tonumber(job[3])
-    local field = "result"
-    if ARGV[i + 1] == "failed" then field = "error" end
-    -- HDEL first: Redis refuses a script for memory only at its first write, and only
-    -- if that write may grow memory. Dropping the input first lets completions (which
-    -- free memory) go on while a full Redis (noeviction) refuses new admissions.
-    redis.call("HDEL", key, "input", "lease")  -- the input is no longer needed
-    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2],
-      "timings", ARGV[i + 3], "batch", ARGV[5], "t_done", now_ms)
-    redis.call("EXPIRE", key, ARGV[4])
-    redis.call("ZREM", KEYS[1], id)
-    redis.call("PUBLISH", ARGV[3], id)
     out[#out + 1] = 1
-    written = written + 1
+    ours[#ours + 1] = i
   else
     out[#out + 1] = 0
   end
 end
+local written = #ours
 if written > 0 then
+  -- ZREM first: Redis refuses a script for memory only at its first write, and only
+  -- if that write may grow memory (ZREM cannot). So completions, which free memory
+  -- (the input is blanked), go on while a full Redis (noeviction) refuses admissions.
+  local ended = {}
+  for k, i in ipairs(ours) do ended[k] = ARGV[i] end
+  redis.call("ZREM", KEYS[1], unpack(ended))
+  for _, i in ipairs(ours) do
+    local key = ARGV[2] .. ARGV[i]
+    local field = "result"
+    if ARGV[i + 1] == "failed" then field = "error" end
+    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
+      "batch", ARGV[5], "t_done", now_ms, "input", "", "lease", "")
+    redis.call("EXPIRE", key, ARGV[4])
+  end
+  redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/retry_after.py turns it into jobs/s: the sum over all workers.

@@ -1,8 +1,8 @@
 -- peek.lua: the state of several bins in one round trip, read-only.
 --
--- KEYS[1..n]    bin zsets {p}:q:<model>:<bin>
--- KEYS[n+1..2n] their stats hashes {p}:stats:<model>:<bin> (the "admitted" counter)
--- ARGV[1]       job key prefix "{p}:job:" (jobs are read from it; same slot)
+-- KEYS[1..n]    bin zsets {p.s}:q:<model>:<bin> of one model (one shard: carpool/keys.py)
+-- KEYS[n+1..2n] their stats hashes {p.s}:stats:<model>:<bin> (the "admitted" counter)
+-- ARGV[1]       job key prefix "{p.s}:job:" (jobs are read from it; same slot)
 -- ARGV[1+i]     bin i's max_batch: a bin holding fewer has every job looked at (its next
 --               batch takes them all); a full bin leaves at once anyway, so only its
 --               head (the most urgent job) is: a peek costs O(max_batch) at most

@@ -2,11 +2,11 @@
 -- killed), atomically, so several workers may run it at once: each expired lease is
 -- taken back by exactly one call.
 --
--- KEYS[1]  leases     {p}:leases  zset id -> lease deadline (ms)
--- KEYS[2]  dead list  {p}:dead    ids failed here, newest first, capped
+-- KEYS[1]  leases     {p.s}:leases  zset id -> lease deadline (ms)
+-- KEYS[2]  dead list  {p.s}:dead    ids failed here, newest first, capped
 -- ARGV[1]  most leases taken back per call      ARGV[2] max_attempts
--- ARGV[3]  job key prefix "{p}:job:"            ARGV[4] bin key prefix "{p}:q:"
--- ARGV[5]  wake key prefix "{p}:wake:"          ARGV[6] done channel
+-- ARGV[3]  job key prefix "{p.s}:job:"            ARGV[4] bin key prefix "{p.s}:q:"
+-- ARGV[5]  wake key prefix "{p.s}:wake:"          ARGV[6] done channel
 -- ARGV[7]  dead list cap                        ARGV[8] wake list cap
 -- ARGV[9]  result_ttl_s for a model not listed  ARGV[10..] pairs: model, result_ttl_s
 --

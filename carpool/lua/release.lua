@@ -4,9 +4,9 @@
 -- the bin's most urgent jobs, so they are at its front again, in claim order (a record
 -- without a score goes to the very front).
 --
--- KEYS[1]  leases  {p}:leases
--- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p}:job:"
--- ARGV[3]  bin key prefix "{p}:q:"      ARGV[4] wake key prefix "{p}:wake:"
+-- KEYS[1]  leases  {p.s}:leases
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
+-- ARGV[3]  bin key prefix "{p.s}:q:"      ARGV[4] wake key prefix "{p.s}:wake:"
 -- ARGV[5]  wake list cap                ARGV[6] "1": refund the attempt the claim counted
 --          (the job never reached the model), "0": keep it counted
 -- ARGV[7..] ids, in claim order

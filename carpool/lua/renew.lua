@@ -1,7 +1,7 @@
 -- renew.lua: push back the lease deadline of the jobs one claim still holds.
 --
--- KEYS[1]  leases  {p}:leases  zset id -> lease deadline (ms)
--- ARGV[1]  lease token of the claim   ARGV[2] lease_ms   ARGV[3] job key prefix "{p}:job:"
+-- KEYS[1]  leases  {p.s}:leases  zset id -> lease deadline (ms)
+-- ARGV[1]  lease token of the claim   ARGV[2] lease_ms   ARGV[3] job key prefix "{p.s}:job:"
 -- ARGV[4..] the claim's job ids
 --
 -- Returns {now_ms, held_1, held_2, ...}: 1 renewed, 0 no longer this claim's (reaped,

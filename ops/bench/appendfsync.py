@@ -74,7 +74,7 @@ def admit_many(queue: Queue, n: int, value: str) -> list[float]:
     latencies = []
     for _ in range(n):
         t0 = time.perf_counter()
-        queue.admit(spec, bin_spec, new_job_id(), body, queued_ttl_s=600)
+        queue.admit(spec, bin_spec, new_job_id(spec.name), body, queued_ttl_s=600)
         latencies.append((time.perf_counter() - t0) * 1e6)
     return latencies
 
@@ -82,7 +82,7 @@ def admit_many(queue: Queue, n: int, value: str) -> list[float]:
 def measure(url: str, jobs: int, clients: int) -> dict[str, float]:
     value = "x" * 1000
     # Each client admits under its own key prefix, so no bin reaches its bound (5000).
-    prefix = f"bench-{new_job_id()[:8]}"
+    prefix = f"bench-{new_job_id('bench')[4:12]}"
     solo = Queue(connect(url), Keys(prefix + "-solo"))
     lat = admit_many(solo, jobs, value)
     per_thread = jobs // clients

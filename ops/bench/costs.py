@@ -25,7 +25,7 @@ import psutil
 import redis
 import requests
 
-from carpool.keys import Keys
+from carpool.keys import Keys, shard
 from carpool.localstack import web_command, worker_command
 from carpool.redis_local import free_port, start_redis
 from carpool.synthetic import batch_cost_s
@@ -158,7 +158,7 @@ def _ok(url: str) -> bool:
 
 def _done_times(r: redis.Redis) -> list[tuple[int, int]]:
     out = []
-    for key in r.scan_iter(match=KEYS.job_prefix + "*", count=1000):
+    for key in r.scan_iter(match=KEYS.job_pattern(shard("synthetic")), count=1000):
         claim, done = r.hmget(key, "t_claim", "t_done")
         if claim and done:
             out.append((int(claim), int(done)))

@@ -11,7 +11,7 @@ serving, all in one run.
    collate → device → forward → postprocess (``TorchExecutor.forward``) back to
    back at each batch size; the best rate is the denominator.
 2. Served, ``configured``: a real Celery worker (the command of
-   ops/commands.toml) with the torch executor, fast lane ``max_batch`` = the
+   carpool/commands.toml) with the torch executor, fast lane ``max_batch`` = the
    offline best size, ``max_wait_ms`` 10; a backlog of JPEGs (512 x 384, as the
    web stores them) admitted straight into Redis; rate = jobs completed between
    the end of the first batch and the last completion, on Redis's clock.
@@ -41,6 +41,7 @@ import torch
 from preprocess import photo, stored  # type: ignore[import-not-found]  # this folder
 
 from carpool.catalogue import BinSpec, ModelSpec
+from carpool.commands import argv
 from carpool.jobs import new_job_id
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
@@ -48,8 +49,7 @@ from carpool.settings import ExecutorSettings
 from worker.executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 
-WORKER_ARGV = ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo",
-               "--concurrency", "1", "-E", "-n", "bench@%h", "--loglevel", "INFO"]
+WORKER_ARGV = [*argv("worker", node="bench@%h"), "--loglevel", "INFO"]
 OPTIONS = {"arch": "resnet18", "weights": "random", "labels": "imagenet", "top_k": 5}
 START_TIMEOUT_S, DRAIN_TIMEOUT_S = 120.0, 600.0
 #: Intra-op threads on the CPU: a worker shares its cores (see docs/benchmarks.md).
@@ -135,7 +135,7 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
                 raise SystemExit(f"worker did not start; see {log}")
             time.sleep(0.2)  # a process we just started: no event to wait on
         fast = s.bins[0]
-        ids = [queue.admit(s, fast, new_job_id(), x, queued_ttl_s=3600).id for x in inputs]
+        ids = [queue.admit(s, fast, new_job_id(s.name), x, queued_ttl_s=3600).id for x in inputs]
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while True:
             views = [queue.get(i) for i in ids]
@@ -148,7 +148,8 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             client.delete(*keys)
 

@@ -34,6 +34,16 @@ USER 10001
 # of coming up root-owned and unwritable (/app, the working folder, is root's).
 ENV HOME=/home/carpool \
     CARPOOL_PROFILE_DIR=/var/cache/carpool/profiles
+# torchvision's pretrained weights for `weights = "torchvision"`, baked in at build
+# time so the worker starts offline: a comma list of architectures, e.g.
+#   docker build --build-arg CARPOOL_TORCHVISION_WEIGHTS=resnet18 ...
+# They go to TORCH_HOME's cache, outside $HOME/.cache (compose mounts a volume there,
+# which would hide them). Empty (the default): nothing is downloaded.
+ARG CARPOOL_TORCHVISION_WEIGHTS=""
+ENV TORCH_HOME=/home/carpool/torch
+RUN for arch in $(echo "$CARPOOL_TORCHVISION_WEIGHTS" | tr ',' ' '); do \
+      python -c "import sys, torchvision as tv; tv.models.get_model(sys.argv[1], weights=tv.models.get_model_weights(sys.argv[1]).DEFAULT)" "$arch" || exit 1; \
+    done
 
 # Worker metrics (CARPOOL_WORKER_METRICS_PORT).
 EXPOSE 9100
@@ -41,7 +51,7 @@ EXPOSE 9100
 # SIGTERM is Celery's warm shutdown: finish the batch in hand, hand unstarted
 # leases back to their bins, exit. SIGQUIT would be a cold shutdown.
 STOPSIGNAL SIGTERM
-# Equal to ops/commands.toml [worker], which the end-to-end tests run.
+# Equal to carpool/commands.toml [worker], which the end-to-end tests run.
 # --pool solo: the batching loop owns the GPU in this one process; CUDA does not
 # survive a fork, so no prefork children.
 CMD ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo", "--concurrency", "1", "-E", "-n", "worker@%h"]

@@ -7,6 +7,10 @@
   the handler builds;
 - a TorchScript archive (``torch.jit.save``), detected by its ``code/`` entries;
 - a ``torch.export`` program (``torch.export.save``, a ``.pt2`` file);
+- ``"torchvision"``: the ``DEFAULT`` pretrained weights of ``options["arch"]``
+  through torchvision's weights API, from its cache under ``TORCH_HOME``
+  (``$TORCH_HOME/hub/checkpoints``; downloaded there once when missing and the
+  network allows; the worker image can bake them in at build time);
 - ``"random"``: random initial weights, for benchmarks only, and only when asked
   for by name — a missing setting is an error, never a silent random model.
 """
@@ -28,6 +32,7 @@ from carpool.errors import ConfigError
 log = logging.getLogger(__name__)
 
 RANDOM = "random"
+TORCHVISION = "torchvision"
 #: Keys under which training scripts commonly nest the state dict in a checkpoint.
 NESTED_STATE_KEYS = ("state_dict", "model", "model_state_dict")
 
@@ -39,7 +44,9 @@ def weights_setting(spec: ModelSpec) -> str:
         raise ConfigError(
             f"model {spec.name!r} has no weights: set [models.{spec.name}.options] "
             "weights = \"/path/to/file\" in CARPOOL_CONFIG (a state dict, a TorchScript "
-            "archive or a torch.export .pt2 file), or weights = \"random\" for benchmarks")
+            "archive or a torch.export .pt2 file), weights = \"torchvision\" for torchvision's "
+            "pretrained weights (cached under TORCH_HOME), or weights = \"random\" for "
+            "benchmarks")
     return str(weights)
 
 
@@ -72,6 +79,29 @@ def _load_torchscript(spec: ModelSpec, path: Path) -> torch.nn.Module:
     return scripted.eval()
 
 
+def _load_torchvision(spec: ModelSpec) -> torch.nn.Module:
+    """torchvision's DEFAULT weights of ``options["arch"]``, from the TORCH_HOME cache."""
+    import torchvision
+
+    arch = str(spec.options.get("arch"))
+    try:
+        default = torchvision.models.get_model_weights(arch).DEFAULT
+    except (ValueError, KeyError, AttributeError):
+        raise ConfigError(f"model {spec.name!r}: weights = \"torchvision\" needs options.arch "
+                          f"to name a torchvision model with pretrained weights, not {arch!r}"
+                          ) from None
+    cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(default.url).name
+    try:
+        model: torch.nn.Module = torchvision.models.get_model(arch, weights=default)
+    except Exception as exc:  # noqa: BLE001 — no network, a bad cache file: say where to put it
+        raise ConfigError(
+            f"model {spec.name!r}: cannot load torchvision's {default} ({exc}); put "
+            f"{default.url} at {cache} (TORCH_HOME sets the folder) or allow the download"
+        ) from exc
+    log.info("model %r: torchvision weights %s from %s", spec.name, default, cache)
+    return model.eval()
+
+
 def load_module(spec: ModelSpec, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     """The model ``spec`` names, on the CPU, in eval mode; ``build`` makes its architecture."""
     weights = weights_setting(spec)
@@ -79,6 +109,8 @@ def load_module(spec: ModelSpec, build: Callable[[], torch.nn.Module]) -> torch.
         log.warning("model %r runs with RANDOM weights (options.weights = \"random\"): "
                     "its outputs mean nothing; use it for benchmarks only", spec.name)
         return build().eval()
+    if weights == TORCHVISION:
+        return _load_torchvision(spec)
     path = Path(weights)
     if not path.is_file():
         raise ConfigError(f"model {spec.name!r}: weights file {path} does not exist")
