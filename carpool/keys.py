@@ -18,8 +18,8 @@ leases) has a tag of its own, ``{p}``.
                                     last_batch_ms, and the drain rate as rate_c (decayed
                                     count), rate_t, rate_t0 (for Retry-After), and the
                                     workers' busy speed as busy_c (decayed count), busy_ms
-    {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight":
-                                    each tenant's recent part of the bin, for fair share
+    {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
+                                    virtual clock (µs)": fair share and fair queueing
     {p.s}:bytes:<model>       hash  queued input bytes of the model by admission time bucket
                                     ("<bucket>" -> bytes) and the bucket width ("w", ms):
                                     the byte budget (admit.lua; carpool/budget.py)

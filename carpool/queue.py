@@ -37,6 +37,7 @@ from carpool.retry_after import (
     DRAIN_STALE_MS,
     DRAIN_TAU_MS,
     FAIR_SHARE_NEAR,
+    fair_lead_cap_ms,
 )
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 from carpool.wake import ShardWaiters
@@ -151,24 +152,17 @@ class Queue:
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
 
     def admit(
-        self,
-        model: ModelSpec,
-        bin_spec: BinSpec,
-        job_id: str,
-        input_json: str,
-        *,
-        queued_ttl_s: int,
-        deadline_ms: int = 0,
-        priority: int = 0,
-        idempotency_digest: str | None = None,
-        input_digest: str = "",
-        owner: str = "",
+        self, model: ModelSpec, bin_spec: BinSpec, job_id: str, input_json: str, *,
+        queued_ttl_s: int, deadline_ms: int = 0, priority: int = 0,
+        idempotency_digest: str | None = None, input_digest: str = "", owner: str = "",
         owner_weight: float = 1.0,
     ) -> Admitted:
         """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
         ``WaitTooLong`` when it would start after its deadline (else max_queue_ms), and
         ``OverShare`` near the bound when ``owner`` is over its ``owner_weight``'s share,
         and ``BudgetFull`` when the input would pass the model's (or key's) byte budget.
+        With an ``owner``, the job sorts behind that owner's backlog by its virtual clock
+        (fair queueing between owners: docs/admission.md).
 
         ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
         its bin follows from its deadline and priority (carpool.urgency).
@@ -248,6 +242,7 @@ class Queue:
             sort_offset_ms(model, deadline_ms, request.priority), request.owner,
             input_digest if idempotency_digest else "", model.max_queue_ms_of(bin_spec),
             DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
+            fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             model.max_queued_bytes, model.key_queued_bytes, bucket_ms(request.queued_ttl_s),
             LIVE_BUCKETS]
         for job_id, input_json in jobs:

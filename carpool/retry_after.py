@@ -20,6 +20,18 @@ DRAIN_MIN_AGE_MS = 1_000
 #: Fair share starts refusing an owner over its share at this part of a bin's bound
 #: (max_depth, or the predicted-wait limit): the rest is kept for owners under theirs.
 FAIR_SHARE_NEAR = 0.8
+#: Fair queueing: an owner's virtual clock leads now by at most this many times the
+#: bin's max_queue_ms, so a tenant that flooded while the bin had room is not held
+#: back for long once others return; its queued jobs wait about max_queue_ms, so
+#: twice that keeps every one of them behind a quiet tenant's new job.
+FAIR_LEAD_QUEUE_FACTOR = 2
+#: ... and at most this long where the bin has no max_queue_ms (0: depth alone).
+FAIR_LEAD_MAX_MS = 60_000
+
+
+def fair_lead_cap_ms(max_queue_ms: int) -> int:
+    """The most an owner's virtual clock may lead now in a bin with ``max_queue_ms``."""
+    return FAIR_LEAD_QUEUE_FACTOR * max_queue_ms if max_queue_ms > 0 else FAIR_LEAD_MAX_MS
 #: Admission by predicted wait trusts a drain rate only while the bin drained within
 #: this long; after that (workers gone, scale from zero) the depth bound alone holds,
 #: so a bin that no worker serves yet still queues up to max_depth.
@@ -44,8 +56,10 @@ def retry_after_s(depth: int, rate_per_s: float) -> float:
 
 
 def share_retry_after_s(excess: float, rate_per_s: float) -> float:
-    """Seconds until an owner ``excess`` recent jobs over its share is back within it:
-    its excess drains at the bin's rate (an estimate: its count decays as well)."""
+    """Seconds until an owner ``excess`` jobs over its share is back within it: its
+    excess drains at the bin's rate. With a drain rate the excess is its virtual
+    clock's lead over the bin's bound, so this is exact in the clock's terms; without
+    one it is of recent admissions (an estimate: that count decays as well)."""
     if rate_per_s <= 0:  # no drain measured: its count falls by e-fold in DRAIN_TAU_MS
         return min(RETRY_AFTER_MAX_S, DRAIN_TAU_MS / 1000)
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, excess / rate_per_s))

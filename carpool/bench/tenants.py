@@ -3,9 +3,9 @@
 The stack runs with two API keys. The quiet tenant sends ``--quiet`` × the
 stack's analytical limit, first alone (its unloaded latency), then while the
 flooding tenant sends ``--flood`` × the limit on the same bin. Fair share
-(docs/admission.md) should refuse the flood near the bin's bound and keep
-admitting the quiet tenant: the report compares the quiet tenant's p99 and 429s
-in both runs.
+(docs/admission.md) should refuse the flood near the bin's bound, keep admitting
+the quiet tenant and sort its jobs ahead of the flood's backlog: the report
+compares the quiet tenant's p99 and 429s in both runs.
 """
 
 from __future__ import annotations

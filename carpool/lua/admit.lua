@@ -2,19 +2,20 @@
 --
 -- One call admits a whole submission (POST /submit: one job; POST /submit/batch: the
 -- jobs of one bin), so what does not depend on the job (the clock, the depth, the
--- counter, the drain rate, the wake check) is paid once per call, not once per job.
--- Each job is still checked as if admitted alone, in order: the bound, the byte
--- budget, its predicted wait, its owner's fair share. The first job refused ends the
--- call (every later one would be refused for the same reason), and the jobs before
--- it are queued.
+-- counter, the drain rate, the owner's state, the wake check) is paid once per call,
+-- not once per job. Each job is still checked as if admitted alone, in order: the
+-- bound, the byte budget, its predicted wait, its owner's fair share; with an owner,
+-- each job sorts by its owner's virtual clock as it stands after the call's earlier
+-- jobs. The first job refused ends the call (every later one would be refused for the
+-- same reason), and the jobs before it are queued.
 --
 -- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
 -- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
 -- KEYS[3]  idempotency   {p.s}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
 -- KEYS[4]  stats hash    {p.s}:stats:<model>:<bin>  admitted += jobs admitted; drain rate
---                        read when full or when the predicted wait is checked
--- KEYS[5]  tenants hash  {p.s}:tenants:<model>:<bin>  owner -> "count as-of-ms weight",
---                        when owned
+--                        read when full, when the predicted wait is checked, or owned
+-- KEYS[5]  tenants hash  {p.s}:tenants:<model>:<bin>  owner -> "count as-of-ms weight
+--                        clock", when owned
 -- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/budget.py)
 -- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
 -- ARGV[1]  job key prefix "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
@@ -31,9 +32,10 @@
 -- ARGV[15] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
 -- ARGV[16] drain-rate minimum age, ms  ARGV[17] a drain rate older than this is unknown, ms
 -- ARGV[18] the owner's fair-share weight  ARGV[19] "near the bound" as a fraction of it
--- ARGV[20] model byte budget, bytes (0: none)  ARGV[21] per-key byte budget (0: none)
--- ARGV[22] bucket width, ms    ARGV[23] live buckets (carpool/budget.py)
--- ARGV[24..] per job, 2 values: id, input (JSON)
+-- ARGV[20] the most an owner's virtual clock may lead now, ms (fair queueing)
+-- ARGV[21] model byte budget, bytes (0: none)  ARGV[22] per-key byte budget (0: none)
+-- ARGV[23] bucket width, ms    ARGV[24] live buckets (carpool/budget.py)
+-- ARGV[25..] per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
@@ -42,9 +44,10 @@
 --         max_depth: the bin's drain counter decayed to now and the time since its first
 --         drain (-1: never drained), for Retry-After;
 --         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
---         refused by predicted wait (`ahead` jobs sort before it, drained at that rate);
+--         refused by predicted wait (`ahead` jobs sort before it, drained at that rate),
+--         or its owner's turn comes after its deadline (`ahead` is that lead in jobs);
 --         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
---         owner is over its share (by `excess` recent jobs);
+--         owner is over its share (by `excess` jobs);
 --         {"over", admitted, depth_after, "model" | "key", held_bytes, budget_bytes}:
 --         the next job's input would pass the byte budget (held counts the call's
 --         earlier jobs);
@@ -69,7 +72,7 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 24
+local FIRST_JOB = 25
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
@@ -94,9 +97,9 @@ end
 -- on top of what is held and the call's earlier jobs, would pass a budget.
 -- The counts are added once, for the jobs finally admitted (below).
 local budgets = {}  -- {key, budget, scope, held, width, new hash}
-if tonumber(ARGV[20]) > 0 then budgets[1] = {KEYS[6], tonumber(ARGV[20]), "model"} end
-if ARGV[13] ~= "" and tonumber(ARGV[21]) > 0 then
-  budgets[#budgets + 1] = {KEYS[7], tonumber(ARGV[21]), "key"}
+if tonumber(ARGV[21]) > 0 then budgets[1] = {KEYS[6], tonumber(ARGV[21]), "model"} end
+if ARGV[13] ~= "" and tonumber(ARGV[22]) > 0 then
+  budgets[#budgets + 1] = {KEYS[7], tonumber(ARGV[22]), "key"}
 end
 local over = nil  -- {scope, held_bytes, budget_bytes} of the first job over a budget
 for _, b in ipairs(budgets) do
@@ -106,8 +109,8 @@ for _, b in ipairs(budgets) do
     if h[i] == "w" then w = tonumber(h[i + 1]) end
   end
   b[6] = w == nil  -- a new hash: record its bucket width
-  w = w or tonumber(ARGV[22])
-  local oldest = math.floor(now_ms / w) - tonumber(ARGV[23])
+  w = w or tonumber(ARGV[23])
+  local oldest = math.floor(now_ms / w) - tonumber(ARGV[24])
   for i = 1, #h, 2 do
     local bucket = tonumber(h[i])
     if bucket and bucket <= oldest then
@@ -137,20 +140,20 @@ if #budgets > 0 then
 end
 -- <<< byte budget <<<
 
--- Jobs of one call get consecutive scores, so they keep their order in the bin.
-local base_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[12]) * 1000
-
--- >>> admission by predicted wait (docs/admission.md) >>>
--- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
--- measured drain rate) is later than its deadline, else than max_queue_ms. Within
--- the first batch, or with no recent drain (cold start, scale from zero): depth alone.
--- The rate and the jobs ahead of the call's first job are read once per call; job i
--- of the call has the call's i earlier jobs ahead of it as well.
+-- Job i of a call sorts at base_us + i (later by its owner's clock lead, which only
+-- grows within the call): the call's jobs keep their order in the bin.
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local base_us = now_us + tonumber(ARGV[12]) * 1000
 local limit_ms = tonumber(ARGV[10])
 if limit_ms <= 0 then limit_ms = tonumber(ARGV[15]) end
+local owned = ARGV[13] ~= ""
+
+-- The bin's drain rate, read once per call: past the first batch, for the predicted
+-- wait and, with an owner, for its virtual clock. None recent (cold start, scale from
+-- zero): depth alone. Job i is timed (judged with the rate) when depth + i is past
+-- the first batch, as if admitted alone.
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
-local late = nil   -- {ahead, jobs/s} of the first job refused by its predicted wait
-if limit_ms > 0 and depth + n - 1 >= max_batch then
+if depth + n - 1 >= max_batch and (limit_ms > 0 or owned) then
   local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0", "busy_c")
   if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[17]) then
     local tau = tonumber(ARGV[9])
@@ -161,66 +164,134 @@ if limit_ms > 0 and depth + n - 1 >= max_batch then
     local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
     local per_ms = math.max(c / (tau * (1 - math.exp(-age / tau))), busy_per_ms)
     drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
-    local ahead0 = redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", base_us))
-    for i = math.max(0, max_batch - depth), n - 1 do
-      if (ahead0 + i) * 1.0 > limit_ms * per_ms then
-        late = {ahead0 + i, string.format("%.6f", per_ms * 1000)}
-        n = i
-        break
-      end
-    end
   end
 end
--- <<< admission by predicted wait <<<
+local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 
--- >>> fair share between tenants (docs/admission.md) >>>
--- Each owner's admissions into the bin are a decayed count (time constant ARGV[9]).
--- Near the bound (depth, or predicted wait of the whole bin, over ARGV[19] of its
--- limit), an owner whose part of the recent admissions is over its weight's part of
--- the active owners' weights is refused first; one under its part is admitted.
--- The owners' counts are read once per call; each job admitted adds one to its
--- owner's count (all jobs of a call have one owner), written back once.
-local share = nil  -- the excess of the first job refused for its owner's share
-if ARGV[13] ~= "" and n > 0 then
-  local tau, frac, w = tonumber(ARGV[9]), tonumber(ARGV[19]), tonumber(ARGV[18])
-  local function near(d)
-    if d >= frac * tonumber(ARGV[4]) then return true end
-    return drain ~= nil and d >= max_batch and d >= frac * limit_ms * drain[3]
-  end
-  local mine = 0
-  if near(depth + n - 1) then  -- near only grows with depth: else no job of the call is
-    local all = redis.call("HGETALL", KEYS[5])
-    local sum_c, sum_w = 0, 0
-    for i = 1, #all, 2 do
-      local c, at, wt = string.match(all[i + 1], "(%S+) (%S+) (%S+)")
-      c = tonumber(c) * math.exp(-(now_ms - tonumber(at)) / tau)
-      if all[i] == ARGV[13] then mine = c end
-      if c >= 0.5 or all[i] == ARGV[13] then  -- active: one admission within ~0.7 tau
-        sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
-      end
-    end
-    if mine == 0 then sum_w = sum_w + w end
-    for i = 0, n - 1 do
-      if near(depth + i) and sum_c > 0 and mine / sum_c > w / sum_w then
-        share = string.format("%.3f", mine - sum_c * w / sum_w)
-        n = i
-        break
-      end
-      mine, sum_c = mine + 1, sum_c + 1
-    end
+-- >>> fair share between tenants (docs/admission.md): the owner's state >>>
+-- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)", read
+-- once per call (all jobs of a call have one owner) and written back once.
+-- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[19] of
+-- its limit), an owner over its weight's part of the active owners' weights is refused
+-- first; one under its part is admitted. Its part: of the bin's bound, its queued
+-- jobs as its clock's lead says; with no drain rate (no clock), of recent admissions.
+-- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
+-- its owner's virtual clock is ahead of now; the clock then advances by one job's
+-- service time at the owner's fair rate. It never leads now by more than ARGV[20] ms.
+local tau, frac, w = tonumber(ARGV[9]), tonumber(ARGV[19]), tonumber(ARGV[18])
+local function near(d)
+  if d >= frac * tonumber(ARGV[4]) then return true end
+  return drain ~= nil and limit_ms > 0 and d >= max_batch and d >= frac * limit_ms * drain[3]
+end
+local mine, clock_us, sum_c, sum_w = 0, 0, 0, 0
+local forgotten = {}  -- owners idle for ~5 tau: dropped, so the hash stays small
+local cap_us, dl_us = now_us + tonumber(ARGV[20]) * 1000, tonumber(ARGV[10]) * 1000
+if owned then
+  local all, found = {}, false
+  if drain or near(depth + n - 1) then  -- near only grows with depth: else no job is
+    all = redis.call("HGETALL", KEYS[5])
   else
     local prev = redis.call("HGET", KEYS[5], ARGV[13])
-    if prev then
-      local pc, pt = string.match(prev, "(%S+) (%S+)")
-      mine = tonumber(pc) * math.exp(-(now_ms - tonumber(pt)) / tau)
+    if prev then all = {ARGV[13], prev} end
+  end
+  for i = 1, #all, 2 do
+    local c, ct, wt, v = string.match(all[i + 1], "(%S+) (%S+) (%S+) ?(%S*)")
+    c, v = tonumber(c) * math.exp(-(now_ms - tonumber(ct)) / tau), tonumber(v) or 0
+    if all[i] == ARGV[13] then
+      mine, clock_us, found = c, v, true
+    elseif c < 0.01 and v < now_us then
+      forgotten[#forgotten + 1] = all[i]
     end
-    mine = mine + n
+    if c >= 0.5 or all[i] == ARGV[13] then  -- active: one admission within ~0.7 tau
+      sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
+    end
   end
-  if n > 0 then
-    redis.call("HSET", KEYS[5], ARGV[13], string.format("%.4f %d %s", mine, now_ms, ARGV[18]))
-    redis.call("EXPIRE", KEYS[5], ARGV[6])
-  end
+  if not found then sum_w = sum_w + w end
 end
+-- <<< fair share between tenants <<<
+
+-- Each job in order: its predicted wait, then its owner's share. The first job
+-- refused ends the call (every later one would be refused for the same reason).
+local scores = {}  -- of the jobs admitted, in order
+local refusal = nil  -- {"late", ahead, jobs/s} | {"share", excess}: the first job refused
+local ahead0, counted_us, counted = nil, nil, 0
+for i = 0, n - 1 do
+  local timed = drain ~= nil and depth + i >= max_batch
+  local sort_us = base_us
+
+  -- >>> fair share between tenants: fair queueing of job i >>>
+  local start_us = now_us  -- where its owner's clock stands for it
+  if owned and timed then
+    start_us = math.min(math.max(clock_us, now_us), cap_us)
+    if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
+      refusal = {"late", math.ceil((start_us - now_us) / 1000 * drain[3]), rate_s}
+      n = i
+      break
+    end
+    sort_us = base_us + start_us - now_us
+    if dl_us > 0 then sort_us = math.min(sort_us, now_us + dl_us) end  -- never past it
+  end
+  -- <<< fair share between tenants <<<
+
+  -- >>> admission by predicted wait (docs/admission.md) >>>
+  -- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
+  -- measured drain rate) is later than its deadline, else than max_queue_ms. Within
+  -- the first batch, or with no recent drain: depth alone. The jobs ahead of the
+  -- call's score are counted once per call, again only for a job fair queueing moved;
+  -- the call's i earlier jobs sort ahead of job i as well.
+  if timed and limit_ms > 0 then
+    local ahead
+    if sort_us == base_us then
+      ahead0 = ahead0 or redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", base_us))
+      ahead = ahead0 + i
+    else
+      if sort_us ~= counted_us then
+        counted_us = sort_us
+        counted = redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", sort_us))
+      end
+      ahead = counted + i
+    end
+    if ahead * 1.0 > limit_ms * drain[3] then
+      refusal = {"late", ahead, rate_s}
+      n = i
+      break
+    end
+  end
+  -- <<< admission by predicted wait <<<
+
+  -- >>> fair share between tenants: job i's share; then its admission moves the clock >>>
+  if owned then
+    if near(depth + i) and sum_w > w then  -- others active: is it over its part?
+      local excess = mine - sum_c * w / sum_w  -- in recent admissions, without a drain rate
+      if timed then
+        -- Its clock leads now by its queued jobs at its fair rate (rate * w / sum_w), so
+        -- it holds over its part of the bin's bound when that lead is over the bound's
+        -- drain time. The excess, in jobs at the bin's rate, gives its own Retry-After.
+        local bound = tonumber(ARGV[4])
+        if limit_ms > 0 then bound = math.min(bound, limit_ms * drain[3]) end
+        excess = (start_us - now_us) / 1000 * drain[3] - bound
+      end
+      if excess > 0 then
+        refusal = {"share", string.format("%.3f", excess)}
+        n = i
+        break
+      end
+    end
+    mine, sum_c = mine + 1, sum_c + 1
+    if timed then clock_us = math.min(start_us + 1000 * sum_w / (w * drain[3]), cap_us) end
+  end
+  -- <<< fair share between tenants <<<
+  scores[i + 1] = string.format("%.0f", sort_us + i)
+end
+-- >>> fair share between tenants: the owner's state, written back once >>>
+-- After every check: a full Redis refuses a script's first write only if it may grow
+-- memory (docs/architecture.md), so an HDEL goes after the first HSET.
+if owned and n > 0 then
+  redis.call("HSET", KEYS[5], ARGV[13],
+    string.format("%.4f %d %s %.0f", mine, now_ms, ARGV[18], clock_us))
+  redis.call("EXPIRE", KEYS[5], ARGV[6])
+end
+if #forgotten > 0 then redis.call("HDEL", KEYS[5], unpack(forgotten)) end
 -- <<< fair share between tenants <<<
 
 local after = depth + n
@@ -255,7 +326,7 @@ if n > 0 then
   local members = {}
   for i = 0, n - 1 do
     local id = ARGV[FIRST_JOB + 2 * i]
-    local score = string.format("%.0f", base_us + i)
+    local score = scores[i + 1]
     fields[10] = ARGV[FIRST_JOB + 2 * i + 1]
     fields[12] = score
     redis.call("HSET", ARGV[1] .. id, unpack(fields))
@@ -272,7 +343,7 @@ if n > 0 then
   -- Wake a worker only when its plan changes: the bin got its first jobs (a new
   -- deadline), a new most urgent job (it overtook the head: an earlier deadline or a
   -- higher priority), or just filled a batch. Other arrivals need no wake-up.
-  if head == nil or (depth < max_batch and after >= max_batch) or base_us < head then
+  if head == nil or (depth < max_batch and after >= max_batch) or tonumber(scores[1]) < head then
     redis.call("RPUSH", KEYS[2], ARGV[3])
     redis.call("LTRIM", KEYS[2], -tonumber(ARGV[8]), -1)
   end
@@ -286,20 +357,19 @@ if n > 0 then
       local bucket = string.format("%d", math.floor(now_ms / b[5]))
       if redis.call("HINCRBY", b[1], bucket, sum) == sum then
         -- A new bucket: the hash outlives every record admitted in it (and before).
-        redis.call("PEXPIRE", b[1], (tonumber(ARGV[23]) + 1) * b[5])
+        redis.call("PEXPIRE", b[1], (tonumber(ARGV[24]) + 1) * b[5])
       end
     end
   end
   -- <<< byte budget <<<
 end
 
--- Fair share ran on the jobs the predicted wait let through: it refused the earlier one.
-if share then
-  if drain then return {"share", n, after, drain[1], drain[2], share} end
-  return {"share", n, after, "0", -1, share}
+if refusal and refusal[1] == "share" then
+  if drain then return {"share", n, after, drain[1], drain[2], refusal[2]} end
+  return {"share", n, after, "0", -1, refusal[2]}
 end
-if late then
-  return {"late", n, after, late[1], late[2], limit_ms}
+if refusal then
+  return {"late", n, after, refusal[2], refusal[3], limit_ms}
 end
 if over then  -- byte budget: the bound let the job through, its input did not fit
   return {"over", n, after, over[1], over[2], over[3]}
