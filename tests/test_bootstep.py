@@ -10,7 +10,7 @@ import pytest
 from carpool.errors import ConfigError
 from carpool.settings import Settings
 from worker.bootstep import load_handlers, make_executor
-from worker.pipeline import InlineExecutor, PipelinedExecutor
+from worker.executors.pipelined import PipelinedExecutor
 
 
 def test_a_model_named_in_carpool_models_without_weights_stops_the_worker(
@@ -35,7 +35,9 @@ def test_a_synthetic_only_worker_pipelines_two_batches_without_torch(
     assert seeds == {}  # no calibration without torch
     executor.close()
     inline = replace(settings, executor=replace(settings.executor, pipeline_depth=1))
-    assert isinstance(make_executor(inline, handlers)[0], InlineExecutor)
+    one_at_a_time = make_executor(inline, handlers)[0]
+    assert isinstance(one_at_a_time, PipelinedExecutor) and one_at_a_time.depth == 1
+    one_at_a_time.close()
 
 
 def test_a_synthetic_only_worker_never_imports_torch() -> None:
@@ -53,14 +55,10 @@ def test_a_synthetic_only_worker_never_imports_torch() -> None:
 
 def test_the_limits_metrics_read_carry_the_memory_guards_cap(settings: Settings) -> None:
     from worker.loop import BatchLoop
-    from worker.memory import MemoryGuard
-
-    class GuardedExecutor(InlineExecutor):
-        guard = MemoryGuard(None)
-
     handlers = load_handlers(settings, ("synthetic",), explicit=True)
-    loop = BatchLoop(settings, None, handlers, "w", executor=GuardedExecutor())  # type: ignore[arg-type]
-    GuardedExecutor.guard.on_out_of_memory(("synthetic", "small"), 32)
+    executor = PipelinedExecutor()
+    loop = BatchLoop(settings, None, handlers, "w", executor=executor)  # type: ignore[arg-type]
+    executor.guard.on_out_of_memory(("synthetic", "small"), 32)
     limits = loop.live_limits()
     assert limits[("synthetic", "small")].max_batch == 16
     assert limits[("synthetic", "medium")] == loop.limits[("synthetic", "medium")]

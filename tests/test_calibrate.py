@@ -15,9 +15,9 @@ from carpool.settings import ExecutorSettings, load_settings
 from tests.simcuda import MIB, SimCuda, SimHandler
 from worker.bootstep import make_executor
 from worker.calibrate import calibrate, ladder, prepare
-from worker.executor import TorchExecutor
+from worker.executors.ladder import rungs
+from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
-from worker.ladder import rungs
 from worker.profile import BinProfile, Point, digest, load, path_for
 
 torch.set_num_threads(1)

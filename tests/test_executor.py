@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.jobs import Claim, JobStatus, new_job_id
+from carpool.catalogue import BinSpec, ModelSpec, load_catalogue
+from carpool.jobs import JobStatus, new_job_id
 from carpool.queue import Queue
 from carpool.settings import ExecutorSettings, Settings
-from worker.executor import TorchExecutor
-from worker.loop import BatchLoop, BatchReport
+from tests.hookrec import Recorder
+from worker.executors.torch_executor import TorchExecutor
+from worker.handlers.synthetic import SyntheticHandler
+from worker.loop import BatchLoop
 from worker.memory import MemoryGuard
 
 torch.set_num_threads(1)
@@ -133,23 +135,19 @@ def test_batch_n_plus_1_is_claimed_and_preprocessed_while_batch_n_computes(
     assert [s for s, _ in results(queue, ids)] == [JobStatus.DONE] * 8
 
 
-def test_listeners_hear_started_and_finished_for_every_claim_in_order(
+def test_hooks_hear_claimed_and_finished_for_every_claim_in_order(
         settings: Settings, queue: Queue) -> None:
-    heard: list[tuple[str, str, int]] = []
-
-    def listener(phase: str, claim: Claim, report: BatchReport | None) -> None:
-        heard.append((phase, claim.token, report.size if report else len(claim.jobs)))
-
+    heard = Recorder()
     loop, executor = make_loop(settings, queue, TinyHandler())
-    loop.listeners.append(listener)
+    loop.hooks.append(heard)
     ids = admit(queue, range(9))
     serve_until_done(loop, queue, ids)
     executor.close()
-    tokens = [t for p, t, _ in heard if p == "started"]
-    assert [t for p, t, _ in heard if p == "finished"] == tokens
-    assert len(tokens) == 3 and sum(n for p, _, n in heard if p == "finished") == 9
+    tokens = heard.tokens("claimed")
+    assert heard.tokens("finished") == tokens
+    assert len(tokens) == 3 and sum(r.size for r in heard.reports()) == 9
     # Pipelined: batch 2 starts before batch 1 finishes.
-    assert [p for p, _, _ in heard[:3]] == ["started", "started", "finished"]
+    assert heard.hooks()[:3] == ["claimed", "claimed", "finished"]
 
 
 def test_a_poison_input_fails_alone_and_a_bad_input_fails_in_preprocessing(
@@ -182,9 +180,11 @@ def test_out_of_memory_splits_the_batch_and_shrinks_the_bins_limit(
     assert executor.stats.oom_splits == 2 and guard.shrinks_total == 2
 
 
-def test_padding_waste_counts_masked_positions_over_all_positions() -> None:
+def test_padding_waste_is_counted_when_the_torch_executor_stages_a_batch() -> None:
     executor = TorchExecutor(ExecutorSettings(device="cpu"), "cpu")
-    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
-    executor.stats.count_padding({"attention_mask": mask})
+    spec = load_catalogue(None).get("synthetic")
+    items = [{"value": i, "size": size} for i, size in enumerate((16, 48, 32))]
+    executor.stage(SyntheticHandler(spec, (0, 0)), items, spec.bin_named("small"))
     executor.close()
-    assert executor.stats.padding_waste_ratio == pytest.approx(2 / 8)
+    # Sizes 16, 48, 32 padded to the bin's 64: half of the batch is padding.
+    assert executor.stats.padding_waste[("synthetic", "small")] == pytest.approx(0.5)

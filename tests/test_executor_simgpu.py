@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from carpool.catalogue import BinSpec, ModelSpec
-from carpool.jobs import Claim, ClaimedJob, JobStatus, new_job_id
+from carpool.jobs import ClaimedJob, JobStatus, new_job_id
 from carpool.queue import Queue
 from carpool.settings import ExecutorSettings, Settings
+from tests.hookrec import Recorder
 from tests.simcuda import MIB, SimCuda, SimHandler
-from worker.executor import TorchExecutor
-from worker.ladder import rungs
-from worker.loop import BatchLoop, BatchReport
+from worker.executors.ladder import rungs
+from worker.executors.torch_executor import TorchExecutor
+from worker.loop import BatchLoop
 
 torch.set_num_threads(1)
 #: A bound on any wait here; reaching it is a failure, not a timing.
@@ -164,14 +165,9 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
     handler = SimHandler(sim, SPEC)
     ex = executor(sim)
     ex.guard.on_out_of_memory(KEY, 4)  # capped at 2 for the next CLEAN_BATCHES batches
-    sizes: list[int] = []
-
-    def listener(phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if report is not None:
-            sizes.append(report.size)
-
+    heard = Recorder()
     loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
-                     listeners=[listener], executor=ex)
+                     hooks=[heard], executor=ex)
     ids = [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
            for x in range(8)]
     for _ in range(100):  # bounded: each step claims, completes or waits <= 1 s
@@ -182,4 +178,4 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
     ex.close()
     views = [queue.get(i) for i in ids]
     assert [v.status for v in views if v] == [JobStatus.DONE] * 8
-    assert sizes == [2, 2, 2, 2]
+    assert [r.size for r in heard.reports()] == [2, 2, 2, 2]

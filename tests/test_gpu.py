@@ -14,7 +14,7 @@ import torch
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.jobs import ClaimedJob
 from carpool.settings import ExecutorSettings
-from worker.executor import TorchExecutor
+from worker.executors.torch_executor import TorchExecutor
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -13,9 +13,9 @@ from carpool.settings import Settings, load_settings
 from tests.conftest import make_env
 from tests.test_leases import MAX_ATTEMPTS, bin_ids
 from tests.test_queue_scripts import admit, synthetic
+from worker.hooks import BatchReport
 from worker.isolation import SuspectIsolation
 from worker.leasekeeper import LeaseKeeper
-from worker.loop import BatchReport
 
 LEASE_MS = 60_000
 
@@ -53,12 +53,12 @@ def test_keeper_renews_the_claims_in_hand_and_forgets_finished_ones(
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=0, token="t", worker="w")  # lapsed
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper("started", claim, None)
+    keeper.on_claimed(claim)
     keeper.tick()  # renews first, then reaps: the lease survives
     deadline = lease_deadline(queue, job)
     assert deadline is not None and deadline >= claim.now_ms + LEASE_MS
-    keeper("finished", claim, report_for(claim))
-    assert keeper.in_hand() == []
+    keeper.on_finished(claim, report_for(claim))
+    assert keeper.hand_back(refund_attempt=True) == 0  # forgotten: nothing left to hand back
 
 
 def test_keeper_hands_back_a_batch_that_ended_without_completing(
@@ -67,8 +67,8 @@ def test_keeper_hands_back_a_batch_that_ended_without_completing(
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper("started", claim, None)
-    keeper("finished", claim, None)
+    keeper.on_claimed(claim)
+    keeper.on_failed(claim)
     assert bin_ids(queue) == [job]
     assert queue.client.hget(queue.keys.job(job), "attempts") == "1"  # still counted
 
@@ -80,11 +80,10 @@ def test_keeper_lets_a_batch_over_max_batch_ms_lapse(
     claim = queue.claim(spec, "small", 8, lease_ms=0, token="t", worker="w")
     clock = FakeClock()
     keeper = LeaseKeeper(leases, worker_settings, clock=clock)
-    keeper("started", claim, None)
+    keeper.on_claimed(claim)
     clock.now_s += worker_settings.max_batch_ms / 1000.0 + 1
     keeper.tick()
-    assert keeper.in_hand() == []
-    assert bin_ids(queue) == [job]  # reaped in the same tick
+    assert bin_ids(queue) == [job]  # not renewed: reaped in the same tick
     assert keeper.reclaimed_total == 1
 
 
@@ -120,10 +119,10 @@ def test_keeper_hand_back_releases_every_claim_in_hand(
     jobs = [admit(queue, spec, value=i) for i in range(3)]
     claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper("started", claim, None)
+    keeper.on_claimed(claim)
     assert keeper.hand_back(refund_attempt=True) == 3
     assert bin_ids(queue) == jobs
-    assert keeper.in_hand() == []
+    assert keeper.hand_back(refund_attempt=True) == 0  # none left in hand
 
 
 def test_isolation_runs_the_first_suspect_alone_and_hands_back_the_rest(

@@ -14,19 +14,20 @@ import pytest
 
 from carpool.batching import Go
 from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim, JobStatus
+from carpool.jobs import JobStatus
 from carpool.keys import Keys
 from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.settings import load_settings
 from tests.conftest import make_env
 from tests.faults import admit_jobs, statuses
+from tests.hookrec import Recorder
 from tests.procs import wait_until
 from tests.redisproc import private_redis
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
 from worker.leasekeeper import LeaseKeeper
-from worker.loop import BatchLoop, BatchReport
-from worker.pipeline import PipelinedExecutor
+from worker.loop import BatchLoop
 
 #: The loop's Redis client gives up on a hung Redis after this (the worker's is 11 s).
 SOCKET_TIMEOUT_S = 1.0
@@ -49,22 +50,18 @@ class GatedHandler(SyntheticHandler):
 
 def test_a_failed_completion_is_reported_for_its_own_batch_not_the_one_computing(
         key_prefix: str, tmp_path: Path) -> None:
-    events: list[tuple[str, str, bool]] = []
-
-    def listen(phase: str, claim: Claim, report: BatchReport | None) -> None:
-        events.append((phase, claim.token, report is None))
-
+    heard = Recorder()
     with private_redis() as server:
         queue = Queue(connect(server.url, socket_timeout_s=SOCKET_TIMEOUT_S), Keys(key_prefix))
         settings = load_settings(make_env(server.url, key_prefix))
         spec = settings.catalogue.get("synthetic")
         handler = GatedHandler(SyntheticHandler(spec, (0, 0)))
-        loop = BatchLoop(settings, queue, {"synthetic": handler}, "w-test", listeners=[listen],
+        loop = BatchLoop(settings, queue, {"synthetic": handler}, "w-test", hooks=[heard],
                          executor=PipelinedExecutor(depth=2, preprocess_threads=1))
         thread = threading.Thread(target=loop.run, daemon=True)
         admit_jobs(queue, spec, range(2))
         thread.start()
-        started = lambda: [t for p, t, _ in events if p == "started"]  # noqa: E731
+        started = lambda: heard.tokens("claimed")  # noqa: E731
         wait_until(lambda: len(started()) == 1, 30, "batch A to start")
         admit_jobs(queue, spec, range(2, 4))
         wait_until(lambda: len(started()) == 2, 30, "batch B to start behind A")
@@ -73,15 +70,16 @@ def test_a_failed_completion_is_reported_for_its_own_batch_not_the_one_computing
         try:
             loop.stop()  # so the writer gives up on A after one try
             handler.gate.set()
-            wait_until(lambda: any(p == "finished" for p, _, _ in events), 30,
-                       "a batch to be reported finished")
-            first_finished = next((t, failed) for p, t, failed in events if p == "finished")
+            wait_until(lambda: any(h in ("finished", "failed") for h in heard.hooks()), 30,
+                       "a batch to be reported ended")
+            first_ended = next((h, c.token) for h, c, _ in heard.calls
+                               if h in ("finished", "failed"))
         finally:
             server.signal(signal.SIGCONT)
         thread.join(30)
         loop.executor.close()
         queue.client.close()
-    assert first_finished == (older, True)  # A ended without completing; B was computing
+    assert first_ended == ("failed", older)  # A ended without completing; B was computing
     assert computing != older
 
 
@@ -94,7 +92,7 @@ def test_a_claim_whose_reply_was_lost_is_handed_back_with_its_attempt_refunded(
         ids = admit_jobs(queue, spec, range(3))
         keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
         loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))},
-                         "w-test", listeners=[keeper])
+                         "w-test", hooks=[keeper])
         # A claim on an empty bin loads claim.lua, as a running worker has it loaded.
         assert not queue.claim(spec, "medium", 1, lease_ms=1000, token="warm", worker="w").jobs
         server.signal(signal.SIGSTOP)

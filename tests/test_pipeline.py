@@ -10,32 +10,29 @@ from concurrent.futures import Future
 import pytest
 
 from carpool.catalogue import BinSpec, load_catalogue
-from carpool.jobs import Claim, ClaimedJob, JobStatus, Outcome, new_job_id
+from carpool.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
 from carpool.queue import Queue
 from carpool.settings import Settings
 from carpool.synthetic import expected_result
+from tests.hookrec import Recorder
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop import BatchLoop, BatchReport
-from worker.pipeline import PipelinedExecutor
+from worker.loop import BatchLoop
 
 SPEC = load_catalogue(None).get("synthetic")
 
 
 def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
         settings: Settings, queue: Queue) -> None:
-    phases: list[str] = []
-
-    def listener(phase: str, claim: Claim, report: BatchReport | None) -> None:
-        phases.append(phase)
-
+    heard = Recorder()
     small = SPEC.bin_named("small")
     inputs = [{"value": i, "size": 1} for i in range(70)]
     ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps(x), queued_ttl_s=60).id
            for x in inputs]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
-                     "w-test", listeners=[listener], executor=executor)
+                     "w-test", hooks=[heard], executor=executor)
     for _ in range(50):  # bounded
         if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
             break
@@ -47,7 +44,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
     views = [queue.get(i) for i in ids]
     assert [v.status for v in views if v] == [JobStatus.DONE] * 70
     assert [v.result for v in views if v] == [expected_result(x) for x in inputs]
-    assert phases[:3] == ["started", "started", "finished"]  # batch 2 claimed during 1
+    assert heard.hooks()[:3] == ["claimed", "claimed", "finished"]  # 2 claimed during 1
 
 
 def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
@@ -84,24 +81,19 @@ def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
 
 def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahead(
         settings: Settings, queue: Queue) -> None:
-    reports: list[BatchReport] = []
-
-    def listener(phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if report is not None:
-            reports.append(report)
-
+    heard = Recorder()
     small = SPEC.bin_named("small")
     ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
                        queued_ttl_s=60).id for i in range(64)]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
-                     "w-test", listeners=[listener], executor=executor)
+                     "w-test", hooks=[heard], executor=executor)
     for _ in range(50):  # bounded
         if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
             break
         loop.step()
     loop.drain()
     executor.close()
-    first, second = reports[:2]
+    first, second = heard.reports()[:2]
     assert first.service_s == first.runtime_s  # nothing ahead of it
     assert 0 < second.service_s < second.runtime_s  # claimed while the first computed

@@ -11,7 +11,7 @@ import pytest
 from carpool.cli import main
 from carpool.settings import ExecutorSettings, load_settings
 from worker.calibrate import prepare
-from worker.executor import TorchExecutor
+from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.synthetic import SyntheticHandler
 
 

@@ -10,13 +10,25 @@ import pytest
 import torch
 
 from carpool.catalogue import BinSpec, load_catalogue
-from carpool.jobs import ClaimedJob
+from carpool.jobs import ClaimedJob, Outcome
 from carpool.synthetic import expected_result
+from worker.executors.pipelined import PipelinedExecutor
+from worker.executors.runner import is_out_of_memory
+from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.runner import is_out_of_memory, run_batch
 
 SPEC = load_catalogue(None).get("synthetic")
 BIN = SPEC.bins[0]
+
+
+def run_batch(handler: ModelHandler, bin_spec: BinSpec, jobs: Sequence[ClaimedJob],
+              ) -> list[Outcome]:
+    """One batch through a depth-1 executor, as a synthetic-only worker runs it."""
+    executor = PipelinedExecutor()
+    try:
+        return executor.submit(handler, bin_spec, jobs).result()
+    finally:
+        executor.close()
 
 
 def job(i: int, payload: Any) -> ClaimedJob:

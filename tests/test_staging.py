@@ -8,7 +8,7 @@ import threading
 import torch
 
 from tests.simcuda import SimCuda
-from worker.staging import Staged, Staging
+from worker.executors.staging import Staged, Staging
 
 #: A bound on any wait here; reaching it is a failure, not a timing.
 TIMEOUT_S = 30.0

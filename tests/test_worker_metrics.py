@@ -16,9 +16,11 @@ from tests.deployfiles import load_metrics
 from tests.procs import wait_until
 from tests.promtext import Scrape
 from web.metrics import WebMetrics
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop import BatchLoop, BatchReport
+from worker.hooks import BatchReport
+from worker.loop import BatchLoop
 from worker.metrics import GpuMemory, WorkerMetrics
 
 SPEC = load_catalogue(None).get("synthetic")
@@ -27,9 +29,19 @@ LIMITS = {("synthetic", b.name): Limits(b.max_batch, b.max_wait_ms) for b in SPE
 GPU = GpuMemory("GPU-0000", used_bytes=3 << 30, reserved_bytes=2 << 30, free_bytes=5 << 30)
 
 
-def metrics(gpus: list[GpuMemory] | None = None) -> WorkerMetrics:
+def metrics(gpus: list[GpuMemory] | None = None,
+            executor: PipelinedExecutor | None = None) -> WorkerMetrics:
     handlers = {"synthetic": SyntheticHandler(SPEC, (0, 0))}
-    return WorkerMetrics(handlers, limits=lambda: LIMITS, gpu_memory=lambda: gpus or [])
+    return WorkerMetrics(handlers, limits=lambda: LIMITS,
+                         stats=executor.stats if executor is not None else None,
+                         gpu_memory=lambda: gpus or [])
+
+
+def collate_sizes(executor: PipelinedExecutor, sizes: list[int]) -> None:
+    """Collate one batch of synthetic items of these sizes in bin small (max_size 64)."""
+    executor.collate(SyntheticHandler(SPEC, (0, 0)),
+                     [{"value": i, "size": s} for i, s in enumerate(sizes)],
+                     SPEC.bin_named("small"))
 
 
 def read(m: WorkerMetrics) -> Scrape:
@@ -47,8 +59,8 @@ def run_batch_of_three(m: WorkerMetrics) -> None:
     outcomes = (Outcome("a", result=1, preprocess_ms=4.0, inference_ms=30.0),
                 Outcome("b", error="preprocess failed"),
                 Outcome("c", result=1, preprocess_ms=4.0, inference_ms=30.0))
-    m("started", claim, None)
-    m("finished", claim, BatchReport("synthetic", "small", 3, failed=1, refused=1,
+    m.on_claimed(claim)
+    m.on_finished(claim, BatchReport("synthetic", "small", 3, failed=1, refused=1,
                                      runtime_s=0.25, inference_ms=30.0,
                                      queue_ms=[1000, 500, 250], outcomes=outcomes,
                                      written=(True, True, False)))
@@ -69,13 +81,25 @@ def test_a_batch_counts_each_written_job_once_and_the_batch_once() -> None:
     assert s.value("carpool_job_latency_seconds_sum", **SMALL) == 1.5 + 2 * 0.25
     assert s.value("carpool_preprocess_seconds_count", **SMALL) == 1  # completed jobs only
     assert s.value("carpool_inference_seconds_sum", **SMALL) == 0.03
+
+
+def test_padding_waste_and_splits_are_read_from_the_executor_when_scraped() -> None:
+    executor = PipelinedExecutor()
+    m = metrics(executor=executor)
+    assert read(m).series("carpool_padding_waste_ratio") == []  # no batch collated yet
+    collate_sizes(executor, [16, 48, 32])
+    executor.stats.oom_splits, executor.stats.error_splits = 2, 1
+    executor.close()
+    s = read(m)
     # Sizes 16, 48, 32 padded to the bin's 64: half of the batch is padding.
     assert s.value("carpool_padding_waste_ratio", **SMALL) == 0.5
+    assert s.value("carpool_batch_splits_total", cause="out_of_memory") == 2
+    assert s.value("carpool_batch_splits_total", cause="error") == 1
 
 
 def test_expiries_shrinks_and_reclaimed_leases_are_counted() -> None:
     m = metrics()
-    m("expired", Claim("synthetic", "large", "t", 0, jobs=(), expired=3), None)
+    m.on_expired(Claim("synthetic", "large", "t", 0, jobs=(), expired=3))
     m.record_shrink("synthetic", "medium")
     m.record_reclaimed(2)
     s = read(m)
@@ -103,8 +127,11 @@ def test_gpu_memory_is_absent_on_the_cpu_and_labelled_by_gpu_uuid_on_a_gpu() -> 
 
 def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
         queue: Queue, settings: Settings) -> None:
-    m = metrics([GPU])
-    run_batch_of_three(m)  # padding waste appears once a batch has measured it
+    executor = PipelinedExecutor()
+    m = metrics([GPU], executor)
+    run_batch_of_three(m)
+    collate_sizes(executor, [16, 48, 32])  # padding waste appears once a batch has measured it
+    executor.close()
     web = WebMetrics(queue, settings.catalogue)
     web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
     emitted = {**read(m).families, **Scrape(web.render().decode()).families}
@@ -125,7 +152,7 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
     handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
     loop = BatchLoop(settings, queue, handlers, "w")
     m = WorkerMetrics(handlers, limits=lambda: loop.limits)
-    loop.listeners.append(m)
+    loop.hooks.append(m)
 
     def drained() -> bool:
         loop.step()

@@ -27,6 +27,8 @@ from carpool.leases import Leases
 from carpool.queue import Queue, connect
 from carpool.registry import Registry
 from carpool.settings import Settings, load_settings
+from worker.executors.base import BatchExecutor
+from worker.executors.pipelined import PipelinedExecutor
 from worker.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
@@ -34,7 +36,6 @@ from worker.isolation import SuspectIsolation
 from worker.leasekeeper import LeaseKeeper
 from worker.loop import MAX_BLOCK_S, BatchLoop
 from worker.metrics import MetricsServer, WorkerMetrics
-from worker.pipeline import BatchExecutor, InlineExecutor, PipelinedExecutor
 from worker.presence import Presence
 from worker.profile import cost_seeds
 
@@ -84,16 +85,15 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool) -> L
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
                   ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
     """The torch executor, warmed up and calibrated, when a torch model is served;
-    else the torch-free pipeline (torch is never imported); inline at depth 1. And
+    else the torch-free pipeline (torch is never imported), one batch at a time at
+    depth 1. And
     the cost models that calibration profiles give each bin, to seed the scheduler."""
     torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
     if not torch_handlers:
-        if settings.executor.pipeline_depth < 2:
-            return InlineExecutor(), {}
         return PipelinedExecutor(settings.executor.pipeline_depth,
                                  settings.executor.preprocess_threads), {}
     from worker.calibrate import prepare
-    from worker.executor import TorchExecutor
+    from worker.executors.torch_executor import TorchExecutor
 
     executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
     seeds: dict[tuple[str, str], Cost] = {}
@@ -142,18 +142,16 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              listeners=[self.keeper, self.events],
+                              hooks=[self.keeper, self.events],
                               claim_filters=[SuspectIsolation(leases)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
         # `<counter>_created` series would double the series count for a timestamp
         # that Prometheus does not use; this process exports nothing else.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
-        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits)
-        loop.listeners.append(self.metrics)
-        guard = getattr(loop.executor, "guard", None)
-        if guard is not None:
-            guard.on_shrink = self.metrics.record_shrink
+        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats)
+        loop.hooks.append(self.metrics)
+        executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         self.keeper.start()
         self.presence = Presence(Registry(client, keys), settings.worker_name or hostname,

@@ -9,7 +9,7 @@ A probe that fails (out of memory, or any other error) ends there: the bin's
 ceiling in the memory guard is the largest batch that ran (``largest_fit``),
 applied before warm-up, so a ``max_batch`` that does not fit never stops a
 worker from starting. Warm-up then runs each bin shape once more (on a GPU at
-every batch size it will serve, ``worker.ladder``), so first jobs do not pay for
+every batch size it will serve, ``worker.executors.ladder``), so first jobs do not pay for
 cuDNN's autotuning or the allocator's first growth.
 
 ``CARPOOL_CALIBRATE``: ``auto`` calibrates on a GPU when no profile is cached
@@ -31,12 +31,12 @@ import torch
 
 from carpool.catalogue import BinSpec
 from carpool.settings import ExecutorSettings
-from worker.executor import TorchExecutor
+from worker.executors.ladder import rungs
+from worker.executors.runner import is_out_of_memory
+from worker.executors.staging import map_tensors, to_host
+from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.base import ModelHandler
-from worker.ladder import rungs
 from worker.profile import BinProfile, Point, Profile, digest, load, path_for, save, table
-from worker.runner import is_out_of_memory
-from worker.staging import map_tensors, to_host
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def calibrate(executor: TorchExecutor, handler: ModelHandler, reps: int = DEFAUL
 
 def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
     """Run each bin shape once (batch 1) on the CPU; on a GPU at every rung of the
-    ladder up to the bin's cap (``worker.ladder``), the sizes it will serve, so
+    ladder up to the bin's cap (``worker.executors.ladder``), the sizes it will serve, so
     cuDNN autotunes here and never on the serving path. A rung that fails caps
     the bin below it (the start goes on); batch 1 failing is a broken model."""
     done: set[tuple[str, int]] = set()

@@ -17,14 +17,15 @@ from typing import Any
 
 from carpool.jobs import Claim
 from worker.gpu import Gpu, describe_gpu
-from worker.loop import BatchLoop, BatchReport
+from worker.hooks import BatchReport, Hooks
+from worker.loop import BatchLoop
 
 #: The task name under which batches appear in Flower.
 BATCH_TASK_NAME = "carpool.batch"
 
 
-class FlowerBatchEvents:
-    """A batch listener for ``BatchLoop`` that sends task events under one hostname."""
+class FlowerBatchEvents(Hooks):
+    """Hooks for ``BatchLoop`` that send task events under one hostname."""
 
     def __init__(self, app: Any, hostname: str) -> None:
         self._app = app
@@ -39,21 +40,22 @@ class FlowerBatchEvents:
                 self._app.connection_for_write(), hostname=self._hostname, enabled=True)
         self._dispatcher.send(event_type, **fields)
 
-    def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if phase == "started":
-            task_id = str(uuid.uuid4())
-            self._task_ids[claim.token] = task_id
-            args = repr((claim.model, claim.bin, len(claim.jobs)))
-            kwargs = repr({"model": claim.model, "bin": claim.bin, "size": len(claim.jobs),
-                           "lease": claim.token})
-            self._send("task-received", uuid=task_id, name=BATCH_TASK_NAME, args=args,
-                       kwargs=kwargs, retries=0, eta=None, root_id=task_id, parent_id=None)
-            self._send("task-started", uuid=task_id)
-            return
-        if phase != "finished":
-            return
+    def on_claimed(self, claim: Claim) -> None:
+        task_id = str(uuid.uuid4())
+        self._task_ids[claim.token] = task_id
+        args = repr((claim.model, claim.bin, len(claim.jobs)))
+        kwargs = repr({"model": claim.model, "bin": claim.bin, "size": len(claim.jobs),
+                       "lease": claim.token})
+        self._send("task-received", uuid=task_id, name=BATCH_TASK_NAME, args=args,
+                   kwargs=kwargs, retries=0, eta=None, root_id=task_id, parent_id=None)
+        self._send("task-started", uuid=task_id)
+
+    def on_failed(self, claim: Claim) -> None:
+        self._task_ids.pop(claim.token, None)
+
+    def on_finished(self, claim: Claim, report: BatchReport) -> None:
         task_id = self._task_ids.pop(claim.token, "")
-        if report is None or not task_id:
+        if not task_id:
             return
         if report.failed == report.size:
             self._send("task-failed", uuid=task_id, exception=f"all {report.size} jobs failed",

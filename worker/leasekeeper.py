@@ -1,7 +1,7 @@
 """Keeping leases: renew the ones in hand, reap the expired ones, hand them back at stop.
 
-``LeaseKeeper`` is a batch listener of ``BatchLoop``: it learns each claim when
-its batch starts and forgets it when it ends. Its own thread wakes every third
+``LeaseKeeper`` hooks into ``BatchLoop`` (worker/hooks.py): it learns each claim
+when its batch starts and forgets it when it ends. Its own thread wakes every third
 of a lease and (1) renews every claim in hand, so a long batch keeps its jobs,
 and (2) runs the reaper once, so jobs of dead workers go back to their bins.
 Every worker runs one; reap.lua is atomic, so any number may reap at once.
@@ -22,7 +22,7 @@ from carpool.errors import BackendUnavailable
 from carpool.jobs import Claim
 from carpool.leases import REAP_BATCH, Leases
 from carpool.settings import Settings
-from worker.loop import BatchReport
+from worker.hooks import BatchReport, Hooks
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Held:
     since_s: float
 
 
-class LeaseKeeper:
+class LeaseKeeper(Hooks):
     """Renews the claims in hand and reaps expired leases, from one thread."""
 
     def __init__(self, leases: Leases, settings: Settings,
@@ -60,29 +60,27 @@ class LeaseKeeper:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # -- listener -------------------------------------------------------------------
+    # -- hooks ----------------------------------------------------------------------
 
-    def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if phase == "unanswered":
-            with self._lock:
-                self._unanswered[claim.token] = self.clock()
-            return
-        if phase == "started":
-            with self._lock:
-                self._held[claim.token] = Held(claim, self.clock())
-            return
-        if phase != "finished":
-            return
+    def on_unanswered(self, claim: Claim) -> None:
+        with self._lock:
+            self._unanswered[claim.token] = self.clock()
+
+    def on_claimed(self, claim: Claim) -> None:
+        with self._lock:
+            self._held[claim.token] = Held(claim, self.clock())
+
+    def on_finished(self, claim: Claim, report: BatchReport) -> None:
+        with self._lock:
+            self._held.pop(claim.token, None)
+
+    def on_failed(self, claim: Claim) -> None:
         with self._lock:
             held = self._held.pop(claim.token, None)
-        if held is not None and report is None:
+        if held is not None:
             # The batch ended without completing (Redis lost mid-write, a bug): hand
             # its jobs back now rather than after the lease; the attempt stays counted.
             self._release(held.claim, refund_attempt=False)
-
-    def in_hand(self) -> list[Claim]:
-        with self._lock:
-            return [h.claim for h in self._held.values()]
 
     # -- the thread -----------------------------------------------------------------
 

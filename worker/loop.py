@@ -21,8 +21,10 @@ from carpool.queue import Queue
 from carpool.scheduler import Scheduler
 from carpool.settings import Settings
 from worker.completion import CompletionWriter, GaveUp
+from worker.executors.base import BatchExecutor
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
-from worker.pipeline import BatchExecutor, InlineExecutor
+from worker.hooks import BatchHooks, BatchReport, call_hooks
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +32,6 @@ log = logging.getLogger(__name__)
 MAX_BLOCK_S = 1.0
 #: Back-off bounds while Redis is unreachable.
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
-
-
-@dataclass(frozen=True)
-class BatchReport:
-    """What one batch did, for Flower events, metrics and logs."""
-
-    model: str
-    bin: str
-    size: int
-    failed: int
-    refused: int  # results the queue refused: the lease was lost meanwhile
-    runtime_s: float  # claim to completion, as the worker saw it
-    inference_ms: float  # the forward pass alone (max over the batch's outcomes)
-    queue_ms: list[int]  # per job: admission to claim, on Redis's clock
-    #: Per job, in claim order: its outcome, and whether its result was written
-    #: (False: refused, the lease was lost). Metrics count written jobs only.
-    outcomes: tuple[Outcome, ...] = ()
-    written: tuple[bool, ...] = ()
-    #: Claim (or, when a batch ahead was still in flight, that batch's completion) to
-    #: completion: what this batch itself cost the worker, the cost model's t(n). With
-    #: the inline executor it equals ``runtime_s``; in a pipeline, ``runtime_s`` also
-    #: counts the wait behind the batch ahead, which depends on that batch, not on n.
-    service_s: float = 0.0
-
-
-BatchListener = Callable[[str, Claim, BatchReport | None], None]
 
 
 @dataclass(frozen=True)
@@ -75,20 +51,15 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Each is called with ("started", claim, None) and ("finished", claim, report),
-    #: and with ("expired", claim, None) when a claim ended jobs past their deadline
-    #: (claim.expired of them; the claim may hold no job at all then):
-    #: Flower events, metrics, lease keeping and cost-model fitting hook in here.
-    #: ("finished", claim, None) means the batch ended without completing (an error).
-    #: ("unanswered", claim, None): a claim whose reply never came (claim.jobs empty;
-    #: it may have leased jobs to claim.token all the same).
-    listeners: list[BatchListener] = field(default_factory=list)
+    #: Told of each claim's life (worker/hooks.py): Flower events, metrics and lease
+    #: keeping hook in here.
+    hooks: list[BatchHooks] = field(default_factory=list)
     #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
     #: suspect inputs hooks in here.
     claim_filters: list[Callable[[Claim], Claim]] = field(default_factory=list)
-    #: Runs claimed batches: inline by default; the torch executor keeps two in flight
-    #: (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
-    executor: BatchExecutor = field(default_factory=InlineExecutor)
+    #: Runs claimed batches: one at a time by default; the torch executor keeps two in
+    #: flight (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
+    executor: BatchExecutor = field(default_factory=PipelinedExecutor)
     #: Calibrated t(n) = a + b·n per (model, bin), seeding the online fit.
     cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
     #: Limits, cost models and the decision; Celery remote control retunes it.
@@ -109,12 +80,9 @@ class BatchLoop:
         self.scheduler = Scheduler([h.spec for h in self.handlers.values()],
                                    adaptive=self.settings.adaptive_batching,
                                    cost_seeds=self.cost_seeds)
-        self.listeners.append(self._fit)
 
-    def _fit(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
+    def _fit(self, report: BatchReport) -> None:
         """Each finished batch refines its bin's cost model and SLO cap."""
-        if report is None:
-            return
         runtime_ms = report.runtime_s * 1000.0
         self.scheduler.observe(report.model, report.bin, report.size,
                                report.service_s * 1000.0,
@@ -126,15 +94,11 @@ class BatchLoop:
         return self.scheduler.all_limits()
 
     def live_limits(self) -> dict[tuple[str, str], Limits]:
-        """Each bin's limits as the next claim will see them: the memory guard's cap
-        (if the executor has one) applied too. Metrics and Flower show these."""
-        guard = getattr(self.executor, "guard", None)
-        limits = self.limits
-        if guard is None:
-            return limits
-        return {key: replace(lim, max_batch=min(lim.max_batch,
-                                                guard.limits.get(key, lim.max_batch)))
-                for key, lim in limits.items()}
+        """Each bin's limits as the next claim will see them: the executor's memory cap
+        applied too (``BatchExecutor.limit``, as a claim is sized). Metrics and Flower
+        show these."""
+        return {key: replace(lim, max_batch=self.executor.limit(*key, lim.max_batch))
+                for key, lim in self.limits.items()}
 
     def stop(self) -> None:
         """Ask the loop to end after the batch in hand."""
@@ -214,17 +178,20 @@ class BatchLoop:
             # The claim may have run with its reply lost (a timeout, a dropped
             # connection): jobs leased to a token nobody holds. Lease keepers find
             # them by token once Redis answers and hand them back, attempt refunded.
-            self._notify("unanswered", Claim(spec.name, go.bin, token, 0, ()), None)
+            unanswered = Claim(spec.name, go.bin, token, 0, ())
+            call_hooks(self.hooks, lambda h: h.on_unanswered(unanswered))
             raise
         if claim.expired:
-            self._notify("expired", claim, None)
+            expired = claim
+            call_hooks(self.hooks, lambda h: h.on_expired(expired))
         for narrow in self.claim_filters:
             claim = narrow(claim)
         if not claim.jobs:
             return  # another worker took them first, or they all expired
         self.batches += 1
         self.jobs += len(claim.jobs)
-        self._notify("started", claim, None)
+        claimed = claim
+        call_hooks(self.hooks, lambda h: h.on_claimed(claimed))
         # A job on a retry may be the input that kills workers (worker/isolation.py):
         # it runs with no other batch in flight, before or after it, so a crash it
         # causes costs an attempt to it alone, not to a batch overlapping it.
@@ -236,7 +203,7 @@ class BatchLoop:
             future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
                                           claim.jobs)
         except BaseException:
-            self._notify("finished", claim, None)  # never submitted: hand its jobs back
+            call_hooks(self.hooks, lambda h: h.on_failed(claimed))  # never submitted
             raise
         self._in_flight.append(_Flight(claim, t0, future))
         # Completing older batches may fail; each failure is reported for its own
@@ -245,14 +212,14 @@ class BatchLoop:
             self._finish(self._in_flight.popleft())
 
     def _finish(self, flight: _Flight) -> None:
-        """Write a batch's outcomes (waiting for them) and tell the listeners; if that
-        fails, tell them the batch ended without completing, then raise."""
+        """Write a batch's outcomes (waiting for them) and call the hooks; if that
+        fails, call ``on_failed`` (lease keepers hand the jobs back), then raise."""
         try:
             self._complete(flight)
         except BaseException as exc:
             if isinstance(exc, GaveUp):
                 log.warning("%s: its jobs go back to their bin (or their lease lapses)", exc)
-            self._notify("finished", flight.claim, None)  # lease keepers hand it back
+            call_hooks(self.hooks, lambda h: h.on_failed(flight.claim))
             raise
 
     def _complete(self, flight: _Flight) -> None:
@@ -274,12 +241,5 @@ class BatchLoop:
                              service_s=now - service_start)
         if report.refused:
             log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
-        self._notify("finished", claim, report)
-
-    def _notify(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
-        for listener in self.listeners:
-            try:
-                listener(phase, claim, report)
-            except Exception:  # noqa: BLE001 — monitoring must never fail a batch
-                log.exception("batch listener %r failed at %s", listener, phase)
-
+        call_hooks(self.hooks, lambda h: h.on_finished(claim, report))
+        self._fit(report)

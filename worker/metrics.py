@@ -12,10 +12,11 @@ submissions and rejections; ``README.md`` maps every name to Triton's):
   as its result reports them). End to end is Redis's admission-to-claim time
   plus this worker's claim-to-written time.
 
-Read at scrape time: each bin's live batch limit, and GPU memory (absent on the
-CPU). Hooks for other parts of the worker: ``record_shrink`` (the memory guard
-halved a bin's limit), ``record_reclaimed`` (expired leases taken back), and the
-``gpu_memory`` reader.
+Read at scrape time: each bin's live batch limit, the executor's counters
+(``ExecutorStats``: padding waste per bin, batches split after a failure), and
+GPU memory (absent on the CPU). Hooks for other parts of the worker:
+``record_shrink`` (the memory guard halved a bin's limit), ``record_reclaimed``
+(expired leases taken back), and the ``gpu_memory`` reader.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from carpool.batching import Limits
 from carpool.errors import ConfigError
 from carpool.jobs import Claim
 from carpool.settings import DEFAULT_WORKER_METRICS_ADDR
+from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler
-from worker.loop import BatchReport
-from worker.padding import padding_waste
+from worker.hooks import BatchReport, Hooks
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,6 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 COMPUTE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                      2.5, 5.0, 10.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-#: Weight of the newest batch in the padding-waste average (about the last 10 batches).
-PADDING_EWMA_WEIGHT = 0.1
-
 BIN_LABELS = ("model", "bin")
 
 
@@ -82,12 +80,12 @@ def torch_gpu_memory() -> list[GpuMemory]:
 
 
 class _ScrapeTimeGauges(Collector):
-    """Gauges read when scraped: batch limits, padding waste, GPU memory."""
+    """Read when scraped: batch limits, the executor's counters, GPU memory."""
 
     def __init__(self, limits: Callable[[], Mapping[tuple[str, str], Limits]],
-                 padding: Mapping[tuple[str, str], float], gpu_memory: GpuMemoryReader) -> None:
+                 stats: ExecutorStats, gpu_memory: GpuMemoryReader) -> None:
         self._limits = limits
-        self._padding = padding
+        self._stats = stats
         self._gpu_memory = gpu_memory
 
     def collect(self) -> Iterator[Metric]:
@@ -97,14 +95,20 @@ class _ScrapeTimeGauges(Collector):
         for (model, bin_name), lim in sorted(dict(self._limits()).items()):
             limit.add_metric([model, bin_name], lim.max_batch)
         yield limit
-        # Only bins whose handler measures input sizes, once a batch has run.
+        # Only bins whose handler tells item sizes, once a batch was collated.
         padding = GaugeMetricFamily(
             "carpool_padding_waste_ratio",
             "Share of a padded batch that is padding (moving average over batches).",
             labels=BIN_LABELS)
-        for (model, bin_name), ratio in sorted(dict(self._padding).items()):
+        for (model, bin_name), ratio in sorted(dict(self._stats.padding_waste).items()):
             padding.add_metric([model, bin_name], ratio)
         yield padding
+        splits = CounterMetricFamily(
+            "carpool_batch_splits",
+            "Failed (sub-)batches split in halves and retried, by cause.", labels=["cause"])
+        splits.add_metric(["out_of_memory"], self._stats.oom_splits)
+        splits.add_metric(["error"], self._stats.error_splits)
+        yield splits
         try:
             gpus = self._gpu_memory()
         except Exception:  # noqa: BLE001 — a failed reading drops the gauges, not the scrape
@@ -124,11 +128,12 @@ class _ScrapeTimeGauges(Collector):
             yield family
 
 
-class WorkerMetrics:
-    """One worker's metrics, in its own registry; call it as a ``BatchLoop`` listener."""
+class WorkerMetrics(Hooks):
+    """One worker's metrics, in its own registry; hooks into ``BatchLoop``."""
 
     def __init__(self, handlers: Mapping[str, ModelHandler],
                  limits: Callable[[], Mapping[tuple[str, str], Limits]],
+                 stats: ExecutorStats | None = None,
                  gpu_memory: GpuMemoryReader = torch_gpu_memory) -> None:
         self.handlers = handlers
         self.registry = CollectorRegistry()
@@ -164,8 +169,7 @@ class WorkerMetrics:
         self.reclaimed = Counter("carpool_leases_reclaimed_total",
                                  "Job leases taken back from workers that stopped renewing.",
                                  registry=r)
-        self.padding: dict[tuple[str, str], float] = {}
-        r.register(_ScrapeTimeGauges(limits, self.padding, gpu_memory))
+        r.register(_ScrapeTimeGauges(limits, stats or ExecutorStats(), gpu_memory))
         for handler in handlers.values():  # every series exists from the start, at zero
             for b in handler.spec.bins:
                 for metric in (self.completed, self.failed, self.expired, self.items,
@@ -173,13 +177,10 @@ class WorkerMetrics:
                                self.preprocess, self.inference, self.latency):
                     metric.labels(handler.spec.name, b.name)
 
-    def __call__(self, phase: str, claim: Claim, report: BatchReport | None) -> None:
-        if phase == "expired":
-            self.expired.labels(claim.model, claim.bin).inc(claim.expired)
-        elif phase == "finished" and report is not None:
-            self._record(claim, report)
+    def on_expired(self, claim: Claim) -> None:
+        self.expired.labels(claim.model, claim.bin).inc(claim.expired)
 
-    def _record(self, claim: Claim, report: BatchReport) -> None:
+    def on_finished(self, claim: Claim, report: BatchReport) -> None:
         key = (report.model, report.bin)
         self.batches.labels(*key).inc()
         self.items.labels(*key).inc(report.size)
@@ -197,16 +198,9 @@ class WorkerMetrics:
             self.completed.labels(*key).inc()
             self.preprocess.labels(*key).observe(outcome.preprocess_ms / 1000.0)
             self.inference.labels(*key).observe(outcome.inference_ms / 1000.0)
-        handler = self.handlers.get(report.model)
-        if handler is not None:
-            waste = padding_waste(handler, handler.spec.bin_named(report.bin), claim.jobs)
-            if waste is not None:
-                old = self.padding.get(key)
-                self.padding[key] = waste if old is None else (
-                    old + PADDING_EWMA_WEIGHT * (waste - old))
 
     def record_shrink(self, model: str, bin_name: str) -> None:
-        """The memory guard halved this bin's batch limit (issue 4 calls this)."""
+        """The memory guard halved this bin's batch limit (``MemoryGuard.on_shrink``)."""
         self.shrinks.labels(model, bin_name).inc()
 
     def record_reclaimed(self, n: int = 1) -> None:

@@ -3,7 +3,8 @@
     python ops/bench/offline.py --model synthetic --bin small --sizes 1,8,16,32
 
 No queue, no web, no Redis: preprocess → collate → forward → postprocess, the
-way the worker runs a batch (worker.runner.infer), back to back for a few
+way the worker's executor runs a batch (``PipelinedExecutor.run_isolated``), back
+to back for a few
 seconds per batch size. The best figure is the physical limit for that model on
 this device, the number every served throughput is a fraction of. It imports
 the worker (and torch, for real models), so it lives in ops/, not carpool/.
@@ -19,8 +20,8 @@ import time
 from typing import Any
 
 from carpool.settings import load_settings
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers import make_handler
-from worker.runner import infer
 
 
 def sample_inputs(model: str, n: int) -> list[Any]:
@@ -32,12 +33,16 @@ def sample_inputs(model: str, n: int) -> list[Any]:
 def measure(handler: Any, bin_name: str, inputs: list[Any], seconds: float) -> float:
     """Jobs per second at this batch size, over at least ``seconds`` of batches."""
     bin_spec = handler.spec.bin_named(bin_name)
-    infer(handler, [handler.preprocess(x) for x in inputs], bin_spec)  # warm-up
-    done, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        infer(handler, [handler.preprocess(x) for x in inputs], bin_spec)
-        done += len(inputs)
-    return done / elapsed
+    executor = PipelinedExecutor()
+    try:
+        executor.run_isolated(handler, bin_spec, [handler.preprocess(x) for x in inputs])
+        done, t0 = 0, time.perf_counter()  # after a warm-up batch
+        while (elapsed := time.perf_counter() - t0) < seconds:
+            executor.run_isolated(handler, bin_spec, [handler.preprocess(x) for x in inputs])
+            done += len(inputs)
+        return done / elapsed
+    finally:
+        executor.close()
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""What padding batches to the warm-up ladder costs (worker/ladder.py), on the CPU.
+"""What padding batches to the warm-up ladder costs (worker/executors/ladder.py), on the CPU.
 
     python ops/bench/padding_ladder.py --max-batch 64 --reps 50
 
@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from worker.executor import pad_rows
-from worker.ladder import padded, rungs
+from worker.executors.ladder import padded, rungs
+from worker.executors.torch_executor import pad_rows
 
 ITEM = (3, 224, 224)
 

@@ -46,7 +46,7 @@ from carpool.jobs import new_job_id
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import ExecutorSettings
-from worker.executor import TorchExecutor
+from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 
 WORKER_ARGV = [*argv("worker", node="bench@%h"), "--loglevel", "INFO"]

@@ -24,7 +24,7 @@ import torch
 from carpool.catalogue import BinSpec, builtin_models
 from carpool.settings import ExecutorSettings
 from worker.calibrate import device_name, time_batch
-from worker.executor import TorchExecutor
+from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 
 #: Each variant's options over the fp32 baseline.

@@ -48,7 +48,7 @@ from carpool.jobs import ClaimedJob  # noqa: E402
 from carpool.settings import ExecutorSettings  # noqa: E402
 from worker.calibrate import calibrate, ladder  # noqa: E402
 from worker.device import Accelerator  # noqa: E402
-from worker.executor import TorchExecutor  # noqa: E402
+from worker.executors.torch_executor import TorchExecutor  # noqa: E402
 from worker.handlers.image import ImageHandler  # noqa: E402
 
 #: resnet50 as the check serves it; the dry run shrinks the crop.

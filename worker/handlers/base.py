@@ -56,13 +56,14 @@ class ModelHandler(Protocol):
 
 
 @runtime_checkable
-class SizedInputs(Protocol):
-    """A handler that can tell an input's size in its model's measure, before padding.
+class SizedItems(Protocol):
+    """A handler that can tell a preprocessed item's size in its model's measure.
 
-    Optional: with it, the worker exports ``carpool_padding_waste_ratio`` for the
-    model's bins (``worker.padding``). It runs on the loop thread once per job, so
-    it must be cheap (read a field, count tokens), never decode an image.
+    Optional: with it, the executor measures the share of each collated batch that
+    is padding, and the worker exports it as ``carpool_padding_waste_ratio``. It
+    reads what preprocessing already computed (a field, a tensor's length), once
+    per item when a batch is collated, so it must be cheap.
     """
 
-    def input_size(self, job_input: Any) -> int:
-        """The input's size in the model's measure (size, tokens, pixels)."""
+    def item_size(self, item: Any) -> int:
+        """The item's size in the model's measure (size, tokens), before padding."""

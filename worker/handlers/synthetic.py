@@ -41,9 +41,9 @@ class SyntheticHandler:
             os._exit(POISON_EXIT_STATUS)  # test-only fault injection, see POISON_VALUE
         return job_input
 
-    def input_size(self, job_input: Any) -> int:
+    def item_size(self, item: dict[str, Any]) -> int:
         """Its ``size``: what a real model of this shape would be padded from."""
-        return int(job_input["size"])
+        return int(item["size"])
 
     def example(self, bin_spec: BinSpec) -> dict[str, Any]:
         """An input of the bin's largest size (``carpool calibrate synthetic``)."""

@@ -84,9 +84,9 @@ class TextHandler:
         encoded: Encoded = self.tokenizer.encode(job_input["text"])
         return TextItem(torch.tensor(encoded.ids, dtype=torch.int64), encoded.truncated)
 
-    def input_size(self, job_input: Any) -> int:
-        """Tokens the model computes for this input (``SizedInputs``: padding metrics)."""
-        return self.tokenizer.count(str(job_input["text"]))
+    def item_size(self, item: TextItem) -> int:
+        """Tokens the model computes for this item (``SizedItems``: padding metrics)."""
+        return int(item.ids.shape[0])
 
     def example(self, bin_spec: BinSpec) -> TextItem:
         """A text that fills the bin, for warm-up and calibration."""

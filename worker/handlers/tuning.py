@@ -24,7 +24,7 @@ import torch
 
 from carpool.catalogue import ModelSpec
 from carpool.errors import ConfigError
-from worker.staging import map_tensors
+from worker.executors.staging import map_tensors
 
 #: The ``dtype`` option's values, and the autocast dtype each means (None: no autocast).
 DTYPES: Mapping[str, torch.dtype | None] = {

@@ -1,7 +1,8 @@
-"""Run one claimed batch through a handler: one bad input fails alone.
+"""The torch-free steps of running a claimed batch: one bad input fails alone.
 
-claim → run → record are three steps; this module is the middle one and knows
-nothing of Redis (nor of torch). Every job of the batch gets exactly one
+claim → run → record are three steps; these are the middle one's parts, shared
+by every executor (``worker.executors.pipelined``), and know nothing of Redis
+(nor of torch). Every job of the batch gets exactly one
 Outcome, in order. A preprocessing error fails its own job; a forward error
 splits the batch in halves and retries each, until the input that causes it
 stands alone — so one poison input costs about 2·log2(n) extra forward passes
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from carpool.catalogue import BinSpec
 from carpool.errors import HandlerContractError
 from carpool.jobs import ClaimedJob, Outcome
 from worker.handlers.base import ModelHandler
@@ -92,12 +92,6 @@ def preprocess_all(
     return ready, failed, _ms_since(t0)
 
 
-def infer(handler: ModelHandler, items: Sequence[Any], bin_spec: BinSpec) -> list[Any]:
-    """collate → forward → postprocess, checked to give one result per item."""
-    output = handler.forward(handler.collate(items, bin_spec))
-    return checked(handler, handler.postprocess(output, len(items)), len(items))
-
-
 def checked(handler: ModelHandler, results: list[Any], n: int) -> list[Any]:
     """``results``, if there is exactly one per item; else a loud contract error."""
     if len(results) != n:
@@ -151,13 +145,3 @@ def outcomes(
             by_id[job.id] = Outcome(job.id, result=result, preprocess_ms=pre_ms,
                                     inference_ms=inf_ms)
     return [by_id[job.id] for job in jobs]
-
-
-def run_batch(
-    handler: ModelHandler, bin_spec: BinSpec, jobs: Sequence[ClaimedJob]
-) -> list[Outcome]:
-    """The synchronous path (no executor): one Outcome per job, in order."""
-    ready, failed, pre_ms = preprocess_all(handler, jobs)
-    t0 = time.perf_counter()
-    results = isolate(lambda sub: infer(handler, sub, bin_spec), [item for _, item in ready])
-    return outcomes(jobs, ready, failed, results, pre_ms, _ms_since(t0))

@@ -1,4 +1,4 @@
-"""The torch executor: the depth-2 pipeline of ``worker.pipeline`` on a device.
+"""The torch executor: the pipeline of ``worker.executors.pipelined`` on a device.
 
 On the loop's thread, ``submit`` preprocesses a batch (a thread pool: Pillow and
 the tokenizer release the GIL), collates it into the bin's shape and starts its
@@ -12,7 +12,7 @@ breaks the model fails alone, and an out-of-memory error frees the allocator's
 cache, caps the bin in the memory guard and retries the halves.
 
 On a GPU, ``cudnn.benchmark`` is on and each batch is padded up to a rung of
-``worker.ladder`` (repeating its last item; the extra rows are cut from the
+``worker.executors.ladder`` (repeating its last item; the extra rows are cut from the
 output before postprocessing), so cuDNN autotunes only the sizes that warm-up
 ran, never on the serving path.
 
@@ -32,15 +32,15 @@ import torch
 from carpool.catalogue import BinSpec
 from carpool.settings import ExecutorSettings
 from worker.device import Accelerator, Event, accelerator_for
+from worker.executors.ladder import padded
+from worker.executors.pipelined import PipelinedExecutor
+from worker.executors.staging import Staged, Staging, map_tensors, to_host
 from worker.handlers.base import ModelHandler
-from worker.ladder import padded
 from worker.memory import MemoryGuard
-from worker.pipeline import ExecutorStats, PipelinedExecutor
-from worker.staging import Staged, Staging, map_tensors, to_host
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExecutorStats", "Padded", "TorchExecutor", "memory_guard"]
+__all__ = ["Padded", "TorchExecutor", "memory_guard"]
 
 
 def memory_guard(settings: ExecutorSettings, gpu: Accelerator | None) -> MemoryGuard:
@@ -105,9 +105,7 @@ class TorchExecutor(PipelinedExecutor):
         return min(rung, cap) if cap >= n else n
 
     def stage(self, handler: ModelHandler, items: Any, bin_spec: BinSpec) -> Any:
-        batch = handler.collate(items, bin_spec)
-        with self._lock:
-            self.stats.count_padding(batch)
+        batch = self.collate(handler, items, bin_spec)
         n, rows = len(items), self.rows_for(handler, bin_spec, len(items))
         if rows == n:
             return self.to_device(batch)

@@ -1,0 +1,48 @@
+"""A ``BatchHooks`` that records every call, for tests of the batch loop."""
+
+from __future__ import annotations
+
+import threading
+
+from carpool.jobs import Claim
+from worker.hooks import BatchReport
+
+
+class Recorder:
+    """Each hook call as ``(hook, claim, report)``; hook is "claimed", "expired",
+    "finished", "failed" or "unanswered"; report is None but for "finished"."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Claim, BatchReport | None]] = []
+        self._lock = threading.Lock()
+
+    def _add(self, hook: str, claim: Claim, report: BatchReport | None = None) -> None:
+        with self._lock:
+            self.calls.append((hook, claim, report))
+
+    def on_claimed(self, claim: Claim) -> None:
+        self._add("claimed", claim)
+
+    def on_expired(self, claim: Claim) -> None:
+        self._add("expired", claim)
+
+    def on_finished(self, claim: Claim, report: BatchReport) -> None:
+        self._add("finished", claim, report)
+
+    def on_failed(self, claim: Claim) -> None:
+        self._add("failed", claim)
+
+    def on_unanswered(self, claim: Claim) -> None:
+        self._add("unanswered", claim)
+
+    def hooks(self) -> list[str]:
+        with self._lock:
+            return [h for h, _, _ in self.calls]
+
+    def tokens(self, hook: str) -> list[str]:
+        with self._lock:
+            return [c.token for h, c, _ in self.calls if h == hook]
+
+    def reports(self) -> list[BatchReport]:
+        with self._lock:
+            return [r for _, _, r in self.calls if r is not None]
