@@ -97,3 +97,22 @@ def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahe
     first, second = heard.reports()[:2]
     assert first.service_s == first.runtime_s  # nothing ahead of it
     assert 0 < second.service_s < second.runtime_s  # claimed while the first computed
+
+
+def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
+        settings: Settings, queue: Queue) -> None:
+    heard = Recorder()
+    small = SPEC.bin_named("small")
+    ids = [queue.admit(SPEC, small, new_job_id(), json.dumps({"value": i, "size": 1}),
+                       queued_ttl_s=60).id for i in range(40)]
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
+                     "w-test", hooks=[heard])
+    for _ in range(50):  # bounded
+        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
+            break
+        loop.step()
+    loop.drain()
+    loop.executor.close()
+    seen = next(e for e in loop.scheduler.snapshot() if e["bin"] == "small")
+    assert seen["recent_batch_sizes"] == [r.size for r in heard.reports()]
+    assert sum(seen["recent_batch_sizes"]) == 40
