@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from carpool import http_client
@@ -143,18 +144,14 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(rest: list[str]) -> int:
+    # Imported here: neither the bench nor the simulator is needed by other commands.
+    if rest[:1] == ["simulate"]:
+        from carpool.sim.cli import main as simulate
+
+        return int(simulate(rest[1:]))
     from carpool.bench.cli import main as bench_main
 
     return int(bench_main(rest))
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    # Imported here: carpool must not import torch, and only this command needs it.
-    from worker.calibrate import command
-
-    sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else None
-    return command(args.model, reps=args.reps, sizes=sizes,
-                   plot_path=Path(args.plot) if args.plot else None)
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -164,6 +161,12 @@ def _client_options(p: argparse.ArgumentParser) -> None:
                    help="the web tier (default: $CARPOOL_URL, else %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("CARPOOL_API_KEY", ""),
                    help="sent as 'Authorization: Bearer' (default: $CARPOOL_API_KEY)")
+
+
+#: Entry points that add a subcommand: each is called with the subparsers and adds
+#: its own, ``func`` set. The worker registers ``calibrate`` here (pyproject.toml),
+#: so the core never imports the worker.
+COMMANDS_GROUP = "carpool.commands"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -201,16 +204,8 @@ def parser() -> argparse.ArgumentParser:
     _client_options(r)
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
-    c = sub.add_parser("calibrate", help="time a model's bins at several batch sizes "
-                       "(needs the worker extra); writes the profile and a PNG plot")
-    c.add_argument("model", help="a model of the catalogue (CARPOOL_CONFIG), e.g. synthetic")
-    c.add_argument("--reps", type=int, default=3, help="timed batches per size (median kept)")
-    c.add_argument("--sizes", default="", help="batch sizes, e.g. 1,2,4,8 (default: a ladder "
-                   "of powers of two up to each bin's max_batch)")
-    c.add_argument("--plot", default="", help="PNG path (default: beside the profile)")
-    c.epilog = ("Settings come from the environment, as for a worker: CARPOOL_CONFIG,\n"
-                "CARPOOL_DEVICE, CARPOOL_PROFILE_DIR (where the profile is written).")
-    c.set_defaults(func=cmd_calibrate)
+    for command in entry_points(group=COMMANDS_GROUP):
+        command.load()(sub)  # the worker's `calibrate`, in this distribution
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",
                    add_help=False)
     return p

@@ -104,3 +104,7 @@ class NotCancellable(CarpoolError):
 
 class HandlerContractError(CarpoolError):
     """Raised when a model handler returns the wrong number of results for a batch."""
+
+
+class MissingExtra(CarpoolError):
+    """Raised when a command needs a package of an optional extra that is not installed."""

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from carpool.batching import MAX_BYPASS, Cost
+from carpool.bench.arrivals import Arrival, arrivals, diurnal_times
 from carpool.bench.workload import SizeMix
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.cli import main as carpool_main
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.summary import percentile, summarize
-from carpool.sim.workload import SimArrival, arrivals, diurnal_times
 
 SPEC = ModelSpec("m", "synthetic", "size", bins=(
     BinSpec("small", max_size=10, max_batch=32, max_wait_ms=20, max_depth=100_000),
@@ -24,7 +24,7 @@ COST = Cost(20.0, 1.0)
 RTT_US = 250
 
 
-def merged(*schedules: list[SimArrival]) -> list[SimArrival]:
+def merged(*schedules: list[Arrival]) -> list[Arrival]:
     return sorted((a for s in schedules for a in s), key=lambda a: a.t_s)
 
 
@@ -38,7 +38,7 @@ def test_the_same_config_and_schedule_give_the_same_run() -> None:
 
 def test_a_trickle_bin_waits_within_its_bound_while_another_bin_is_flooded() -> None:
     flood = arrivals("poisson", 3 * 32 / COST.ms(32) * 1000, 10, SizeMix.parse("1"), seed=1)
-    trickle = [SimArrival(0.05 + 0.2 * i, 50) for i in range(50)]
+    trickle = [Arrival(0.05 + 0.2 * i, 50) for i in range(50)]
     result = simulate(SimConfig(SPEC, COST, rtt_us=RTT_US), merged(flood, trickle))
     longest_batch_ms = max(COST.ms(b.max_batch) for b in SPEC.bins)
     per_turn_ms = longest_batch_ms + 2 * RTT_US / 1000 + 1  # a batch, a peek and a claim
@@ -53,7 +53,7 @@ def test_a_trickle_bin_waits_within_its_bound_while_another_bin_is_flooded() -> 
 
 def test_without_the_bypass_rule_the_trickle_bin_would_starve() -> None:
     flood = arrivals("poisson", 3 * 32 / COST.ms(32) * 1000, 10, SizeMix.parse("1"), seed=1)
-    trickle = [SimArrival(0.05 + 0.2 * i, 50) for i in range(50)]
+    trickle = [Arrival(0.05 + 0.2 * i, 50) for i in range(50)]
     never_full = replace(SPEC, bins=(SPEC.bins[0], replace(SPEC.bins[1], max_batch=64)))
     result = simulate(SimConfig(never_full, COST, max_bypass=10**9), merged(flood, trickle))
     first = min(j.done_us for j in result.jobs if j.bin == "large")
@@ -88,7 +88,7 @@ def test_a_batch_leaves_in_time_for_its_most_urgent_deadline() -> None:
 
 def test_jobs_go_earliest_deadline_first_within_a_bin() -> None:
     spec = replace(SPEC, bins=(replace(SPEC.bins[0], max_batch=1),))
-    schedule = [SimArrival(0.0, 1, deadline_ms=d) for d in (900, 300, 600, 300, 0)]
+    schedule = [Arrival(0.0, 1, deadline_ms=d) for d in (900, 300, 600, 300, 0)]
     result = simulate(SimConfig(spec, COST, adaptive=False), schedule)
     order = sorted(result.jobs, key=lambda j: j.done_us)
     assert [schedule[j.seq].deadline_ms for j in order] == [300, 300, 600, 900, 0]

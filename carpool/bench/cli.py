@@ -10,6 +10,7 @@ from carpool.bench.ceiling import DEFAULT_RATES
 from carpool.bench.policies import POLICIES
 from carpool.bench.sweep import DEFAULT_FRACTIONS
 from carpool.clihelp import HelpParser
+from carpool.errors import CarpoolError
 
 
 def _floats(text: str) -> list[float]:
@@ -135,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="offered rates, jobs/s")
     ceiling.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
     ceiling.add_argument("--out", default="", help="output folder (default bench-out/<cmd>-<time>)")
-    # Listed for --help only: main() hands "simulate ..." to carpool.sim.cli whole.
+    # Listed for --help only: carpool.cli hands "bench simulate ..." to carpool.sim.cli
+    # whole (the simulator imports the bench's arrivals; the bench never imports it).
     sub.add_parser("simulate", add_help=False,
                    help="the batching policies in the simulator (simulate --help)")
     return parser
@@ -143,14 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["simulate"]:
-        from carpool.sim.cli import main as simulate
-
-        return simulate(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return commands.dispatch(args, argv)
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, CarpoolError) as exc:
         print(f"carpool bench: {exc}", file=sys.stderr)
         return 2
 

@@ -27,10 +27,12 @@ from carpool.bench.sweep import (
 )
 from carpool.bench.target import Target, TargetSpec, open_target
 from carpool.bench.workload import SYNTHETIC, SizeMix, new_nonce
+from carpool.extras import require_bench
 from carpool.settings import load_settings
 
 
 def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    require_bench()  # the progress bar and the plots: say so now, not after the run
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"bench-out/{args.command}-{stamp}")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,19 @@
 """PNG plots with matplotlib's Agg backend (no display): latency against throughput,
-the batch-size histogram, and latency over time (what a burst does to the tail)."""
+the batch-size histogram, and latency over time (what a burst does to the tail).
+matplotlib comes with the bench extra and is imported when a plot is drawn."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from carpool.bench.records import JobRecord, Outcome
+from carpool.bench.stats import Summary, percentile
+from carpool.extras import pyplot
 
-matplotlib.use("Agg")  # before pyplot: files only, never a window
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from carpool.bench.records import JobRecord, Outcome  # noqa: E402
-from carpool.bench.stats import Summary, percentile  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PERCENTILE_STYLES = (("p50", ":"), ("p95", "--"), ("p99", "-"))
 #: Width of one time bucket in the latency-over-time plot.
@@ -24,7 +23,7 @@ BUCKET_S = 0.5
 def latency_vs_throughput(summaries: Sequence[Summary], knees: Mapping[str, Summary | None],
                           path: Path) -> Path:
     """p50/p95/p99 against achieved jobs/s, one colour per target; the knee ringed."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     targets = sorted({str(s.extra.get("target", "")) for s in summaries})
     for i, target in enumerate(targets):
         points = sorted((s for s in summaries if s.extra.get("target", "") == target),
@@ -49,7 +48,7 @@ def latency_vs_throughput(summaries: Sequence[Summary], knees: Mapping[str, Summ
 def overload(summaries: Sequence[Summary], path: Path) -> Path:
     """Goodput (ok jobs/s as a fraction of the limit) and p99 against offered load
     (× the limit), one colour per target: what overload does to each policy."""
-    fig, (good, tail) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (good, tail) = pyplot().subplots(1, 2, figsize=(11, 4.5))
     targets = sorted({str(s.extra.get("target", "")) for s in summaries})
     for i, target in enumerate(targets):
         points = sorted((s for s in summaries if s.extra.get("target", "") == target
@@ -72,7 +71,7 @@ def overload(summaries: Sequence[Summary], path: Path) -> Path:
 
 def batch_histogram(summaries: Sequence[Summary], path: Path) -> Path:
     """How many batches of each size, one bar series per summary."""
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = pyplot().subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(summaries))
     for i, s in enumerate(summaries):
         sizes = sorted(s.batches)
@@ -87,7 +86,7 @@ def batch_histogram(summaries: Sequence[Summary], path: Path) -> Path:
 
 def latency_over_time(records: Sequence[JobRecord], path: Path, title: str = "") -> Path:
     """Each job's latency at its arrival time, the p99 per bucket, and the offered rate."""
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = pyplot().subplots(figsize=(9, 4))
     ok = [r for r in records if r.outcome is Outcome.OK and r.e2e_ms is not None]
     ax.scatter([r.t_sched for r in ok], [r.e2e_ms or 0.0 for r in ok], s=2, alpha=0.3,
                color="C0", label="job")
@@ -116,5 +115,5 @@ def latency_over_time(records: Sequence[JobRecord], path: Path, title: str = "")
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

@@ -10,15 +10,17 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import NoReturn
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, NoReturn
 
 from carpool.bench.arrivals import Arrival, Bursts, burst_times, poisson_times, with_sizes
 from carpool.bench.records import JobRecord
 from carpool.bench.stats import Summary, summarize
 from carpool.bench.target import Target
 from carpool.bench.workload import SizeMix
+from carpool.extras import require
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 #: Jobs sent (and not counted) before the first step: new connections, a cold
 #: gunicorn worker or a first Redis script load must not land in the first step.
@@ -103,5 +105,7 @@ def run_steps(target: Target, steps: Sequence[Step], nonce: str, grace_s: float,
 
 
 def progress_bar(total: int) -> tqdm[NoReturn]:
-    """The progress bar on stderr: one tick per job that ends."""
-    return tqdm(total=total, unit="job", mininterval=0.5, dynamic_ncols=True, leave=False)
+    """The progress bar on stderr: one tick per job that ends (tqdm: the bench extra)."""
+    bar: tqdm[NoReturn] = require("tqdm").tqdm(total=total, unit="job", mininterval=0.5,
+                                              dynamic_ncols=True, leave=False)
+    return bar

@@ -2,7 +2,8 @@
 batching policies in seconds (``carpool bench simulate``). Torch- and Redis-free
 at run time; it drives carpool's own scheduling code with a fake clock.
 
-    workload  arrivals: Poisson, bursts, a diurnal curve, a recorded trace
+    (arrivals: ``carpool.bench.arrivals``, shared with the bench; the one arrow
+    between the two points from here to there)
     bins      an in-memory stand-in for the Redis bins (admit, peek, claim)
     engine    the event loop: workers running carpool.scheduler.Scheduler
     summary   percentiles, throughput and batch sizes of one run

@@ -18,15 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from carpool.batching import Cost
-from carpool.bench.arrivals import Bursts
+from carpool.bench.arrivals import Bursts, load_trace
 from carpool.bench.workload import SizeMix
 from carpool.catalogue import load_catalogue
 from carpool.clihelp import HelpParser
+from carpool.errors import MissingExtra
+from carpool.extras import require
 from carpool.sim.compare import Row, baseline_cost, sweep, verdicts
 from carpool.sim.engine import SimConfig
 from carpool.sim.plots import plot_sweep
 from carpool.sim.policies import standard
-from carpool.sim.workload import load_trace
 
 
 def _floats(text: str) -> list[float]:
@@ -105,6 +106,11 @@ def markdown(rows: Sequence[Row]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        require("matplotlib")  # the plots, drawn at the end: say so before the sweep
+    except MissingExtra as exc:
+        print(f"carpool bench simulate: {exc}", file=sys.stderr)
+        return 2
     spec = load_catalogue(Path(args.config) if args.config else None).get(args.model)
     sizes = SizeMix.parse(args.sizes)
     base = SimConfig(spec, args.cost_ms, workers=args.workers, jitter=args.jitter, seed=args.seed,

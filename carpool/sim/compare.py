@@ -7,13 +7,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from carpool.batching import Cost
-from carpool.bench.arrivals import Bursts
+from carpool.bench.arrivals import Arrival, Bursts, arrivals
 from carpool.bench.workload import SizeMix
 from carpool.catalogue import ModelSpec
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.policies import Policy, capacity_per_s
 from carpool.sim.summary import Summary, summarize
-from carpool.sim.workload import SimArrival, arrivals
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,11 @@ def bin_shares(spec: ModelSpec, sizes: SizeMix) -> dict[str, float]:
 def sweep(spec: ModelSpec, base: SimConfig, policies: Sequence[Policy], loads: Sequence[float],
           patterns: Sequence[str], sizes: SizeMix, duration_s: float,
           progress: Callable[[Row], None] = lambda row: None,
-          trace: list[SimArrival] | None = None, bursts: Bursts | None = None) -> list[Row]:
+          trace: list[Arrival] | None = None, bursts: Bursts | None = None) -> list[Row]:
     """One row per pattern × load × policy; a trace replaces the patterns and loads."""
     capacity = capacity_per_s(spec, base.cost, bin_shares(spec, sizes), base.workers)
     rows = []
-    cases: list[tuple[str, float, list[SimArrival]]] = []
+    cases: list[tuple[str, float, list[Arrival]]] = []
     if trace is not None:
         span = max(trace[-1].t_s, 1e-9) if trace else 1.0
         cases.append(("trace", len(trace) / span / capacity, trace))

@@ -13,11 +13,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from carpool.batching import MAX_BYPASS, Cost, Go
+from carpool.bench.arrivals import Arrival
 from carpool.catalogue import ModelSpec
 from carpool.queue import WAKE_LIST_CAP
 from carpool.scheduler import Scheduler
 from carpool.sim.bins import SimBins, SimJob
-from carpool.sim.workload import SimArrival
 
 #: The loop's longest block, as in worker/loop.py (MAX_BLOCK_S).
 MAX_BLOCK_US = 1_000_000
@@ -72,7 +72,7 @@ class _Worker:
 @dataclass
 class _Run:
     config: SimConfig
-    schedule: list[SimArrival]
+    schedule: list[Arrival]
     bins: SimBins
     workers: list[_Worker]
     rng: random.Random
@@ -158,7 +158,7 @@ class _Run:
         self.step(t_us, w)
 
 
-def simulate(config: SimConfig, schedule: list[SimArrival]) -> SimResult:
+def simulate(config: SimConfig, schedule: list[Arrival]) -> SimResult:
     """Run ``schedule`` through ``config.workers`` simulated workers until all is done."""
     spec = config.spec
     seeds = {(spec.name, b.name): config.cost_seed for b in spec.bins} if config.cost_seed else {}

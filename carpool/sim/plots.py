@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from carpool.extras import pyplot
 from carpool.sim.compare import Row
 
 
 def plot_sweep(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     """One PNG per pattern; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # the bench extra's matplotlib, on the Agg backend
 
     paths = []
     for pattern in sorted({r.pattern for r in rows}):
