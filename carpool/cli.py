@@ -154,6 +154,27 @@ def cmd_bench(rest: list[str]) -> int:
     return int(bench_main(rest))
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Check "each job in exactly one place" on one snapshot; list the dead letters."""
+    from carpool.audit import snapshot, violations
+    from carpool.keys import Keys
+    from carpool.leases import Leases
+    from carpool.queue import connect
+    from carpool.settings import load_settings
+
+    settings = load_settings()
+    client, keys = connect(settings.redis_url), Keys(settings.key_prefix)
+    found = violations(snapshot(client, keys))
+    dead = Leases(client, keys, settings.catalogue).dead_letters(args.dead)
+    for line in found:
+        print(line)
+    print(f"{len(found)} jobs not in exactly one place; {len(dead)} dead letters shown "
+          "(failed by the reaper, newest first)")
+    for job_id in dead:
+        print(f"  {job_id}")
+    return 1 if found else 0
+
+
 def _client_options(p: argparse.ArgumentParser) -> None:
     # The environment only gives defaults here: these are the client's, not the server's
     # settings (carpool.settings), and a flag always wins.
@@ -204,6 +225,16 @@ def parser() -> argparse.ArgumentParser:
     _client_options(r)
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
+    a = sub.add_parser("audit", help="check that every job is in exactly one place; "
+                       "list the dead letters",
+                       description="Read every bin, lease and job record of this "
+                       "CARPOOL_KEY_PREFIX in one read-only script (it uses KEYS: for rare "
+                       "operator use, not a monitoring loop) and print each job that is "
+                       "not in exactly one place; exit status 1 if any. Settings come from "
+                       "the environment (CARPOOL_REDIS_URL, CARPOOL_KEY_PREFIX).")
+    a.add_argument("--dead", type=int, default=20,
+                   help="how many dead letters (jobs failed by the reaper) to list")
+    a.set_defaults(func=cmd_audit)
     for command in entry_points(group=COMMANDS_GROUP):
         command.load()(sub)  # the worker's `calibrate`, in this distribution
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from carpool.commands import python_argv
 from carpool.errors import ConfigError
-from carpool.redis_local import LocalRedis, answers, choose_redis, free_port
+from carpool.redis_local import LocalRedis, choose_redis, free_port
 from carpool.settings import DEFAULT_WORKER_METRICS_PORT
 from carpool.supervisor import Child, Supervisor
 
@@ -143,6 +143,3 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
     stack.supervisor.start()
     return stack, urls, notes
 
-
-def redis_is_up(url: str) -> bool:
-    return answers(url)

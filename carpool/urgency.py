@@ -23,7 +23,6 @@ so a job returned to its bin (a lost lease) sorts back into its own place.
 from __future__ import annotations
 
 from carpool.catalogue import ModelSpec
-from carpool.errors import InvalidInput
 
 #: Priorities a client may send; higher goes first.
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
@@ -32,17 +31,6 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 9
 def effective_deadline_ms(spec: ModelSpec, requested_ms: int) -> int:
     """The job's relative deadline: its own (0: none asked), else the model's default."""
     return requested_ms if requested_ms > 0 else spec.default_deadline_ms
-
-
-def check_request(spec: ModelSpec, deadline_ms: int, priority: int) -> None:
-    """Refuse a deadline over the model's maximum or a priority out of range."""
-    if deadline_ms > spec.max_deadline_ms:
-        raise InvalidInput(
-            f"deadline_ms {deadline_ms} is over model {spec.name!r}'s maximum "
-            f"({spec.max_deadline_ms})"
-        )
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidInput(f"priority must be {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
 
 
 def sort_offset_ms(spec: ModelSpec, deadline_ms: int, priority: int) -> int:

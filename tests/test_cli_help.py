@@ -23,10 +23,10 @@ def test_carpool_help_lists_every_command(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for command in ("up", "submit", "result", "calibrate", "bench"):
+    for command in ("up", "submit", "result", "audit", "calibrate", "bench"):
         assert f"    {command} " in out or f"    {command}\n" in out, command
     assert {name for name, _ in subparsers(parser())} == {
-        "up", "submit", "result", "calibrate", "bench"}
+        "up", "submit", "result", "audit", "calibrate", "bench"}
 
 
 @pytest.mark.parametrize("root", [parser, build_parser, simulate_parser],

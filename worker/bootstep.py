@@ -164,7 +164,6 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             except ConfigError as exc:  # a second worker on the host: serve all the same
                 log.warning("serving without a metrics endpoint: %s", exc)
         parent.carpool_loop = self.loop  # remote-control commands find it here
-        parent.carpool_metrics = self.metrics  # the memory guard and lease reaper count here
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
         log.info("carpool batch loop started for models %s", ", ".join(handlers))
