@@ -31,7 +31,8 @@ from carpool.jobs import BinState
 
 #: The expected service time counts this much more toward a deadline: fits are means.
 SERVICE_ALLOWANCE = 1.25
-#: A peek and a claim between the decision and the batch's start (FACTS.md: ~0.2 ms each).
+#: A peek and a claim between the decision and the batch's start (measured: ~0.2 ms
+#: each on a busy 2-core machine, docs/benchmarks.md).
 LOOP_ALLOWANCE_MS = 2
 #: A due bin is passed over at most this many times before it goes (rule 4).
 MAX_BYPASS = 4

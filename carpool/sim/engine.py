@@ -35,9 +35,10 @@ class SimConfig:
     adaptive: bool = True
     #: Each batch's service time is multiplied by a lognormal factor of this sigma.
     jitter: float = 0.0
-    #: One Redis round trip (peek, claim or a returning BLPOP); FACTS.md: ~0.2 ms.
+    #: One Redis round trip (peek, claim or a returning BLPOP); measured ~0.2 ms
+    #: (docs/benchmarks.md).
     rtt_us: int = 250
-    #: Worker time per batch outside its measured runtime (listeners such as Flower
+    #: Worker time per batch outside its measured runtime (hooks such as Flower
     #: events, Python between steps): what a real run adds to the two round trips.
     overhead_us: int = 0
     cost_seed: Cost | None = None
