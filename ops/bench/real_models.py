@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from preprocess import photo, stored  # type: ignore[import-not-found]  # this folder
+from preprocess import photo, stored  # this folder
 
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.commands import argv
@@ -218,4 +217,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

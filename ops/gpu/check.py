@@ -129,7 +129,7 @@ def redis_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def bench_section(args: argparse.Namespace) -> dict[str, Any]:
-    import real_models  # type: ignore[import-not-found]  # ops/bench
+    import real_models  # ops/bench, on sys.path above
 
     device, sizes, seconds, jobs, options = (
         ("cpu", [1, 2], 0.3, 6, {"arch": "resnet18", "resize": 37, "crop": 32})
@@ -161,6 +161,9 @@ class Pixels:
 
     def preprocess(self, job_input: Any) -> torch.Tensor:
         return torch.full((3, self.crop, self.crop), int(job_input["x"]), dtype=torch.uint8)
+
+    def example(self, bin_spec: BinSpec) -> torch.Tensor:
+        return self.preprocess({"x": 0})
 
     def collate(self, items: Sequence[torch.Tensor], bin_spec: BinSpec) -> torch.Tensor:
         return torch.stack(list(items))
@@ -226,6 +229,9 @@ class MemoryHog:
 
     def preprocess(self, job_input: Any) -> torch.Tensor:
         return torch.full((4,), float(job_input["x"]))
+
+    def example(self, bin_spec: BinSpec) -> torch.Tensor:
+        return self.preprocess({"x": 0})
 
     def collate(self, items: Sequence[torch.Tensor], bin_spec: BinSpec) -> torch.Tensor:
         return torch.stack(list(items))
