@@ -21,13 +21,14 @@ from carpool.clihelp import HelpParser
 from carpool.errors import CarpoolError
 from carpool.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
 from carpool.supervisor import Supervisor
+from carpool.waiting import wait_until
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The demo long-polls this long at most (a first start warms models up first), in
 #: polls of DEMO_POLL_S, so a child that crash-loops meanwhile is reported at once.
 DEMO_TIMEOUT_S, DEMO_POLL_S = 180.0, 5
-#: How long `carpool up` waits for the web tier to answer /readyz.
-READY_TIMEOUT_S = 60.0
+#: How long `carpool up` waits for the web tier to answer /readyz, asking this often.
+READY_TIMEOUT_S, READY_POLL_S = 60.0, 0.2
 
 
 def _print(obj: object) -> None:
@@ -39,20 +40,24 @@ def _check(supervisor: Supervisor) -> None:
         raise CarpoolError(supervisor.failure)
 
 
+def _ready(base_url: str) -> bool:
+    try:
+        status, _ = http_client.call("GET", f"{base_url}/readyz", timeout_s=2)
+    except OSError:
+        return False
+    return status == 200
+
+
 def _wait_ready(base_url: str, supervisor: Supervisor) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            status, _ = http_client.call("GET", f"{base_url}/readyz", timeout_s=2)
-            if status == 200:
-                return
-        except OSError:
-            pass
-        _check(supervisor)
-        # Polling a process we just started (it has no event to offer); a child that
-        # dies meanwhile is reported by the supervisor at once, with its log lines.
-        supervisor.failed.wait(0.2)
-    raise CarpoolError(f"web did not become ready at {base_url} within {READY_TIMEOUT_S:.0f} s")
+    # Polling a process we just started (it has no event to offer); a child that
+    # dies meanwhile is reported by the supervisor at once, with its log lines.
+    try:
+        wait_until(lambda: _ready(base_url), READY_TIMEOUT_S, f"web at {base_url}",
+                   check=lambda: _check(supervisor), pause=supervisor.failed.wait,
+                   poll_s=READY_POLL_S)
+    except TimeoutError:
+        raise CarpoolError(f"web did not become ready at {base_url} within "
+                           f"{READY_TIMEOUT_S:.0f} s") from None
 
 
 def demo(base_url: str, supervisor: Supervisor) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -13,6 +12,7 @@ from typing import IO
 import redis
 
 from carpool.errors import ConfigError
+from carpool.waiting import wait_until
 
 #: How long a freshly started redis-server may take to answer PING.
 START_TIMEOUT_S = 10.0
@@ -75,14 +75,19 @@ def start_redis(data_dir: Path, port: int | None = None) -> LocalRedis:
     log = open(data_dir / "redis.log", "ab")  # noqa: SIM115 — lives as long as the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not answers(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            log.close()
-            raise ConfigError(f"redis-server did not start; see {data_dir / 'redis.log'}")
-        time.sleep(0.05)  # waiting on a process we started: no event to block on
+    def exited() -> None:
+        if proc.poll() is not None:
+            raise ConfigError(f"redis-server exited with status {proc.returncode}")
+
+    try:  # a process we started: no event to block on
+        wait_until(lambda: answers(url), START_TIMEOUT_S, "redis-server to answer",
+                   check=exited)
+    except (TimeoutError, ConfigError) as exc:
+        proc.kill()
+        proc.wait()
+        log.close()
+        raise ConfigError(f"redis-server did not start ({exc}); see "
+                          f"{data_dir / 'redis.log'}") from None
     return LocalRedis(url, proc, log)
 
 

@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from carpool.waiting import wait_until
 from tests.commands import argv
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +28,6 @@ STOP_TIMEOUT_S = 15.0
 WEB_START_TIMEOUT_S = 30.0
 #: Characters of a failed process's log shown in the error.
 LOG_TAIL_CHARS = 4000
-#: How often wait_until looks at its condition.
-POLL_INTERVAL_S = 0.05
 
 
 def free_port() -> int:
@@ -37,15 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Return once ``predicate()`` is true; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(POLL_INTERVAL_S)  # the polling interval of a bounded wait, not a guess
 
 
 def _tail(log_path: Path) -> str:

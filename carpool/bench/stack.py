@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from carpool.commands import argv
 from carpool.keys import Keys
 from carpool.queue import connect
 from carpool.settings import Settings, load_settings
+from carpool.waiting import wait_until
 
 # The shipped command lines (carpool/commands.toml); the port and worker count travel
 # in the environment, as in production.
@@ -58,15 +58,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(ready: Callable[[], bool], what: str, proc: subprocess.Popen[bytes],
+def wait_ready(ready: Callable[[], bool], what: str, proc: subprocess.Popen[bytes],
                log: Path) -> None:
     """Poll ``ready()`` until true; fail with the log's tail if ``proc`` dies or time runs out."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise RuntimeError(f"{what} did not become ready (exit {proc.poll()}):\n{tail}")
-        time.sleep(READY_POLL_S)
+
+    def failed(reason: str) -> RuntimeError:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        return RuntimeError(f"{what} did not become ready ({reason}):\n{tail}")
+
+    def exited() -> None:
+        if proc.poll() is not None:
+            raise failed(f"exit {proc.returncode}")
+
+    try:
+        wait_until(ready, START_TIMEOUT_S, what, check=exited, poll_s=READY_POLL_S)
+    except TimeoutError as exc:
+        raise failed(str(exc)) from None
 
 
 def _says_ready(log: Path) -> bool:
@@ -139,7 +146,7 @@ class Stack:
             proc, log = self._start("web", WEB_ARGV, env)
             waits.append((self._web_ready, "web", proc, log))
         for ready, what, proc, log in waits:
-            wait_until(ready, what, proc, log)
+            wait_ready(ready, what, proc, log)
 
     def _web_ready(self) -> bool:
         try:

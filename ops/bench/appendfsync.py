@@ -23,13 +23,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import redis
-
 from carpool.catalogue import load_catalogue
 from carpool.jobs import new_job_id
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
-from carpool.redis_local import free_port, redis_server_binary
+from carpool.redis_local import answers, free_port, redis_server_binary
+from carpool.waiting import wait_until
 
 MODES: dict[str, tuple[str, ...]] = {
     "no AOF": ("--appendonly", "no"),
@@ -50,15 +49,7 @@ def redis_server(args: Sequence[str]) -> Iterator[str]:
                             stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # polling a start-up with a bound
+        wait_until(lambda: answers(url), START_TIMEOUT_S, "redis-server to answer")
         yield url
     finally:
         proc.terminate()

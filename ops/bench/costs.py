@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from carpool.keys import Keys, shard
 from carpool.localstack import web_command, worker_command
 from carpool.redis_local import free_port, start_redis
 from carpool.synthetic import batch_cost_s
+from carpool.waiting import wait_until
 
 #: Bound on each phase; a run that needs longer is broken, not slow.
 PHASE_TIMEOUT_S = 300.0
@@ -61,12 +63,8 @@ def loop_thread_cpu_s(log_text: str) -> float:
     return float(match.group(1))
 
 
-def wait_for(pred, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + PHASE_TIMEOUT_S
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
+def wait_for(pred: Callable[[], bool], what: str) -> None:
+    wait_until(pred, PHASE_TIMEOUT_S, what)
 
 
 def main() -> int:

@@ -45,6 +45,7 @@ from carpool.jobs import new_job_id
 from carpool.keys import Keys
 from carpool.queue import Queue, connect
 from carpool.settings import ExecutorSettings
+from carpool.waiting import wait_until
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 
@@ -128,21 +129,18 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
     client = connect(redis_url)
     queue = Queue(client, Keys(prefix))
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (log.exists() and "ready." in log.read_text()):
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker did not start; see {log}")
-            time.sleep(0.2)  # a process we just started: no event to wait on
+        def exited() -> None:
+            if worker.poll() is not None:
+                raise SystemExit(f"worker exited; see {log}")
+
+        # A process we just started: no event to wait on.
+        wait_until(lambda: log.exists() and "ready." in log.read_text(), START_TIMEOUT_S,
+                   f"the worker to start (see {log})", check=exited, poll_s=0.2)
         fast = s.bins[0]
         ids = [queue.admit(s, fast, new_job_id(s.name), x, queued_ttl_s=3600).id for x in inputs]
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while True:
-            views = [queue.get(i) for i in ids]
-            if all(v is not None and v.status.is_final for v in views):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit("backlog did not drain")
-            time.sleep(0.5)  # bounded poll of a benchmark, not a test
+        wait_until(lambda: all((v := queue.get(i)) is not None and v.status.is_final
+                               for i in ids), DRAIN_TIMEOUT_S, "the backlog to drain",
+                   poll_s=0.5)
         return summarise(client, queue, ids)
     finally:
         worker.send_signal(signal.SIGTERM)

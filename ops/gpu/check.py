@@ -45,7 +45,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "ops" / "bench")]
 
 from carpool.catalogue import BinSpec, ModelSpec  # noqa: E402
 from carpool.jobs import ClaimedJob  # noqa: E402
+from carpool.redis_local import answers  # noqa: E402
 from carpool.settings import ExecutorSettings  # noqa: E402
+from carpool.waiting import wait_until  # noqa: E402
 from worker.calibrate import calibrate, ladder  # noqa: E402
 from worker.device import Accelerator  # noqa: E402
 from worker.executors.torch_executor import TorchExecutor  # noqa: E402
@@ -113,19 +115,14 @@ def redis_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen([str(binary), "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--dir", str(workdir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
 
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-    while True:
-        try:
-            client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)  # a server we just started: no event to wait on
+    url = f"redis://127.0.0.1:{port}/0"
+    try:  # a server we just started: no event to wait on
+        wait_until(lambda: answers(url), REDIS_START_TIMEOUT_S, "redis-server to answer")
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def bench_section(args: argparse.Namespace) -> dict[str, Any]:
