@@ -182,16 +182,14 @@ class BatchLoop:
             call_hooks(self.hooks, lambda h: h.on_unanswered(unanswered))
             raise
         if claim.expired:
-            expired = claim
-            call_hooks(self.hooks, lambda h: h.on_expired(expired))
+            call_hooks(self.hooks, lambda h: h.on_expired(claim))
         for narrow in self.claim_filters:
             claim = narrow(claim)
         if not claim.jobs:
             return  # another worker took them first, or they all expired
         self.batches += 1
         self.jobs += len(claim.jobs)
-        claimed = claim
-        call_hooks(self.hooks, lambda h: h.on_claimed(claimed))
+        call_hooks(self.hooks, lambda h: h.on_claimed(claim))
         # A job on a retry may be the input that kills workers (worker/isolation.py):
         # it runs with no other batch in flight, before or after it, so a crash it
         # causes costs an attempt to it alone, not to a batch overlapping it.
@@ -203,7 +201,7 @@ class BatchLoop:
             future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
                                           claim.jobs)
         except BaseException:
-            call_hooks(self.hooks, lambda h: h.on_failed(claimed))  # never submitted
+            call_hooks(self.hooks, lambda h: h.on_failed(claim))  # never submitted
             raise
         self._in_flight.append(_Flight(claim, t0, future))
         # Completing older batches may fail; each failure is reported for its own
