@@ -23,6 +23,17 @@ from worker.loop import BatchLoop
 SPEC = load_catalogue(None).get("synthetic")
 
 
+def serve_until_final(loop: BatchLoop, queue: Queue, ids: list[str]) -> None:
+    """Step the loop until every job has ended (a bounded number of steps), then drain."""
+    for _ in range(50):
+        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
+            break
+        loop.step()
+    else:
+        pytest.fail("jobs did not finish")
+    loop.drain()
+
+
 def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
         settings: Settings, queue: Queue) -> None:
     heard = Recorder()
@@ -33,13 +44,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
                      "w-test", hooks=[heard], executor=executor)
-    for _ in range(50):  # bounded
-        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
-            break
-        loop.step()
-    else:
-        pytest.fail("jobs did not finish")
-    loop.drain()
+    serve_until_final(loop, queue, ids)
     executor.close()
     views = [queue.get(i) for i in ids]
     assert [v.status for v in views if v] == [JobStatus.DONE] * 70
@@ -66,13 +71,7 @@ def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
     executor = Watching(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
                      "w-test", executor=executor)
-    for _ in range(50):  # bounded
-        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
-            break
-        loop.step()
-    else:
-        pytest.fail("jobs did not finish")
-    loop.drain()
+    serve_until_final(loop, queue, ids)
     executor.close()
     # Claimed but unfinished jobs when each batch was submitted (its own included):
     # batch 2 (the retry) found batch 1 written; batch 3 found batch 2 written.
@@ -88,11 +87,7 @@ def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahe
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
                      "w-test", hooks=[heard], executor=executor)
-    for _ in range(50):  # bounded
-        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
-            break
-        loop.step()
-    loop.drain()
+    serve_until_final(loop, queue, ids)
     executor.close()
     first, second = heard.reports()[:2]
     assert first.service_s == first.runtime_s  # nothing ahead of it
@@ -107,11 +102,7 @@ def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
                        queued_ttl_s=60).id for i in range(40)]
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
                      "w-test", hooks=[heard])
-    for _ in range(50):  # bounded
-        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
-            break
-        loop.step()
-    loop.drain()
+    serve_until_final(loop, queue, ids)
     loop.executor.close()
     seen = next(e for e in loop.scheduler.snapshot() if e["bin"] == "small")
     assert seen["recent_batch_sizes"] == [r.size for r in heard.reports()]
