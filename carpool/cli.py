@@ -168,8 +168,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from carpool.settings import load_settings
 
     settings = load_settings()
-    client, keys = connect(settings.redis_url), Keys(settings.key_prefix)
-    found = violations(snapshot(client, keys))
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    keys = Keys(settings.key_prefix)
+    found = violations(snapshot(client, keys, [spec.name for spec in settings.catalogue]))
     dead = Leases(client, keys, settings.catalogue).dead_letters(args.dead)
     for line in found:
         print(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from carpool.cli import main
+from carpool.keys import shard
 from carpool.queue import Queue
 from tests.conftest import make_env
 from tests.test_queue_scripts import admit, synthetic
@@ -19,7 +20,7 @@ def env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str) -> Non
 def test_audit_passes_a_consistent_queue_and_lists_the_dead_letters(
         env: None, queue: Queue, capsys: pytest.CaptureFixture[str]) -> None:
     admit(queue, synthetic())
-    queue.client.lpush(queue.keys.dead, "job-failed-by-the-reaper")
+    queue.client.lpush(queue.keys.dead(shard("synthetic")), "job-failed-by-the-reaper")
     assert main(["audit"]) == 0
     out = capsys.readouterr().out
     assert "0 jobs not in exactly one place; 1 dead letters shown" in out

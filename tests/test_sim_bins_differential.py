@@ -58,7 +58,7 @@ class Both:
     def admit(self, bin_name: str, deadline_ms: int, priority: int) -> None:
         spec, bin_spec = self.spec, self.spec.bin_named(bin_name)
         self.seq += 1
-        job_id = new_job_id()
+        job_id = new_job_id(spec.name)
         wake = self.queue.keys.wake(spec.name)
         self.queue.client.delete(wake)
         try:
@@ -90,7 +90,8 @@ class Both:
 
     def claim(self, bin_name: str, max_n: int) -> tuple[int, int]:
         claim = self.queue.claim(self.spec, bin_name, max_n, lease_ms=LEASE_MS,
-                                 token=new_job_id(), worker="differential")
+                                 token=new_job_id(self.spec.name),
+                                 worker="differential")
         live, expired = self.sim.claim(claim.now_ms * 1000, bin_name, max_n)
         assert [self.ids[j.seq] for j in live] == [j.id for j in claim.jobs]
         assert len(expired) == claim.expired

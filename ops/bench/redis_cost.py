@@ -255,7 +255,7 @@ def script_costs(url: str, jobs: int) -> dict[str, float]:
 
 def _job_id(model: str) -> str:
     try:
-        return new_job_id(model)  # type: ignore[call-arg]
+        return new_job_id(model)
     except TypeError:  # the queue before per-model shards: ids carry no shard
         return new_job_id()  # type: ignore[call-arg]
 
