@@ -82,3 +82,15 @@ def test_a_bench_command_without_the_extra_says_how_to_install_it_before_any_wor
     assert done.returncode == 2
     assert "pip install 'carpool[bench]'" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_the_worker_adds_calibrate_through_the_commands_entry_point() -> None:
+    import tomllib
+    from importlib.metadata import entry_points
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "project"]["entry-points"]["carpool.commands"]
+    assert declared == {"calibrate": "worker.cli:register"}
+    installed = {ep.name: ep.value for ep in entry_points(group="carpool.commands")}
+    assert installed == declared, (
+        "the installed package metadata is older than pyproject.toml: pip install -e .")
