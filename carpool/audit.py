@@ -15,9 +15,9 @@ from typing import Any
 
 import redis
 
+from carpool.connection import load_script, redis_errors
 from carpool.jobs import JobStatus
 from carpool.keys import Keys, shard
-from carpool.queue import load_script, redis_errors
 
 
 @dataclass(frozen=True)

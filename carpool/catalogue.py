@@ -64,6 +64,10 @@ MAX_DEADLINE_MS = 24 * 3600 * 1000
 DEFAULT_MAX_QUEUE_MS = 5_000
 
 
+#: How long a finished job's result is kept when the catalogue does not say: a
+#: model's default, and the TTL of a job whose model has left the catalogue.
+DEFAULT_RESULT_TTL_S = 3600
+
 @dataclass(frozen=True)
 class BinSpec:
     """One bin: jobs whose measure is at most ``max_size`` (and above the bin before)."""
@@ -85,7 +89,7 @@ class ModelSpec:
     kind: str  # the handler that serves it: "synthetic", "image", "text", ...
     measure: str  # one of MEASURES
     bins: tuple[BinSpec, ...]
-    result_ttl_s: int = 3600
+    result_ttl_s: int = DEFAULT_RESULT_TTL_S
     #: Bytes of one job's input once encoded as JSON (images: the raw file).
     max_input_bytes: int = 1 << 20
     #: Bytes of queued input (as stored) the model may hold in Redis at once, over all
@@ -225,6 +229,12 @@ class Catalogue:
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.models.values())
+
+    def result_ttl_s(self, model: str) -> int:
+        """How long a result of ``model`` is kept: its own setting, or the default for a
+        job whose model has left the catalogue since it was admitted."""
+        spec = self.models.get(model)
+        return spec.result_ttl_s if spec is not None else DEFAULT_RESULT_TTL_S
 
     def only(self, names: Sequence[str]) -> Catalogue:
         """The catalogue restricted to ``names`` (each must exist)."""

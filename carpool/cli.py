@@ -162,9 +162,9 @@ def cmd_bench(rest: list[str]) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     """Check "each job in exactly one place" on one snapshot; list the dead letters."""
     from carpool.audit import snapshot, violations
+    from carpool.connection import connect
     from carpool.keys import Keys
     from carpool.leases import Leases
-    from carpool.queue import connect
     from carpool.settings import load_settings
 
     settings = load_settings()

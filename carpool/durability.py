@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import redis
 
+from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable, ConfigError
-from carpool.queue import redis_errors
 
 log = logging.getLogger(__name__)
 

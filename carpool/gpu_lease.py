@@ -11,21 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.resources import files
 from typing import cast
 
 import redis
-from redis.commands.core import Script
 
+from carpool.connection import load_script, redis_errors
 from carpool.keys import Keys
-from carpool.queue import redis_errors
 
 #: Tokens kept in the GPU free list; each wakes one waiting worker, so a few suffice.
 FREE_LIST_CAP = 16
-
-
-def _script(client: redis.Redis, name: str) -> Script:
-    return client.register_script(files("carpool").joinpath("lua", f"{name}.lua").read_text())
 
 
 @dataclass(frozen=True)
@@ -42,9 +36,9 @@ class GpuLeases:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._claim = _script(client, "gpu_claim")
-        self._renew = _script(client, "gpu_renew")
-        self._release = _script(client, "gpu_release")
+        self._claim = load_script(client, "gpu_claim")
+        self._renew = load_script(client, "gpu_renew")
+        self._release = load_script(client, "gpu_release")
 
     def claim(self, uuids: Sequence[str], holder: str, lease_ms: int) -> ClaimAnswer:
         """Lease the first free GPU of ``uuids`` (or one ``holder`` holds already)."""

@@ -13,9 +13,10 @@ from typing import cast
 
 import redis
 
-from carpool.catalogue import Catalogue
+from carpool.catalogue import DEFAULT_RESULT_TTL_S, Catalogue
+from carpool.connection import load_script, redis_errors
 from carpool.keys import Keys, shard, shard_of_job
-from carpool.queue import WAKE_LIST_CAP, load_script, redis_errors
+from carpool.queue import WAKE_LIST_CAP
 
 #: Leases one reap call takes back at most; the rest wait for the next call, so one
 #: call never holds Redis for long, whatever the backlog.
@@ -24,8 +25,6 @@ REAP_BATCH = 500
 DEAD_LIST_CAP = 10_000
 #: Leases read at most when looking for a lost claim's jobs (all jobs running at once).
 LEASED_SCAN_LIMIT = 100_000
-#: Result TTL for a reaped job whose model this process does not know.
-FALLBACK_RESULT_TTL_S = 3600
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ class Leases:
             args: list[str | int] = [
                 limit, max_attempts, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
                 self.keys.wake_prefix(tag), self.keys.done_channel, DEAD_LIST_CAP,
-                WAKE_LIST_CAP, FALLBACK_RESULT_TTL_S, *self._ttls,
+                WAKE_LIST_CAP, DEFAULT_RESULT_TTL_S, *self._ttls,
             ]
             with redis_errors():
                 reply = self._reap(keys=[self.keys.leases(tag), self.keys.dead(tag)], args=args)

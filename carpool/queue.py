@@ -1,27 +1,25 @@
 """The Redis queue protocol: one typed method per Lua script.
 
-This module is the single point of access to Redis for the queue: every Redis
-error is turned into ``BackendUnavailable`` here, so the web answers 503 and the
-worker backs off, without either knowing redis-py's exception tree.
+Every call goes through ``carpool.connection.redis_errors``, so a Redis error
+becomes ``BackendUnavailable``: the web answers 503 and the worker backs off,
+without either knowing redis-py's exception tree.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.resources import files
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 
+from carpool.admit_args import AdmitArgs
 from carpool.admit_reply import admit_outcomes
 from carpool.budget import LIVE_BUCKETS, bucket_ms
 from carpool.catalogue import BinSpec, ModelSpec
+from carpool.connection import load_script, redis_errors
 from carpool.errors import (
     BackendUnavailable,
     BinFull,
@@ -52,76 +50,6 @@ CLAIM_SCAN_FACTOR = 4
 VIEW_FIELDS = ("status", "model", "result", "error", "timings", "batch", "t_admit", "t_claim",
                "t_done", "owner")
 
-#: Error replies that mean "not now" (retry later), never "your request is wrong".
-_UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS",
-                        "BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-#: redis-py's classes for some of them; it strips the code ("OOM") from their text.
-_UNAVAILABLE_CLASSES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
-                        redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
-#: Redis 6.2 wraps an error raised inside a script: "Error running script ... -OOM ...".
-_IN_SCRIPT = re.compile(r"(?:^|: -)(" + "|".join(_UNAVAILABLE_REPLIES) + r")\b")
-
-
-@contextmanager
-def redis_errors() -> Iterator[None]:
-    """Turn redis-py's errors into ``BackendUnavailable`` with an actionable message."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
-    except redis.ResponseError as exc:
-        text = str(exc)
-        code = _IN_SCRIPT.search(text)
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or (code and code[1] == "OOM"):
-            raise BackendUnavailable(
-                "Redis is out of memory (maxmemory reached): new jobs are refused until "
-                "workers drain the queue") from exc
-        if isinstance(exc, _UNAVAILABLE_CLASSES) or code:
-            raise BackendUnavailable(f"Redis refused the command: {text}") from exc
-        raise
-
-
-def load_script(client: redis.Redis, name: str) -> Script:
-    """Register ``carpool/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
-    source = files("carpool").joinpath("lua", f"{name}.lua").read_text()
-    return client.register_script(source)
-
-
-_script = load_script
-
-
-def connect(
-    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
-    cluster: bool = False,
-) -> redis.Redis:
-    """A client for ``url`` that returns str; the timeout bounds a hung Redis.
-
-    ``cluster``: ``url`` names any node of a Redis Cluster, and the client is redis-py's
-    ``RedisCluster``, which routes each command (and each script, by its first key) to
-    the shard that owns it. It offers every command carpool uses, so it is typed here
-    as the client it stands in for.
-
-    redis-py's default pool fails a command ("Too many connections") once 100
-    are in use. With ``max_connections``, a command that finds them all busy
-    waits for one, up to the socket timeout: what a web process whose thousands
-    of greenlets share one client needs.
-    """
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_timeout": socket_timeout_s,
-        "socket_connect_timeout": 2.0,
-        "health_check_interval": 30,
-    }
-    if cluster:
-        return cast(redis.Redis, RedisCluster.from_url(url, **options))
-    if max_connections is None:
-        return redis.Redis.from_url(url, **options)
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=socket_timeout_s, **options
-    )
-    return redis.Redis.from_pool(pool)  # the client owns the pool: close() closes both
-
-
 @dataclass(frozen=True)
 class AdmitRequest:
     """What every job of one submission shares (the web's options for it)."""
@@ -144,11 +72,11 @@ class Queue:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._admit = _script(client, "admit")
-        self._peek = _script(client, "peek")
-        self._claim = _script(client, "claim")
-        self._complete = _script(client, "complete")
-        self._cancel = _script(client, "cancel")
+        self._admit = load_script(client, "admit")
+        self._peek = load_script(client, "peek")
+        self._claim = load_script(client, "claim")
+        self._complete = load_script(client, "complete")
+        self._cancel = load_script(client, "cancel")
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
 
     def admit(
@@ -235,22 +163,25 @@ class Queue:
                 self.keys.owner_queued_bytes(model.name, request.owner or "-")]
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         tag = shard(model.name)
-        args: list[str | int] = [
-            self.keys.job_prefix(tag), model.name, bin_spec.name, bin_spec.max_depth,
-            bin_spec.max_batch, request.queued_ttl_s, "1" if idempotency_digest else "0",
-            WAKE_LIST_CAP, DRAIN_TAU_MS, deadline_ms, request.priority,
-            sort_offset_ms(model, deadline_ms, request.priority), request.owner,
-            input_digest if idempotency_digest else "", model.max_queue_ms_of(bin_spec),
-            DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, f"{request.owner_weight:g}", f"{FAIR_SHARE_NEAR:g}",
-            fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
-            model.max_queued_bytes, model.key_queued_bytes, bucket_ms(request.queued_ttl_s),
-            LIVE_BUCKETS]
-        for job_id, input_json in jobs:
+        head = AdmitArgs(
+            job_prefix=self.keys.job_prefix(tag), model=model.name, bin=bin_spec.name,
+            max_depth=bin_spec.max_depth, max_batch=bin_spec.max_batch,
+            queued_ttl_s=request.queued_ttl_s, idempotent=bool(idempotency_digest),
+            wake_cap=WAKE_LIST_CAP, drain_tau_ms=DRAIN_TAU_MS, deadline_ms=deadline_ms,
+            priority=request.priority,
+            sort_offset_ms=sort_offset_ms(model, deadline_ms, request.priority),
+            owner=request.owner, input_digest=input_digest if idempotency_digest else "",
+            max_queue_ms=model.max_queue_ms_of(bin_spec), drain_min_age_ms=DRAIN_MIN_AGE_MS,
+            drain_stale_ms=DRAIN_STALE_MS, owner_weight=request.owner_weight,
+            fair_share_near=FAIR_SHARE_NEAR,
+            fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
+            max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
+            bucket_ms=bucket_ms(request.queued_ttl_s), live_buckets=LIVE_BUCKETS)
+        for job_id, _ in jobs:
             if shard_of_job(job_id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "
                                  "make it with carpool.jobs.new_job_id(model)")
-            args += [job_id, input_json]
-        return keys, args
+        return keys, head.argv(jobs)
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None

@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import redis
 
+from carpool.connection import load_script, redis_errors
 from carpool.errors import BackendUnavailable, ModelRefused
 from carpool.keys import Keys
-from carpool.queue import load_script, redis_errors
 
 #: A worker renews its entry this often...
 HEARTBEAT_S = 5.0

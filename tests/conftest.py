@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from carpool.connection import connect
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.settings import Settings, load_settings
 
 #: A model no worker serves, with a tiny bin: it stays full once filled.

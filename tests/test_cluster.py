@@ -14,9 +14,10 @@ import pytest
 import requests
 
 from carpool.catalogue import load_catalogue
+from carpool.connection import connect
 from carpool.jobs import JobStatus, new_job_id
 from carpool.keys import Keys, shard
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import DoneCounter, admit_jobs, all_final, assert_one_place

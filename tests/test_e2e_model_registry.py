@@ -13,8 +13,8 @@ import requests
 import torch
 import torchvision
 
+from carpool.connection import connect
 from carpool.keys import Keys
-from carpool.queue import connect
 from carpool.registry import Registry
 from tests.conftest import make_env
 from tests.images import image_file

@@ -14,9 +14,10 @@ import pytest
 import requests
 
 from carpool.client import AsyncClient, Client, Overloaded, RetryPolicy
+from carpool.connection import connect
 from carpool.jobs import Outcome
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.settings import load_settings
 from carpool.synthetic import expected_result
 from tests.conftest import TINY_TOML, make_env

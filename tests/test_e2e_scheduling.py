@@ -21,8 +21,8 @@ import redis
 import requests
 from celery import Celery
 
+from carpool.connection import connect
 from carpool.keys import Keys
-from carpool.queue import connect
 from carpool.retry_after import drain_rate_per_s, retry_after_s
 from tests.conftest import REDIS_URL, make_env
 from tests.procs import start_web, start_worker, wait_until

@@ -17,10 +17,11 @@ import pytest
 import redis
 
 from carpool.catalogue import load_catalogue
+from carpool.connection import connect
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobStatus, new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import (

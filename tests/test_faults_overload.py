@@ -16,9 +16,10 @@ import psutil
 import pytest
 import requests
 
+from carpool.connection import connect
 from carpool.jobs import JobStatus
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from tests.conftest import make_env
 from tests.faults import all_final, record
 from tests.procs import (

@@ -16,10 +16,11 @@ import pytest
 import requests
 
 from carpool.catalogue import load_catalogue
+from carpool.connection import connect
 from carpool.jobs import JobStatus, Outcome
 from carpool.keys import Keys
 from carpool.leases import Leases
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.settings import load_settings
 from carpool.synthetic import expected_result
 from tests.conftest import make_env

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from carpool.catalogue import ModelSpec, load_catalogue
+from carpool.connection import connect
 from carpool.jobs import JobStatus, new_job_id
 from carpool.keys import Keys, shard
 from carpool.leases import Leases
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import (

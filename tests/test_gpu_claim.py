@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import redis
 
+from carpool.connection import connect
 from carpool.errors import ConfigError
 from carpool.gpu_lease import GpuLeases
 from carpool.keys import Keys
-from carpool.queue import connect
 from tests.conftest import make_env
 from tests.procs import (
     STOP_TIMEOUT_S,

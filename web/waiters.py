@@ -25,9 +25,10 @@ from typing import Protocol
 
 import redis
 
+from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobView
-from carpool.queue import ended_ids, redis_errors
+from carpool.queue import ended_ids
 from web.polls import CLIENT_CHECK_S, ClientGone
 
 log = logging.getLogger(__name__)

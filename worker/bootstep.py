@@ -20,11 +20,12 @@ from celery.worker import state
 from prometheus_client import disable_created_metrics
 
 from carpool.batching import Cost
+from carpool.connection import connect
 from carpool.durability import check_durability
 from carpool.errors import ConfigError
 from carpool.keys import Keys
 from carpool.leases import Leases
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.registry import Registry
 from carpool.settings import Settings, load_settings
 from worker.executors.base import BatchExecutor

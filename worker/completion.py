@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from carpool.catalogue import ModelSpec
+from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable, CarpoolError
 from carpool.jobs import Claim, Outcome
-from carpool.queue import Queue, redis_errors
+from carpool.queue import Queue
 
 log = logging.getLogger(__name__)
 

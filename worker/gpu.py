@@ -20,10 +20,10 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from carpool.connection import connect
 from carpool.errors import BackendUnavailable, ConfigError
 from carpool.gpu_lease import GpuLeases
 from carpool.keys import Keys
-from carpool.queue import connect
 from carpool.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,11 @@ import redis
 from carpool.bench.arrivals import Arrival
 from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
+from carpool.connection import connect
 from carpool.errors import BinFull
 from carpool.jobs import new_job_id, view_from_hash
 from carpool.keys import Keys
-from carpool.queue import Queue, connect, ended_ids
+from carpool.queue import Queue, ended_ids
 from carpool.settings import Settings
 
 #: Job hashes read per pipelined round trip when collecting results.

@@ -22,8 +22,8 @@ from types import TracebackType
 
 from carpool.bench.policies import Policy, write_config
 from carpool.commands import argv
+from carpool.connection import connect
 from carpool.keys import Keys
-from carpool.queue import connect
 from carpool.settings import Settings, load_settings
 from carpool.waiting import wait_until
 

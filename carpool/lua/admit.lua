@@ -18,23 +18,29 @@
 --                        clock", when owned
 -- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/budget.py)
 -- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
--- ARGV[1]  job key prefix "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
--- ARGV[2]  model         ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
--- ARGV[6]  ttl_s of a queued record
--- ARGV[7]  "1" if an idempotency key was given (then exactly one job); a key whose
---          first job is gone (result expired, deleted) is a new key; the job records
---          its key ("idem") so DELETE can drop the key with it
--- ARGV[8]  wake list cap
--- ARGV[9]  drain-rate time constant, ms (carpool/retry_after.py)
--- ARGV[10] deadline, ms after admission (0: none)   ARGV[11] priority
--- ARGV[12] sort offset, ms: score = admission (µs) + offset * 1000 (carpool/urgency.py)
--- ARGV[13] owner digest ("" when no API key)        ARGV[14] input digest ("" if no key)
--- ARGV[15] max_queue_ms: the longest predicted wait of a job without a deadline (0: none)
--- ARGV[16] drain-rate minimum age, ms  ARGV[17] a drain rate older than this is unknown, ms
--- ARGV[18] the owner's fair-share weight  ARGV[19] "near the bound" as a fraction of it
--- ARGV[20] the most an owner's virtual clock may lead now, ms (fair queueing)
--- ARGV[21] model byte budget, bytes (0: none)  ARGV[22] per-key byte budget (0: none)
--- ARGV[23] bucket width, ms    ARGV[24] live buckets (carpool/budget.py)
+-- ARGV, by the names of carpool/admit_args.py's AdmitArgs (a test checks the two agree):
+-- ARGV[1]  job_prefix        "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
+-- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
+-- ARGV[6]  queued_ttl_s      ttl of a queued record
+-- ARGV[7]  idempotent        "1" if an idempotency key was given (then exactly one job); a
+--                            key whose first job is gone (result expired, deleted) is a new
+--                            key; the job records its key ("idem") so DELETE can drop it
+-- ARGV[8]  wake_cap          wake list cap
+-- ARGV[9]  drain_tau_ms      drain-rate time constant (carpool/retry_after.py)
+-- ARGV[10] deadline_ms       after admission (0: none)          ARGV[11] priority
+-- ARGV[12] sort_offset_ms    score = admission (µs) + offset * 1000 (carpool/urgency.py)
+-- ARGV[13] owner             owner digest ("" when no API key)
+-- ARGV[14] input_digest      ("" without an idempotency key)
+-- ARGV[15] max_queue_ms      the longest predicted wait of a job without a deadline (0: none)
+-- ARGV[16] drain_min_age_ms  drain-rate minimum age
+-- ARGV[17] drain_stale_ms    a drain rate older than this is unknown
+-- ARGV[18] owner_weight      the owner's fair-share weight
+-- ARGV[19] fair_share_near   "near the bound" as a fraction of it
+-- ARGV[20] fair_lead_cap_ms  the most an owner's virtual clock may lead now (fair queueing)
+-- ARGV[21] max_queued_bytes  the model's byte budget (0: none)
+-- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
+-- ARGV[23] bucket_ms         bucket width (carpool/budget.py)
+-- ARGV[24] live_buckets      buckets alive at once (carpool/budget.py)
 -- ARGV[25..] per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after

@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from carpool.catalogue import load_catalogue
+from carpool.connection import connect
 from carpool.jobs import new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.redis_local import answers, free_port, redis_server_binary
 from carpool.waiting import wait_until
 

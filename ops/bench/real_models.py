@@ -41,9 +41,10 @@ from preprocess import photo, stored  # this folder
 
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.commands import argv
+from carpool.connection import connect
 from carpool.jobs import new_job_id
 from carpool.keys import Keys
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.settings import ExecutorSettings
 from carpool.waiting import wait_until
 from worker.executors.torch_executor import TorchExecutor

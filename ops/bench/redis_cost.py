@@ -36,10 +36,11 @@ import redis
 import requests
 
 from carpool.catalogue import builtin_models
+from carpool.connection import connect
 from carpool.jobs import Outcome, new_job_id
 from carpool.keys import Keys
 from carpool.localstack import web_command, worker_command
-from carpool.queue import Queue, connect
+from carpool.queue import Queue
 from carpool.redis_local import free_port, start_redis
 
 try:
