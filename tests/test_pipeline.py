@@ -98,7 +98,7 @@ def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
         settings: Settings, queue: Queue) -> None:
     heard = Recorder()
     small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(), json.dumps({"value": i, "size": 1}),
+    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
                        queued_ttl_s=60).id for i in range(40)]
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
                      "w-test", hooks=[heard])
