@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,12 @@ class Probe(threading.Thread):
             with _quiet():
                 rss = sum(p.memory_info().rss for p in [self.web, *self.web.children()])
                 self.peak_rss_mb = max(self.peak_rss_mb, rss / (1 << 20))
-            for what, call in (("healthz", lambda: requests.get(
-                    f"{self.base}/healthz", timeout=PROBE_TIMEOUT_S)),
-                               ("submit", lambda: requests.post(
-                    f"{self.base}/submit", json=body, timeout=PROBE_TIMEOUT_S))):
+            calls: tuple[tuple[str, Callable[[], requests.Response]], ...] = (
+                ("healthz", lambda: requests.get(f"{self.base}/healthz",
+                                                 timeout=PROBE_TIMEOUT_S)),
+                ("submit", lambda: requests.post(f"{self.base}/submit", json=body,
+                                                 timeout=PROBE_TIMEOUT_S)))
+            for what, call in calls:
                 t0 = time.monotonic()
                 try:
                     status = call().status_code
@@ -146,13 +149,13 @@ def attack(repo: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         sent = 0
         for _ in range(SOCKETS):
-            s = _connect(port)
-            if s is None:
+            conn = _connect(port)
+            if conn is None:
                 continue
             with _quiet():
-                s.sendall(f"GET /result/{job}?wait=60 HTTP/1.1\r\nHost: h\r\n\r\n".encode())
+                conn.sendall(f"GET /result/{job}?wait=60 HTTP/1.1\r\nHost: h\r\n\r\n".encode())
                 sent += 1
-            s.close()
+            conn.close()
         drop_s = time.monotonic() - t0
         time.sleep(HOLD_S)
     finally:
