@@ -128,3 +128,17 @@ def test_a_refused_json_body_is_parsed_once_and_still_labelled_by_its_model(
     assert len(parses) == 1
     assert scrape(http).value("carpool_jobs_rejected_total", model="synthetic",
                               reason="invalid") == 1
+
+
+def test_a_submission_refused_for_its_api_key_is_not_a_rejected_job(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis) -> None:
+    key = "alice-key-0123456789abcdef01"
+    settings = web_settings(redis_url, key_prefix, tmp_path, CARPOOL_API_KEYS=key)
+    with web_client(settings) as http:
+        body = {"model": "synthetic", "input": {"value": "v", "size": 3}}
+        assert http.post("/submit", json=body).status_code == 401
+        assert http.post("/submit", json={**body, "input": {"value": "v", "size": "big"}},
+                         headers={"Authorization": f"Bearer {key}"}).status_code == 400
+        s = scrape(http)
+    assert s.value("carpool_jobs_rejected_total") == 1  # the bad input, not the bad key
+    assert s.value("carpool_jobs_rejected_total", model="synthetic", reason="invalid") == 1

@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)
-    errors.register(app)
+    errors.register(app, on_refused=metrics.count_refused_request)
     return app
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flask import Flask, Response, current_app, jsonify
@@ -182,8 +182,18 @@ def _unexpected(exc: Exception) -> tuple[Response, int]:
     return jsonify(error_body("internal_error", "internal error; see the server log")), 500
 
 
-def register(app: Flask) -> None:
-    """Answer every error of ``app`` as JSON."""
-    app.register_error_handler(CarpoolError, _carpool_error)
-    app.register_error_handler(HTTPException, _http_error)
+def register(app: Flask, on_refused: Callable[[Exception], None]) -> None:
+    """Answer every error of ``app`` as JSON; tell ``on_refused`` of each carpool or
+    HTTP error first (the one place a refused submission is counted)."""
+
+    def carpool_error(exc: CarpoolError) -> tuple[Response, int]:
+        on_refused(exc)
+        return _carpool_error(exc)
+
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        on_refused(exc)
+        return _http_error(exc)
+
+    app.register_error_handler(CarpoolError, carpool_error)
+    app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, _unexpected)

@@ -52,7 +52,7 @@ from carpool.errors import (
 )
 from carpool.jobs import Admitted
 from carpool.queue import Queue
-from web.errors import BodyTimeout
+from web.errors import BodyTimeout, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,31 @@ def rejection_reason(exc: Exception) -> str:
     return "error"
 
 
+#: The routes whose refusals count as rejected jobs (``count_refused_request``).
+SUBMIT_ENDPOINTS = frozenset({"carpool.submit", "carpool.submit_batch"})
+
+
 def remember_model(doc: object) -> None:
     """Note the model a parsed JSON body names, for ``requested_model`` to label with."""
     if isinstance(doc, dict):
         g.carpool_model = doc.get("model")
+
+
+def body_read() -> None:
+    """Note that the request's body was read within its limits: only then may
+    ``requested_model`` look at a form."""
+    g.carpool_body_read = True
+
+
+def jobs_admitted() -> None:
+    """The request's jobs are admitted (or refused one by one in its answer): an error
+    after this point, while waiting for results, refuses no job."""
+    g.carpool_admitted = True
+
+
+def refusing_jobs(n: int) -> None:
+    """The refusal about to be raised refuses ``n`` jobs (a batch's), not one."""
+    g.carpool_refused_jobs = n
 
 
 def requested_model(catalogue: Catalogue, exc: Exception) -> str:
@@ -103,7 +124,7 @@ def requested_model(catalogue: Catalogue, exc: Exception) -> str:
     (nothing when it was refused before or while parsing), a form's is the form
     werkzeug already parsed, a raw image's is ``?model=``.
     """
-    if isinstance(exc, UnknownModel | RequestEntityTooLarge):
+    if isinstance(exc, UnknownModel | RequestEntityTooLarge) or not g.get("carpool_body_read"):
         return ""
     name: object = request.args.get("model")
     if request.mimetype == "application/json":
@@ -155,6 +176,7 @@ class WebMetrics:
     """The counters of one web process and the registry that a scrape renders."""
 
     def __init__(self, queue: Queue, catalogue: Catalogue) -> None:
+        self.catalogue = catalogue
         self.registry = CollectorRegistry()
         multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         if multiprocess:
@@ -189,6 +211,15 @@ class WebMetrics:
     def count_submitted(self, admitted: Admitted) -> None:
         if not admitted.duplicate:
             self.submitted.labels(admitted.model, admitted.bin).inc()
+
+    def count_refused_request(self, exc: Exception) -> None:
+        """Count a refused submission (an error raised while a submit route ran, its
+        body read or its jobs admitted) under the model it named; other routes' errors
+        are not job rejections. The error handlers call this (web/errors.py)."""
+        if (request.endpoint in SUBMIT_ENDPOINTS and not g.get("carpool_admitted")
+                and not isinstance(exc, Unauthorized)):  # a credential, not a job, refused
+            self.count_rejected(requested_model(self.catalogue, exc), exc,
+                                jobs=g.get("carpool_refused_jobs", 1))
 
     def count_rejected(self, model: str, exc: Exception, jobs: int = 1) -> None:
         self.rejected.labels(model, rejection_reason(exc)).inc(jobs)

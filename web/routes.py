@@ -15,7 +15,6 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from werkzeug.exceptions import HTTPException
 
 from carpool.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
@@ -35,7 +34,7 @@ from web.errors import (
     retry_after_s,
     status_and_code,
 )
-from web.metrics import remember_model, requested_model
+from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
 from web.state import WebState, current_state
@@ -51,11 +50,8 @@ def read_post_body() -> None:
     if request.method != "POST":
         return
     state = current_state()
-    try:
-        read_body(state.settings, state.body_limits)
-    except CarpoolError as exc:
-        state.metrics.count_rejected("", exc)
-        raise
+    read_body(state.settings, state.body_limits)  # a refusal is counted by the error handler
+    body_read()
 
 
 @blueprint.post("/submit")
@@ -63,24 +59,17 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     """202 with the job's id; with ``?wait=S``, 200 with its result if it ends within S."""
     state = current_state()
     owner = request_owner(state.settings)
-    try:
-        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
-        sub = _read_submission(state.settings.catalogue)
-    except (CarpoolError, HTTPException) as exc:
-        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
-        raise
+    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    sub = _read_submission(state.settings.catalogue)
     deadline = time.monotonic() + wait_s
     job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
         wait_s = _hold_poll(state, stack, owner, wait_s)
         # Watched before it is admitted: a completion that comes at once still wakes us.
         woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
-        try:
-            admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner, job_id)
-        except CarpoolError as exc:
-            state.metrics.count_rejected(sub.spec.name, exc)
-            raise
+        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner, job_id)
         state.metrics.count_submitted(admitted)
+        jobs_admitted()
         view = _final_by(state, admitted, woken, deadline)
     if view is not None:
         return jsonify(view.to_json()), 200, {}
@@ -98,21 +87,18 @@ def submit_batch() -> tuple[Response, int]:
     """
     state = current_state()
     owner = request_owner(state.settings)
-    try:
-        wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
-        _require_json()
-        if "Idempotency-Key" in request.headers:
-            raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
-        doc = inputs.parse_json(request.get_data())
-        remember_model(doc)
-        batch = inputs.batch_from_json(doc, state.settings.catalogue)
-    except (CarpoolError, HTTPException) as exc:
-        state.metrics.count_rejected(requested_model(state.settings.catalogue, exc), exc)
-        raise
+    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    _require_json()
+    if "Idempotency-Key" in request.headers:
+        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
+    doc = inputs.parse_json(request.get_data())
+    remember_model(doc)
+    batch = inputs.batch_from_json(doc, state.settings.catalogue)
     deadline = time.monotonic() + wait_s
     with ExitStack() as stack:
         wait_s = _hold_poll(state, stack, owner, wait_s)
         jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
+        jobs_admitted()
         finals = [(i, _final_by(state, admitted, woken, deadline))
                   for i, (admitted, woken) in watched.items()]
     for i, view in finals:
@@ -153,7 +139,7 @@ def _admit_batch(
         outcomes = state.queue.admit_many(batch.spec, valid, _admit_request(state, batch.options,
                                                                             owner))
     except BackendUnavailable as exc:
-        state.metrics.count_rejected(batch.spec.name, exc, jobs=len(valid))
+        refusing_jobs(len(valid))  # counted by the error handler, all of them
         # The first bin's admit.lua call failed: it may still run once Redis resumes,
         # so the 503 names its jobs' ids; later bins' calls were never sent.
         first = [job_id for bin_spec, job_id, _ in valid if bin_spec.name == valid[0][0].name]
