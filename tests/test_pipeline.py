@@ -23,6 +23,13 @@ from worker.loop import BatchLoop
 SPEC = load_catalogue(None).get("synthetic")
 
 
+def admit_small(queue: Queue, n: int) -> list[str]:
+    """``n`` jobs of size 1 (values 0..n-1) in the synthetic model's small bin."""
+    small = SPEC.bin_named("small")
+    return [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
+                        queued_ttl_s=60).id for i in range(n)]
+
+
 def serve_until_final(loop: BatchLoop, queue: Queue, ids: list[str]) -> None:
     """Step the loop until every job has ended (a bounded number of steps), then drain."""
     for _ in range(50):
@@ -54,9 +61,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
 
 def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
         settings: Settings, queue: Queue) -> None:
-    small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
-                       queued_ttl_s=60).id for i in range(70)]
+    ids = admit_small(queue, 70)
     queue.client.hset(queue.keys.job(ids[32]), "attempts", 1)  # lost once: batch 2 is a retry
     unfinished_at_submit: list[int] = []
 
@@ -81,9 +86,7 @@ def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
 def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahead(
         settings: Settings, queue: Queue) -> None:
     heard = Recorder()
-    small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
-                       queued_ttl_s=60).id for i in range(64)]
+    ids = admit_small(queue, 64)
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
                      "w-test", hooks=[heard], executor=executor)
@@ -97,9 +100,7 @@ def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahe
 def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
         settings: Settings, queue: Queue) -> None:
     heard = Recorder()
-    small = SPEC.bin_named("small")
-    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
-                       queued_ttl_s=60).id for i in range(40)]
+    ids = admit_small(queue, 40)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
                      "w-test", hooks=[heard])
     serve_until_final(loop, queue, ids)
