@@ -14,7 +14,8 @@ from carpool.bench.stats import Summary
 from carpool.bench.sweep import StepResult
 
 COLUMNS = ("run", "offered /s", "achieved /s", "of limit", "p50 ms", "p95 ms", "p99 ms",
-           "max ms", "queue ms", "infer ms", "batch", "429", "429 p99 ms", "timeout", "err",
+           "max ms", "queue ms", "infer ms", "batch", "429", "429 p99 ms",
+           "429 p99 at web ms", "timeout", "err",
            "failed", "misrouted", "lost", "gen. late p99 ms")
 
 
@@ -34,9 +35,18 @@ def row(s: Summary) -> list[str]:
     return [s.label, offered, _f(rate), share, _f(s.e2e_ms.p50, 1), _f(s.e2e_ms.p95, 1),
             _f(s.e2e_ms.p99, 1), _f(s.e2e_ms.max, 1), _f(s.split_ms["queue"], 1),
             _f(s.split_ms["inference"], 1), _f(s.mean_batch, 1), str(c["rejected"]),
-            _f(s.rejected_p99_ms, 1), str(c["timeout"]), str(c["error"]), str(c["failed"]),
+            _f(s.rejected_p99_ms, 1), _server_429(s), str(c["timeout"]), str(c["error"]),
+            str(c["failed"]),
             str(c["misrouted"]), str(c["lost"]),
             _f(s.lateness_p99_ms, 1)]
+
+
+def _server_429(s: Summary) -> str:
+    """The web's own p99 for the step's 429s: a bucket's upper bound, hence "≤"."""
+    bound = s.extra.get("server_429_p99_le_ms")
+    if not isinstance(bound, float) or math.isnan(bound):
+        return "–"
+    return "> 60 s" if math.isinf(bound) else f"≤ {bound:g}"
 
 
 def markdown_table(summaries: Sequence[Summary]) -> str:

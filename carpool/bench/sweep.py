@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from carpool.bench.arrivals import Arrival, Bursts, burst_times, poisson_times, with_sizes
 from carpool.bench.records import JobRecord
+from carpool.bench.scrape import fetch_buckets, quantile_bound
 from carpool.bench.stats import Summary, summarize
 from carpool.bench.target import Target
 from carpool.bench.workload import SizeMix
@@ -92,12 +93,20 @@ def run_steps(target: Target, steps: Sequence[Step], nonce: str, grace_s: float,
             if bar is not None:
                 bar.update(1)
 
+        scrape = target.transport == "http" and bool(target.base_url)
+        before = fetch_buckets(target.base_url) if scrape else None
         with collector_paused():
             records = target.drive(step.arrivals, f"{nonce}-{target.label}-{step.label}",
                                    grace_s, tick)
+        after = fetch_buckets(target.base_url) if before is not None else None
         summary = summarize(f"{target.label} {step.label}", records, step.duration_s)
         extra: dict[str, float | str] = {"target": target.label,
                                          "transport": target.transport, **step.extra}
+        if before is not None and after is not None:
+            # The web's own time for this step's 429s, to its histogram's bucket bounds.
+            bound_s, n = quantile_bound(before, after, 0.99)
+            extra["server_429s"] = n
+            extra["server_429_p99_le_ms"] = bound_s * 1000.0
         if target.limit_per_s:
             extra["limit_per_s"] = target.limit_per_s
         out.append(StepResult(replace(summary, extra=extra), records))
