@@ -10,7 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from carpool.bench.scrape import DURATION, fetch_buckets, parse_buckets, quantile_bound
+from carpool.bench.scrape import (
+    DURATION,
+    fetch_buckets,
+    parse_buckets,
+    quantile_bound,
+    quantile_estimate,
+)
 from web.metrics import HTTP_BUCKETS_S, HTTP_LABELS
 
 
@@ -45,6 +51,23 @@ def test_the_p99_bound_counts_only_what_happened_between_scrapes() -> None:
     assert quantile_bound(before, after, 0.99) == (0.05, 101)
     bound, n = quantile_bound(after, after, 0.99)
     assert math.isnan(bound) and n == 0
+
+
+def test_the_estimate_interpolates_within_the_p99_bucket_as_prometheus_does() -> None:
+    registry, h = _histogram()
+    series = h.labels("/submit", "POST", "429")
+    before = parse_buckets(generate_latest(registry).decode(), "/submit", "POST", "429")
+    for _ in range(90):
+        series.observe(0.008)  # the 10 ms bucket
+    for _ in range(10):
+        series.observe(0.02)  # the 25 ms bucket: rank 99 is the 9th of its 10
+    after = parse_buckets(generate_latest(registry).decode(), "/submit", "POST", "429")
+    assert quantile_estimate(before, after, 0.99) == pytest.approx(0.01 + 0.015 * 9 / 10)
+    for _ in range(5):
+        series.observe(120.0)  # past the last finite bound: the estimate stops there
+    after = parse_buckets(generate_latest(registry).decode(), "/submit", "POST", "429")
+    assert quantile_estimate(before, after, 0.99) == 60.0
+    assert math.isnan(quantile_estimate(after, after, 0.99))
 
 
 @pytest.fixture

@@ -42,11 +42,16 @@ def row(s: Summary) -> list[str]:
 
 
 def _server_429(s: Summary) -> str:
-    """The web's own p99 for the step's 429s: a bucket's upper bound, hence "≤"."""
+    """The web's own p99 for the step's 429s: a bucket's upper bound, hence "≤",
+    and (~) the estimate interpolated within that bucket."""
     bound = s.extra.get("server_429_p99_le_ms")
     if not isinstance(bound, float) or math.isnan(bound):
         return "–"
-    return "> 60 s" if math.isinf(bound) else f"≤ {bound:g}"
+    if math.isinf(bound):
+        return "> 60 s"
+    estimate = s.extra.get("server_429_p99_est_ms")
+    interpolated = f" (~{estimate:.0f})" if isinstance(estimate, float) else ""
+    return f"≤ {bound:g}{interpolated}"
 
 
 def markdown_table(summaries: Sequence[Summary]) -> str:

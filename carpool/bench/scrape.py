@@ -66,3 +66,23 @@ def quantile_bound(before: Mapping[float, float], after: Mapping[float, float],
         if count >= need:
             return bound, round(total)
     return math.inf, round(total)
+
+
+def quantile_estimate(before: Mapping[float, float], after: Mapping[float, float],
+                      q: float) -> float:
+    """The ``q`` quantile (0–1, seconds) interpolated linearly within its bucket, as
+    Prometheus's ``histogram_quantile`` does: an estimate that assumes the bucket's
+    requests spread evenly over it; NaN when none, the last finite bound past it."""
+    deltas = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = deltas[-1][1] if deltas else 0.0
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, count in deltas:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower

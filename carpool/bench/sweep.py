@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from carpool.bench.arrivals import Arrival, Bursts, burst_times, poisson_times, with_sizes
 from carpool.bench.records import JobRecord
-from carpool.bench.scrape import fetch_buckets, quantile_bound
+from carpool.bench.scrape import fetch_buckets, quantile_bound, quantile_estimate
 from carpool.bench.stats import Summary, summarize
 from carpool.bench.target import Target
 from carpool.bench.workload import SizeMix
@@ -107,6 +107,7 @@ def run_steps(target: Target, steps: Sequence[Step], nonce: str, grace_s: float,
             bound_s, n = quantile_bound(before, after, 0.99)
             extra["server_429s"] = n
             extra["server_429_p99_le_ms"] = bound_s * 1000.0
+            extra["server_429_p99_est_ms"] = quantile_estimate(before, after, 0.99) * 1000.0
         if target.limit_per_s:
             extra["limit_per_s"] = target.limit_per_s
         out.append(StepResult(replace(summary, extra=extra), records))
