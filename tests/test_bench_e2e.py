@@ -27,6 +27,7 @@ def test_a_short_sweep_on_a_real_stack_writes_every_report_file(
     for s in summaries:
         assert s["counts"]["ok"] == s["jobs"] > 0
         assert s["extra"]["transport"] == "http"
+        assert s["extra"]["server_429s"] == 0  # the web's /metrics was read: no 429 there
     jobs = list(read_jsonl(tmp_path / "jobs.jsonl"))
     assert len(jobs) == sum(s["jobs"] for s in summaries)
     assert all(j["batch_size"] >= 1 and j["timings_ms"]["total"] >= 0 for j in jobs)
