@@ -4,6 +4,7 @@ following that reason's advice to the letter serves it. Real gunicorn and worker
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ def test_a_jpeg_for_a_refused_model_answers_503_naming_the_weights_then_the_advi
         assert r.status_code == 503
         error = r.json()["error"]
         assert error["code"] == "model_unavailable" and "has no weights" in error["message"]
+        batch = requests.post(f"{base}/submit/batch", timeout=10, json={
+            "model": "resnet18", "inputs": [{"image_b64": base64.b64encode(jpeg).decode()}]})
+        assert batch.status_code == 503 and batch.json()["error"]["code"] == "model_unavailable"
         workers = models_entry(base, "resnet18")["workers"]
         assert workers["state"] == "refused" and workers["served_by"] == 0
         assert "has no weights" in workers["refused"][0]["reason"]

@@ -94,6 +94,7 @@ def submit_batch() -> tuple[Response, int]:
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
     batch = inputs.batch_from_json(doc, state.settings.catalogue)
+    state.models.check(batch.spec.name)  # one model per batch: the same 503 as /submit
     deadline = time.monotonic() + wait_s
     with ExitStack() as stack:
         wait_s = _hold_poll(state, stack, owner, wait_s)

@@ -52,7 +52,8 @@ class SequenceClassifier:
             if not (folder / "config.json").is_file():
                 raise ConfigError(f"model {self.spec.name!r}: {folder} has no config.json")
             model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(
-                str(folder), local_files_only=True)
+                # safetensors only: a pytorch_model.bin is a pickle, never loaded here.
+                str(folder), local_files_only=True, use_safetensors=True)
             return model
         if not opts.get("random"):
             raise ConfigError(f"model {self.spec.name!r}: set options.weights to a model "
