@@ -43,7 +43,7 @@ def snapshot(client: redis.Redis, keys: Keys, models: Iterable[str]) -> Snapshot
         with redis_errors():
             reply: Any = script(keys=[keys.leases(tag)],
                                 args=[keys.bin_pattern(tag), keys.job_pattern(tag),
-                                      keys.job_prefix(tag)])
+                                      keys.job_prefix(tag), keys.claim_prefix(tag)])
         raw_bins += reply[0]
         raw_leases += reply[1]
         raw_jobs += reply[2]

@@ -11,7 +11,10 @@ leases) has a tag of its own, ``{p}``.
                                     zset, kept so a lost job goes back there), result
     {p.s}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
                                     carpool/urgency.py): most urgent first, FIFO on ties
-    {p.s}:leases              zset  claimed job ids of the shard, scored by lease deadline (ms)
+    {p.s}:leases              zset  the shard's claims (lease tokens), scored by lease deadline
+                                    (ms): one entry per claim, renewed once for all its jobs
+    {p.s}:claim:<token>       hash  one claim's jobs: id -> "1" for each job it still holds,
+                                    "t" -> claim time (ms), "w" -> worker; gone with its last job
     {p.s}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
     {p.s}:wake:<model>        list  tokens that wake a blocked worker (capped)
     {p.s}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
@@ -90,6 +93,13 @@ class Keys:
 
     def leases(self, shard_tag: str) -> str:
         return f"{self._tag(shard_tag)}:leases"
+
+    def claim(self, shard_tag: str, token: str) -> str:
+        return f"{self.claim_prefix(shard_tag)}{token}"
+
+    def claim_prefix(self, shard_tag: str) -> str:
+        """What `claim(tag, token)` puts before the token; reap.lua builds claim keys."""
+        return f"{self._tag(shard_tag)}:claim:"
 
     def idempotency(self, model: str, key_digest: str) -> str:
         return f"{self._tag(shard(model))}:idem:{model}:{key_digest}"

@@ -18,13 +18,13 @@ from carpool.connection import load_script, redis_errors
 from carpool.keys import Keys, shard, shard_of_job
 from carpool.queue import WAKE_LIST_CAP
 
-#: Leases one reap call takes back at most; the rest wait for the next call, so one
-#: call never holds Redis for long, whatever the backlog.
+#: Jobs one reap call takes back at most (whole claims, at least one); the rest wait
+#: for the next call, so one call never holds Redis for long, whatever the backlog.
 REAP_BATCH = 500
 #: Ids kept on the dead list; older ones fall off (their records keep the reason).
 DEAD_LIST_CAP = 10_000
-#: Leases read at most when looking for a lost claim's jobs (all jobs running at once).
-LEASED_SCAN_LIMIT = 100_000
+#: The claim hash's own fields (claim.lua): its time and worker; every other is a job id.
+CLAIM_META_FIELDS = frozenset({"t", "w"})
 
 
 @dataclass(frozen=True)
@@ -69,22 +69,23 @@ class Leases:
         """Extend the lease of each id still held under ``token``; False where it was lost."""
         held = [False] * len(ids)
         for tag, positions in _by_shard(ids).items():
-            args: list[str | int] = [token, lease_ms, self.keys.job_prefix(tag),
-                                     *(ids[i] for i in positions)]
+            args: list[str | int] = [token, lease_ms, *(ids[i] for i in positions)]
             with redis_errors():
-                reply = self._renew(keys=[self.keys.leases(tag)], args=args)
+                reply = self._renew(keys=[self.keys.leases(tag), self.keys.claim(tag, token)],
+                                    args=args)
             for i, x in zip(positions, reply[1:], strict=True):
                 held[i] = bool(x)
         return held
 
     def reap(self, max_attempts: int, limit: int = REAP_BATCH) -> ReapReport:
-        """Take back up to ``limit`` expired leases per shard: requeue at the front, or fail."""
+        """Take back the jobs of expired claims, whole claims up to about ``limit`` jobs
+        per shard: requeue each at the front of its bin, or fail it."""
         total = ReapReport(0, 0, 0, 0)
         for tag in self._shards:  # one call per shard: a script touches one shard only
             args: list[str | int] = [
                 limit, max_attempts, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
                 self.keys.wake_prefix(tag), self.keys.done_channel, DEAD_LIST_CAP,
-                WAKE_LIST_CAP, DEFAULT_RESULT_TTL_S, *self._ttls,
+                WAKE_LIST_CAP, DEFAULT_RESULT_TTL_S, self.keys.claim_prefix(tag), *self._ttls,
             ]
             with redis_errors():
                 reply = self._reap(keys=[self.keys.leases(tag), self.keys.dead(tag)], args=args)
@@ -101,23 +102,21 @@ class Leases:
                                      self.keys.wake_prefix(tag), WAKE_LIST_CAP,
                                      "1" if refund_attempt else "0", *(ids[i] for i in positions)]
             with redis_errors():
-                reply = self._release(keys=[self.keys.leases(tag)], args=args)
+                reply = self._release(keys=[self.keys.leases(tag), self.keys.claim(tag, token)],
+                                      args=args)
             for i, x in zip(positions, reply, strict=True):
                 back[i] = bool(x)
         return back
 
-    def leased_to(self, token: str, limit: int = LEASED_SCAN_LIMIT) -> list[str]:
-        """The ids leased under ``token``: a claim whose reply was lost. Reads every
-        lease (up to ``limit`` per shard), so it is for that rare case only."""
+    def leased_to(self, token: str) -> list[str]:
+        """The ids leased under ``token``: a claim whose reply was lost. Its claim hash
+        names them; the claim's model is one of the catalogue's, on one of its shards."""
         with redis_errors():
-            ids = [job_id for tag in self._shards  # the claim's model is one of them
-                   for job_id in cast(list[str], self.client.zrange(self.keys.leases(tag), 0,
-                                                                    limit - 1))]
             pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hget(self.keys.job(job_id), "lease")
-            holders = pipe.execute()
-        return [job_id for job_id, holder in zip(ids, holders, strict=True) if holder == token]
+            for tag in self._shards:
+                pipe.hkeys(self.keys.claim(tag, token))
+            found = pipe.execute()
+        return [str(f) for fields in found for f in fields if f not in CLAIM_META_FIELDS]
 
     def dead_letters(self, limit: int = 100) -> list[str]:
         """The ids most recently failed by the reaper, newest first (per model)."""

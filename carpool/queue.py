@@ -216,7 +216,7 @@ class Queue:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
         tag = shard(model.name)
         keys = [self.keys.bin(model.name, bin_name), self.keys.leases(tag),
-                self.keys.queued_bytes(model.name)]
+                self.keys.queued_bytes(model.name), self.keys.claim(tag, token)]
         args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                 self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
         with redis_errors():
@@ -241,7 +241,8 @@ class Queue:
                 args += [o.id, "failed", o.error, timings]
             else:
                 args += [o.id, "done", json.dumps(o.result), timings]
-        keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin)]
+        keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
+                self.keys.claim(tag, claim.token)]
         with redis_errors():
             reply = self._complete(keys=keys, args=args)
         return [bool(x) for x in reply]

@@ -40,7 +40,11 @@ def worker_settings(redis_url: str, key_prefix: str) -> Settings:
 
 
 def lease_deadline(queue: Queue, job: str) -> float | None:
-    return queue.client.zscore(queue.keys.leases(shard_of_job(job)), job)
+    """The deadline of the lease of the claim that holds ``job`` (one per claim)."""
+    token = queue.client.hget(queue.keys.job(job), "lease")
+    if not token:
+        return None
+    return queue.client.zscore(queue.keys.leases(shard_of_job(job)), token)
 
 
 def report_for(claim: Claim) -> BatchReport:

@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  leases  {p.s}:leases
 -- ARGV[1]  glob of every bin zset "{p.s}:q:*"   ARGV[2] glob of every job hash "{p.s}:job:*"
--- ARGV[3]  job key prefix "{p.s}:job:"
+-- ARGV[3]  job key prefix "{p.s}:job:"     ARGV[4] claim key prefix "{p.s}:claim:"
 --
 -- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
 -- entry, most urgent first; a zset holds an id once, so a duplicate can only be across
@@ -16,7 +16,16 @@ for _, bin_key in ipairs(redis.call("KEYS", ARGV[1])) do
     bins[#bins + 1] = id
   end
 end
-local leases = redis.call("ZRANGE", KEYS[1], 0, -1, "WITHSCORES")
+local leases = {}  -- each job a claim holds, with its claim's lease deadline
+local claims = redis.call("ZRANGE", KEYS[1], 0, -1, "WITHSCORES")
+for i = 1, #claims, 2 do
+  for _, id in ipairs(redis.call("HKEYS", ARGV[4] .. claims[i])) do
+    if id ~= "t" and id ~= "w" then
+      leases[#leases + 1] = id
+      leases[#leases + 1] = claims[i + 1]
+    end
+  end
+end
 local jobs = {}
 local skip = string.len(ARGV[3])
 for _, key in ipairs(redis.call("KEYS", ARGV[2])) do

@@ -1,7 +1,7 @@
 -- claim.lua: take up to N of one bin's most urgent jobs and lease them to one worker.
 --
 -- KEYS[1]  bin zset  {p.s}:q:<model>:<bin>  (lowest score = most urgent first)
--- KEYS[2]  leases    {p.s}:leases  zset id -> lease deadline (ms)
+-- KEYS[2]  leases    {p.s}:leases  zset lease token -> lease deadline (ms)
 -- ARGV[1]  max_n     ARGV[2] lease_ms   ARGV[3] lease token (unique per claim)
 -- ARGV[4]  job key prefix "{p.s}:job:"     ARGV[5] worker name
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
@@ -10,13 +10,16 @@
 -- KEYS[3]  the model's byte-budget hash {p.s}:bytes:<model> (admit.lua): each input
 --          taken off the bin leaves its admission bucket, and its API key's
 --          ({p.s}:bytes:<model>:<owner>, same slot)
+-- KEYS[4]  the claim hash {p.s}:claim:<token>: the ids it leases ("1" each), its time
+--          ("t") and worker ("w"); renew, release, reap and complete act on it, once per
+--          claim rather than once per job
 --
 -- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
 -- passed end "expired" here, are never computed, and their places go to the next
 -- jobs: `expired` counts them, so the worker that decided it counts each expiry once
--- (carpool_jobs_expired_total). Per job: one HMGET and one HSET; the leases zset gets
--- one ZADD per slice popped, for all its live jobs at once.
+-- (carpool_jobs_expired_total). Per job: one HMGET and one HSET; per claim: one HSET
+-- of the claim hash and one ZADD of its token into the leases zset.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -25,6 +28,7 @@ local out = {now_ms, 0}
 local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
 local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
+local held = {"t", now_ms, "w", ARGV[5]}  -- the claim hash's fields
 
 -- >>> byte budget (carpool/budget.py): sum the bytes leaving per hash and bucket
 local budget_w, budget_freed = {}, {}
@@ -51,7 +55,6 @@ while live < max_n and budget > 0 do
   local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
   if #popped == 0 then break end
   budget = budget - #popped / 2
-  local leased = {}
   for i = 1, #popped, 2 do
     local id = popped[i]
     local key = ARGV[4] .. id
@@ -71,8 +74,8 @@ while live < max_n and budget > 0 do
         local attempts = (tonumber(job[4]) or 0) + 1
         redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
           "t_claim", now_ms, "attempts", attempts)
-        leased[#leased + 1] = lease_until
-        leased[#leased + 1] = id
+        held[#held + 1] = id
+        held[#held + 1] = "1"
         out[#out + 1] = id
         out[#out + 1] = job[2]
         out[#out + 1] = job[3]
@@ -81,9 +84,10 @@ while live < max_n and budget > 0 do
       end
     end
   end
-  if #leased > 0 then
-    redis.call("ZADD", KEYS[2], unpack(leased))
-  end
+end
+if live > 0 then
+  redis.call("HSET", KEYS[4], unpack(held))
+  redis.call("ZADD", KEYS[2], lease_until, ARGV[3])
 end
 for key, per in pairs(budget_freed) do  -- byte budget: never revive a dropped bucket
   for bucket, n in pairs(per) do

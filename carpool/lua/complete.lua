@@ -3,6 +3,7 @@
 -- KEYS[1]  leases  {p.s}:leases
 -- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate and
 --                                             the busy time behind it (busy_c)
+-- KEYS[3]  claim   {p.s}:claim:<token> (claim.lua)
 -- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
@@ -10,38 +11,44 @@
 -- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
 --   (payload: the result JSON when done, the error message when failed)
 --
--- Per job: one HMGET (the claim time too, for the busy time), then one HSET (which also blanks the input and the lease) and one
--- EXPIRE; the leases zset loses all written ids in one ZREM, and one PUBLISH names
--- them all (space-separated: carpool.queue.ended_ids).
+-- The claim hash (KEYS[3]) says which jobs the claim still holds: one HMGET for the
+-- batch. Per job: one HSET (which also blanks the input and the lease) and one EXPIRE;
+-- the claim loses the written ids in one HDEL, its token leaves the leases zset with its
+-- last job, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
 --
--- Returns one integer per job: 1 written, 0 refused (the lease is no longer this
--- claim's: the job was reclaimed, cancelled or already finished). A late,
--- zombie worker therefore cannot overwrite a result.
+-- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
+-- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
+-- worker therefore cannot overwrite a result.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-local ours = {}  -- ARGV index of each job whose lease is still this claim's
-local claimed_ms = nil  -- when this batch was claimed: its busy time ends now
-for i = 7, #ARGV, 4 do
-  local job = redis.call("HMGET", ARGV[2] .. ARGV[i], "status", "lease", "t_claim")
-  if job[1] == "running" and job[2] == ARGV[1] then
-    claimed_ms = claimed_ms or tonumber(job[3])
+local ours = {}  -- ARGV index of each job the claim still holds
+local asked = {"t"}
+for i = 7, #ARGV, 4 do asked[#asked + 1] = ARGV[i] end
+local held = redis.call("HMGET", KEYS[3], unpack(asked))
+local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
+for k = 2, #held do
+  if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = i
+    ours[#ours + 1] = 7 + (k - 2) * 4
   else
     out[#out + 1] = 0
   end
 end
 local written = #ours
 if written > 0 then
-  -- ZREM first: Redis refuses a script for memory only at its first write, and only
-  -- if that write may grow memory (ZREM cannot). So completions, which free memory
+  -- HDEL first: Redis refuses a script for memory only at its first write, and only
+  -- if that write may grow memory (HDEL cannot). So completions, which free memory
   -- (the input is blanked), go on while a full Redis (noeviction) refuses admissions.
   local ended = {}
   for k, i in ipairs(ours) do ended[k] = ARGV[i] end
-  redis.call("ZREM", KEYS[1], unpack(ended))
+  redis.call("HDEL", KEYS[3], unpack(ended))
+  if redis.call("HLEN", KEYS[3]) <= 2 then  -- its last job: the claim is over
+    redis.call("DEL", KEYS[3])
+    redis.call("ZREM", KEYS[1], ARGV[1])
+  end
   for _, i in ipairs(ours) do
     local key = ARGV[2] .. ARGV[i]
     local field = "result"

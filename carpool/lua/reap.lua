@@ -1,60 +1,75 @@
--- reap.lua: take back the jobs whose lease expired (their worker died, froze or was
--- killed), atomically, so several workers may run it at once: each expired lease is
--- taken back by exactly one call.
+-- reap.lua: take back the jobs of claims whose lease expired (their worker died, froze
+-- or was killed), atomically, so several workers may run it at once: each expired
+-- claim is taken back by exactly one call.
 --
--- KEYS[1]  leases     {p.s}:leases  zset id -> lease deadline (ms)
+-- KEYS[1]  leases     {p.s}:leases  zset lease token -> lease deadline (ms)
 -- KEYS[2]  dead list  {p.s}:dead    ids failed here, newest first, capped
--- ARGV[1]  most leases taken back per call      ARGV[2] max_attempts
+-- ARGV[1]  most jobs taken back per call (whole claims: at least one)
+-- ARGV[2]  max_attempts
 -- ARGV[3]  job key prefix "{p.s}:job:"            ARGV[4] bin key prefix "{p.s}:q:"
 -- ARGV[5]  wake key prefix "{p.s}:wake:"          ARGV[6] done channel
 -- ARGV[7]  dead list cap                        ARGV[8] wake list cap
--- ARGV[9]  result_ttl_s for a model not listed  ARGV[10..] pairs: model, result_ttl_s
+-- ARGV[9]  result_ttl_s for a model not listed  ARGV[10] claim key prefix "{p.s}:claim:"
+-- ARGV[11..] pairs: model, result_ttl_s
 --
--- A job under max_attempts goes back into its bin zset under the score admit.lua
--- stored in its record (so at its old place: usually the front, as it was among the
--- most urgent; a record without a score goes to the very front), status "queued", lease cleared, and its model's workers are woken. A job
--- at max_attempts (claim.lua counts them) ends "failed" with a reason and its id
--- goes on the dead list. Bin, job and wake keys are built from prefixes (same slot).
+-- Each expired claim's hash (claim.lua) names the jobs it still held. A job under
+-- max_attempts goes back into its bin zset under the score admit.lua stored in its
+-- record (so at its old place: usually the front, as it was among the most urgent; a
+-- record without a score goes to the very front), status "queued", lease cleared, and
+-- its model's workers are woken. A job at max_attempts (claim.lua counts them) ends
+-- "failed" with a reason and its id goes on the dead list. Bin, job, claim and wake
+-- keys are built from prefixes (same slot).
 --
--- Returns {now_ms, requeued, failed, dropped}; dropped: stale lease entries whose
--- job had already ended or expired.
+-- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
+-- record had already ended or expired.
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now_ms, "LIMIT", 0, tonumber(ARGV[1]))
+local limit = tonumber(ARGV[1])
+local tokens = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now_ms, "LIMIT", 0, limit)
 local max_attempts = tonumber(ARGV[2])
 local ttl = {}
-for i = 10, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   ttl[ARGV[i]] = ARGV[i + 1]
 end
 
 local requeued, failed, dropped = 0, 0, 0
 local woken = {}  -- wake key -> bin name
-for _, id in ipairs(ids) do
-  -- ZREM first: it is never refused for memory, and after it the other writes of
-  -- this script are not either, so a full Redis still gets its jobs back.
-  redis.call("ZREM", KEYS[1], id)
-  local key = ARGV[3] .. id
-  local job = redis.call("HMGET", key, "status", "model", "bin", "attempts", "worker", "score")
-  if job[1] ~= "running" then
-    dropped = dropped + 1
-  elseif (tonumber(job[4]) or 0) >= max_attempts then
-    redis.call("HDEL", key, "input", "lease")
-    redis.call("HSET", key, "status", "failed", "t_done", now_ms,
-      "error", "worker lost " .. job[4] .. " times (last: " .. (job[5] or "?") ..
-      "); the input may crash workers")
-    redis.call("EXPIRE", key, ttl[job[2]] or ARGV[9])
-    redis.call("PUBLISH", ARGV[6], id)
-    redis.call("LPUSH", KEYS[2], id)
-    redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
-    failed = failed + 1
-  else
-    redis.call("HDEL", key, "lease")
-    redis.call("HSET", key, "status", "queued")
-    redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[6] or 0, id)
-    woken[ARGV[5] .. job[2]] = job[3]
-    requeued = requeued + 1
+for _, token in ipairs(tokens) do
+  if requeued + failed + dropped >= limit then break end
+  -- ZREM and DEL first: they are never refused for memory, and after them the other
+  -- writes of this script are not either, so a full Redis still gets its jobs back.
+  redis.call("ZREM", KEYS[1], token)
+  local claim_key = ARGV[10] .. token
+  local fields = redis.call("HGETALL", claim_key)
+  redis.call("DEL", claim_key)
+  for f = 1, #fields, 2 do
+    local id = fields[f]
+    if id ~= "t" and id ~= "w" then
+      local key = ARGV[3] .. id
+      local job = redis.call("HMGET", key, "status", "model", "bin", "attempts", "worker",
+        "score", "lease")
+      if job[1] ~= "running" or job[7] ~= token then
+        dropped = dropped + 1
+      elseif (tonumber(job[4]) or 0) >= max_attempts then
+        redis.call("HDEL", key, "input", "lease")
+        redis.call("HSET", key, "status", "failed", "t_done", now_ms,
+          "error", "worker lost " .. job[4] .. " times (last: " .. (job[5] or "?") ..
+          "); the input may crash workers")
+        redis.call("EXPIRE", key, ttl[job[2]] or ARGV[9])
+        redis.call("PUBLISH", ARGV[6], id)
+        redis.call("LPUSH", KEYS[2], id)
+        redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
+        failed = failed + 1
+      else
+        redis.call("HDEL", key, "lease")
+        redis.call("HSET", key, "status", "queued")
+        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[6] or 0, id)
+        woken[ARGV[5] .. job[2]] = job[3]
+        requeued = requeued + 1
+      end
+    end
   end
 end
 

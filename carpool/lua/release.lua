@@ -5,6 +5,7 @@
 -- without a score goes to the very front).
 --
 -- KEYS[1]  leases  {p.s}:leases
+-- KEYS[2]  claim   {p.s}:claim:<token> (claim.lua)
 -- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
 -- ARGV[3]  bin key prefix "{p.s}:q:"      ARGV[4] wake key prefix "{p.s}:wake:"
 -- ARGV[5]  wake list cap                ARGV[6] "1": refund the attempt the claim counted
@@ -15,20 +16,33 @@
 redis.replicate_commands()
 
 local out = {}
+if #ARGV < 7 then return out end
+local held = redis.call("HMGET", KEYS[2], unpack(ARGV, 7))
+local back = {}
+for i = 7, #ARGV do
+  if held[i - 6] then back[#back + 1] = ARGV[i] end
+end
+if #back > 0 then
+  -- First: never refused for memory (see reap.lua), and after it no write is.
+  redis.call("HDEL", KEYS[2], unpack(back))
+  if redis.call("HLEN", KEYS[2]) <= 2 then  -- its last job: the claim is over
+    redis.call("DEL", KEYS[2])
+    redis.call("ZREM", KEYS[1], ARGV[1])
+  end
+end
 local woken = {}
 for i = 7, #ARGV do
   local id = ARGV[i]
   local key = ARGV[2] .. id
-  local job = redis.call("HMGET", key, "status", "lease", "model", "bin", "score")
-  if job[1] == "running" and job[2] == ARGV[1] then
-    redis.call("ZREM", KEYS[1], id)  -- first: never refused for memory (see reap.lua)
+  local job = held[i - 6] and redis.call("HMGET", key, "model", "bin", "score") or {}
+  if job[1] then  -- held, and its record is there
     redis.call("HDEL", key, "lease")
     redis.call("HSET", key, "status", "queued")
     if ARGV[6] == "1" then
       redis.call("HINCRBY", key, "attempts", -1)
     end
-    redis.call("ZADD", ARGV[3] .. job[3] .. ":" .. job[4], job[5] or 0, id)
-    woken[ARGV[4] .. job[3]] = job[4]
+    redis.call("ZADD", ARGV[3] .. job[1] .. ":" .. job[2], job[3] or 0, id)
+    woken[ARGV[4] .. job[1]] = job[2]
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client = Client(base, fetchers)
             client.batch_round(0)  # warm-up: web processes, scripts loaded, worker serving
             client.bad.clear()
+            version = str(r.info("server")["redis_version"])
             cpu0, cmd0, io0 = redis_cpu_s(r), commandstats(r), io_events(r)
             t0 = time.perf_counter()
             if args.mode == "batch":
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"{len(client.bad)} results not done, e.g. {client.bad[:3]}")
     scripts = {k: v for k, v in cmds.items() if k.startswith("eval")}
     return {
-        "mode": args.mode, "jobs": jobs, "wall_s": round(wall_s, 2),
+        "redis": version, "mode": args.mode, "jobs": jobs, "wall_s": round(wall_s, 2),
         "jobs_per_s": round(jobs / wall_s, 1),
         "redis_cpu_us_per_job": round(1e6 * cpu_s / jobs, 1),
         "command_us_per_job": round(sum(v["usec"] for v in cmds.values()), 1),
