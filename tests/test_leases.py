@@ -13,7 +13,7 @@ import pytest
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
-from carpool.jobs import JobStatus, Outcome
+from carpool.jobs import Claim, JobStatus, Outcome
 from carpool.keys import Keys, shard
 from carpool.leases import Leases
 from carpool.queue import Queue
@@ -228,3 +228,32 @@ def test_audit_ignores_other_prefixes(queue: Queue, keys: Keys) -> None:
                             other.keys.bin("synthetic", "small"),
                             other.keys.wake("synthetic"))
 
+
+
+def test_a_claim_holds_one_lease_for_all_its_jobs_until_its_last_job_ends(
+        queue: Queue, leases: Leases) -> None:
+    """Lease work is per claim, not per job: one zset entry, renewed in one step; it
+    goes with the claim's last job, whichever way the jobs leave (release, complete)."""
+    spec = synthetic()
+    admitted = [admit(queue, spec, value=i) for i in range(6)]
+    ids = claim(queue, spec, 6, lease_ms=60_000, token="big")
+    tag = shard("synthetic")
+    assert queue.client.zrange(queue.keys.leases(tag), 0, -1) == ["big"]
+    held = set(queue.client.hkeys(queue.keys.claim(tag, "big"))) - {"t", "w"}
+    assert held == set(ids)
+    before = queue.client.zscore(queue.keys.leases(tag), "big")
+    assert leases.renew("big", ids, 120_000) == [True] * 6
+    assert queue.client.zcard(queue.keys.leases(tag)) == 1
+    assert queue.client.zscore(queue.keys.leases(tag), "big") > before
+
+    assert leases.release("big", ids[:2], refund_attempt=True) == [True, True]
+    assert leases.renew("big", ids, 60_000) == [False, False] + [True] * 4
+    running = Claim("synthetic", "small", "big", 0, ())  # complete needs its token and bin
+    outcomes = [Outcome(i, result={"ok": 1}) for i in ids[2:]]
+    assert queue.complete(spec, running, outcomes[:3], {"size": 3}) == [True] * 3
+    assert queue.client.zrange(queue.keys.leases(tag), 0, -1) == ["big"]  # one job left
+    assert queue.complete(spec, running, outcomes[3:], {"size": 1}) == [True]
+    assert queue.client.zcard(queue.keys.leases(tag)) == 0
+    assert not queue.client.exists(queue.keys.claim(tag, "big"))
+    assert queue.complete(spec, running, outcomes[3:], {"size": 1}) == [False]  # once only
+    assert_one_place(queue, admitted)
