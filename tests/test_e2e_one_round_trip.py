@@ -16,7 +16,7 @@ import requests
 from carpool.client import AsyncClient, Client, Overloaded, RetryPolicy
 from carpool.connection import connect
 from carpool.jobs import Outcome
-from carpool.keys import Keys
+from carpool.keys import Keys, shard
 from carpool.queue import Queue
 from carpool.settings import load_settings
 from carpool.synthetic import expected_result
@@ -153,8 +153,8 @@ def test_a_job_predicted_to_wait_too_long_is_refused_at_once_with_retry_after(
         ids = [client.submit("slowq", {"value": i, "size": 1}).id for i in range(10)]
         claim = queue.claim(spec, "only", 10, lease_ms=10_000, token="t", worker="test")
         assert sorted(j.id for j in claim.jobs) == sorted(ids)
-        for job in claim.jobs:  # a batch that ran 1 s
-            queue.client.hset(queue.keys.job(job.id), "t_claim", claim.now_ms - 1000)
+        # A batch that ran 1 s: its claim (the claim hash holds the claim time).
+        queue.client.hset(queue.keys.claim(shard("slowq"), "t"), "t", claim.now_ms - 1000)
         queue.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": 10})
         with pytest.raises(Overloaded) as info:
             for _ in range(spec.bins[0].max_depth):
