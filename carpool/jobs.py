@@ -79,6 +79,9 @@ class ClaimedJob:
     input_json: str
     admit_ms: int
     attempts: int
+    #: The API key's digest that submitted it ("" without keys): a pushed result
+    #: carries it, so the web checks the owner without reading the record.
+    owner: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ leases) has a tag of its own, ``{p}``.
                                     often), newest first, capped: poison inputs to inspect
     {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
                                     message per batch, space-separated
+    {p}:results               chan  pub/sub: the views of the jobs a batch wrote (carpool/pushed.py)
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
@@ -142,6 +143,12 @@ class Keys:
     @property
     def done_channel(self) -> str:
         return f"{self._global}:done"
+
+    @property
+    def results_channel(self) -> str:
+        """Pub/sub: the final views of the jobs a batch wrote, and deleted ids
+        (carpool/pushed.py)."""
+        return f"{self._global}:results"
 
     def queued_bytes(self, model: str) -> str:
         """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""

@@ -30,6 +30,7 @@ from carpool.errors import (
 )
 from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
 from carpool.keys import Keys, shard, shard_of_job
+from carpool.pushed import job_blob
 from carpool.retry_after import (
     DRAIN_MIN_AGE_MS,
     DRAIN_STALE_MS,
@@ -222,8 +223,9 @@ class Queue:
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(
-            ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
-            for i in range(2, len(reply), 4)
+            ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]),
+                       str(reply[i + 4]))
+            for i in range(2, len(reply), 5)
         )
         return Claim(model.name, bin_name, token, int(reply[0]), jobs, expired=int(reply[1]))
 
@@ -233,14 +235,15 @@ class Queue:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
         tag = shard(model.name)
         args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
-                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS]
+                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
+                           self.keys.results_channel]
+        claimed = {j.id: j for j in claim.jobs}
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
-            if o.failed:
-                args += [o.id, "failed", o.error, timings]
-            else:
-                args += [o.id, "done", json.dumps(o.result), timings]
+            payload = (o.error or "") if o.failed else json.dumps(o.result)
+            args += [o.id, "failed" if o.failed else "done", payload, timings,
+                     job_blob(claimed.get(o.id), claim.now_ms, o, payload, timings, model.name)]
         keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
                 self.keys.claim(tag, claim.token)]
         with redis_errors():
@@ -254,7 +257,8 @@ class Queue:
                 keys=[self.keys.job(job_id)],
                 args=[job_id, self.keys.bin_prefix(shard_of_job(job_id)),
                       self.keys.done_channel, result_ttl_s,
-                      self.keys.bytes_prefix(shard_of_job(job_id))],
+                      self.keys.bytes_prefix(shard_of_job(job_id)),
+                      self.keys.results_channel],
             ))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")

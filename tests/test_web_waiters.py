@@ -29,7 +29,7 @@ def notifier(redis_url: str, keys: Keys, listener_name: str) -> Iterator[Notifie
     # Named, so the test can find (and kill) exactly this listener's connection.
     own = redis.Redis.from_url(redis_url, decode_responses=True, client_name=listener_name,
                                socket_timeout=5.0)
-    n = Notifier(own, keys.done_channel)
+    n = Notifier(own, keys.done_channel, keys.results_channel)
     yield n
     n.close()
     own.close()

@@ -17,6 +17,7 @@ from web import custom, errors, routes
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
+from web.pushed_views import max_age_for
 from web.reads import AdmitBatcher, ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
@@ -46,9 +47,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
+    notifier = Notifier(client, keys.done_channel, keys.results_channel,
+                        max_age_for(spec.result_ttl_s for spec in settings.catalogue))
     app.extensions[EXTENSION] = WebState(
-        settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
-        metrics=metrics, reads=ReadBatcher(queue),
+        settings=settings, queue=queue, notifier=notifier,
+        metrics=metrics, reads=ReadBatcher(queue, notifier.pushed_view),
         admits=AdmitBatcher(queue, settings.catalogue.get),
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),

@@ -117,15 +117,18 @@ class Coalescer(Generic[K, I, R]):
 
 
 class ReadBatcher:
-    """``get`` like ``Queue.get``, but concurrent calls share round trips."""
+    """``get`` like ``Queue.get``, but concurrent calls share round trips; a final view
+    this process was pushed (``pushed``: web/waiters.py) needs none."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue,
+                 pushed: Callable[[str], JobView | None] = lambda _: None) -> None:
         self.queue = queue
+        self.pushed = pushed
         self.calls: Coalescer[None, str, JobView | None] = Coalescer(
             lambda _, ids: queue.get_many(ids))
 
     def get(self, job_id: str) -> JobView | None:
-        return self.calls.call(None, job_id)
+        return self.pushed(job_id) or self.calls.call(None, job_id)
 
 
 #: What admissions must share to go in one admit.lua call: the model and bin (the

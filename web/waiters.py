@@ -11,6 +11,12 @@ the read and the wait still wakes it. The notification is only a hint: a poll
 always re-reads the job, and a lost message (a reconnect, the listener still
 starting) costs at most the wait, never a wrong answer — on every
 (re)subscription the listener wakes all polls to re-read.
+
+The same connection hears the results channel: the final views of the jobs each
+batch wrote (carpool/pushed.py). The listener keeps them a short while
+(web/pushed_views.py), so that re-read, and the first read of a poll for a job
+that already ended, is answered from memory. Whenever the subscription breaks
+they are dropped, as a message may have been lost.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import redis
 from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable
 from carpool.jobs import JobView
+from carpool.pushed import parse
 from carpool.queue import ended_ids
 from web.polls import CLIENT_CHECK_S, ClientGone
+from web.pushed_views import MAX_AGE_S, PushedViews
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +51,12 @@ BACKOFF_LAST_S = 5.0
 class _Listener:
     """This process's subscriber thread and the events it sets."""
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
+    def __init__(self, client: redis.Redis, channel: str, results_channel: str,
+                 views: PushedViews) -> None:
         self.client = client
         self.channel = channel
+        self.results_channel = results_channel
+        self.views = views
         self.waiters: dict[str, set[threading.Event]] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -69,6 +80,19 @@ class _Listener:
             for event in self.waiters.get(job_id, ()):
                 event.set()
 
+    def pushed(self, message: str) -> None:
+        """Keep the views a batch pushed, then wake their polls; forget deleted ids."""
+        try:
+            got = parse(message)
+        except (ValueError, KeyError, TypeError) as exc:  # never the listener's end
+            log.warning("ignored a malformed results message (%s): %.80r", exc, message)
+            return
+        self.views.discard(got.deleted)
+        if got.views:
+            self.views.put(got.views, len(message) // len(got.views))
+            for view in got.views:
+                self.wake(view.id)
+
     def wake_all(self) -> None:
         with self.lock:
             for events in self.waiters.values():
@@ -85,7 +109,8 @@ class _Listener:
             except Exception:
                 # A dead listener would make every poll sit out its full wait: keep going.
                 log.exception("done-channel listener failed; restarting in %.1f s", self.backoff_s)
-            self.wake_all()  # what was published meanwhile is lost: let every poll re-read
+            self.views.clear()  # what was published meanwhile is lost: forget what
+            self.wake_all()  # may have changed since, and let every poll re-read
             if self.stopping.wait(self.backoff_s):
                 break
             self.backoff_s = min(self.backoff_s * 2, BACKOFF_LAST_S)
@@ -95,17 +120,20 @@ class _Listener:
         pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py: untyped
         try:
             with redis_errors():
-                pubsub.subscribe(self.channel)
+                pubsub.subscribe(self.channel, self.results_channel)
                 while not self.stopping.is_set():
                     message = pubsub.get_message(timeout=LISTEN_POLL_S)
                     if message is None:
                         continue
-                    if message["type"] == "message":
+                    if message["type"] == "message" and message["channel"] == self.channel:
                         for job_id in ended_ids(str(message["data"])):
                             self.wake(job_id)
+                    elif message["type"] == "message":
+                        self.pushed(str(message["data"]))
                     elif message["type"] == "subscribe":
-                        # (Re)subscribed: ids published before now were missed.
+                        # (Re)subscribed: what was published before now was missed.
                         self.backoff_s = BACKOFF_FIRST_S
+                        self.views.clear()
                         self.wake_all()
         finally:
             pubsub.close()
@@ -119,9 +147,12 @@ class Notifier:
     (tracked by pid) the first time a poll waits in it.
     """
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
+    def __init__(self, client: redis.Redis, channel: str, results_channel: str,
+                 views_max_age_s: float = MAX_AGE_S) -> None:
         self._client = client
         self._channel = channel
+        self._results_channel = results_channel
+        self._views_max_age_s = views_max_age_s
         self._start_lock = threading.Lock()
         self._pid = 0
         self._listener: _Listener | None = None
@@ -136,6 +167,11 @@ class Notifier:
             yield event
         finally:
             listener.remove(job_id, event)
+
+    def pushed_view(self, job_id: str) -> JobView | None:
+        """The job's final view if this process was pushed it (starting the listener on
+        first use, so later completions are heard)."""
+        return self._current().views.get(job_id)
 
     def watching(self, job_id: str) -> int:
         """How many polls in this process wait on ``job_id`` now."""
@@ -163,7 +199,8 @@ class Notifier:
                 return listener
             # First poll in this process, or the first since a fork: the parent's
             # thread did not come along (only the forking thread does).
-            listener = _Listener(self._client, self._channel)
+            listener = _Listener(self._client, self._channel, self._results_channel,
+                                 PushedViews(self._views_max_age_s))
             self._listener, self._pid = listener, pid
         # Outside the lock: under gevent, starting a thread switches greenlets.
         # Polls that register before it subscribes are woken by its first subscribe.

@@ -5,6 +5,8 @@
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
 -- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
 --          its model's (and its API key's) budget, as in claim.lua
+-- ARGV[6]  results channel: a deleted job's id is published there ("del <id>"), so no
+--          web process answers from a result it was pushed (carpool/pushed.py)
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.
@@ -50,4 +52,5 @@ if status == "running" then
   return "running"
 end
 redis.call("DEL", KEYS[1])
+redis.call("PUBLISH", ARGV[6], "del " .. ARGV[1])
 return "deleted"

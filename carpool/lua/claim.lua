@@ -14,7 +14,7 @@
 --          ("t") and worker ("w"); renew, release, reap and complete act on it, once per
 --          claim rather than once per job
 --
--- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, id_2, ...}, most
+-- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, id_2, ...}, most
 -- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
 -- passed end "expired" here, are never computed, and their places go to the next
 -- jobs: `expired` counts them, so the worker that decided it counts each expiry once
@@ -80,6 +80,7 @@ while live < max_n and budget > 0 do
         out[#out + 1] = job[2]
         out[#out + 1] = job[3]
         out[#out + 1] = attempts
+        out[#out + 1] = job[6] or ""
         live = live + 1
       end
     end

@@ -8,7 +8,9 @@
 -- ARGV[3]  done channel                 ARGV[4] result_ttl_s
 -- ARGV[5]  batch JSON {"size","bin","worker"}
 -- ARGV[6]  drain-rate time constant, ms (carpool/retry_after.py)
--- then per job, 4 values: id, status ("done" | "failed"), payload, timings JSON
+-- ARGV[7]  results channel (carpool/pushed.py)
+-- then per job, 5 values: id, status ("done" | "failed"), payload, timings JSON, and
+--   the job's pushed view (JSON, "" not to push it)
 --   (payload: the result JSON when done, the error message when failed)
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds: one HMGET for the
@@ -26,13 +28,13 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}
-for i = 7, #ARGV, 4 do asked[#asked + 1] = ARGV[i] end
+for i = 8, #ARGV, 5 do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 for k = 2, #held do
   if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = 7 + (k - 2) * 4
+    ours[#ours + 1] = 8 + (k - 2) * 5
   else
     out[#out + 1] = 0
   end
@@ -56,6 +58,16 @@ if written > 0 then
     redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
       "batch", ARGV[5], "t_done", now_ms, "input", "", "lease", "")
     redis.call("EXPIRE", key, ARGV[4])
+  end
+  -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
+  -- answers their polls without a read. Before the ids: a poll woken finds it there.
+  local pushed = {}
+  for _, i in ipairs(ours) do
+    if ARGV[i + 4] ~= "" then pushed[#pushed + 1] = ARGV[i + 4] end
+  end
+  if #pushed > 0 then
+    redis.call("PUBLISH", ARGV[7], "done " .. now_ms .. "\n" .. ARGV[5] .. "\n" ..
+      table.concat(pushed, "\n"))
   end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
