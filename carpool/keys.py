@@ -28,6 +28,8 @@ leases) has a tag of its own, ``{p}``.
                                     often), newest first, capped: poison inputs to inspect
     {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
                                     message per batch, space-separated
+    {p}:admitted              chan  pub/sub: ids of jobs just queued, one message per
+                                    admit.lua call, space-separated (web/waiters.py)
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
@@ -132,6 +134,10 @@ class Keys:
     @property
     def done_channel(self) -> str:
         return f"{self._global}:done"
+
+    @property
+    def admitted_channel(self) -> str:
+        return f"{self._global}:admitted"
 
     def queued_bytes(self, model: str) -> str:
         """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""

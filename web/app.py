@@ -47,7 +47,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
     app.extensions[EXTENSION] = WebState(
-        settings=settings, queue=queue, notifier=Notifier(client, keys.done_channel),
+        settings=settings, queue=queue,
+        notifier=Notifier(client, keys.done_channel, keys.admitted_channel),
         metrics=metrics, reads=ReadBatcher(queue),
         admits=AdmitBatcher(queue, settings.catalogue.get),
         models=RegistryCache(Registry(client, keys)),

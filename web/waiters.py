@@ -11,10 +11,25 @@ the read and the wait still wakes it. The notification is only a hint: a poll
 always re-reads the job, and a lost message (a reconnect, the listener still
 starting) costs at most the wait, never a wrong answer — on every
 (re)subscription the listener wakes all polls to re-read.
+
+The first read is skipped when the process can prove the job has not ended:
+admit.lua PUBLISHes the ids it queued on the admitted channel, and the listener
+subscribes to both channels on one connection. Redis delivers one connection's
+messages in publish order, and a job's admission and end are both published by
+its shard's node, so its admission notice comes before its end notice. The ids
+seen admitted and not yet ended are *pending*. A poll whose id is pending when
+it registers waits first and reads once woken (or at its deadline): an end
+processed after its registration sets its event; one processed before took the
+id out of pending. Every (re)subscription and every lost connection clears
+pending (notices may have been missed), and it holds at most ``PENDING_CAP``
+ids, the oldest evicted first; an id not in it is unknown and read first, as
+before. An id left there by a job whose end notice never comes (its record
+expired while queued) costs a poll its wait, then the read answers.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -38,23 +53,31 @@ LISTEN_POLL_S = 0.25
 #: Reconnect backoff after Redis is lost: doubles from the first to the last.
 BACKOFF_FIRST_S = 0.1
 BACKOFF_LAST_S = 5.0
+#: Most ids kept as pending (seen admitted, not yet ended); the oldest go first. One
+#: costs ~120 bytes, and it needs to cover only the jobs queued or running at once.
+PENDING_CAP = 100_000
 
 
 class _Listener:
-    """This process's subscriber thread and the events it sets."""
+    """This process's subscriber thread, the events it sets and the pending ids."""
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
+    def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str) -> None:
         self.client = client
-        self.channel = channel
+        self.done_channel = done_channel
+        self.admitted_channel = admitted_channel
         self.waiters: dict[str, set[threading.Event]] = {}
+        #: Ids seen admitted and not seen ended since the subscription, oldest first.
+        self.pending: dict[str, None] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.backoff_s = BACKOFF_FIRST_S
         self.thread = threading.Thread(target=self.run, name="carpool-notifier", daemon=True)
 
-    def add(self, job_id: str, event: threading.Event) -> None:
+    def add(self, job_id: str, event: threading.Event) -> bool:
+        """Registers ``event``; True when ``job_id`` is pending (so it has not ended)."""
         with self.lock:
             self.waiters.setdefault(job_id, set()).add(event)
+            return job_id in self.pending
 
     def remove(self, job_id: str, event: threading.Event) -> None:
         with self.lock:
@@ -64,13 +87,26 @@ class _Listener:
                 if not events:
                     del self.waiters[job_id]
 
-    def wake(self, job_id: str) -> None:
+    def admitted(self, job_ids: list[str]) -> None:
         with self.lock:
-            for event in self.waiters.get(job_id, ()):
-                event.set()
+            for job_id in job_ids:
+                self.pending[job_id] = None
+            excess = len(self.pending) - PENDING_CAP
+            if excess > 0:  # unknown again: read first, as if never seen
+                for job_id in list(itertools.islice(self.pending, excess)):
+                    del self.pending[job_id]
+
+    def ended(self, job_ids: list[str]) -> None:
+        with self.lock:
+            for job_id in job_ids:
+                self.pending.pop(job_id, None)
+                for event in self.waiters.get(job_id, ()):
+                    event.set()
 
     def wake_all(self) -> None:
+        """Notices may have been missed: nothing is known pending; every poll re-reads."""
         with self.lock:
+            self.pending.clear()
             for events in self.waiters.values():
                 for event in events:
                     event.set()
@@ -95,16 +131,21 @@ class _Listener:
         pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py: untyped
         try:
             with redis_errors():
-                pubsub.subscribe(self.channel)
+                # One command, one connection: its messages arrive in publish order.
+                pubsub.subscribe(self.done_channel, self.admitted_channel)
                 while not self.stopping.is_set():
                     message = pubsub.get_message(timeout=LISTEN_POLL_S)
                     if message is None:
                         continue
                     if message["type"] == "message":
-                        for job_id in ended_ids(str(message["data"])):
-                            self.wake(job_id)
+                        ids = ended_ids(str(message["data"]))
+                        if message["channel"] == self.admitted_channel:
+                            self.admitted(ids)
+                        else:
+                            self.ended(ids)
                     elif message["type"] == "subscribe":
-                        # (Re)subscribed: ids published before now were missed.
+                        # (Re)subscribed (one confirmation per channel, both before any
+                        # message): ids published before now were missed.
                         self.backoff_s = BACKOFF_FIRST_S
                         self.wake_all()
         finally:
@@ -119,9 +160,9 @@ class Notifier:
     (tracked by pid) the first time a poll waits in it.
     """
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
+    def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str) -> None:
         self._client = client
-        self._channel = channel
+        self._channels = (done_channel, admitted_channel)
         self._start_lock = threading.Lock()
         self._pid = 0
         self._listener: _Listener | None = None
@@ -129,13 +170,28 @@ class Notifier:
     @contextmanager
     def watch(self, job_id: str) -> Iterator[threading.Event]:
         """An event that is set when ``job_id`` may have ended; register before reading."""
+        with self.watch_pending(job_id) as (event, _):
+            yield event
+
+    @contextmanager
+    def watch_pending(self, job_id: str) -> Iterator[tuple[threading.Event, bool]]:
+        """``watch``'s event, and whether ``job_id`` was pending when it was registered:
+        then it had not ended, and its end will set the event (no need to read first)."""
         listener = self._current()
         event = threading.Event()
-        listener.add(job_id, event)
+        pending = listener.add(job_id, event)
         try:
-            yield event
+            yield event, pending
         finally:
             listener.remove(job_id, event)
+
+    def pending(self) -> int:
+        """How many ids this process knows as pending now (tests, debugging)."""
+        listener = self._listener
+        if listener is None or self._pid != os.getpid():
+            return 0
+        with listener.lock:
+            return len(listener.pending)
 
     def watching(self, job_id: str) -> int:
         """How many polls in this process wait on ``job_id`` now."""
@@ -163,7 +219,7 @@ class Notifier:
                 return listener
             # First poll in this process, or the first since a fork: the parent's
             # thread did not come along (only the forking thread does).
-            listener = _Listener(self._client, self._channel)
+            listener = _Listener(self._client, *self._channels)
             self._listener, self._pid = listener, pid
         # Outside the lock: under gevent, starting a thread switches greenlets.
         # Polls that register before it subscribes are woken by its first subscribe.
@@ -182,11 +238,16 @@ def wait_for_final(queue: JobReader, notifier: Notifier, job_id: str, wait_s: fl
     """The job once it is final, or as it is after ``wait_s``; None when it does not exist.
 
     Returns early, with the job as it is, once ``gone()`` says the client has left.
+    A job this process saw admitted and not ended is not read until woken (or the
+    deadline): one Redis round trip fewer.
     """
     if wait_s <= 0:
         return queue.get(job_id)
-    with notifier.watch(job_id) as woken:
-        return _until_final(queue, woken, job_id, time.monotonic() + wait_s, True, gone)
+    deadline = time.monotonic() + wait_s
+    with notifier.watch_pending(job_id) as (woken, pending):
+        if pending:
+            _wait(woken, deadline, gone)  # then read, whatever woke it: never None unread
+        return _until_final(queue, woken, job_id, deadline, True, gone)
 
 
 def await_final_after(queue: JobReader, woken: threading.Event, job_id: str,
