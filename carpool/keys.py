@@ -32,6 +32,8 @@ leases) has a tag of its own, ``{p}``.
     {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
                                     message per batch, space-separated
     {p}:results               chan  pub/sub: the views of the jobs a batch wrote (carpool/pushed.py)
+    {p}:admitted              chan  pub/sub: ids of jobs just queued, one message per
+                                    admit.lua call, space-separated (web/waiters.py)
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
@@ -149,6 +151,10 @@ class Keys:
         """Pub/sub: the final views of the jobs a batch wrote, and deleted ids
         (carpool/pushed.py)."""
         return f"{self._global}:results"
+
+    @property
+    def admitted_channel(self) -> str:
+        return f"{self._global}:admitted"
 
     def queued_bytes(self, model: str) -> str:
         """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""

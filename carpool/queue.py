@@ -63,7 +63,8 @@ class AdmitRequest:
 
 
 def ended_ids(message: str) -> list[str]:
-    """The job ids of one message on the done channel (one batch's, space-separated)."""
+    """The job ids of one message on the done channel (one batch's, space-separated), or
+    on the admitted channel (one admit.lua call's, the same way)."""
     return message.split()
 
 
@@ -177,7 +178,8 @@ class Queue:
             fair_share_near=FAIR_SHARE_NEAR,
             fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            bucket_ms=bucket_ms(request.queued_ttl_s), live_buckets=LIVE_BUCKETS)
+            bucket_ms=bucket_ms(request.queued_ttl_s), live_buckets=LIVE_BUCKETS,
+            admitted_channel=self.keys.admitted_channel)
         for job_id, _ in jobs:
             if shard_of_job(job_id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "

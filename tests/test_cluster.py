@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import requests
 
 from carpool.catalogue import load_catalogue
 from carpool.connection import connect
-from carpool.jobs import JobStatus, new_job_id
+from carpool.jobs import JobStatus, Outcome, new_job_id
 from carpool.keys import Keys, shard
 from carpool.queue import Queue
 from carpool.synthetic import expected_result
@@ -24,6 +25,7 @@ from tests.faults import DoneCounter, admit_jobs, all_final, assert_one_place
 from tests.procs import WORKER_START_TIMEOUT_S, start_web, start_worker, wait_until
 from tests.redisproc import RedisProc, close_cluster_client, private_cluster, private_redis
 from tests.test_faults_worker import held_by
+from web.waiters import Notifier
 
 pytestmark = pytest.mark.e2e
 
@@ -176,3 +178,29 @@ def test_killed_worker_jobs_complete_exactly_once_on_a_cluster(
         assert view is not None and view.status is JobStatus.DONE
         assert view.result == expected_result({"value": value, "size": 1})
     assert_one_place(cq.client, cq.keys, ids, MODELS)
+
+
+def test_a_web_process_learns_admissions_and_ends_on_every_shard(
+        cq: Queue, config: Path) -> None:
+    """The long-poll listener hears admit.lua's and complete.lua's notices from every
+    master, a job's admission before its end (both published by its shard's master)."""
+    notifier = Notifier(cq.client, cq.keys.done_channel, cq.keys.admitted_channel,
+                        cq.keys.results_channel)
+    try:
+        with notifier.watch("warm-up") as woken:
+            assert woken.wait(30), "the first subscription wakes every poll"
+        catalogue = load_catalogue(config)
+        ids = {m: admit_jobs(cq, catalogue.get(m), [m])[0] for m in MODELS}
+        wait_until(lambda: notifier.pending() == len(MODELS), 30, "every admission notice")
+        with ExitStack() as stack:
+            watched = {m: stack.enter_context(notifier.watch_pending(ids[m])) for m in MODELS}
+            assert all(pending for _, pending in watched.values())
+            for m in MODELS:
+                spec = catalogue.get(m)
+                claim = cq.claim(spec, "only", 10, lease_ms=30_000, token=f"t-{m}", worker="w")
+                cq.complete(spec, claim, [Outcome(j.id, result={"ok": 1}) for j in claim.jobs],
+                            {"size": len(claim.jobs), "bin": "only", "worker": "w"})
+            assert all(woken.wait(30) for woken, _ in watched.values())
+        wait_until(lambda: notifier.pending() == 0, 30, "every end notice")
+    finally:
+        notifier.close()

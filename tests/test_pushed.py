@@ -90,7 +90,7 @@ def test_deleting_a_finished_job_is_published_for_every_web_process_to_forget(
 def notifier(redis_url: str, keys: Keys, key_prefix: str) -> Iterator[Notifier]:
     own = redis.Redis.from_url(redis_url, decode_responses=True,
                                client_name=f"pushed-{key_prefix}", socket_timeout=5.0)
-    n = Notifier(own, keys.done_channel, keys.results_channel)
+    n = Notifier(own, keys.done_channel, keys.admitted_channel, keys.results_channel)
     yield n
     n.close()
     own.close()

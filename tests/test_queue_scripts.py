@@ -355,3 +355,24 @@ def test_admit_args_are_named_and_ordered_as_the_scripts_header_says() -> None:
     assert named == {i: f.name for i, f in enumerate(fields(AdmitArgs), start=1)}
     assert f"ARGV[{FIRST_JOB}..] per job" in header
     assert re.search(rf"^local FIRST_JOB = {FIRST_JOB}$", source, re.M)
+
+
+def test_admit_publishes_the_ids_it_queued_and_nothing_when_it_queues_none(
+        queue: Queue) -> None:
+    spec = synthetic(max_depth=3)
+    pubsub = queue.client.pubsub()
+    pubsub.subscribe(queue.keys.admitted_channel)
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    first = admit(queue, spec)
+    ids = [new_job_id(spec.name) for _ in range(4)]
+    queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
+    with pytest.raises(BinFull):  # refused whole: no message
+        admit(queue, spec)
+    other = admit(queue, synthetic(), size=100)  # the next message: the refusal sent none
+    messages = []
+    while len(messages) < 3:
+        message = pubsub.get_message(timeout=5)
+        assert message is not None, messages
+        messages.append(ended_ids(message["data"]))
+    pubsub.close()
+    assert messages == [[first], ids[:2], [other]]  # only the jobs admitted, in order

@@ -162,3 +162,62 @@ def test_delete_of_a_running_job_answers_409(http: FlaskClient, queue: Queue) ->
 
 def test_delete_of_an_unknown_job_answers_404(http: FlaskClient) -> None:
     assert http.delete(f"/result/{new_job_id('synthetic')}").status_code == 404
+
+
+def _listening(http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    """Starts the app's listener and waits for its subscription to both channels."""
+    with app_state(http).notifier.watch("warm-up"):
+        wait_until(lambda: all(n >= 1 for _, n in client.pubsub_numsub(
+            keys.done_channel, keys.admitted_channel)), 5.0, "the listener's subscription")
+
+
+def test_a_poll_on_a_job_this_process_saw_admitted_reads_it_once_after_its_end(
+    http: FlaskClient, queue: Queue, client: redis.Redis, keys: Keys
+) -> None:
+    _listening(http, client, keys)
+    state = app_state(http)
+    job_id = submit(http)
+    wait_until(lambda: state.notifier.pending() == 1, 5.0, "the admission notice")
+    reads_before = state.reads.calls.round_trips
+    reads_while_waiting: list[int] = []
+
+    def complete_once_polled() -> None:
+        wait_until(lambda: state.notifier.watching(job_id) == 1, 5.0, "the poll to wait")
+        reads_while_waiting.append(state.reads.calls.round_trips - reads_before)
+        run_queued_jobs(http, queue)
+
+    worker = threading.Thread(target=complete_once_polled)
+    worker.start()
+    started = time.monotonic()
+    resp = http.get(f"/result/{job_id}?wait=5")
+    elapsed = time.monotonic() - started
+    worker.join(10)
+    assert resp.get_json()["status"] == "done" and elapsed < WOKEN_WITHIN_S
+    assert reads_while_waiting == [0]  # no read before the end notice...
+    assert state.reads.calls.round_trips - reads_before == 1  # ...and one after it
+    assert state.notifier.pending() == 0  # the end notice took it out
+
+
+def test_a_pending_job_whose_wait_ends_answers_as_it_is_not_404(
+    http: FlaskClient, client: redis.Redis, keys: Keys
+) -> None:
+    _listening(http, client, keys)
+    job_id = submit(http)
+    wait_until(lambda: app_state(http).notifier.pending() == 1, 5.0, "the admission notice")
+    resp = http.get(f"/result/{job_id}?wait=0.3")
+    assert (resp.status_code, resp.get_json()["status"]) == (200, "queued")
+
+
+def test_a_poll_on_a_job_admitted_before_the_listener_reads_first(
+    http: FlaskClient, queue: Queue, client: redis.Redis, keys: Keys
+) -> None:
+    job_id = submit(http)  # no listener yet: its admission notice reaches no one here
+    _listening(http, client, keys)
+    state = app_state(http)
+    assert state.notifier.pending() == 0
+    run_queued_jobs(http, queue)
+    reads_before = state.reads.calls.round_trips
+    started = time.monotonic()
+    assert http.get(f"/result/{job_id}?wait=30").get_json()["status"] == "done"
+    assert time.monotonic() - started < WOKEN_WITHIN_S
+    assert state.reads.calls.round_trips - reads_before == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ from flask.testing import FlaskClient
 
 from carpool.errors import ConfigError
 from carpool.keys import Keys
+from carpool.queue import Queue
 from carpool.settings import api_key_digest, load_settings
 from tests.conftest import make_env
-from tests.webtools import web_client, web_settings
+from tests.procs import wait_until
+from tests.test_web_results import run_queued_jobs
+from tests.webtools import app_state, web_client, web_settings
 
 ALICE = "alice-key-0123456789abcdef01"
 BOB = "bob-key-0123456789abcdef0123"
@@ -101,3 +105,31 @@ def test_without_keys_anyone_with_the_id_reads_the_job(
     with web_client(web_settings(redis_url, key_prefix, tmp_path)) as open_http:
         job_id = open_http.post("/submit", json=job()).get_json()["id"]
         assert open_http.get(f"/result/{job_id}", headers=as_(BOB)).status_code == 200
+
+
+def test_the_owner_check_read_is_the_only_read_before_a_pending_jobs_end(
+        http: FlaskClient, queue: Queue, client: redis.Redis, keys: Keys) -> None:
+    state = app_state(http)
+    with state.notifier.watch("warm-up"):
+        wait_until(lambda: all(n >= 1 for _, n in client.pubsub_numsub(
+            keys.done_channel, keys.admitted_channel)), 5.0, "the listener's subscription")
+    job_id = http.post("/submit", json=job(), headers=as_(ALICE)).get_json()["id"]
+    wait_until(lambda: state.notifier.pending() == 1, 5.0, "the admission notice")
+    reads = state.reads.calls
+    before = reads.round_trips
+    read_while_waiting: list[int] = []
+
+    def complete_once_polled() -> None:
+        wait_until(lambda: state.notifier.watching(job_id) == 1, 5.0, "the poll to wait")
+        read_while_waiting.append(reads.round_trips - before)
+        run_queued_jobs(http, queue)
+
+    worker = threading.Thread(target=complete_once_polled)
+    worker.start()
+    body = http.get(f"/result/{job_id}?wait=5", headers=as_(ALICE)).get_json()
+    worker.join(10)
+    assert body["status"] == "done"
+    assert read_while_waiting == [1] and reads.round_trips - before == 2
+    # Final: the owner check's read answers.
+    assert http.get(f"/result/{job_id}?wait=5", headers=as_(ALICE)).get_json() == body
+    assert reads.round_trips - before == 3

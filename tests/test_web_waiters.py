@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
 
+from carpool.catalogue import builtin_models
 from carpool.connection import connect
+from carpool.jobs import JobStatus, JobView, Outcome, new_job_id
 from carpool.keys import Keys
+from carpool.queue import Queue
 from tests.procs import wait_until
-from web.waiters import Notifier
+from web import waiters
+from web.waiters import Notifier, wait_for_final
 
 #: Bound on any one wait here; each normally takes milliseconds.
 BOUND_S = 10.0
@@ -29,7 +37,7 @@ def notifier(redis_url: str, keys: Keys, listener_name: str) -> Iterator[Notifie
     # Named, so the test can find (and kill) exactly this listener's connection.
     own = redis.Redis.from_url(redis_url, decode_responses=True, client_name=listener_name,
                                socket_timeout=5.0)
-    n = Notifier(own, keys.done_channel, keys.results_channel)
+    n = Notifier(own, keys.done_channel, keys.admitted_channel, keys.results_channel)
     yield n
     n.close()
     own.close()
@@ -39,6 +47,33 @@ def listener_ids(client: redis.Redis, name: str) -> list[int]:
     """Redis client ids of our listener's subscribed connections."""
     return [int(c["id"]) for c in client.client_list()
             if c.get("name") == name and int(c.get("sub", 0)) > 0]
+
+
+def subscribed(notifier: Notifier) -> None:
+    """Starts the listener and waits for its subscription (which wakes every poll)."""
+    with notifier.watch("warm-up") as woken:
+        assert woken.wait(BOUND_S), "the first subscription wakes every poll"
+
+
+class CountingReader:
+    """A real Queue's ``get``, counted."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.reads = 0
+
+    def get(self, job_id: str) -> JobView | None:
+        self.reads += 1
+        return self.queue.get(job_id)
+
+
+@dataclass(frozen=True)
+class MissedNotices(Keys):
+    """The same keys, but ends are published where no listener of the test hears them."""
+
+    @property
+    def done_channel(self) -> str:
+        return f"{{{self.prefix}}}:elsewhere"
 
 
 def test_notifier_wakes_only_the_polls_of_the_published_id(
@@ -115,3 +150,76 @@ def test_a_forked_child_starts_its_own_listener(
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(exit_status[0]) == 0
+
+
+def admit_one(queue: Queue) -> str:
+    spec = builtin_models()["synthetic"]
+    return queue.admit(spec, spec.bins[0], new_job_id(spec.name), json.dumps({"value": 1,
+                       "size": 1}), queued_ttl_s=60).id
+
+
+def run_all(queue: Queue) -> None:
+    """Claims and completes every queued job of the synthetic model's small bin."""
+    spec = builtin_models()["synthetic"]
+    claim = queue.claim(spec, spec.bins[0].name, 100, lease_ms=30_000, token=uuid.uuid4().hex,
+                        worker="w")
+    queue.complete(spec, claim, [Outcome(j.id, result={"ok": 1}) for j in claim.jobs],
+                   {"size": len(claim.jobs), "bin": spec.bins[0].name, "worker": "w"})
+
+
+def test_a_lost_connection_forgets_the_pending_ids(
+    notifier: Notifier, client: redis.Redis, keys: Keys, listener_name: str
+) -> None:
+    subscribed(notifier)
+    queue = Queue(client, keys)
+    job_id = admit_one(queue)
+    wait_until(lambda: notifier.pending() == 1, BOUND_S, "the admission notice")
+    [first] = listener_ids(client, listener_name)
+    client.client_kill_filter(_id=str(first))
+    # It ends while this listener is away: its end notice is never heard here.
+    run_all(Queue(client, MissedNotices(keys.prefix)))
+    wait_until(lambda: listener_ids(client, listener_name) not in ([], [first]), BOUND_S,
+               "a new subscription")
+    assert notifier.pending() == 0
+    reader = CountingReader(queue)
+    started = time.monotonic()
+    view = wait_for_final(reader, notifier, job_id, 5.0)
+    assert view is not None and view.status is JobStatus.DONE
+    assert time.monotonic() - started < 2.5 and reader.reads == 1  # read first, at once
+
+
+def test_an_id_never_seen_admitted_is_read_first(notifier: Notifier, client: redis.Redis,
+                                                 keys: Keys) -> None:
+    queue = Queue(client, keys)
+    job_id = admit_one(queue)  # before the listener subscribed
+    subscribed(notifier)
+    reader = CountingReader(queue)
+    got: list[JobView | None] = []
+    poll = threading.Thread(target=lambda: got.append(wait_for_final(reader, notifier, job_id,
+                                                                     BOUND_S)))
+    poll.start()
+    wait_until(lambda: reader.reads == 1 and notifier.watching(job_id) == 1, BOUND_S,
+               "the poll to read, then wait")
+    run_all(queue)
+    poll.join(BOUND_S)
+    assert got and got[0] is not None and got[0].status is JobStatus.DONE
+    assert reader.reads == 2
+
+
+def test_pending_ids_are_capped_oldest_evicted_first(
+    notifier: Notifier, client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiters, "PENDING_CAP", 3)
+    subscribed(notifier)
+    client.publish(keys.admitted_channel, "a b")
+    client.publish(keys.admitted_channel, "c d e")
+    wait_until(lambda: notifier.pending() == 3, BOUND_S, "the admission notices")
+
+    def pending(job_id: str) -> bool:
+        with notifier.watch_pending(job_id) as (_, known):
+            return known
+
+    assert [pending(i) for i in "abcde"] == [False, False, True, True, True]
+    client.publish(keys.done_channel, "d")
+    wait_until(lambda: notifier.pending() == 2, BOUND_S, "the end notice")
+    assert [pending(i) for i in "cde"] == [True, False, True]

@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
-    notifier = Notifier(client, keys.done_channel, keys.results_channel,
+    notifier = Notifier(client, keys.done_channel, keys.admitted_channel, keys.results_channel,
                         max_age_for(spec.result_ttl_s for spec in settings.catalogue))
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=notifier,

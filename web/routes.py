@@ -187,11 +187,16 @@ def result(job_id: str) -> Response:
     owner = request_owner(state.settings)
     _require_job_id(job_id)
     wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    known = None
     if owner:  # another key's job must not make this request wait out its poll
-        check_owner(state.reads.get(job_id), owner, job_id)
-    if wait_s <= 0:
+        known = check_owner(state.reads.get(job_id), owner, job_id)
+    if known is not None and (wait_s <= 0 or known.status.is_final):
+        view: JobView | None = known  # that read answers: a final job stays final
+    elif wait_s <= 0:
         view = state.reads.get(job_id)
     else:
+        # Registered after the owner check's read: a job pending now had not ended by
+        # then, so the wait comes first (web/waiters.py); else it reads again.
         with state.polls.hold(owner or request.remote_addr or ""), \
                 state.metrics.long_polls.track_inprogress():
             view = wait_for_final(state.reads, state.notifier, job_id, wait_s,

@@ -12,6 +12,20 @@ always re-reads the job, and a lost message (a reconnect, the listener still
 starting) costs at most the wait, never a wrong answer — on every
 (re)subscription the listener wakes all polls to re-read.
 
+The first read is skipped when the process can prove the job has not ended:
+admit.lua PUBLISHes the ids it queued on the admitted channel, and the listener
+subscribes to all its channels on one connection. Redis delivers one connection's
+messages in publish order, and a job's admission and end are both published by
+its shard's node, so its admission notice comes before its end notice. The ids
+seen admitted and not yet ended are *pending*. A poll whose id is pending when
+it registers waits first and reads once woken (or at its deadline): an end
+processed after its registration sets its event; one processed before took the
+id out of pending. Every (re)subscription and every lost connection clears
+pending (notices may have been missed), and it holds at most ``PENDING_CAP``
+ids, the oldest evicted first; an id not in it is unknown and read first, as
+before. An id left there by a job whose end notice never comes (its record
+expired while queued) costs a poll its wait, then the read answers.
+
 The same connection hears the results channel: the final views of the jobs each
 batch wrote (carpool/pushed.py). The listener keeps them a short while
 (web/pushed_views.py), so that re-read, and the first read of a poll for a job
@@ -21,6 +35,7 @@ they are dropped, as a message may have been lost.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -46,26 +61,34 @@ LISTEN_POLL_S = 0.25
 #: Reconnect backoff after Redis is lost: doubles from the first to the last.
 BACKOFF_FIRST_S = 0.1
 BACKOFF_LAST_S = 5.0
+#: Most ids kept as pending (seen admitted, not yet ended); the oldest go first. One
+#: costs ~120 bytes, and it needs to cover only the jobs queued or running at once.
+PENDING_CAP = 100_000
 
 
 class _Listener:
-    """This process's subscriber thread and the events it sets."""
+    """This process's subscriber thread, the events it sets and the pending ids."""
 
-    def __init__(self, client: redis.Redis, channel: str, results_channel: str,
-                 views: PushedViews) -> None:
+    def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str,
+                 results_channel: str, views: PushedViews) -> None:
         self.client = client
-        self.channel = channel
+        self.done_channel = done_channel
+        self.admitted_channel = admitted_channel
         self.results_channel = results_channel
         self.views = views
         self.waiters: dict[str, set[threading.Event]] = {}
+        #: Ids seen admitted and not seen ended since the subscription, oldest first.
+        self.pending: dict[str, None] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.backoff_s = BACKOFF_FIRST_S
         self.thread = threading.Thread(target=self.run, name="carpool-notifier", daemon=True)
 
-    def add(self, job_id: str, event: threading.Event) -> None:
+    def add(self, job_id: str, event: threading.Event) -> bool:
+        """Registers ``event``; True when ``job_id`` is pending (so it has not ended)."""
         with self.lock:
             self.waiters.setdefault(job_id, set()).add(event)
+            return job_id in self.pending
 
     def remove(self, job_id: str, event: threading.Event) -> None:
         with self.lock:
@@ -75,10 +98,21 @@ class _Listener:
                 if not events:
                     del self.waiters[job_id]
 
-    def wake(self, job_id: str) -> None:
+    def admitted(self, job_ids: list[str]) -> None:
         with self.lock:
-            for event in self.waiters.get(job_id, ()):
-                event.set()
+            for job_id in job_ids:
+                self.pending[job_id] = None
+            excess = len(self.pending) - PENDING_CAP
+            if excess > 0:  # unknown again: read first, as if never seen
+                for job_id in list(itertools.islice(self.pending, excess)):
+                    del self.pending[job_id]
+
+    def ended(self, job_ids: list[str]) -> None:
+        with self.lock:
+            for job_id in job_ids:
+                self.pending.pop(job_id, None)
+                for event in self.waiters.get(job_id, ()):
+                    event.set()
 
     def pushed(self, message: str) -> None:
         """Keep the views a batch pushed, then wake their polls; forget deleted ids."""
@@ -90,11 +124,12 @@ class _Listener:
         self.views.discard(got.deleted)
         if got.views:
             self.views.put(got.views, len(message) // len(got.views))
-            for view in got.views:
-                self.wake(view.id)
+            self.ended([view.id for view in got.views])
 
     def wake_all(self) -> None:
+        """Notices may have been missed: nothing is known pending; every poll re-reads."""
         with self.lock:
+            self.pending.clear()
             for events in self.waiters.values():
                 for event in events:
                     event.set()
@@ -120,18 +155,24 @@ class _Listener:
         pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py: untyped
         try:
             with redis_errors():
-                pubsub.subscribe(self.channel, self.results_channel)
+                # One command, one connection: its messages arrive in publish order.
+                pubsub.subscribe(self.done_channel, self.admitted_channel,
+                                 self.results_channel)
                 while not self.stopping.is_set():
                     message = pubsub.get_message(timeout=LISTEN_POLL_S)
                     if message is None:
                         continue
-                    if message["type"] == "message" and message["channel"] == self.channel:
-                        for job_id in ended_ids(str(message["data"])):
-                            self.wake(job_id)
-                    elif message["type"] == "message":
-                        self.pushed(str(message["data"]))
+                    if message["type"] == "message":
+                        channel, data = message["channel"], str(message["data"])
+                        if channel == self.results_channel:
+                            self.pushed(data)
+                        elif channel == self.admitted_channel:
+                            self.admitted(ended_ids(data))
+                        else:
+                            self.ended(ended_ids(data))
                     elif message["type"] == "subscribe":
-                        # (Re)subscribed: what was published before now was missed.
+                        # (Re)subscribed (one confirmation per channel, all before any
+                        # message): what was published before now was missed.
                         self.backoff_s = BACKOFF_FIRST_S
                         self.views.clear()
                         self.wake_all()
@@ -147,11 +188,10 @@ class Notifier:
     (tracked by pid) the first time a poll waits in it.
     """
 
-    def __init__(self, client: redis.Redis, channel: str, results_channel: str,
-                 views_max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str,
+                 results_channel: str, views_max_age_s: float = MAX_AGE_S) -> None:
         self._client = client
-        self._channel = channel
-        self._results_channel = results_channel
+        self._channels = (done_channel, admitted_channel, results_channel)
         self._views_max_age_s = views_max_age_s
         self._start_lock = threading.Lock()
         self._pid = 0
@@ -160,11 +200,18 @@ class Notifier:
     @contextmanager
     def watch(self, job_id: str) -> Iterator[threading.Event]:
         """An event that is set when ``job_id`` may have ended; register before reading."""
+        with self.watch_pending(job_id) as (event, _):
+            yield event
+
+    @contextmanager
+    def watch_pending(self, job_id: str) -> Iterator[tuple[threading.Event, bool]]:
+        """``watch``'s event, and whether ``job_id`` was pending when it was registered:
+        then it had not ended, and its end will set the event (no need to read first)."""
         listener = self._current()
         event = threading.Event()
-        listener.add(job_id, event)
+        pending = listener.add(job_id, event)
         try:
-            yield event
+            yield event, pending
         finally:
             listener.remove(job_id, event)
 
@@ -172,6 +219,14 @@ class Notifier:
         """The job's final view if this process was pushed it (starting the listener on
         first use, so later completions are heard)."""
         return self._current().views.get(job_id)
+
+    def pending(self) -> int:
+        """How many ids this process knows as pending now (tests, debugging)."""
+        listener = self._listener
+        if listener is None or self._pid != os.getpid():
+            return 0
+        with listener.lock:
+            return len(listener.pending)
 
     def watching(self, job_id: str) -> int:
         """How many polls in this process wait on ``job_id`` now."""
@@ -199,7 +254,7 @@ class Notifier:
                 return listener
             # First poll in this process, or the first since a fork: the parent's
             # thread did not come along (only the forking thread does).
-            listener = _Listener(self._client, self._channel, self._results_channel,
+            listener = _Listener(self._client, *self._channels,
                                  PushedViews(self._views_max_age_s))
             self._listener, self._pid = listener, pid
         # Outside the lock: under gevent, starting a thread switches greenlets.
@@ -219,11 +274,16 @@ def wait_for_final(queue: JobReader, notifier: Notifier, job_id: str, wait_s: fl
     """The job once it is final, or as it is after ``wait_s``; None when it does not exist.
 
     Returns early, with the job as it is, once ``gone()`` says the client has left.
+    A job this process saw admitted and not ended is not read until woken (or the
+    deadline): one Redis round trip fewer.
     """
     if wait_s <= 0:
         return queue.get(job_id)
-    with notifier.watch(job_id) as woken:
-        return _until_final(queue, woken, job_id, time.monotonic() + wait_s, True, gone)
+    deadline = time.monotonic() + wait_s
+    with notifier.watch_pending(job_id) as (woken, pending):
+        if pending:
+            _wait(woken, deadline, gone)  # then read, whatever woke it: never None unread
+        return _until_final(queue, woken, job_id, deadline, True, gone)
 
 
 def await_final_after(queue: JobReader, woken: threading.Event, job_id: str,

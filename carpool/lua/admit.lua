@@ -41,7 +41,9 @@
 -- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
 -- ARGV[23] bucket_ms         bucket width (carpool/budget.py)
 -- ARGV[24] live_buckets      buckets alive at once (carpool/budget.py)
--- ARGV[25..] per job, 2 values: id, input (JSON)
+-- ARGV[25] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
+--                            message per call that admits any (web/waiters.py)
+-- ARGV[26..] per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
@@ -78,7 +80,7 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 25
+local FIRST_JOB = 26
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
@@ -368,6 +370,12 @@ if n > 0 then
     end
   end
   -- <<< byte budget <<<
+
+  -- The web's long-polls learn that these jobs are queued (and, from the done channel,
+  -- when they end) without reading them. Not a write: after the first one anyway.
+  local ids = {}
+  for i = 0, n - 1 do ids[i + 1] = ARGV[FIRST_JOB + 2 * i] end
+  redis.call("PUBLISH", ARGV[25], table.concat(ids, " "))
 end
 
 if refusal and refusal[1] == "share" then
