@@ -26,20 +26,26 @@ local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now_ms, 0}
 local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
+local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
 local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
-local held = {"t", now_ms, "w", ARGV[5]}  -- the claim hash's fields
+local held = {"t", now_s, "w", ARGV[5]}  -- the claim hash's fields
 
 -- >>> byte budget (carpool/budget.py): sum the bytes leaving per hash and bucket
-local budget_w, budget_freed = {}, {}
+local budget_w, budget_freed, buckets = {}, {}, {}
 local function unbudget(key, t_admit, n)
   local w = budget_w[key]
   if w == nil then
     w = tonumber(redis.call("HGET", key, "w")) or false
     budget_w[key] = w
+    buckets[key] = {}
   end
   if w then
-    local bucket = string.format("%d", math.floor(tonumber(t_admit) / w))
+    local bucket = buckets[key][t_admit]  -- a call's jobs mostly share an admission time
+    if not bucket then
+      bucket = string.format("%d", math.floor(tonumber(t_admit) / w))
+      buckets[key][t_admit] = bucket
+    end
     local per = budget_freed[key] or {}
     budget_freed[key] = per
     per[bucket] = (per[bucket] or 0) + n
@@ -64,16 +70,20 @@ while live < max_n and budget > 0 do
       unbudget_job(job)
       local deadline = tonumber(job[5]) or 0
       if deadline > 0 and now_ms >= deadline then
-        redis.call("HSET", key, "status", "expired", "t_done", now_ms,
+        redis.call("HSET", key, "status", "expired", "t_done", now_s,
           "error", "deadline passed while queued")
         redis.call("HDEL", key, "input")
         redis.call("EXPIRE", key, ARGV[7])
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
-        local attempts = (tonumber(job[4]) or 0) + 1
+        local attempts, attempts_s = 1, "1"
+        if job[4] then
+          attempts = (tonumber(job[4]) or 0) + 1
+          attempts_s = string.format("%d", attempts)
+        end
         redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
-          "t_claim", now_ms, "attempts", attempts)
+          "t_claim", now_s, "attempts", attempts_s)
         held[#held + 1] = id
         held[#held + 1] = "1"
         out[#out + 1] = id

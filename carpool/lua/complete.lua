@@ -25,6 +25,7 @@ redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}
@@ -56,7 +57,7 @@ if written > 0 then
     local field = "result"
     if ARGV[i + 1] == "failed" then field = "error" end
     redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
-      "batch", ARGV[5], "t_done", now_ms, "input", "", "lease", "")
+      "batch", ARGV[5], "t_done", now_s, "input", "", "lease", "")
     redis.call("EXPIRE", key, ARGV[4])
   end
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
@@ -66,7 +67,7 @@ if written > 0 then
     if ARGV[i + 4] ~= "" then pushed[#pushed + 1] = ARGV[i + 4] end
   end
   if #pushed > 0 then
-    redis.call("PUBLISH", ARGV[7], "done " .. now_ms .. "\n" .. ARGV[5] .. "\n" ..
+    redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" ..
       table.concat(pushed, "\n"))
   end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
