@@ -1,6 +1,6 @@
 """admit.lua's arguments, named in one place.
 
-``AdmitArgs`` holds ARGV[1..25] in the script's order, each field named as the
+``AdmitArgs`` holds ARGV[1..23] in the script's order, each field named as the
 script's header names that position (``tests/test_queue_scripts.py`` reads the
 header and checks both, and that the jobs start where the script looks for
 them); the jobs' (id, input JSON) pairs follow them.
@@ -38,8 +38,6 @@ class AdmitArgs:
     fair_lead_cap_ms: int
     max_queued_bytes: int
     key_queued_bytes: int
-    bucket_ms: int
-    live_buckets: int
     admitted_channel: str
 
     def argv(self, jobs: Sequence[tuple[str, str]]) -> list[str | int]:

@@ -6,16 +6,16 @@ bytes of the inputs it admitted that are still queued, and refuses (429) an inpu
 that would take them past the model's ``max_queued_bytes``. A full model then
 refuses its own submits while other models' still fit in Redis's ``maxmemory``.
 
-The count lives in a hash of admission-time buckets (``"<bucket>" -> bytes``; the
-bucket width in ms under ``"w"``). Claims and cancels subtract an input's bytes
-from its admission bucket. A queued record that simply expires (no worker came
-within ``CARPOOL_QUEUED_TTL_S``) cannot subtract anything: instead admit.lua drops
-every bucket older than the record TTL, whose records have all expired. The count
-is thus at worst one bucket (an eighth of the TTL) of expired inputs high, never
-low, and never stuck. Inputs of running jobs no longer count: a worker holds at
-most its batches' worth. A job that goes back to its bin (a lost lease, a warm
-shutdown) is not counted again: the count may run that many inputs low, and
-claim.lua keeps each bucket at 0 or more.
+The count is one field, ``"queued"``, of a hash per model (and per model and API
+key). Claims and cancels subtract an input's bytes; the hash goes when its count
+reaches 0. A queued record has no TTL (claim.lua ends a job queued longer than
+``CARPOOL_QUEUED_TTL_S`` "expired", and takes its bytes out then), so an input
+leaves the count when it leaves its bin: the count is never high. A model nobody serves fills its
+budget once and refuses from then on, its records kept, until a worker comes and
+ends them. Inputs of running jobs no longer count: a worker holds at most its
+batches' worth. A job that goes back to its bin (a lost lease, a warm shutdown) is
+not counted again: the count may run that many inputs low, and never below 0
+(the hash goes instead).
 
 At start, ``check_catalogue_memory`` compares the budgets with Redis's
 ``maxmemory`` (docs/operations.md, "Sizing Redis").
@@ -24,7 +24,6 @@ At start, ``check_catalogue_memory`` compares the budgets with Redis's
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 
 from carpool.catalogue import ModelSpec
@@ -32,9 +31,6 @@ from carpool.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: Admission-time buckets a budget keeps per record TTL. More buckets: a count
-#: closer to the truth after records expire, and a few more hash fields to read.
-LIVE_BUCKETS = 8
 #: Bytes Redis spends per queued job beside its input: the job hash's other fields,
 #: the bin zset entry and their overhead (measured with MEMORY USAGE, rounded up).
 RECORD_OVERHEAD_BYTES = 600
@@ -44,11 +40,6 @@ FINISHED_RECORD_BYTES = 1700
 #: Share of maxmemory the budgets and queued records may take before the check
 #: warns: the rest holds finished results, leases, stats and Redis's own overhead.
 QUEUED_SHARE = 0.5
-
-
-def bucket_ms(queued_ttl_s: int) -> int:
-    """Width of one admission-time bucket: the record TTL in ``LIVE_BUCKETS`` pieces."""
-    return max(1, math.ceil(queued_ttl_s * 1000 / LIVE_BUCKETS))
 
 
 def queued_bound_bytes(spec: ModelSpec) -> int:

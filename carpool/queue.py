@@ -17,7 +17,6 @@ from redis.cluster import RedisCluster
 
 from carpool.admit_args import AdmitArgs
 from carpool.admit_reply import admit_outcomes
-from carpool.budget import LIVE_BUCKETS, bucket_ms
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.connection import load_script, redis_errors
 from carpool.errors import (
@@ -38,6 +37,7 @@ from carpool.retry_after import (
     FAIR_SHARE_NEAR,
     fair_lead_cap_ms,
 )
+from carpool.settings import QUEUED_TTL_S_DEFAULT
 from carpool.urgency import effective_deadline_ms, sort_offset_ms
 from carpool.wake import ShardWaiters
 
@@ -178,7 +178,6 @@ class Queue:
             fair_share_near=FAIR_SHARE_NEAR,
             fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            bucket_ms=bucket_ms(request.queued_ttl_s), live_buckets=LIVE_BUCKETS,
             admitted_channel=self.keys.admitted_channel)
         for job_id, _ in jobs:
             if shard_of_job(job_id) != tag:  # its record would land on another shard
@@ -214,14 +213,18 @@ class Queue:
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
-        worker: str,
+        worker: str, queued_ttl_s: int = QUEUED_TTL_S_DEFAULT,
     ) -> Claim:
-        """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``."""
+        """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``.
+
+        Jobs whose deadline passed, or queued longer than ``queued_ttl_s``, end "expired"
+        instead (``Claim.expired`` counts them)."""
         tag = shard(model.name)
         keys = [self.keys.bin(model.name, bin_name), self.keys.leases(tag),
                 self.keys.queued_bytes(model.name), self.keys.claim(tag, token)]
         args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
-                self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR]
+                self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR,
+                queued_ttl_s]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(

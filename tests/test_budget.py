@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 import redis
 
-from carpool.budget import LIVE_BUCKETS, bucket_ms, memory_report
+from carpool.budget import memory_report
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BudgetFull
-from carpool.jobs import new_job_id
+from carpool.jobs import JobStatus, new_job_id
+from carpool.leases import Leases
 from carpool.queue import AdmitRequest, Queue
 
 TTL_S = 60
@@ -56,8 +57,7 @@ def test_one_call_of_many_jobs_stops_at_the_first_input_over_the_budget(
     jobs = [(s.bin_for(1), new_job_id(s.name), body) for _ in range(fits + 3)]
     outcomes = queue.admit_many(s, jobs, AdmitRequest(TTL_S))
     assert [type(o).__name__ for o in outcomes] == ["Admitted"] * fits + ["BudgetFull"] * 3
-    held = sum(int(v) for f, v in client.hgetall(queue.keys.queued_bytes(s.name)).items()
-               if f != "w")
+    held = int(client.hget(queue.keys.queued_bytes(s.name), "queued") or 0)
     assert held == fits * len(body)  # the refused jobs were not counted
     assert queue.depths([(s.name, "small")]) == [fits]
 
@@ -76,19 +76,36 @@ def test_one_api_key_cannot_take_the_whole_model(queue: Queue) -> None:
     assert len(fill(queue, s, owner="b" * 64)) == len(first)
 
 
-def test_buckets_older_than_the_record_ttl_no_longer_count(queue: Queue,
-                                                         client: redis.Redis) -> None:
+def test_inputs_queued_past_the_ttl_still_count_until_their_claim_ends_them(
+        queue: Queue, client: redis.Redis) -> None:
     s = spec()
-    fill(queue, s)
-    key = queue.keys.queued_bytes(s.name)
-    width = bucket_ms(TTL_S)
-    (bucket,) = [f for f in client.hkeys(key) if f != "w"]
-    # As if those records were admitted LIVE_BUCKETS + 1 buckets ago (they have expired).
-    client.hset(key, str(int(bucket) - LIVE_BUCKETS - 1), client.hget(key, bucket) or 0)
-    client.hdel(key, bucket)
-    assert int(client.hget(key, "w") or 0) == width
+    ids = fill(queue, s)
+    for job_id in ids:  # as if admitted TTL_S + 1 s ago, on Redis's clock
+        key = queue.keys.job(job_id)
+        assert client.ttl(key) == -1  # a queued record never expires: its bytes are there
+        client.hset(key, "t_admit", int(client.hget(key, "t_admit") or 0) - (TTL_S + 1) * 1000)
+    with pytest.raises(BudgetFull):
+        admit(queue, s)
+    claim = queue.claim(s, "small", len(ids), lease_ms=10_000, token="t", worker="w",
+                        queued_ttl_s=TTL_S)
+    assert (claim.jobs, claim.expired) == ((), len(ids))
+    assert all(queue.get(j).status is JobStatus.EXPIRED for j in ids)  # type: ignore[union-attr]
+    assert not client.exists(queue.keys.queued_bytes(s.name))  # it goes with its last byte
+    assert len(fill(queue, s)) == len(ids)
+
+
+def test_a_requeued_input_never_takes_the_count_below_zero(
+        queue: Queue, client: redis.Redis) -> None:
+    s = spec()
+    leases = Leases(client, queue.keys, load_catalogue(None))
+    first = admit(queue, s)
+    queue.claim(s, "small", 1, lease_ms=10_000, token="a", worker="w")
+    leases.release("a", [first], refund_attempt=True)  # back in its bin, not counted again
     admit(queue, s)
-    assert [f for f in client.hkeys(key) if f != "w"] == [bucket]
+    claim = queue.claim(s, "small", 2, lease_ms=10_000, token="b", worker="w")
+    assert len(claim.jobs) == 2  # two inputs out of a count of one: 0, not below
+    assert not client.exists(queue.keys.queued_bytes(s.name))
+    assert len(fill(queue, s)) == BUDGET_BYTES // (VALUE_CHARS + 24)
 
 
 def test_the_shipped_catalogue_fits_the_shipped_maxmemory_with_room_for_results() -> None:

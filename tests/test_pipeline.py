@@ -12,8 +12,9 @@ import pytest
 from carpool.catalogue import BinSpec, load_catalogue
 from carpool.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
 from carpool.queue import Queue
-from carpool.settings import Settings
+from carpool.settings import Settings, load_settings
 from carpool.synthetic import expected_result
+from tests.conftest import make_env
 from tests.hookrec import Recorder
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
@@ -108,3 +109,16 @@ def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
     seen = next(e for e in loop.scheduler.snapshot() if e["bin"] == "small")
     assert seen["recent_batch_sizes"] == [r.size for r in heard.reports()]
     assert sum(seen["recent_batch_sizes"]) == 40
+
+
+def test_the_loop_ends_a_job_queued_longer_than_its_queued_ttl(
+        redis_url: str, key_prefix: str, queue: Queue) -> None:
+    settings = load_settings(make_env(redis_url, key_prefix, CARPOOL_QUEUED_TTL_S="60"))
+    old, new = admit_small(queue, 2)
+    record = queue.keys.job(old)
+    t_admit = int(queue.client.hget(record, "t_admit") or 0)
+    queue.client.hset(record, "t_admit", t_admit - 61_000)  # queued 61 s, on Redis's clock
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))}, "w-test")
+    serve_until_final(loop, queue, [old, new])
+    views = [queue.get(old), queue.get(new)]
+    assert [v.status for v in views if v] == [JobStatus.EXPIRED, JobStatus.DONE]

@@ -168,6 +168,22 @@ def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
     assert queue.get(job).status is JobStatus.EXPIRED  # type: ignore[union-attr]
 
 
+def test_a_job_queued_longer_than_the_queued_ttl_ends_expired_at_its_claim(
+        queue: Queue) -> None:
+    spec = synthetic()
+    old, new = admit(queue, spec, value="old"), admit(queue, spec, value="new")
+    record = queue.keys.job(old)
+    assert queue.client.ttl(record) == -1  # no TTL while queued: the claim bounds its wait
+    t_admit = int(queue.client.hget(record, "t_admit") or 0)
+    queue.client.hset(record, "t_admit", t_admit - 61_000)  # queued 61 s, on Redis's clock
+    claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w", queued_ttl_s=60)
+    assert [j.id for j in claim.jobs] == [new] and claim.expired == 1
+    view = queue.get(old)
+    assert view is not None and view.status is JobStatus.EXPIRED
+    assert view.error == "queued longer than CARPOOL_QUEUED_TTL_S (60 s)"
+    assert 0 < queue.client.ttl(record) <= spec.result_ttl_s  # kept as a result is
+
+
 def test_same_idempotency_key_returns_the_first_job(queue: Queue) -> None:
     spec = synthetic()
     body = json.dumps({"value": 1, "size": 1})

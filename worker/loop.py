@@ -173,7 +173,8 @@ class BatchLoop:
         token = self._token()
         try:
             claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
-                                     token=token, worker=self.worker_name)
+                                     token=token, worker=self.worker_name,
+                                     queued_ttl_s=self.settings.queued_ttl_s)
         except BackendUnavailable:
             # The claim may have run with its reply lost (a timeout, a dropped
             # connection): jobs leased to a token nobody holds. Lease keepers find

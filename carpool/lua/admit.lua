@@ -21,7 +21,8 @@
 -- ARGV, by the names of carpool/admit_args.py's AdmitArgs (a test checks the two agree):
 -- ARGV[1]  job_prefix        "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
 -- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
--- ARGV[6]  queued_ttl_s      ttl of a queued record
+-- ARGV[6]  queued_ttl_s      ttl of the idempotency key and of the owners' state (a
+--                            queued record has none: claim.lua ends it after this long)
 -- ARGV[7]  idempotent        "1" if an idempotency key was given (then exactly one job); a
 --                            key whose first job is gone (result expired, deleted) is a new
 --                            key; the job records its key ("idem") so DELETE can drop it
@@ -39,11 +40,9 @@
 -- ARGV[20] fair_lead_cap_ms  the most an owner's virtual clock may lead now (fair queueing)
 -- ARGV[21] max_queued_bytes  the model's byte budget (0: none)
 -- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
--- ARGV[23] bucket_ms         bucket width (carpool/budget.py)
--- ARGV[24] live_buckets      buckets alive at once (carpool/budget.py)
--- ARGV[25] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
+-- ARGV[23] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
 --                            message per call that admits any (web/waiters.py)
--- ARGV[26..] per job, 2 values: id, input (JSON)
+-- ARGV[24..] per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
@@ -80,7 +79,7 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 26
+local FIRST_JOB = 24
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
@@ -100,34 +99,17 @@ if n <= 0 then
 end
 
 -- >>> byte budget (carpool/budget.py) >>>
--- Queued input bytes per admission bucket; buckets older than the record TTL are
--- dropped (their records have expired). Job i of the call is refused when its input,
--- on top of what is held and the call's earlier jobs, would pass a budget.
--- The counts are added once, for the jobs finally admitted (below).
-local budgets = {}  -- {key, budget, scope, held, width, new hash}
+-- The bytes of the queued inputs, field "queued". Job i of the call is refused when
+-- its input, on top of what is held and the call's earlier jobs, would pass a budget.
+-- The count is added once, for the jobs finally admitted (below).
+local budgets = {}  -- {key, budget, scope, held}
 if tonumber(ARGV[21]) > 0 then budgets[1] = {KEYS[6], tonumber(ARGV[21]), "model"} end
 if ARGV[13] ~= "" and tonumber(ARGV[22]) > 0 then
   budgets[#budgets + 1] = {KEYS[7], tonumber(ARGV[22]), "key"}
 end
 local over = nil  -- {scope, held_bytes, budget_bytes} of the first job over a budget
 for _, b in ipairs(budgets) do
-  local h = redis.call("HGETALL", b[1])
-  local w, held = nil, 0
-  for i = 1, #h, 2 do
-    if h[i] == "w" then w = tonumber(h[i + 1]) end
-  end
-  b[6] = w == nil  -- a new hash: record its bucket width
-  w = w or tonumber(ARGV[23])
-  local oldest = math.floor(now_ms / w) - tonumber(ARGV[24])
-  for i = 1, #h, 2 do
-    local bucket = tonumber(h[i])
-    if bucket and bucket <= oldest then
-      redis.call("HDEL", b[1], h[i])
-    elseif bucket then
-      held = held + tonumber(h[i + 1])
-    end
-  end
-  b[4], b[5] = held, w
+  b[4] = tonumber(redis.call("HGET", b[1], "queued")) or 0
 end
 if #budgets > 0 then
   local sum = 0
@@ -340,8 +322,9 @@ if n > 0 then
     local score = scores[i + 1]
     fields[10] = ARGV[FIRST_JOB + 2 * i + 1]
     fields[12] = score
+    -- No TTL: a queued record stays until claimed (claim.lua ends it "expired" once
+    -- queued longer than ARGV[6]) or cancelled, so the byte budget counts it exactly.
     redis.call("HSET", ARGV[1] .. id, unpack(fields))
-    redis.call("EXPIRE", ARGV[1] .. id, ARGV[6])
     members[#members + 1] = score
     members[#members + 1] = id
   end
@@ -359,18 +342,11 @@ if n > 0 then
     redis.call("LTRIM", KEYS[2], -tonumber(ARGV[8]), -1)
   end
 
-  -- >>> byte budget: count the admitted inputs in this admission bucket >>>
+  -- >>> byte budget: count the admitted inputs >>>
   if #budgets > 0 then
     local sum = 0
     for i = 0, n - 1 do sum = sum + #ARGV[FIRST_JOB + 2 * i + 1] end
-    for _, b in ipairs(budgets) do
-      if b[6] then redis.call("HSET", b[1], "w", b[5]) end
-      local bucket = string.format("%d", math.floor(now_ms / b[5]))
-      if redis.call("HINCRBY", b[1], bucket, sum) == sum then
-        -- A new bucket: the hash outlives every record admitted in it (and before).
-        redis.call("PEXPIRE", b[1], (tonumber(ARGV[24]) + 1) * b[5])
-      end
-    end
+    for _, b in ipairs(budgets) do redis.call("HINCRBY", b[1], "queued", sum) end
   end
   -- <<< byte budget <<<
 
@@ -378,7 +354,7 @@ if n > 0 then
   -- when they end) without reading them. Not a write: after the first one anyway.
   local ids = {}
   for i = 0, n - 1 do ids[i + 1] = ARGV[FIRST_JOB + 2 * i] end
-  redis.call("PUBLISH", ARGV[25], table.concat(ids, " "))
+  redis.call("PUBLISH", ARGV[23], table.concat(ids, " "))
 end
 
 if refusal and refusal[1] == "share" then

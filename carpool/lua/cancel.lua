@@ -14,7 +14,7 @@
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
 redis.replicate_commands()
 
-local job = redis.call("HMGET", KEYS[1], "status", "model", "bin", "idem", "t_admit", "owner")
+local job = redis.call("HMGET", KEYS[1], "status", "model", "bin", "idem", "owner")
 local status = job[1]
 if not status then
   return "missing"
@@ -26,15 +26,16 @@ if status ~= "running" and job[4] then
   end
 end
 if status == "queued" then
-  -- >>> byte budget (carpool/budget.py): the input leaves its admission bucket
+  -- >>> byte budget (carpool/budget.py): the input leaves the count, as in claim.lua
   local n = redis.call("HSTRLEN", KEYS[1], "input")
   local keys = {ARGV[5] .. job[2]}
-  if job[6] and job[6] ~= "" then keys[2] = keys[1] .. ":" .. job[6] end
+  if job[5] and job[5] ~= "" then keys[2] = keys[1] .. ":" .. job[5] end
   for _, key in ipairs(keys) do
-    local w = tonumber(redis.call("HGET", key, "w"))
-    if w then
-      local bucket = string.format("%d", math.floor(tonumber(job[5]) / w))
-      if redis.call("HEXISTS", key, bucket) == 1 then redis.call("HINCRBY", key, bucket, -n) end
+    local queued = tonumber(redis.call("HGET", key, "queued"))
+    if queued and queued > n then
+      redis.call("HINCRBY", key, "queued", -n)
+    elseif queued then  -- its last queued byte: the hash goes
+      redis.call("DEL", key)
     end
   end
   -- <<< byte budget

@@ -7,18 +7,20 @@
 -- ARGV[6]  done channel                  ARGV[7] result_ttl_s
 -- ARGV[8]  most ids to take off the bin in this call, live or not (>= max_n): a
 --          backlog of expired jobs is cleared a bounded slice at a time
+-- ARGV[9]  queued_ttl_s: a job admitted longer ago ends "expired" here (a queued
+--          record has no TTL: admit.lua)
 -- KEYS[3]  the model's byte-budget hash {p.s}:bytes:<model> (admit.lua): each input
---          taken off the bin leaves its admission bucket, and its API key's
+--          taken off the bin leaves its count, and its API key's
 --          ({p.s}:bytes:<model>:<owner>, same slot)
 -- KEYS[4]  the claim hash {p.s}:claim:<token>: the ids it leases ("1" each), its time
 --          ("t") and worker ("w"); renew, release, reap and complete act on it, once per
 --          claim rather than once per job
 --
 -- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, id_2, ...}, most
--- urgent first. Ids whose record has expired are dropped; jobs whose deadline has
--- passed end "expired" here, are never computed, and their places go to the next
--- jobs: `expired` counts them, so the worker that decided it counts each expiry once
--- (carpool_jobs_expired_total). Per job: one HMGET and one HSET; per claim: one HSET
+-- urgent first. Ids whose record is gone are dropped; jobs whose deadline has passed,
+-- or queued longer than ARGV[9], end "expired" here, are never computed, and their
+-- places go to the next jobs: `expired` counts them, so the worker that decided it
+-- counts each expiry once (carpool_jobs_expired_total). Per job: one HMGET and one HSET; per claim: one HSET
 -- of the claim hash and one ZADD of its token into the leases zset.
 redis.replicate_commands()
 
@@ -30,30 +32,16 @@ local now_s = string.format("%d", now_ms)  -- once: a number argument is formatt
 local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
 local held = {"t", now_s, "w", ARGV[5]}  -- the claim hash's fields
+local stale_ms = now_ms - tonumber(ARGV[9]) * 1000  -- admitted then or before: too old
 
--- >>> byte budget (carpool/budget.py): sum the bytes leaving per hash and bucket
-local budget_w, budget_freed, buckets = {}, {}, {}
-local function unbudget(key, t_admit, n)
-  local w = budget_w[key]
-  if w == nil then
-    w = tonumber(redis.call("HGET", key, "w")) or false
-    budget_w[key] = w
-    buckets[key] = {}
-  end
-  if w then
-    local bucket = buckets[key][t_admit]  -- a call's jobs mostly share an admission time
-    if not bucket then
-      bucket = string.format("%d", math.floor(tonumber(t_admit) / w))
-      buckets[key][t_admit] = bucket
-    end
-    local per = budget_freed[key] or {}
-    budget_freed[key] = per
-    per[bucket] = (per[bucket] or 0) + n
-  end
-end
+-- >>> byte budget (carpool/budget.py): sum the bytes leaving per budget hash
+local freed = {}  -- hash key -> bytes
 local function unbudget_job(job)  -- job: HMGET's status, input, t_admit, ..., owner
-  unbudget(KEYS[3], job[3], #job[2])
-  if job[6] and job[6] ~= "" then unbudget(KEYS[3] .. ":" .. job[6], job[3], #job[2]) end
+  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + #job[2]
+  if job[6] and job[6] ~= "" then
+    local key = KEYS[3] .. ":" .. job[6]
+    freed[key] = (freed[key] or 0) + #job[2]
+  end
 end
 -- <<< byte budget
 
@@ -69,9 +57,14 @@ while live < max_n and budget > 0 do
     if job[1] == "queued" then
       unbudget_job(job)
       local deadline = tonumber(job[5]) or 0
+      local why = nil
       if deadline > 0 and now_ms >= deadline then
-        redis.call("HSET", key, "status", "expired", "t_done", now_s,
-          "error", "deadline passed while queued")
+        why = "deadline passed while queued"
+      elseif (tonumber(job[3]) or now_ms) <= stale_ms then
+        why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. ARGV[9] .. " s)"
+      end
+      if why then
+        redis.call("HSET", key, "status", "expired", "t_done", now_s, "error", why)
         redis.call("HDEL", key, "input")
         redis.call("EXPIRE", key, ARGV[7])
         redis.call("PUBLISH", ARGV[6], id)
@@ -100,11 +93,12 @@ if live > 0 then
   redis.call("HSET", KEYS[4], unpack(held))
   redis.call("ZADD", KEYS[2], lease_until, ARGV[3])
 end
-for key, per in pairs(budget_freed) do  -- byte budget: never revive a dropped bucket
-  for bucket, n in pairs(per) do
-    if redis.call("HEXISTS", key, bucket) == 1 and redis.call("HINCRBY", key, bucket, -n) < 0 then
-      redis.call("HSET", key, bucket, 0)  -- a requeued job (reap, release) was counted once
-    end
+for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queued byte
+  local queued = tonumber(redis.call("HGET", key, "queued"))
+  if queued and queued > n then
+    redis.call("HINCRBY", key, "queued", -n)
+  elseif queued then  -- at 0, or below: a requeued job (reap, release) was counted once
+    redis.call("DEL", key)
   end
 end
 return out
