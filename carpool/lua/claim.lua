@@ -46,10 +46,12 @@ end
 -- <<< byte budget
 
 while live < max_n and budget > 0 do
-  local popped = redis.call("ZPOPMIN", KEYS[1], math.min(max_n - live, budget))
+  -- ZPOPMIN's reply would carry each score, formatted as a float ("%.17g") per job.
+  local popped = redis.call("ZRANGE", KEYS[1], 0, math.min(max_n - live, budget) - 1)
   if #popped == 0 then break end
-  budget = budget - #popped / 2
-  for i = 1, #popped, 2 do
+  redis.call("ZREMRANGEBYRANK", KEYS[1], 0, #popped - 1)  -- the first write: never OOM
+  budget = budget - #popped
+  for i = 1, #popped do
     local id = popped[i]
     local key = ARGV[4] .. id
     local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline",
