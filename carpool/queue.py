@@ -239,16 +239,21 @@ class Queue:
     ) -> list[bool]:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
         tag = shard(model.name)
-        args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
-                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
-                           self.keys.results_channel]
+        per_job: list[Any] = []
+        lines: list[str] = []  # the pushed views, one argument: the script keeps it whole
         claimed = {j.id: j for j in claim.jobs}
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
             payload = (o.error or "") if o.failed else json.dumps(o.result)
-            args += [o.id, "failed" if o.failed else "done", payload, timings,
-                     job_blob(claimed.get(o.id), claim.now_ms, o, payload, timings, model.name)]
+            blob = job_blob(claimed.get(o.id), claim.now_ms, o, payload, timings, model.name)
+            if blob:
+                lines.append(blob)
+            per_job += [o.id, "failed" if o.failed else "done", payload, timings,
+                        len(blob.encode())]
+        args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
+                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
+                           self.keys.results_channel, "\n".join(lines), *per_job]
         keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
                 self.keys.claim(tag, claim.token)]
         with redis_errors():

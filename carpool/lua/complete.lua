@@ -9,8 +9,10 @@
 -- ARGV[5]  batch JSON {"size","bin","worker"}
 -- ARGV[6]  drain-rate time constant, ms (carpool/retry_after.py)
 -- ARGV[7]  results channel (carpool/pushed.py)
+-- ARGV[8]  the jobs' pushed views (carpool/pushed.py): one JSON line each, "\n" between,
+--          those not pushed left out
 -- then per job, 5 values: id, status ("done" | "failed"), payload, timings JSON, and
---   the job's pushed view (JSON, "" not to push it)
+--   the byte length of its line in ARGV[8] (0: not pushed)
 --   (payload: the result JSON when done, the error message when failed)
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds: one HMGET for the
@@ -29,13 +31,13 @@ local now_s = string.format("%d", now_ms)  -- once: a number argument is formatt
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}
-for i = 8, #ARGV, 5 do asked[#asked + 1] = ARGV[i] end
+for i = 9, #ARGV, 5 do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 for k = 2, #held do
   if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = 8 + (k - 2) * 5
+    ours[#ours + 1] = 9 + (k - 2) * 5
   else
     out[#out + 1] = 0
   end
@@ -62,13 +64,23 @@ if written > 0 then
   end
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
   -- answers their polls without a read. Before the ids: a poll woken finds it there.
-  local pushed = {}
-  for _, i in ipairs(ours) do
-    if ARGV[i + 4] ~= "" then pushed[#pushed + 1] = ARGV[i + 4] end
+  -- Every job written (the usual case): ARGV[8] as it came, never rebuilt line by line
+  -- (each string a script builds costs a copy and the Lua collector's time).
+  local pushed = ARGV[8]
+  if written < #out and pushed ~= "" then  -- only the lines of the jobs written
+    local mine, lines, at = {}, {}, 1
+    for _, i in ipairs(ours) do mine[i] = true end
+    for i = 9, #ARGV, 5 do
+      local len = tonumber(ARGV[i + 4])
+      if len > 0 then
+        if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
+        at = at + len + 1
+      end
+    end
+    pushed = table.concat(lines, "\n")
   end
-  if #pushed > 0 then
-    redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" ..
-      table.concat(pushed, "\n"))
+  if pushed ~= "" then
+    redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" .. pushed)
   end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
