@@ -17,7 +17,7 @@ import pytest
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
 from carpool.jobs import JobStatus, new_job_id
-from carpool.keys import Keys, shard
+from carpool.keys import Keys, shard, shard_of_job
 from carpool.leases import Leases
 from carpool.queue import Queue
 from carpool.synthetic import expected_result
@@ -73,11 +73,13 @@ def env_for(server: RedisProc, prefix: str, cost: str, **extra: str) -> dict[str
 
 
 def held_by(q: Queue, ids: list[str], worker: str) -> bool:
-    """True once some job of ``ids`` runs under ``worker``."""
-    for job_id in ids:
-        h = q.client.hmget(q.keys.job(job_id), "status", "worker")
-        if h == ["running", worker]:
-            return True
+    """True once some job of ``ids`` runs under ``worker``: a claim of that worker holds
+    it (the claim hash names its worker, "w", and its jobs; a running record does not)."""
+    for tag in {shard_of_job(job_id) for job_id in ids}:
+        for token in q.client.zrange(q.keys.leases(tag), 0, -1):
+            held = q.client.hgetall(q.keys.claim(tag, token))
+            if held.get("w") == worker and any(job_id in held for job_id in ids):
+                return True
     return False
 
 

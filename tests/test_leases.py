@@ -85,6 +85,8 @@ def test_a_job_lost_max_attempts_times_fails_with_a_reason_and_goes_on_the_dead_
     view = queue.get(job)
     assert view is not None and view.status is JobStatus.FAILED
     assert view.error is not None and "worker lost 3 times" in view.error and "w3" in view.error
+    worker, t_claim = queue.client.hmget(queue.keys.job(job), "worker", "t_claim")
+    assert worker == "w3" and t_claim is not None  # its last claim's, as a result has them
     assert leases.dead_letters() == [job]
     assert bin_ids(queue) == []
     assert queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s

@@ -77,8 +77,9 @@ while live < max_n and budget > 0 do
           attempts = (tonumber(job[4]) or 0) + 1
           attempts_s = string.format("%d", attempts)
         end
-        redis.call("HSET", key, "status", "running", "lease", ARGV[3], "worker", ARGV[5],
-          "t_claim", now_s, "attempts", attempts_s)
+        -- The worker and the claim time are the claim's (its hash: "w", "t"), written
+        -- into the record once it ends (complete.lua, reap.lua), not once per job here.
+        redis.call("HSET", key, "status", "running", "lease", ARGV[3], "attempts", attempts_s)
         held[#held + 1] = id
         held[#held + 1] = "1"
         out[#out + 1] = id

@@ -15,8 +15,9 @@
 --   the byte length of its line in ARGV[8] (0: not pushed)
 --   (payload: the result JSON when done, the error message when failed)
 --
--- The claim hash (KEYS[3]) says which jobs the claim still holds: one HMGET for the
--- batch. Per job: one HSET (which also blanks the input and the lease) and one EXPIRE;
+-- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time and
+-- worker: one HMGET for the batch. Per job: one HSET (which also blanks the input and
+-- the lease, and writes the claim's time and worker) and one EXPIRE;
 -- the claim loses the written ids in one HDEL, its token leaves the leases zset with its
 -- last job, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
 --
@@ -30,14 +31,14 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
-local asked = {"t"}
+local asked = {"t", "w"}  -- the claim's time and worker, then its jobs
 for i = 9, #ARGV, 5 do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
-for k = 2, #held do
+for k = 3, #held do
   if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = 9 + (k - 2) * 5
+    ours[#ours + 1] = 9 + (k - 3) * 5
   else
     out[#out + 1] = 0
   end
@@ -54,12 +55,14 @@ if written > 0 then
     redis.call("DEL", KEYS[3])
     redis.call("ZREM", KEYS[1], ARGV[1])
   end
+  local worker, t_claim = held[2] or "", held[1] or now_s  -- claim.lua left them here
   for _, i in ipairs(ours) do
     local key = ARGV[2] .. ARGV[i]
     local field = "result"
     if ARGV[i + 1] == "failed" then field = "error" end
     redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
-      "batch", ARGV[5], "t_done", now_s, "input", "", "lease", "")
+      "batch", ARGV[5], "t_done", now_s, "input", "", "lease", "", "worker", worker,
+      "t_claim", t_claim)
     redis.call("EXPIRE", key, ARGV[4])
   end
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web

@@ -44,18 +44,21 @@ for _, token in ipairs(tokens) do
   local claim_key = ARGV[10] .. token
   local fields = redis.call("HGETALL", claim_key)
   redis.call("DEL", claim_key)
+  local claimed = {}  -- the claim's time ("t") and worker ("w"), as claim.lua wrote them
+  for f = 1, #fields, 2 do claimed[fields[f]] = fields[f + 1] end
   for f = 1, #fields, 2 do
     local id = fields[f]
     if id ~= "t" and id ~= "w" then
       local key = ARGV[3] .. id
-      local job = redis.call("HMGET", key, "status", "model", "bin", "attempts", "worker",
-        "score", "lease")
-      if job[1] ~= "running" or job[7] ~= token then
+      local job = redis.call("HMGET", key, "status", "model", "bin", "attempts", "score",
+        "lease")
+      if job[1] ~= "running" or job[6] ~= token then
         dropped = dropped + 1
       elseif (tonumber(job[4]) or 0) >= max_attempts then
         redis.call("HDEL", key, "input", "lease")
         redis.call("HSET", key, "status", "failed", "t_done", now_ms,
-          "error", "worker lost " .. job[4] .. " times (last: " .. (job[5] or "?") ..
+          "worker", claimed.w or "?", "t_claim", claimed.t or now_ms,
+          "error", "worker lost " .. job[4] .. " times (last: " .. (claimed.w or "?") ..
           "); the input may crash workers")
         redis.call("EXPIRE", key, ttl[job[2]] or ARGV[9])
         redis.call("PUBLISH", ARGV[6], id)
@@ -65,7 +68,7 @@ for _, token in ipairs(tokens) do
       else
         redis.call("HDEL", key, "lease")
         redis.call("HSET", key, "status", "queued")
-        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[6] or 0, id)
+        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[5] or 0, id)
         woken[ARGV[5] .. job[2]] = job[3]
         requeued = requeued + 1
       end
