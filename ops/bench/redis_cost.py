@@ -48,6 +48,8 @@ try:
 except ImportError:  # the queue before batched admission (for the "before" run)
     AdmitRequest = None  # type: ignore[assignment,misc]
 
+#: The checkout this script belongs to (a before/after comparison runs two).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Jobs per HTTP submission ("64 at a time").
 CHUNK = 64
 #: Longest long-poll; a result not final by then counts as a failure of the run.
@@ -151,7 +153,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with open(tmp / "procs.log", "ab") as logs:
         try:
             for cmd in (web_command(), worker_command(0)):
-                procs.append(subprocess.Popen(cmd, env=env, stdout=logs,
+                # From this checkout's root: `python -m` puts the working directory
+                # first on sys.path, so the web and worker run this checkout's code.
+                procs.append(subprocess.Popen(cmd, env=env, stdout=logs, cwd=REPO_ROOT,
                                               stderr=subprocess.STDOUT))
             _wait_ok(f"{base}/healthz")
             fetchers = ThreadPoolExecutor(CHUNK * args.clients)
