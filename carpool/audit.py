@@ -27,6 +27,8 @@ class Snapshot:
     bins: dict[str, list[str]]  # bin key -> ids, in order (duplicates kept)
     leases: dict[str, int]  # id -> lease deadline (ms)
     status: dict[str, str]  # id -> status, for every job record
+    #: Ids held by more than one claim (each claim hash names its jobs): never allowed.
+    leased_twice: tuple[str, ...] = ()
 
     def placed(self) -> Counter[str]:
         """How many times each id sits in some bin."""
@@ -53,7 +55,8 @@ def snapshot(client: redis.Redis, keys: Keys, models: Iterable[str]) -> Snapshot
     leases = {str(raw_leases[i]): int(float(raw_leases[i + 1]))
               for i in range(0, len(raw_leases), 2)}
     status = {str(raw_jobs[i]): str(raw_jobs[i + 1]) for i in range(0, len(raw_jobs), 2)}
-    return Snapshot(bins, leases, status)
+    held = Counter(str(raw_leases[i]) for i in range(0, len(raw_leases), 2))
+    return Snapshot(bins, leases, status, tuple(sorted(i for i, n in held.items() if n > 1)))
 
 
 def violations(snap: Snapshot, admitted: Iterable[str] = ()) -> list[str]:
@@ -73,6 +76,8 @@ def violations(snap: Snapshot, admitted: Iterable[str] = ()) -> list[str]:
         elif in_bins or leased:
             found.append(f"{job_id}: {status or 'no status'}, in {in_bins} bin slots, "
                          f"leased={leased}")
+    for job_id in snap.leased_twice:
+        found.append(f"{job_id}: held by more than one claim")
     for job_id in sorted((set(placed) | set(snap.leases)) - set(snap.status)):
         found.append(f"{job_id}: in a bin or leased, but has no record")
     return found

@@ -10,9 +10,11 @@ The count is one field, ``"queued"``, of a hash per model (and per model and API
 key). Claims and cancels subtract an input's bytes; the hash goes when its count
 reaches 0. A queued record has no TTL (claim.lua ends a job queued longer than
 ``CARPOOL_QUEUED_TTL_S`` "expired", and takes its bytes out then), so an input
-leaves the count when it leaves its bin: the count is never high. A model nobody serves fills its
-budget once and refuses from then on, its records kept, until a worker comes and
-ends them. Inputs of running jobs no longer count: a worker holds at most its
+leaves the count when it leaves its bin. A bin no worker claims from (nobody serves
+the model, or the bin was removed from the catalogue with jobs in it) keeps its
+inputs counted, and the model refuses with 429 ``budget_full`` once they fill it,
+until a worker claims them or they are cancelled (``DELETE /result/<id>``): drain
+a bin before removing it. Inputs of running jobs no longer count: a worker holds at most its
 batches' worth. A job that goes back to its bin (a lost lease, a warm shutdown) is
 not counted again: the count may run that many inputs low, and never below 0
 (the hash goes instead).

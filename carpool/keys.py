@@ -23,9 +23,8 @@ leases) has a tag of its own, ``{p}``.
                                     workers' busy speed as busy_c (decayed count), busy_ms
     {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
                                     virtual clock (µs)": fair share and fair queueing
-    {p.s}:bytes:<model>       hash  queued input bytes of the model by admission time bucket
-                                    ("<bucket>" -> bytes) and the bucket width ("w", ms):
-                                    the byte budget (admit.lua; carpool/budget.py)
+    {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the
+                                    byte budget (admit.lua; carpool/budget.py)
     {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect

@@ -259,3 +259,32 @@ def test_a_claim_holds_one_lease_for_all_its_jobs_until_its_last_job_ends(
     assert not queue.client.exists(queue.keys.claim(tag, "big"))
     assert queue.complete(spec, running, outcomes[3:], {"size": 1}) == [False]  # once only
     assert_one_place(queue, admitted)
+
+
+def test_a_record_gone_while_claimed_is_not_written_back_as_a_partial_record(
+        queue: Queue) -> None:
+    """An evicting maxmemory policy or a key deleted by hand: the completion refuses that
+    job (a record without its admission would break every later read) and the others'
+    results are written; the claim ends with its last job all the same."""
+    spec = synthetic()
+    ids = [admit(queue, spec, value=i) for i in range(3)]
+    claimed = queue.claim(spec, "small", 3, lease_ms=60_000, token="gone", worker="w")
+    queue.client.delete(queue.keys.job(ids[1]))
+    outcomes = [Outcome(i, result=i) for i in ids]
+    assert queue.complete(spec, claimed, outcomes, {"size": 3}) == [True, False, True]
+    assert not queue.client.exists(queue.keys.job(ids[1]))
+    assert [v.status if v else None for v in queue.get_many(ids)] == [
+        JobStatus.DONE, None, JobStatus.DONE]
+    assert not queue.client.exists(queue.keys.claim(shard("synthetic"), "gone"))
+    assert queue.client.zcard(queue.keys.leases(shard("synthetic"))) == 0
+
+
+def test_the_audit_finds_a_job_held_by_two_claims(queue: Queue) -> None:
+    spec = synthetic()
+    [job] = [admit(queue, spec)]
+    claim(queue, spec, 1, lease_ms=60_000, token="one")
+    tag = shard("synthetic")
+    queue.client.hset(queue.keys.claim(tag, "two"), mapping={"t": "0", "w": "x", job: "1"})
+    queue.client.zadd(queue.keys.leases(tag), {"two": 1})
+    assert violations(snapshot(queue.client, queue.keys, ["synthetic"]), [job]) == [
+        f"{job}: held by more than one claim"]

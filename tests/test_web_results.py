@@ -222,3 +222,15 @@ def test_a_poll_on_a_job_admitted_before_the_listener_reads_first(
     assert http.get(f"/result/{job_id}?wait=30").get_json()["status"] == "done"
     assert time.monotonic() - started < WOKEN_WITHIN_S
     assert state.reads.calls.round_trips - reads_before == 1
+
+
+def test_a_get_right_after_delete_is_a_404_even_with_the_result_pushed_here(
+    http: FlaskClient, queue: Queue, client: redis.Redis, keys: Keys
+) -> None:
+    _listening(http, client, keys)
+    state = app_state(http)
+    job_id = submit(http)
+    run_queued_jobs(http, queue)
+    wait_until(lambda: state.notifier.pushed_view(job_id) is not None, 5.0, "the push")
+    assert http.delete(f"/result/{job_id}").status_code == 200
+    assert http.get(f"/result/{job_id}").status_code == 404  # not the pushed view

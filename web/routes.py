@@ -212,6 +212,7 @@ def delete_result(job_id: str) -> Response:
     _require_job_id(job_id)
     view = check_owner(state.queue.get(job_id), owner, job_id)
     outcome = state.queue.cancel(job_id, state.settings.catalogue.result_ttl_s(view.model))
+    state.notifier.forget(job_id)  # a GET here next must not answer its pushed view
     if outcome == "cancelled":
         return jsonify({"id": job_id, "status": "cancelled"})
     if outcome == "deleted":

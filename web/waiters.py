@@ -24,7 +24,7 @@ id out of pending. Every (re)subscription and every lost connection clears
 pending (notices may have been missed), and it holds at most ``PENDING_CAP``
 ids, the oldest evicted first; an id not in it is unknown and read first, as
 before. An id left there by a job whose end notice never comes (its record
-expired while queued) costs a poll its wait, then the read answers.
+deleted by hand or evicted) costs a poll its wait, then the read answers.
 
 The same connection hears the results channel: the final views of the jobs each
 batch wrote (carpool/pushed.py). The listener keeps them a short while
@@ -214,6 +214,13 @@ class Notifier:
             yield event, pending
         finally:
             listener.remove(job_id, event)
+
+    def forget(self, job_id: str) -> None:
+        """Drop a pushed view at once in this process (its job was just deleted here);
+        the others drop it when the deletion's message reaches them."""
+        listener = self._listener
+        if listener is not None and self._pid == os.getpid():
+            listener.views.discard([job_id])
 
     def pushed_view(self, job_id: str) -> JobView | None:
         """The job's final view if this process was pushed it (starting the listener on

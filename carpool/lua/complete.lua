@@ -43,18 +43,41 @@ for k = 3, #held do
     out[#out + 1] = 0
   end
 end
+-- A record gone while its claim held it (an evicting maxmemory policy, a key deleted
+-- by hand) is not written again as a partial record: refused, and left the claim.
+local dropped = {}
+if #ours > 0 then
+  local keys = {}
+  for k, i in ipairs(ours) do keys[k] = ARGV[2] .. ARGV[i] end
+  if redis.call("EXISTS", unpack(keys)) < #ours then  -- one key lookup per job, per batch
+    local kept = {}
+    for k, i in ipairs(ours) do
+      if redis.call("EXISTS", keys[k]) == 1 then
+        kept[#kept + 1] = i
+      else
+        dropped[#dropped + 1] = ARGV[i]
+        out[(i - 9) / 5 + 1] = 0
+      end
+    end
+    ours = kept
+  end
+end
 local written = #ours
-if written > 0 then
+local ended = {}  -- the ids written
+for k, i in ipairs(ours) do ended[k] = ARGV[i] end
+if written + #dropped > 0 then
   -- HDEL first: Redis refuses a script for memory only at its first write, and only
   -- if that write may grow memory (HDEL cannot). So completions, which free memory
   -- (the input is blanked), go on while a full Redis (noeviction) refuses admissions.
-  local ended = {}
-  for k, i in ipairs(ours) do ended[k] = ARGV[i] end
-  redis.call("HDEL", KEYS[3], unpack(ended))
+  local leaving = {unpack(ended)}
+  for _, id in ipairs(dropped) do leaving[#leaving + 1] = id end
+  redis.call("HDEL", KEYS[3], unpack(leaving))
   if redis.call("HLEN", KEYS[3]) <= 2 then  -- its last job: the claim is over
     redis.call("DEL", KEYS[3])
     redis.call("ZREM", KEYS[1], ARGV[1])
   end
+end
+if written > 0 then
   local worker, t_claim = held[2] or "", held[1] or now_s  -- claim.lua left them here
   for _, i in ipairs(ours) do
     local key = ARGV[2] .. ARGV[i]
