@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from flask.testing import FlaskClient
+from werkzeug.test import TestResponse
 
 from carpool.jobs import Outcome, new_job_id
 from carpool.keys import Keys
@@ -100,18 +101,11 @@ def test_long_poll_returns_as_soon_as_its_job_completes(
     job_id = submit(http)
     notifier = app_state(http).notifier
 
-    def complete_once_polled() -> None:
-        wait_until(lambda: notifier.watching(job_id) == 1
-                   and client.pubsub_numsub(keys.done_channel)[0][1] >= 1,
-                   5.0, "the poll to wait on a subscribed listener")
-        run_queued_jobs(http, queue)
+    def ready() -> bool:
+        return (notifier.watching(job_id) == 1
+                and client.pubsub_numsub(keys.done_channel)[0][1] >= 1)
 
-    worker = threading.Thread(target=complete_once_polled)
-    worker.start()
-    started = time.monotonic()
-    resp = http.get(f"/result/{job_id}?wait=5")
-    elapsed = time.monotonic() - started
-    worker.join(10)
+    resp, elapsed = _poll_while_completing(http, queue, job_id, ready)
     assert resp.get_json()["status"] == "done"
     assert elapsed < WOKEN_WITHIN_S
     assert notifier.watching(job_id) == 0  # the poll unregistered itself
@@ -181,17 +175,13 @@ def test_a_poll_on_a_job_this_process_saw_admitted_never_reads_it(
     reads_before = state.reads.calls.round_trips
     reads_while_waiting: list[int] = []
 
-    def complete_once_polled() -> None:
-        wait_until(lambda: state.notifier.watching(job_id) == 1, 5.0, "the poll to wait")
+    def ready() -> bool:
+        if state.notifier.watching(job_id) != 1:
+            return False
         reads_while_waiting.append(state.reads.calls.round_trips - reads_before)
-        run_queued_jobs(http, queue)
+        return True
 
-    worker = threading.Thread(target=complete_once_polled)
-    worker.start()
-    started = time.monotonic()
-    resp = http.get(f"/result/{job_id}?wait=5")
-    elapsed = time.monotonic() - started
-    worker.join(10)
+    resp, elapsed = _poll_while_completing(http, queue, job_id, ready)
     assert resp.get_json()["status"] == "done" and elapsed < WOKEN_WITHIN_S
     assert reads_while_waiting == [0]  # no read before the end notice...
     # ...and none after it either: the completion pushed its view (carpool/pushed.py).
@@ -234,3 +224,20 @@ def test_a_get_right_after_delete_is_a_404_even_with_the_result_pushed_here(
     wait_until(lambda: state.notifier.pushed_view(job_id) is not None, 5.0, "the push")
     assert http.delete(f"/result/{job_id}").status_code == 200
     assert http.get(f"/result/{job_id}").status_code == 404  # not the pushed view
+
+
+def _poll_while_completing(http: FlaskClient, queue: Queue, job_id: str,
+                           ready: Callable[[], bool]) -> tuple[TestResponse, float]:
+    """Long-poll ``job_id`` while another thread, once ``ready()``, runs the queued
+    jobs as a worker would; the answer and how long the poll took (s)."""
+    def complete_once_ready() -> None:
+        wait_until(ready, 5.0, "the poll to wait")
+        run_queued_jobs(http, queue)
+
+    worker = threading.Thread(target=complete_once_ready)
+    worker.start()
+    started = time.monotonic()
+    resp = http.get(f"/result/{job_id}?wait=5")
+    elapsed = time.monotonic() - started
+    worker.join(10)
+    return resp, elapsed
