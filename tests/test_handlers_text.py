@@ -84,3 +84,31 @@ def test_an_item_longer_than_its_bin_is_refused_rather_than_cut(handler: TextHan
     item = TextItem(torch.ones(30, dtype=torch.int64), truncated=False)
     with pytest.raises(Exception, match="30 tokens; bin 't16' holds 16"):
         handler.collate([item], MINILM.bin_named("t16"))
+
+
+class _Planted:
+    """Unpickling this runs ``os.mkdir(path)``: the proof a pickle was loaded."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_a_model_folder_with_only_pickled_weights_is_refused_unread(tmp_path: Any) -> None:
+    import pickle
+    import shutil
+    from dataclasses import replace
+
+    from worker.handlers.text import model_dir
+
+    folder, marker = tmp_path / "model", tmp_path / "unpickled"
+    shutil.copytree(model_dir(MINILM), folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Planted(str(marker))))
+    spec = replace(MINILM, options={**MINILM.options, "weights": str(folder)})
+    with pytest.raises(OSError):
+        TextHandler(spec, "cpu").load()
+    assert not marker.exists()

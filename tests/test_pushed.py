@@ -97,9 +97,7 @@ def notifier(redis_url: str, keys: Keys, key_prefix: str) -> Iterator[Notifier]:
 
 
 def listening(notifier: Notifier, client: redis.Redis, key_prefix: str) -> list[int]:
-    notifier.pushed_view("none")  # starts this process's listener
-    wait_until(lambda: bool(listener_ids(client, f"pushed-{key_prefix}")), BOUND_S,
-               "a subscription")
+    wait_until(notifier.listening, BOUND_S, "a subscription")  # (starts the listener)
     return listener_ids(client, f"pushed-{key_prefix}")
 
 

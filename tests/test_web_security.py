@@ -110,9 +110,7 @@ def test_without_keys_anyone_with_the_id_reads_the_job(
 def test_the_owner_check_read_is_the_only_read_before_a_pending_jobs_end(
         http: FlaskClient, queue: Queue, client: redis.Redis, keys: Keys) -> None:
     state = app_state(http)
-    with state.notifier.watch("warm-up"):
-        wait_until(lambda: all(n >= 1 for _, n in client.pubsub_numsub(
-            keys.done_channel, keys.admitted_channel)), 5.0, "the listener's subscription")
+    wait_until(state.notifier.listening, 5.0, "the listener's subscription")
     job_id = http.post("/submit", json=job(), headers=as_(ALICE)).get_json()["id"]
     wait_until(lambda: state.notifier.pending() == 1, 5.0, "the admission notice")
     reads = state.reads.calls

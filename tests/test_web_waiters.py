@@ -53,6 +53,7 @@ def subscribed(notifier: Notifier) -> None:
     """Starts the listener and waits for its subscription (which wakes every poll)."""
     with notifier.watch("warm-up") as woken:
         assert woken.wait(BOUND_S), "the first subscription wakes every poll"
+        wait_until(notifier.listening, BOUND_S, "every channel heard")
 
 
 class CountingReader:
@@ -80,7 +81,7 @@ def test_notifier_wakes_only_the_polls_of_the_published_id(
     notifier: Notifier, client: redis.Redis, keys: Keys, listener_name: str
 ) -> None:
     with notifier.watch("job-a") as a, notifier.watch("job-b") as b:
-        wait_until(lambda: bool(listener_ids(client, listener_name)), BOUND_S, "a subscription")
+        wait_until(notifier.listening, BOUND_S, "a subscription")
         a.clear()
         b.clear()  # the first subscribe wakes every poll once, to re-read
         client.publish(keys.done_channel, "job-a")
@@ -99,8 +100,8 @@ def test_notifier_wakes_every_poll_and_resubscribes_when_its_connection_is_kille
         a.clear()
         client.client_kill_filter(_id=str(first))
         assert a.wait(BOUND_S), "a lost subscription must wake its polls to re-read"
-        wait_until(lambda: listener_ids(client, listener_name) not in ([], [first]), BOUND_S,
-                   "a new subscription")
+        wait_until(lambda: listener_ids(client, listener_name) not in ([], [first])
+                   and notifier.listening(), BOUND_S, "a new subscription")
         a.clear()
         client.publish(keys.done_channel, "job-a")
         assert a.wait(BOUND_S)

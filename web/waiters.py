@@ -75,6 +75,7 @@ class _Listener:
         self.done_channel = done_channel
         self.admitted_channel = admitted_channel
         self.results_channel = results_channel
+        self.channels = (done_channel, admitted_channel, results_channel)
         self.views = views
         self.waiters: dict[str, set[threading.Event]] = {}
         #: Ids seen admitted and not seen ended since the subscription, oldest first.
@@ -82,6 +83,9 @@ class _Listener:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.backoff_s = BACKOFF_FIRST_S
+        #: Set once every channel is heard (tests wait on it), cleared when the
+        #: connection goes.
+        self.subscribed = threading.Event()
         self.thread = threading.Thread(target=self.run, name="carpool-notifier", daemon=True)
 
     def add(self, job_id: str, event: threading.Event) -> bool:
@@ -156,8 +160,7 @@ class _Listener:
         try:
             with redis_errors():
                 # One command, one connection: its messages arrive in publish order.
-                pubsub.subscribe(self.done_channel, self.admitted_channel,
-                                 self.results_channel)
+                pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():
                     message = pubsub.get_message(timeout=LISTEN_POLL_S)
                     if message is None:
@@ -171,13 +174,22 @@ class _Listener:
                         else:
                             self.ended(ended_ids(data))
                     elif message["type"] == "subscribe":
-                        # (Re)subscribed (one confirmation per channel, all before any
-                        # message): what was published before now was missed.
-                        self.backoff_s = BACKOFF_FIRST_S
-                        self.views.clear()
-                        self.wake_all()
+                        self.confirmed(int(message["data"]))
         finally:
+            self.subscribed.clear()
             pubsub.close()
+
+    def confirmed(self, channels: int) -> None:
+        """One subscribe confirmation: ``channels`` this connection now hears. A new
+        connection's come first, one per channel, before any message: at the first,
+        what was published before it was missed; after the last, the listener hears
+        everything."""
+        if channels == 1:
+            self.backoff_s = BACKOFF_FIRST_S
+            self.views.clear()
+            self.wake_all()
+        if channels == len(self.channels):
+            self.subscribed.set()
 
 
 class Notifier:
@@ -218,8 +230,8 @@ class Notifier:
     def forget(self, job_id: str) -> None:
         """Drop a pushed view at once in this process (its job was just deleted here);
         the others drop it when the deletion's message reaches them."""
-        listener = self._listener
-        if listener is not None and self._pid == os.getpid():
+        listener = self._running()
+        if listener is not None:
             listener.views.discard([job_id])
 
     def pushed_view(self, job_id: str) -> JobView | None:
@@ -227,18 +239,22 @@ class Notifier:
         first use, so later completions are heard)."""
         return self._current().views.get(job_id)
 
+    def listening(self) -> bool:
+        """True once this process's listener hears every channel (starting it if need be)."""
+        return self._current().subscribed.is_set()
+
     def pending(self) -> int:
         """How many ids this process knows as pending now (tests, debugging)."""
-        listener = self._listener
-        if listener is None or self._pid != os.getpid():
+        listener = self._running()
+        if listener is None:
             return 0
         with listener.lock:
             return len(listener.pending)
 
     def watching(self, job_id: str) -> int:
         """How many polls in this process wait on ``job_id`` now."""
-        listener = self._listener
-        if listener is None or self._pid != os.getpid():
+        listener = self._running()
+        if listener is None:
             return 0
         with listener.lock:
             return len(listener.waiters.get(job_id, ()))
@@ -252,6 +268,11 @@ class Notifier:
             listener.wake_all()
             if listener.thread.is_alive():
                 listener.thread.join(timeout_s)
+
+    def _running(self) -> _Listener | None:
+        """This process's listener if one runs (never one inherited through a fork)."""
+        listener = self._listener
+        return listener if listener is not None and self._pid == os.getpid() else None
 
     def _current(self) -> _Listener:
         pid = os.getpid()

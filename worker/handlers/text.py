@@ -71,7 +71,9 @@ class TextHandler:
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         folder = model_dir(self.spec)
-        model = AutoModel.from_pretrained(str(folder), local_files_only=True)
+        # safetensors only: a pytorch_model.bin is a pickle, never loaded here.
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True,
+                                          use_safetensors=True)
         limit = int(model.config.max_position_embeddings)
         if self.tokenizer.config.max_tokens > limit:
             raise ConfigError(f"model {self.spec.name!r}: max_tokens "
