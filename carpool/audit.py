@@ -2,8 +2,10 @@
 
 A queued job is in exactly one bin, once, and holds no lease; a running job holds
 a lease and is in no bin; a finished job (done, failed, expired, cancelled) is in
-neither. ``snapshot`` reads all of it in one read-only script, so the check holds
-for one instant even while workers run; ``violations`` lists what breaks it.
+neither. A claim does not write its jobs' records (claim.lua), so a running job's
+record says "queued": held by a claim, it must be in no bin; held by none, in one.
+``snapshot`` reads all of it in one read-only script, so the check holds for one
+instant even while workers run; ``violations`` lists what breaks it.
 """
 
 from __future__ import annotations
@@ -68,9 +70,9 @@ def violations(snap: Snapshot, admitted: Iterable[str] = ()) -> list[str]:
     for job_id, status in sorted(snap.status.items()):
         in_bins, leased = placed.get(job_id, 0), job_id in snap.leases
         if status == JobStatus.QUEUED:
-            if in_bins != 1 or leased:
+            if in_bins != (0 if leased else 1):
                 found.append(f"{job_id}: queued, in {in_bins} bin slots, leased={leased}")
-        elif status == JobStatus.RUNNING:
+        elif status == JobStatus.RUNNING:  # written by a version before claims wrote none
             if in_bins or not leased:
                 found.append(f"{job_id}: running, in {in_bins} bin slots, leased={leased}")
         elif in_bins or leased:

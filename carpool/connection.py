@@ -51,10 +51,20 @@ def redis_errors() -> Iterator[None]:
         raise
 
 
+#: A line of a script that stands for the whole of ``carpool/lua/<name>.lua`` (Redis
+#: scripts cannot load each other, so code two scripts share is pasted in at load).
+_INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
+
+
+def script_source(name: str) -> str:
+    """``carpool/lua/<name>.lua`` with its ``--#include`` lines replaced."""
+    source = files("carpool").joinpath("lua", f"{name}.lua").read_text()
+    return _INCLUDE.sub(lambda m: script_source(m.group(1)), source)
+
+
 def load_script(client: redis.Redis, name: str) -> Script:
     """Register ``carpool/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
-    source = files("carpool").joinpath("lua", f"{name}.lua").read_text()
-    return client.register_script(source)
+    return client.register_script(script_source(name))
 
 
 

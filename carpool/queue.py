@@ -27,7 +27,16 @@ from carpool.errors import (
     NotCancellable,
     NotSent,
 )
-from carpool.jobs import Admitted, BinState, Claim, ClaimedJob, JobView, Outcome, view_from_hash
+from carpool.jobs import (
+    Admitted,
+    BinState,
+    Claim,
+    ClaimedJob,
+    JobStatus,
+    JobView,
+    Outcome,
+    view_from_hash,
+)
 from carpool.keys import Keys, shard, shard_of_job
 from carpool.pushed import job_blob
 from carpool.retry_after import (
@@ -49,7 +58,7 @@ CLAIM_SCAN_FACTOR = 4
 
 #: The job hash's fields that ``GET /result`` shows (carpool.jobs.view_from_hash).
 VIEW_FIELDS = ("status", "model", "result", "error", "timings", "batch", "t_admit", "t_claim",
-               "t_done", "owner")
+               "t_done", "owner", "bin")
 
 @dataclass(frozen=True)
 class AdmitRequest:
@@ -60,6 +69,26 @@ class AdmitRequest:
     priority: int = 0
     owner: str = ""
     owner_weight: float = 1.0  # the owner's fair-share weight (the keys file)
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What ``complete_and_peek`` answers: per job, written or refused; and, when bins
+    were peeked, Redis time (ms) and their states, as ``peek`` returns them."""
+
+    written: list[bool]
+    now_ms: int = 0
+    states: list[BinState] | None = None
+
+
+def _bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[BinState]:
+    """peek_bins.lua's four numbers per bin, as ``BinState``s."""
+    states = []
+    for k, bin_name in enumerate(bins):
+        depth, oldest, earliest, admitted = (int(x) for x in reply[4 * k: 4 * k + 4])
+        states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
+                               earliest if earliest > 0 else None, admitted))
+    return states
 
 
 def ended_ids(message: str) -> list[str]:
@@ -205,10 +234,9 @@ class Queue:
                 reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)),
                                                     *(scan[i] for i in positions)])
             now_ms = max(now_ms, int(reply[0]))
-            for k, i in enumerate(positions):
-                depth, oldest, earliest, admitted = (int(x) for x in reply[1 + 4 * k: 5 + 4 * k])
-                states[i] = BinState(model, bins[i][1], depth, oldest if oldest >= 0 else None,
-                                     earliest if earliest > 0 else None, admitted)
+            for i, state in zip(positions, _bin_states(model, [bins[i][1] for i in positions],
+                                                       reply[1:]), strict=True):
+                states[i] = state
         return now_ms, [st for st in states if st is not None]
 
     def claim(
@@ -238,6 +266,15 @@ class Queue:
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
     ) -> list[bool]:
         """Write each outcome once; False where the lease was lost (the write is refused)."""
+        return self.complete_and_peek(model, claim, outcomes, batch).written
+
+    def complete_and_peek(
+        self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
+        batch: dict[str, Any], peek: Sequence[str] = (), scan: Sequence[int] = (),
+    ) -> Completed:
+        """``complete``, and then, in the same script call, the state of the model's bins
+        named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
+        worker decides its next batch from, without a round trip of its own."""
         tag = shard(model.name)
         per_job: list[Any] = []
         lines: list[str] = []  # the pushed views, one argument: the script keeps it whole
@@ -253,12 +290,18 @@ class Queue:
                         len(blob.encode())]
         args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                            model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
-                           self.keys.results_channel, "\n".join(lines), *per_job]
+                           self.keys.results_channel, "\n".join(lines), *per_job, *scan]
         keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
-                self.keys.claim(tag, claim.token)]
+                self.keys.claim(tag, claim.token),
+                *(self.keys.bin(model.name, b) for b in peek),
+                *(self.keys.stats(model.name, b) for b in peek)]
         with redis_errors():
             reply = self._complete(keys=keys, args=args)
-        return [bool(x) for x in reply]
+        n = len(outcomes)
+        written = [bool(x) for x in reply[:n]]
+        if not peek:
+            return Completed(written)
+        return Completed(written, int(reply[n]), _bin_states(model.name, peek, reply[n + 1:]))
 
     def cancel(self, job_id: str, result_ttl_s: int) -> str:
         """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
@@ -289,11 +332,33 @@ class Queue:
                 for job_id in job_ids:
                     pipe.hmget(self.keys.job(job_id), VIEW_FIELDS)
                 rows = pipe.execute()
-        views: list[JobView | None] = []
-        for job_id, row in zip(job_ids, rows, strict=True):
-            h = {k: str(v) for k, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
-            views.append(view_from_hash(job_id, h) if "status" in h else None)
-        return views
+        hashes = [{k: str(v) for k, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
+                  for row in rows]
+        self._tell_running(job_ids, hashes)
+        return [view_from_hash(job_id, h) if "status" in h else None
+                for job_id, h in zip(job_ids, hashes, strict=True)]
+
+    def _tell_running(self, job_ids: Sequence[str], hashes: list[dict[str, str]]) -> None:
+        """A claim writes nothing to its jobs' records (claim.lua), so a "queued" record
+        may be running: it is when its id is no longer in its bin. One more round trip,
+        for unfinished jobs only: the bin's score, then the record again (in that order,
+        so a job claimed and finished in between reads as finished, never running)."""
+        queued = [i for i, h in enumerate(hashes) if h.get("status") == JobStatus.QUEUED]
+        if not queued:
+            return
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for i in queued:
+                h = hashes[i]
+                pipe.zscore(self.keys.bin(h.get("model", ""), h.get("bin", "")), job_ids[i])
+                pipe.hmget(self.keys.job(job_ids[i]), VIEW_FIELDS)
+            replies = pipe.execute()
+        for k, i in enumerate(queued):
+            score, row = replies[2 * k], replies[2 * k + 1]
+            h = {f: str(v) for f, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
+            if h.get("status") == JobStatus.QUEUED and score is None:
+                h["status"] = JobStatus.RUNNING.value
+            hashes[i] = h
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         with redis_errors():

@@ -26,7 +26,7 @@ import redis
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec
 from carpool.jobs import JobStatus, new_job_id
-from carpool.keys import Keys
+from carpool.keys import Keys, shard_of_job
 from carpool.queue import Queue, ended_ids
 from tests.procs import REPO_ROOT, worker_command
 
@@ -83,6 +83,21 @@ def admit_jobs(queue: Queue, spec: ModelSpec, values: Iterable[Any], size: int =
     return [queue.admit(spec, bin_spec, new_job_id(spec.name),
                         json.dumps({"value": v, "size": size}),
                         queued_ttl_s=ttl_s).id for v in values]
+
+
+def attempts_of(queue: Queue, job_id: str) -> int:
+    """Runs a job has started: while a claim holds it, the claim's count (claim.lua
+    writes none to the record); else the record's; a finished record without one
+    ran once (complete.lua), a queued one never."""
+    tag = shard_of_job(job_id)
+    for token in queue.client.zrange(queue.keys.leases(tag), 0, -1):
+        held = queue.client.hget(queue.keys.claim(tag, token), job_id)
+        if held:
+            return int(held)
+    status, count = queue.client.hmget(queue.keys.job(job_id), "status", "attempts")
+    if count:
+        return int(count)
+    return 1 if status in (JobStatus.DONE, JobStatus.FAILED) else 0
 
 
 def statuses(queue: Queue, ids: Iterable[str]) -> dict[str, JobStatus | None]:

@@ -30,6 +30,7 @@ from tests.faults import (
     admit_jobs,
     all_final,
     assert_one_place,
+    attempts_of,
     record,
     spawn_worker,
     stop_process,
@@ -60,10 +61,8 @@ def worker_env(server: RedisProc, prefix: str, **extra: str) -> dict[str, str]:
 
 
 def status_counts(fq: Queue, ids: Iterable[str]) -> Counter[str | None]:
-    pipe = fq.client.pipeline(transaction=False)
-    for i in ids:
-        pipe.hget(fq.keys.job(i), "status")
-    return Counter(pipe.execute())
+    # Views, not the records' field: a claimed job's record still says "queued".
+    return Counter(v.status if v else None for v in fq.get_many(list(ids)))
 
 
 def some_done_some_running(fq: Queue, ids: list[str]) -> bool:
@@ -75,7 +74,7 @@ def assert_each_done_once(fq: Queue, ids: list[str], *, once: bool = True) -> No
     """Done with the right result, in one place; computed by one claim only if ``once``."""
     views = [fq.get(i) for i in ids]
     assert Counter(v.status if v else None for v in views) == {JobStatus.DONE: len(ids)}
-    attempts = Counter(int(fq.client.hget(fq.keys.job(i), "attempts") or 0) for i in ids)
+    attempts = Counter(attempts_of(fq, i) for i in ids)
     if once:
         assert attempts == {1: len(ids)}  # nothing re-ran (a re-run would be a suspect)
     first = views[0]
@@ -100,7 +99,7 @@ def test_redis_killed_with_a_batch_in_flight_then_restarted_every_job_done_once(
                        "every job to be done after the restart")
             done_s = clock.s()
         assert_each_done_once(fq, ids, once=fsync == "always")
-        again = sum(int(fq.client.hget(fq.keys.job(i), "attempts") or 0) > 1 for i in ids)
+        again = sum(attempts_of(fq, i) > 1 for i in ids)
     record(f"Redis kill -9 (AOF {fsync}) with a batch in flight, then restarted",
            jobs=JOBS, lease_ms=LEASE_MS, last_done_after_restart_s=done_s, recomputed=again)
 

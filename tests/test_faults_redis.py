@@ -72,7 +72,7 @@ def test_redis_killed_with_jobs_queued_and_leased_loses_nothing_and_web_answers_
                for i in range(60)]
 
         def leased_and_queued() -> bool:
-            states = Counter(fq.client.hget(fq.keys.job(i), "status") for i in ids)
+            states = Counter(v.status if v else None for v in fq.get_many(ids))
             return states["running"] > 0 and states["queued"] > 0
 
         wait_until(leased_and_queued, 30, "some jobs leased and some queued")

@@ -28,6 +28,7 @@ from tests.faults import (
     admit_jobs,
     all_final,
     assert_one_place,
+    attempts_of,
     record,
     spawn_worker,
     statuses,
@@ -96,7 +97,7 @@ def check_results(q: Queue, ids: list[str], values: list[object]) -> list[str]:
 
 
 def attempts(q: Queue, job_id: str) -> int:
-    return int(q.client.hget(q.keys.job(job_id), "attempts") or 0)
+    return attempts_of(q, job_id)
 
 
 def test_killed_worker_jobs_complete_exactly_once_within_the_lease_plus_a_bound(

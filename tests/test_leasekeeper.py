@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from carpool.audit import snapshot
 from carpool.catalogue import load_catalogue
 from carpool.jobs import Claim, JobStatus
-from carpool.keys import shard_of_job
 from carpool.leases import Leases
 from carpool.queue import Queue
 from carpool.settings import Settings, load_settings
@@ -41,10 +41,8 @@ def worker_settings(redis_url: str, key_prefix: str) -> Settings:
 
 def lease_deadline(queue: Queue, job: str) -> float | None:
     """The deadline of the lease of the claim that holds ``job`` (one per claim)."""
-    token = queue.client.hget(queue.keys.job(job), "lease")
-    if not token:
-        return None
-    return queue.client.zscore(queue.keys.leases(shard_of_job(job)), token)
+    deadline = snapshot(queue.client, queue.keys, [synthetic().name]).leases.get(job)
+    return None if deadline is None else float(deadline)
 
 
 def report_for(claim: Claim) -> BatchReport:

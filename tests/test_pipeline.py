@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
@@ -122,3 +123,27 @@ def test_the_loop_ends_a_job_queued_longer_than_its_queued_ttl(
     serve_until_final(loop, queue, [old, new])
     views = [queue.get(old), queue.get(new)]
     assert [v.status for v in views if v] == [JobStatus.EXPIRED, JobStatus.DONE]
+
+
+def test_a_worker_serving_one_model_decides_between_batches_without_a_peek(
+        settings: Settings, queue: Queue) -> None:
+    """Each completion answers its model's bin states (complete.lua), so once two
+    batches are in flight the loop decides from those: no peek round trip of its own."""
+    ids = admit_small(queue, 5 * 32)
+    executor = PipelinedExecutor(depth=2, preprocess_threads=2)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
+                     "w-test", executor=executor)
+    peeks: list[int] = []
+    real_peek = queue.peek
+
+    def counted_peek(*args: Any, **kwargs: Any) -> Any:
+        peeks.append(1)
+        return real_peek(*args, **kwargs)
+
+    queue.peek = counted_peek  # type: ignore[method-assign]
+    serve_until_final(loop, queue, ids)
+    executor.close()
+    assert loop.batches == 5
+    # The first two claims fill the pipeline, each after a peek; a wait on a batch
+    # that outlasted its bound would cost one more.
+    assert len(peeks) <= 3, f"{len(peeks)} peeks for {loop.batches} batches"

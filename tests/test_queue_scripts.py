@@ -12,6 +12,7 @@ from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.jobs import JobStatus, Outcome, new_job_id
+from carpool.keys import shard_of_job
 from carpool.queue import AdmitRequest, Queue, ended_ids
 
 TTL_S = 60
@@ -220,6 +221,51 @@ def test_peek_reports_depth_and_oldest_admission(queue: Queue) -> None:
     assert (large.depth, large.oldest_admit_ms) == (0, None)
     assert now_ms >= admitted_ms
 
+
+
+def test_a_claim_writes_nothing_to_its_jobs_records_and_a_read_says_running(
+        queue: Queue) -> None:
+    spec = synthetic()
+    job, waiting = admit(queue, spec), admit(queue, spec)
+    before = queue.client.hgetall(queue.keys.job(job))
+    claim = queue.claim(spec, "small", 1, lease_ms=5000, token="t", worker="w")
+    assert [j.id for j in claim.jobs] == [job]
+    assert queue.client.hgetall(queue.keys.job(job)) == before  # still says "queued"
+    # The attempt is counted in the claim hash, not in the record.
+    assert queue.client.hget(queue.keys.claim(shard_of_job(job), "t"), job) == "1"
+    views = queue.get_many([job, waiting])
+    assert [v.status if v else None for v in views] == [JobStatus.RUNNING, JobStatus.QUEUED]
+
+
+def test_a_finished_record_carries_its_attempt_count_only_past_the_first(
+        queue: Queue) -> None:
+    spec = synthetic()
+    first, again = admit(queue, spec), admit(queue, spec)
+    queue.client.hset(queue.keys.job(again), "attempts", 1)  # it was lost once before
+    claim = queue.claim(spec, "small", 2, lease_ms=5000, token="t", worker="w")
+    assert [j.attempts for j in claim.jobs] == [1, 2]
+    queue.complete(spec, claim, [Outcome(j.id, result={}) for j in claim.jobs],
+                   {"size": 2, "bin": "small", "worker": "w"})
+    assert queue.client.hmget(queue.keys.job(first), "attempts", "worker", "lease") == [
+        None, None, None]  # ran once; the worker is in "batch"
+    assert queue.client.hget(queue.keys.job(again), "attempts") == "2"
+
+
+def test_a_completion_answers_the_same_bin_states_as_a_peek_after_it(queue: Queue) -> None:
+    spec = synthetic(max_batch=4)
+    for value in range(6):
+        admit(queue, spec, value=value)
+    admit(queue, spec, size=500, deadline_ms=9000)  # the large bin
+    claim = queue.claim(spec, "small", 4, lease_ms=5000, token="t", worker="w")
+    done = queue.complete_and_peek(spec, claim, [Outcome(j.id, result={}) for j in claim.jobs],
+                                   {"size": 4, "bin": "small", "worker": "w"},
+                                   peek=["small", "large"], scan=[4, 4])
+    now_ms, states = queue.peek([("synthetic", "small"), ("synthetic", "large")], scan=[4, 4])
+    assert done.written == [True] * 4
+    assert done.states == states
+    assert [s.depth for s in states] == [2, 1] and states[1].earliest_deadline_ms
+    assert claim.now_ms <= done.now_ms <= now_ms
+    assert queue.complete_and_peek(spec, claim, [], {}).states is None  # none asked
 
 
 def claimed_values(q: Queue, spec: ModelSpec, n: int = 100) -> list[object]:

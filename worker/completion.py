@@ -14,18 +14,19 @@ lease keeper hands its jobs back, or, with Redis away, lets the lease lapse.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from carpool.catalogue import ModelSpec
 from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable, CarpoolError
 from carpool.jobs import Claim, Outcome
-from carpool.queue import Queue
+from carpool.queue import Completed, Queue
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,16 @@ class CompletionWriter:
     retries: int = field(default=0, init=False)
 
     def write(self, spec: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
-              batch: dict[str, Any], started_s: float) -> list[bool]:
-        """Per job: True written, False refused (lease lost). Raises ``GaveUp``."""
+              batch: dict[str, Any], started_s: float, peek: Sequence[str] = (),
+              scan: Sequence[int] = ()) -> Completed:
+        """Per job: True written, False refused (lease lost); with ``peek``, the state
+        of those bins of the model right after (``Queue.complete_and_peek``). Raises
+        ``GaveUp``."""
         backoff_s = RETRY_MIN_S
         first_failure_s: float | None = None
         while True:
             try:
-                written = self.queue.complete(spec, claim, outcomes, batch)
+                done = self.queue.complete_and_peek(spec, claim, outcomes, batch, peek, scan)
             except BackendUnavailable as exc:
                 now_s = self.clock()
                 if first_failure_s is None:
@@ -79,27 +83,37 @@ class CompletionWriter:
                 backoff_s = min(RETRY_MAX_S, backoff_s * 2)
                 continue
             if first_failure_s is not None:
-                written = self._count_lost_replies(claim, written)
+                done = replace(done, written=self._count_lost_replies(claim, done.written))
                 log.warning("results of %s written after Redis was away %.1f s", claim.token,
                             self.clock() - first_failure_s)
-            return written
+            return done
 
     def _count_lost_replies(self, claim: Claim, written: list[bool]) -> list[bool]:
         """A try whose reply was lost (a timeout, a dropped connection) may have written
         the results after all; the retry then finds the leases ended and is refused.
-        Such a job ended under this very claim: its record still names this worker and
-        this claim's time. Those count as written (metrics, logs); the rest were lost."""
+        Such a job ended under this very claim: its record still names this worker (in
+        its batch) and this claim's time. Those count as written (metrics, logs); the
+        rest were lost."""
         refused = [j.id for j, ok in zip(claim.jobs, written, strict=True) if not ok]
         if not refused:
             return written
         pipe = self.queue.client.pipeline(transaction=False)
         for job_id in refused:
-            pipe.hmget(self.queue.keys.job(job_id), "status", "worker", "t_claim")
+            pipe.hmget(self.queue.keys.job(job_id), "status", "batch", "t_claim")
         try:
             with redis_errors():
                 records = pipe.execute()
         except BackendUnavailable:
             return written  # only the counts are at stake
-        ours = {job_id for job_id, (status, worker, t_claim) in zip(refused, records, strict=True)
-                if status in _FINAL and worker == self.worker and t_claim == str(claim.now_ms)}
+        ours = {job_id for job_id, (status, batch, t_claim) in zip(refused, records, strict=True)
+                if status in _FINAL and t_claim == str(claim.now_ms)
+                and _batch_worker(batch) == self.worker}
         return [ok or j.id in ours for j, ok in zip(claim.jobs, written, strict=True)]
+
+
+def _batch_worker(batch: str | None) -> str | None:
+    """The worker a finished record's batch names (complete.lua writes it there)."""
+    try:
+        return str(json.loads(batch)["worker"]) if batch else None
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from carpool.batching import Cost, Go, Limits, Wait
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim, Outcome
+from carpool.jobs import BinState, Claim, Outcome
 from carpool.queue import Queue
-from carpool.scheduler import Scheduler
+from carpool.scheduler import BinKey, Scheduler
 from carpool.settings import Settings
 from worker.completion import CompletionWriter, GaveUp
 from worker.executors.base import BatchExecutor
@@ -72,6 +72,10 @@ class BatchLoop:
     _last_finished: float = 0.0  # perf_counter when the last batch was completed
     #: Writes each batch's results, retrying while Redis is away (worker/completion.py).
     writer: CompletionWriter = field(init=False)
+    #: Redis time and the states of the bins the last completion peeked (its model's),
+    #: for the very next decision only: a worker serving one model then makes no peek
+    #: round trip of its own between batches.
+    _peeked: tuple[int, list[BinState]] | None = None
 
     def __post_init__(self) -> None:
         self.writer = CompletionWriter(self.queue, self._stop,
@@ -140,13 +144,26 @@ class BatchLoop:
 
     def step(self) -> None:
         """One decision: run a batch, or block until something may be due."""
-        bins = self.scheduler.bins
-        now_ms, states = self.queue.peek(bins, self.scheduler.scan_sizes(bins))
+        now_ms, states = self._states(self.scheduler.bins)
         decision = self.scheduler.decide(now_ms, states)
         if isinstance(decision, Go):
             self.run_one(decision)
         else:
             self.block(decision, now_ms)
+
+    def _states(self, bins: list[BinKey]) -> tuple[int, list[BinState]]:
+        """Redis time and the state of ``bins``: those the last completion peeked, if it
+        was the last thing done (a wait since would make them stale), and a peek of the
+        rest."""
+        peeked, self._peeked = self._peeked, None
+        known = {(st.model, st.bin): st for st in peeked[1]} if peeked else {}
+        rest = [key for key in bins if key not in known]
+        now_ms = peeked[0] if peeked else 0
+        if rest:
+            peek_ms, states = self.queue.peek(rest, self.scheduler.scan_sizes(rest))
+            now_ms = max(now_ms, peek_ms)
+            known.update({(st.model, st.bin): st for st in states})
+        return now_ms, [known[key] for key in bins if key in known]
 
     def block(self, decision: Wait, now_ms: int) -> None:
         wait_s = MAX_BLOCK_S
@@ -226,7 +243,12 @@ class BatchLoop:
         spec = self.handlers[claim.model].spec
         outcomes = flight.outcomes.result()
         batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
-        written = self.writer.write(spec, claim, outcomes, batch, flight.started)
+        peek = [key for key in self.scheduler.bins if key[0] == claim.model]
+        done = self.writer.write(spec, claim, outcomes, batch, flight.started,
+                                 peek=[b for _, b in peek], scan=self.scheduler.scan_sizes(peek))
+        if done.states is not None:
+            self._peeked = (done.now_ms, done.states)
+        written = done.written
         now = time.perf_counter()
         service_start = max(flight.started, self._last_finished)
         self._last_finished = now

@@ -19,6 +19,12 @@ local status = job[1]
 if not status then
   return "missing"
 end
+-- A claimed job's record still says "queued" (claim.lua writes none): it is running
+-- when it is no longer in its bin. ZREM first: it is the check and the cancel's first
+-- write at once (never refused for memory, so a full Redis still cancels).
+if status == "queued" and redis.call("ZREM", ARGV[2] .. job[2] .. ":" .. job[3], ARGV[1]) == 0 then
+  status = "running"
+end
 if status ~= "running" and job[4] then
   local prior = redis.call("GET", job[4])
   if prior and string.sub(prior, 1, #ARGV[1] + 1) == ARGV[1] .. " " then
@@ -39,7 +45,6 @@ if status == "queued" then
     end
   end
   -- <<< byte budget
-  redis.call("ZREM", ARGV[2] .. job[2] .. ":" .. job[3], ARGV[1])
   local t = redis.call("TIME")
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call("HSET", KEYS[1], "status", "cancelled", "t_done", now_ms,

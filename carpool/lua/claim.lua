@@ -12,16 +12,21 @@
 -- KEYS[3]  the model's byte-budget hash {p.s}:bytes:<model> (admit.lua): each input
 --          taken off the bin leaves its count, and its API key's
 --          ({p.s}:bytes:<model>:<owner>, same slot)
--- KEYS[4]  the claim hash {p.s}:claim:<token>: the ids it leases ("1" each), its time
---          ("t") and worker ("w"); renew, release, reap and complete act on it, once per
---          claim rather than once per job
+-- KEYS[4]  the claim hash {p.s}:claim:<token>: the ids it leases, each with its attempt
+--          count as of this claim, its time ("t") and worker ("w"); renew, release, reap
+--          and complete act on it, once per claim rather than once per job
 --
 -- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, id_2, ...}, most
 -- urgent first. Ids whose record is gone are dropped; jobs whose deadline has passed,
 -- or queued longer than ARGV[9], end "expired" here, are never computed, and their
 -- places go to the next jobs: `expired` counts them, so the worker that decided it
--- counts each expiry once (carpool_jobs_expired_total). Per job: one HMGET and one HSET; per claim: one HSET
--- of the claim hash and one ZADD of its token into the leases zset.
+-- counts each expiry once (carpool_jobs_expired_total). Per job: one HMGET; per claim: one
+-- HSET of the claim hash and one ZADD of its token into the leases zset.
+--
+-- A claimed job's record is not written: it still says "queued", and the claim hash
+-- holding it (out of its bin) is what makes it running. Readers tell the two apart by
+-- its bin (carpool/queue.py); its attempt count lives in the claim hash until the
+-- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -77,11 +82,10 @@ while live < max_n and budget > 0 do
           attempts = (tonumber(job[4]) or 0) + 1
           attempts_s = string.format("%d", attempts)
         end
-        -- The worker and the claim time are the claim's (its hash: "w", "t"), written
-        -- into the record once it ends (complete.lua, reap.lua), not once per job here.
-        redis.call("HSET", key, "status", "running", "lease", ARGV[3], "attempts", attempts_s)
+        -- Nothing is written to the record (a write per job is most of a claim's
+        -- cost): the worker, the claim time and the attempt count are the claim's.
         held[#held + 1] = id
-        held[#held + 1] = "1"
+        held[#held + 1] = attempts_s
         out[#out + 1] = id
         out[#out + 1] = job[2]
         out[#out + 1] = job[3]

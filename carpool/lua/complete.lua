@@ -14,31 +14,43 @@
 -- then per job, 5 values: id, status ("done" | "failed"), payload, timings JSON, and
 --   the byte length of its line in ARGV[8] (0: not pushed)
 --   (payload: the result JSON when done, the error message when failed)
+-- KEYS[4..3+n], KEYS[4+n..3+2n] (optional) bin zsets and their stats hashes of this
+--   model to peek after the write, as peek.lua does; then the last n ARGV are their
+--   max_batch: the worker decides its next batch from this reply, without a peek's
+--   round trip of its own
 --
--- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time and
--- worker: one HMGET for the batch. Per job: one HSET (which also blanks the input and
--- the lease, and writes the claim's time and worker) and one EXPIRE;
+-- The claim hash (KEYS[3]) says which jobs the claim still holds, with their attempt
+-- counts, and its time: one HMGET for the batch. Per job: one HSET (which also blanks
+-- the input, and writes the claim's time, and the attempt count when it is not the
+-- first: a finished record without one ran once) and one EXPIRE;
 -- the claim loses the written ids in one HDEL, its token leaves the leases zset with its
 -- last job, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
--- worker therefore cannot overwrite a result.
+-- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
+-- states (peek_bins.lua).
+--#include peek_bins
 redis.replicate_commands()
+
+local npeek = (#KEYS - 3) / 2
+local jobs_end = #ARGV - npeek  -- the last per-job argument
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
-local asked = {"t", "w"}  -- the claim's time and worker, then its jobs
-for i = 9, #ARGV, 5 do asked[#asked + 1] = ARGV[i] end
+local asked = {"t"}  -- the claim's time, then its jobs
+for i = 9, jobs_end, 5 do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
-for k = 3, #held do
+local attempts = {}  -- ARGV index -> the job's attempt count (claim.lua)
+for k = 2, #held do
   if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = 9 + (k - 3) * 5
+    ours[#ours + 1] = 9 + (k - 2) * 5
+    attempts[9 + (k - 2) * 5] = held[k]
   else
     out[#out + 1] = 0
   end
@@ -78,14 +90,21 @@ if written + #dropped > 0 then
   end
 end
 if written > 0 then
-  local worker, t_claim = held[2] or "", held[1] or now_s  -- claim.lua left them here
+  local t_claim = held[1] or now_s  -- claim.lua left it here
+  -- The worker is in the batch JSON; every field is paid per job (its argument, its
+  -- listpack entry, its line in the AOF), so none is written twice.
   for _, i in ipairs(ours) do
     local key = ARGV[2] .. ARGV[i]
     local field = "result"
     if ARGV[i + 1] == "failed" then field = "error" end
-    redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings", ARGV[i + 3],
-      "batch", ARGV[5], "t_done", now_s, "input", "", "lease", "", "worker", worker,
-      "t_claim", t_claim)
+    if attempts[i] == "1" then
+      redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings",
+        ARGV[i + 3], "batch", ARGV[5], "t_done", now_s, "input", "", "t_claim", t_claim)
+    else
+      redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings",
+        ARGV[i + 3], "batch", ARGV[5], "t_done", now_s, "input", "", "t_claim", t_claim,
+        "attempts", attempts[i])
+    end
     redis.call("EXPIRE", key, ARGV[4])
   end
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
@@ -96,7 +115,7 @@ if written > 0 then
   if written < #out and pushed ~= "" then  -- only the lines of the jobs written
     local mine, lines, at = {}, {}, 1
     for _, i in ipairs(ours) do mine[i] = true end
-    for i = 9, #ARGV, 5 do
+    for i = 9, jobs_end, 5 do
       local len = tonumber(ARGV[i + 4])
       if len > 0 then
         if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
@@ -125,5 +144,13 @@ if written > 0 then
   redis.call("HSET", KEYS[2], "last_batch_ms", now_ms, "rate_t", now_ms,
     "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms,
     "busy_c", string.format("%.3f", busy))
+end
+if npeek > 0 then
+  local bins, stats = {}, {}
+  for i = 1, npeek do
+    bins[i], stats[i] = KEYS[3 + i], KEYS[3 + npeek + i]
+  end
+  out[#out + 1] = now_ms
+  peek_bins(bins, stats, {unpack(ARGV, jobs_end + 1)}, ARGV[2], now_ms, out)
 end
 return out

@@ -12,13 +12,13 @@
 -- ARGV[9]  result_ttl_s for a model not listed  ARGV[10] claim key prefix "{p.s}:claim:"
 -- ARGV[11..] pairs: model, result_ttl_s
 --
--- Each expired claim's hash (claim.lua) names the jobs it still held. A job under
--- max_attempts goes back into its bin zset under the score admit.lua stored in its
--- record (so at its old place: usually the front, as it was among the most urgent; a
--- record without a score goes to the very front), status "queued", lease cleared, and
--- its model's workers are woken. A job at max_attempts (claim.lua counts them) ends
--- "failed" with a reason and its id goes on the dead list. Bin, job, claim and wake
--- keys are built from prefixes (same slot).
+-- Each expired claim's hash (claim.lua) names the jobs it still held, with their attempt
+-- counts. A job under max_attempts goes back into its bin zset under the score admit.lua
+-- stored in its record (so at its old place: usually the front, as it was among the most
+-- urgent; a record without a score goes to the very front), its record keeps the
+-- attempt (its status is still "queued": a claim does not write it), and its model's
+-- workers are woken. A job at max_attempts ends "failed" with a reason and its id goes
+-- on the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
 --
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
@@ -50,15 +50,15 @@ for _, token in ipairs(tokens) do
     local id = fields[f]
     if id ~= "t" and id ~= "w" then
       local key = ARGV[3] .. id
-      local job = redis.call("HMGET", key, "status", "model", "bin", "attempts", "score",
-        "lease")
-      if job[1] ~= "running" or job[6] ~= token then
+      local job = redis.call("HMGET", key, "status", "model", "bin", "score")
+      local attempts = fields[f + 1]  -- this claim's count (claim.lua)
+      if job[1] ~= "queued" then  -- its record ended or is gone: the claim held it no more
         dropped = dropped + 1
-      elseif (tonumber(job[4]) or 0) >= max_attempts then
-        redis.call("HDEL", key, "input", "lease")
-        redis.call("HSET", key, "status", "failed", "t_done", now_ms,
+      elseif (tonumber(attempts) or 0) >= max_attempts then
+        redis.call("HDEL", key, "input")
+        redis.call("HSET", key, "status", "failed", "t_done", now_ms, "attempts", attempts,
           "worker", claimed.w or "?", "t_claim", claimed.t or now_ms,
-          "error", "worker lost " .. job[4] .. " times (last: " .. (claimed.w or "?") ..
+          "error", "worker lost " .. attempts .. " times (last: " .. (claimed.w or "?") ..
           "); the input may crash workers")
         redis.call("EXPIRE", key, ttl[job[2]] or ARGV[9])
         redis.call("PUBLISH", ARGV[6], id)
@@ -66,9 +66,8 @@ for _, token in ipairs(tokens) do
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
         failed = failed + 1
       else
-        redis.call("HDEL", key, "lease")
-        redis.call("HSET", key, "status", "queued")
-        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[5] or 0, id)
+        redis.call("HSET", key, "attempts", attempts)
+        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[4] or 0, id)
         woken[ARGV[5] .. job[2]] = job[3]
         requeued = requeued + 1
       end

@@ -17,7 +17,7 @@ redis.replicate_commands()
 
 local out = {}
 if #ARGV < 7 then return out end
-local held = redis.call("HMGET", KEYS[2], unpack(ARGV, 7))
+local held = redis.call("HMGET", KEYS[2], unpack(ARGV, 7))  -- each one's attempt count
 local back = {}
 for i = 7, #ARGV do
   if held[i - 6] then back[#back + 1] = ARGV[i] end
@@ -36,10 +36,10 @@ for i = 7, #ARGV do
   local key = ARGV[2] .. id
   local job = held[i - 6] and redis.call("HMGET", key, "model", "bin", "score") or {}
   if job[1] then  -- held, and its record is there
-    redis.call("HDEL", key, "lease")
-    redis.call("HSET", key, "status", "queued")
-    if ARGV[6] == "1" then
-      redis.call("HINCRBY", key, "attempts", -1)
+    -- Its record still says "queued" with the attempts before this claim (claim.lua
+    -- writes neither): a refund leaves it so; else it keeps this claim's count.
+    if ARGV[6] ~= "1" then
+      redis.call("HSET", key, "attempts", held[i - 6])
     end
     redis.call("ZADD", ARGV[3] .. job[1] .. ":" .. job[2], job[3] or 0, id)
     woken[ARGV[4] .. job[1]] = job[2]
