@@ -10,10 +10,12 @@ from worker.hooks import BatchReport
 
 class Recorder:
     """Each hook call as ``(hook, claim, report)``; hook is "claimed", "expired",
-    "finished", "failed" or "unanswered"; report is None but for "finished"."""
+    "finished", "failed" or "unanswered"; report is None but for "finished".
+    ``on_idle``, which has no claim, is counted apart (``idles``)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Claim, BatchReport | None]] = []
+        self.idles = 0
         self._lock = threading.Lock()
 
     def _add(self, hook: str, claim: Claim, report: BatchReport | None = None) -> None:
@@ -34,6 +36,10 @@ class Recorder:
 
     def on_unanswered(self, claim: Claim) -> None:
         self._add("unanswered", claim)
+
+    def on_idle(self) -> None:
+        with self._lock:
+            self.idles += 1
 
     def hooks(self) -> list[str]:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Flower's batch events on a real Redis broker: one message per batch, not three."""
+"""Flower's batch events on a real Redis broker: a busy worker's batches share one
+message a second, not three each; an idle worker's go at once."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def report(failed: int = 0) -> BatchReport:
     return BatchReport("synthetic", "small", 1, failed, 0, 0.01, 1.0, [0])
 
 
-def test_fast_batches_send_one_message_each_with_all_three_events(
+def test_batches_finished_within_a_second_go_as_one_message(
         events: tuple[FlowerBatchEvents, list[float]], messages: redis.client.PubSub,
         hostname: str) -> None:
     hooks, now = events
@@ -71,10 +72,55 @@ def test_fast_batches_send_one_message_each_with_all_three_events(
         now[0] += 0.01
         hooks.on_claimed(batch(f"t{i}"))
         hooks.on_finished(batch(f"t{i}"), report(failed=1 if i == 3 else 0))
-    assert sent(messages, hostname) == [
-        ["task-received", "task-started"], ["task-succeeded"],
-        *[["task-received", "task-started", "task-succeeded"]] * 2,
-        ["task-received", "task-started", "task-failed"]]
+    assert sent(messages, hostname) == [["task-received", "task-started"]]
+    hooks.on_idle()  # the worker has nothing left to do: all of it, in one message
+    assert sent(messages, hostname) == [[
+        "task-succeeded",
+        *["task-received", "task-started", "task-succeeded"] * 2,
+        "task-received", "task-started", "task-failed"]]
+
+
+def test_a_batch_ending_once_the_oldest_unsent_event_is_a_second_old_goes_at_once(
+        events: tuple[FlowerBatchEvents, list[float]], messages: redis.client.PubSub,
+        hostname: str) -> None:
+    hooks, now = events
+    hooks.on_claimed(batch("a"))
+    hooks.on_finished(batch("a"), report())
+    hooks.on_idle()
+    assert len(sent(messages, hostname)) == 2  # [received, started], [succeeded]
+    # Times in binary fractions of a second, so that the sums are exact.
+    now[0] += 0.25
+    hooks.on_claimed(batch("b"))  # buffered: a message went 0.25 s ago
+    now[0] += 0.25
+    hooks.on_claimed(batch("c"))  # two in flight
+    now[0] += 0.5
+    # A second since the last message, but the oldest unsent event (b's claim) is
+    # 0.75 s old.
+    hooks.on_finished(batch("b"), report())
+    assert sent(messages, hostname) == []
+    now[0] += FLUSH_EVERY_S - 0.75
+    hooks.on_finished(batch("c"), report())  # b's claim is a second old: all go now
+    assert sent(messages, hostname) == [["task-received", "task-started"] * 2
+                                        + ["task-succeeded"] * 2]
+
+
+def test_idle_sends_what_is_buffered_and_nothing_when_nothing_is(
+        events: tuple[FlowerBatchEvents, list[float]], messages: redis.client.PubSub,
+        hostname: str) -> None:
+    hooks, now = events
+    hooks.on_idle()  # before any event: no dispatcher, no message
+    hooks.on_claimed(batch("a"))
+    now[0] += 0.1
+    hooks.on_claimed(batch("b"))
+    hooks.on_finished(batch("a"), report())
+    hooks.on_finished(batch("b"), report())
+    assert sent(messages, hostname) == [["task-received", "task-started"]]
+    hooks.on_idle()
+    assert sent(messages, hostname) == [["task-received", "task-started", "task-succeeded",
+                                         "task-succeeded"]]
+    hooks.on_idle()  # an idle worker calls it every second: an empty buffer sends nothing
+    hooks.on_idle()
+    assert sent(messages, hostname) == []
 
 
 def test_a_batch_claimed_after_a_quiet_second_shows_as_started_before_it_ends(
@@ -85,11 +131,40 @@ def test_a_batch_claimed_after_a_quiet_second_shows_as_started_before_it_ends(
     hooks.on_finished(batch("a"), report())
     now[0] += 0.1
     hooks.on_claimed(batch("b"))  # buffered: a message went out 0.1 s ago
-    assert sent(messages, hostname) == [["task-received", "task-started"], ["task-succeeded"]]
+    assert sent(messages, hostname) == [["task-received", "task-started"]]
     now[0] += FLUSH_EVERY_S
     hooks.on_claimed(batch("c"))
-    assert sent(messages, hostname) == [["task-received", "task-started"] * 2]
+    assert sent(messages, hostname) == [["task-succeeded"] + ["task-received",
+                                                               "task-started"] * 2]
     hooks.on_claimed(batch("d"))  # buffered again
     assert sent(messages, hostname) == []
     hooks.close()  # what is buffered goes out at stop
     assert sent(messages, hostname) == [["task-received", "task-started"]]
+
+
+def test_a_claim_after_the_worker_idled_a_second_shows_as_started_at_once(
+        events: tuple[FlowerBatchEvents, list[float]], messages: redis.client.PubSub,
+        hostname: str) -> None:
+    hooks, now = events
+    hooks.on_claimed(batch("a"))
+    hooks.on_finished(batch("a"), report())
+    hooks.on_idle()
+    assert len(sent(messages, hostname)) == 2
+    now[0] += FLUSH_EVERY_S
+    # The buffer was empty all along (the oldest-event rule alone would hold this one
+    # until the batch ends, however long it runs).
+    hooks.on_claimed(batch("b"))
+    assert sent(messages, hostname) == [["task-received", "task-started"]]
+
+
+def test_a_failed_completion_sends_at_once(
+        events: tuple[FlowerBatchEvents, list[float]], messages: redis.client.PubSub,
+        hostname: str) -> None:
+    hooks, now = events
+    hooks.on_claimed(batch("a"))
+    now[0] += 0.1
+    hooks.on_claimed(batch("b"))
+    hooks.on_finished(batch("a"), report())
+    assert len(sent(messages, hostname)) == 1
+    hooks.on_failed(batch("b"))
+    assert sent(messages, hostname) == [["task-received", "task-started", "task-succeeded"]]

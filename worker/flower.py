@@ -4,14 +4,21 @@ Jobs never travel as Celery messages (that would cost a message per job); instea
 the loop sends the events a task would send — received, started, succeeded or
 failed — for one pseudo-task per batch, named ``carpool.batch``. Each event would
 be a Redis round trip of its own, three per batch, as many as the batch's claim
-and completion together; so they are buffered and go as one message (Celery's
-``task-multi``, which Flower reads like single events, each with its own time):
-when the batch ends, and at its claim when nothing was sent for
-``FLUSH_EVERY_S`` (so a long batch still shows as started). A worker's GPU,
-models and current batch limits go into `celery inspect stats` (``worker_info``),
-which Flower shows on the worker's page, in its "Other" tab: one readable row per
-fact (``flower_rows``), named ``carpool gpu``, ``carpool models`` and ``carpool
-<model>/<bin>``. Programs read the same with ``celery inspect carpool_scheduler``.
+and completion together; so they are buffered and go together as one message
+(Celery's ``task-multi``, which Flower reads like single events, each with its own
+time). A busy worker sends one such message for many batches: when a batch ends
+and the oldest buffered event is ``FLUSH_EVERY_S`` old, and at a claim when nothing
+was sent for ``FLUSH_EVERY_S`` (so a long batch shows as started while it runs).
+A worker that goes idle (``on_idle``), a batch that fails to complete, and a stop
+send what is buffered at once. So while the worker is busy Flower shows a batch
+at most about ``FLUSH_EVERY_S`` late (plus the runtime of a batch claimed
+meanwhile: nothing is sent while it computes), and at once when it idles.
+
+A worker's GPU, models and current batch limits go into `celery inspect stats`
+(``worker_info``), which Flower shows on the worker's page, in its "Other" tab: one
+readable row per fact (``flower_rows``), named ``carpool gpu``, ``carpool models``
+and ``carpool <model>/<bin>``. Programs read the same with ``celery inspect
+carpool_scheduler``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from worker.loop import BatchLoop
 
 #: The task name under which batches appear in Flower.
 BATCH_TASK_NAME = "carpool.batch"
-#: Longest a claimed batch's events wait in the buffer when nothing else is sent.
+#: Longest an event waits in the buffer while the worker is busy: at most one
+#: message per this while batches keep coming (plus one each time the worker idles).
 FLUSH_EVERY_S = 1.0
 #: Events buffered at most before they are sent anyway (Celery's ``buffer_limit``).
 BUFFER_LIMIT = 1000
@@ -44,7 +52,9 @@ class FlowerBatchEvents(Hooks):
         self._dispatcher: Any = None
         self._task_ids: dict[str, str] = {}
         self._clock = clock
-        self._flushed_at = -FLUSH_EVERY_S
+        self._sent_at_s = -FLUSH_EVERY_S  # clock when the last message went
+        self._oldest_unsent_at_s: float | None = None  # clock of the oldest buffered event
+        self._unsent = 0  # events buffered
 
     def _send(self, event_type: str, **fields: Any) -> None:
         if self._dispatcher is None:
@@ -52,12 +62,25 @@ class FlowerBatchEvents(Hooks):
             self._dispatcher = self._app.events.Dispatcher(
                 self._app.connection_for_write(), hostname=self._hostname, enabled=True,
                 buffer_group=["task"], buffer_limit=BUFFER_LIMIT)
+        if self._oldest_unsent_at_s is None:
+            self._oldest_unsent_at_s = self._clock()
         self._dispatcher.send(event_type, **fields)
+        self._unsent += 1
+        if self._unsent >= BUFFER_LIMIT:
+            # The dispatcher has just sent them itself (its buffer_limit, the same
+            # count): this only starts our count afresh, publishing nothing.
+            self._flush()
 
     def _flush(self) -> None:
-        if self._dispatcher is not None:
+        """Send what is buffered as one message; no round trip when nothing is."""
+        if self._unsent and self._dispatcher is not None:
             self._dispatcher.flush()
-        self._flushed_at = self._clock()
+            self._sent_at_s = self._clock()
+        self._unsent, self._oldest_unsent_at_s = 0, None
+
+    def _oldest_unsent_age_s(self) -> float:
+        return 0.0 if self._oldest_unsent_at_s is None else (
+            self._clock() - self._oldest_unsent_at_s)
 
     def on_claimed(self, claim: Claim) -> None:
         task_id = str(uuid.uuid4())
@@ -68,7 +91,12 @@ class FlowerBatchEvents(Hooks):
         self._send("task-received", uuid=task_id, name=BATCH_TASK_NAME, args=args,
                    kwargs=kwargs, retries=0, eta=None, root_id=task_id, parent_id=None)
         self._send("task-started", uuid=task_id)
-        if self._clock() - self._flushed_at >= FLUSH_EVERY_S:
+        # Nothing else is sent until this batch ends, however long it runs: after a
+        # quiet FLUSH_EVERY_S (an idle worker's buffer is empty, so the oldest-event
+        # rule alone would hold it) it shows as started at once. Busy, this is the
+        # oldest-event rule's message, a little early: buffered events are all newer
+        # than the last message.
+        if self._clock() - self._sent_at_s >= FLUSH_EVERY_S:
             self._flush()
 
     def on_failed(self, claim: Claim) -> None:
@@ -86,6 +114,13 @@ class FlowerBatchEvents(Hooks):
             result = repr({"size": report.size, "failed": report.failed,
                            "refused": report.refused})
             self._send("task-succeeded", uuid=task_id, result=result, runtime=report.runtime_s)
+        # Busy, batches end many times a FLUSH_EVERY_S: they share a message. An event
+        # waits at most FLUSH_EVERY_S for it (or less: until the worker idles).
+        if self._oldest_unsent_age_s() >= FLUSH_EVERY_S:
+            self._flush()
+
+    def on_idle(self) -> None:
+        # Nothing will end or be claimed until a job comes: show the last batches now.
         self._flush()
 
     def close(self) -> None:
@@ -94,6 +129,7 @@ class FlowerBatchEvents(Hooks):
             self._dispatcher.close()
             self._dispatcher.connection.release()
             self._dispatcher = None
+        self._unsent, self._oldest_unsent_at_s = 0, None
 
 
 def worker_info(loop: BatchLoop | None, gpu: Gpu | None) -> dict[str, Any]:

@@ -63,6 +63,13 @@ class BatchHooks(Protocol):
         """A claim whose reply never came (``claim.jobs`` is empty): it may have leased
         jobs to ``claim.token`` all the same."""
 
+    def on_idle(self) -> None:
+        """The loop is about to block on Redis until a job arrives: no batch in flight
+        and no job it would claim (a paused bin's jobs do not count; a bin filling
+        its batch window does, and is not idle: its batch leaves within
+        milliseconds). Called again at each such block, at least once a second
+        while the worker idles, so it must be cheap when it has nothing to do."""
+
 
 class Hooks:
     """A ``BatchHooks`` that does nothing: subclass it and override what you need."""
@@ -80,6 +87,9 @@ class Hooks:
         return None
 
     def on_unanswered(self, claim: Claim) -> None:
+        return None
+
+    def on_idle(self) -> None:
         return None
 
 

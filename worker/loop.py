@@ -175,6 +175,11 @@ class BatchLoop:
             if wait_for([oldest.outcomes], timeout=wait_s).done:
                 self._finish(self._in_flight.popleft())
             return
+        if decision.until_ms is None:
+            # No job waits either: idle until one arrives. A bin filling its batch
+            # window (until_ms set) is not idle: telling hooks then would make Flower
+            # send a message per batch again at moderate load.
+            call_hooks(self.hooks, lambda h: h.on_idle())
         models = sorted({m for m, _ in self.scheduler.bins})
         self.queue.wait_for_work(models, wait_s)
 
