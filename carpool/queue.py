@@ -275,6 +275,9 @@ class Queue:
         """``complete``, and then, in the same script call, the state of the model's bins
         named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
         worker decides its next batch from, without a round trip of its own."""
+        if len(scan) != len(peek):  # complete.lua counts bins by KEYS, scans from ARGV's end
+            raise ValueError(f"one max_batch per bin peeked: {len(peek)} bins, "
+                             f"{len(scan)} given")
         tag = shard(model.name)
         per_job: list[Any] = []
         lines: list[str] = []  # the pushed views, one argument: the script keeps it whole

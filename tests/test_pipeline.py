@@ -147,3 +147,27 @@ def test_a_worker_serving_one_model_decides_between_batches_without_a_peek(
     # The first two claims fill the pipeline, each after a peek; a wait on a batch
     # that outlasted its bound would cost one more.
     assert len(peeks) <= 3, f"{len(peeks)} peeks for {loop.batches} batches"
+
+
+def test_states_a_completion_answered_are_dropped_when_the_step_fails_after_it(
+        settings: Settings, queue: Queue) -> None:
+    """A step that completes a batch and then fails (here: the suspect's submit) is
+    followed by _run's back-off, so the next decision must peek, not reuse them."""
+    executor = PipelinedExecutor(depth=2, preprocess_threads=1)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (1, 0))},
+                     "w-test", executor=executor)
+    admit_small(queue, 1)
+    loop.scheduler.tune("synthetic", "small", max_wait_ms=0)  # go at once
+    loop.step()  # batch 1 in flight (depth 2: not finished yet)
+    suspect = admit_small(queue, 1)[0]
+    queue.client.hset(queue.keys.job(suspect), "attempts", 1)  # claimed as a retry
+
+    def failing_submit(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("the executor refused the batch")
+
+    executor.submit = failing_submit  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        loop.step()  # claims the suspect, completes batch 1 first, then fails
+    executor.close()
+    assert loop.batches == 2
+    assert loop._peeked is None

@@ -268,6 +268,17 @@ def test_a_completion_answers_the_same_bin_states_as_a_peek_after_it(queue: Queu
     assert queue.complete_and_peek(spec, claim, [], {}).states is None  # none asked
 
 
+def test_a_completion_asked_to_peek_without_each_bins_scan_writes_nothing(
+        queue: Queue) -> None:
+    spec = synthetic()
+    job = admit(queue, spec)
+    claim = queue.claim(spec, "small", 1, lease_ms=5000, token="t", worker="w")
+    with pytest.raises(ValueError, match="one max_batch per bin"):
+        queue.complete_and_peek(spec, claim, [Outcome(job, result={})], {},
+                                peek=["small", "large"], scan=[32])
+    assert queue.get(job).status == JobStatus.RUNNING  # type: ignore[union-attr]
+
+
 def claimed_values(q: Queue, spec: ModelSpec, n: int = 100) -> list[object]:
     claim = q.claim(spec, "small", n, lease_ms=5000, token="t", worker="w")
     return [json.loads(j.input_json)["value"] for j in claim.jobs]

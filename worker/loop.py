@@ -146,10 +146,14 @@ class BatchLoop:
         """One decision: run a batch, or block until something may be due."""
         now_ms, states = self._states(self.scheduler.bins)
         decision = self.scheduler.decide(now_ms, states)
-        if isinstance(decision, Go):
-            self.run_one(decision)
-        else:
-            self.block(decision, now_ms)
+        try:
+            if isinstance(decision, Go):
+                self.run_one(decision)
+            else:
+                self.block(decision, now_ms)
+        except BaseException:
+            self._peeked = None  # _run backs off before the next step: they would be stale
+            raise
 
     def _states(self, bins: list[BinKey]) -> tuple[int, list[BinState]]:
         """Redis time and the state of ``bins``: those the last completion peeked, if it

@@ -137,7 +137,8 @@ def _collect(
 def _judge(base: JobRecord, job_input: dict[str, Any], h: dict[str, str],
            t_final: float | None) -> JobRecord:
     if not h or "t_done" not in h:
-        detail = "record gone" if not h else f"still {h.get('status')} at the deadline"
+        # Not "still queued": a claimed job's record says queued too (claim.lua).
+        detail = "record gone" if not h else "not finished at the deadline"
         return replace(base, detail=detail)
     body = view_from_hash(base.job_id, h).to_json()
     verdict = verify(base.job_id, job_input, body)
