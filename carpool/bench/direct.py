@@ -137,8 +137,9 @@ def _collect(
 def _judge(base: JobRecord, job_input: dict[str, Any], h: dict[str, str],
            t_final: float | None) -> JobRecord:
     if not h or "t_done" not in h:
-        # Not "still queued": a claimed job's record says queued too (claim.lua).
-        detail = "record gone" if not h else "not finished at the deadline"
+        # A claimed job's record says "queued" too (claim.lua writes none).
+        detail = ("record gone" if not h else
+                  f"not finished at the deadline (its record says {h.get('status')})")
         return replace(base, detail=detail)
     body = view_from_hash(base.job_id, h).to_json()
     verdict = verify(base.job_id, job_input, body)
