@@ -22,7 +22,8 @@ end
 -- A claimed job's record still says "queued" (claim.lua writes none): it is running
 -- when it is no longer in its bin. ZREM first: it is the check and the cancel's first
 -- write at once (never refused for memory, so a full Redis still cancels).
-if status == "queued" and redis.call("ZREM", ARGV[2] .. job[2] .. ":" .. job[3], ARGV[1]) == 0 then
+local bin_key = ARGV[2] .. job[2] .. ":" .. job[3]
+if status == "queued" and redis.call("ZREM", bin_key, ARGV[1]) == 0 then
   status = "running"
 end
 if status ~= "running" and job[4] then

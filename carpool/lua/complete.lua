@@ -31,6 +31,7 @@
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
 -- states (peek_bins.lua).
 --#include peek_bins
+--#include leave_claim
 redis.replicate_commands()
 
 local npeek = (#KEYS - 3) / 2
@@ -78,16 +79,13 @@ local written = #ours
 local ended = {}  -- the ids written
 for k, i in ipairs(ours) do ended[k] = ARGV[i] end
 if written + #dropped > 0 then
-  -- HDEL first: Redis refuses a script for memory only at its first write, and only
-  -- if that write may grow memory (HDEL cannot). So completions, which free memory
-  -- (the input is blanked), go on while a full Redis (noeviction) refuses admissions.
+  -- Out of the claim first: Redis refuses a script for memory only at its first write,
+  -- and only if that write may grow memory (leave_claim's cannot). So completions,
+  -- which free memory (the input is blanked), go on while a full Redis (noeviction)
+  -- refuses admissions.
   local leaving = {unpack(ended)}
   for _, id in ipairs(dropped) do leaving[#leaving + 1] = id end
-  redis.call("HDEL", KEYS[3], unpack(leaving))
-  if redis.call("HLEN", KEYS[3]) <= 2 then  -- its last job: the claim is over
-    redis.call("DEL", KEYS[3])
-    redis.call("ZREM", KEYS[1], ARGV[1])
-  end
+  leave_claim(KEYS[3], KEYS[1], ARGV[1], leaving)
 end
 if written > 0 then
   local t_claim = held[1] or now_s  -- claim.lua left it here

@@ -13,6 +13,7 @@
 -- ARGV[7..] ids, in claim order
 --
 -- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
+--#include leave_claim
 redis.replicate_commands()
 
 local out = {}
@@ -23,12 +24,7 @@ for i = 7, #ARGV do
   if held[i - 6] then back[#back + 1] = ARGV[i] end
 end
 if #back > 0 then
-  -- First: never refused for memory (see reap.lua), and after it no write is.
-  redis.call("HDEL", KEYS[2], unpack(back))
-  if redis.call("HLEN", KEYS[2]) <= 2 then  -- its last job: the claim is over
-    redis.call("DEL", KEYS[2])
-    redis.call("ZREM", KEYS[1], ARGV[1])
-  end
+  leave_claim(KEYS[2], KEYS[1], ARGV[1], back)  -- first: never refused for memory
 end
 local woken = {}
 for i = 7, #ARGV do

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ except ImportError:  # the queue before batched admission (for the "before" run)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Jobs per HTTP submission ("64 at a time").
 CHUNK = 64
+#: Jobs per claim and completion when the scripts run alone (the synthetic model's
+#: max_batch), and per round trip of result reads.
+BATCH = 32
 #: Longest long-poll; a result not final by then counts as a failure of the run.
 POLL_WAIT_S = 30
 #: Bound on starting the stack; a run that needs longer is broken, not slow.
@@ -201,25 +205,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def script_costs(url: str, jobs: int) -> dict[str, float]:
-    """Each script alone, straight from Python on the same Redis (the stack stopped):
-    µs of Redis time per job from ``commandstats`` (a script's time includes its
-    commands). Admission 64 jobs a call where the queue can (else one), claims and
-    completions 32 a batch, result reads 32 a round trip where it can (else one)."""
-    r = connect(url)
-    queue = Queue(r, Keys("scripts"))
+def script_phases(queue: Queue, jobs: int) -> list[tuple[str, Callable[[], None]]]:
+    """A job's life in four phases, each over ``jobs`` jobs straight from Python, to be
+    run in order: admission 64 jobs a call where the queue can (else one), claims and
+    completions 32 a batch, result reads 32 a round trip where it can (else one).
+    ``script_costs`` times them here; ``redis_instructions.py`` counts them."""
     spec = builtin_models()["synthetic"]
     small = spec.bins[0]
     body = json.dumps({"value": 1, "size": 8})
-
-    def usec() -> int:
-        return sum(int(v["usec"]) for k, v in r.info("commandstats").items()
-                   if k in ("cmdstat_evalsha", "cmdstat_hgetall", "cmdstat_hmget"))
-
-    def timed(step: Any) -> float:
-        r.config_resetstat()
-        step()
-        return round(usec() / jobs, 2)
+    claims: list[Any] = []
 
     def admit() -> None:
         many = getattr(queue, "admit_many", None)
@@ -231,30 +225,43 @@ def script_costs(url: str, jobs: int) -> dict[str, float]:
                 for _ in range(CHUNK):
                     queue.admit(spec, small, _job_id(spec.name), body, queued_ttl_s=3600)
 
-    claims: list[Any] = []
-
     def claim() -> None:
-        for k in range(jobs // 32):
-            claims.append(queue.claim(spec, small.name, 32, lease_ms=60_000, token=f"t{k}",
-                                      worker="w"))
+        for k in range(jobs // BATCH):
+            claims.append(queue.claim(spec, small.name, BATCH, lease_ms=600_000,
+                                      token=f"t{k}", worker="w"))
 
     def complete() -> None:
         for c in claims:
-            outs = [Outcome(j.id, result={"echo": 1, "checksum": 1}) for j in c.jobs]
-            queue.complete(spec, c, outs, {"size": len(c.jobs), "bin": "small", "worker": "w"})
+            outs = [Outcome(j.id, result={"echo": 1, "checksum": "ab12"}) for j in c.jobs]
+            queue.complete(spec, c, outs, {"size": len(c.jobs), "bin": small.name,
+                                           "worker": "w"})
 
     def fetch() -> None:
         ids = [j.id for c in claims for j in c.jobs]
         many = getattr(queue, "get_many", None)
-        for k in range(0, len(ids), 32):
+        for k in range(0, len(ids), BATCH):
             if many is not None:
-                many(ids[k:k + 32])
+                many(ids[k:k + BATCH])
             else:
-                for job_id in ids[k:k + 32]:
+                for job_id in ids[k:k + BATCH]:
                     queue.get(job_id)
 
-    out = {"admit.lua": timed(admit), "claim.lua": timed(claim),
-           "complete.lua": timed(complete), "result read": timed(fetch)}
+    return [("admit.lua", admit), ("claim.lua", claim), ("complete.lua", complete),
+            ("result read", fetch)]
+
+
+def script_costs(url: str, jobs: int) -> dict[str, float]:
+    """Each script alone, straight from Python on the same Redis (the stack stopped):
+    µs of Redis time per job from ``commandstats`` (a script's time includes its
+    commands), phase by phase (``script_phases``)."""
+    r = connect(url)
+    out = {}
+    for name, step in script_phases(Queue(r, Keys("scripts")), jobs):
+        r.config_resetstat()
+        step()
+        out[name] = round(sum(int(v["usec"]) for k, v in r.info("commandstats").items()
+                              if k in ("cmdstat_evalsha", "cmdstat_hgetall",
+                                       "cmdstat_hmget")) / jobs, 2)
     r.close()
     return out
 

@@ -6,6 +6,7 @@ machine's load, for comparing two versions of the scripts on a noisy machine.
 
 Starts a private redis-server under valgrind's callgrind (AOF ``everysec``, as
 ``carpool up`` starts it) and drives this checkout's queue straight from Python:
+the four phases of ``redis_cost.py``'s scripts-alone figures (``script_phases``):
 admission 64 jobs a call, claims and completions 32 a batch, then one read of each
 result, 32 a round trip. Callgrind counts the instructions Redis executes in each
 phase (zeroed before it, dumped after it); the figure is instructions per job. The
@@ -27,19 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from carpool.catalogue import builtin_models
+from redis_cost import CHUNK, script_phases  # this folder's: the same four phases
+
 from carpool.connection import connect
-from carpool.jobs import Outcome, new_job_id
 from carpool.keys import Keys
-from carpool.queue import AdmitRequest, Queue
+from carpool.queue import Queue
 from carpool.redis_local import answers, free_port, redis_server_binary
 
-#: Jobs per admission call, and per claim and completion.
-ADMIT_CHUNK, BATCH = 64, 32
 #: Starting Redis under valgrind takes seconds, not minutes.
 START_TIMEOUT_S = 60.0
 
@@ -82,52 +80,28 @@ def run(jobs: int) -> dict[str, Any]:
 
 def _phases(url: str, pid: int, folder: Path, jobs: int) -> dict[str, Any]:
     r = connect(url, socket_timeout_s=60.0)
-    queue = Queue(r, Keys("instr"))
-    spec = builtin_models()["synthetic"]
-    small = spec.bins[0]
-    body = json.dumps({"value": 1, "size": 8})
-    claims: list[Any] = []
-    jobs -= jobs % ADMIT_CHUNK
-
-    def admit() -> None:
-        for _ in range(0, jobs, ADMIT_CHUNK):
-            queue.admit_many(spec, [(small, new_job_id(spec.name), body)
-                                    for _ in range(ADMIT_CHUNK)], AdmitRequest(3600))
-
-    def claim() -> None:
-        for k in range(jobs // BATCH):
-            claims.append(queue.claim(spec, small.name, BATCH, lease_ms=600_000,
-                                      token=f"t{k}", worker="w"))
-
-    def complete() -> None:
-        for c in claims:
-            queue.complete(spec, c, [Outcome(j.id, result={"echo": 1, "checksum": "ab12"})
-                                     for j in c.jobs],
-                           {"size": len(c.jobs), "bin": small.name, "worker": "w"})
-
-    def read() -> None:
-        ids = [j.id for c in claims for j in c.jobs]
-        for k in range(0, len(ids), BATCH):
-            queue.get_many(ids[k:k + BATCH])
-
+    jobs -= jobs % CHUNK
     out: dict[str, Any] = {"jobs": jobs, "redis": str(r.info("server")["redis_version"])}
-    steps: list[tuple[str, Callable[[], None]]] = [
-        ("admit", admit), ("claim", claim), ("complete", complete), ("read", read)]
-    for name, step in steps:
+    for name, step in script_phases(Queue(r, Keys("instr")), jobs):
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
                        capture_output=True)
         step()
-        subprocess.run(["callgrind_control", "-d", name, str(pid)], check=True,
+        subprocess.run(["callgrind_control", "-d", _trigger(name), str(pid)], check=True,
                        capture_output=True)
-        out[name] = round(_dumped(folder, name) / jobs)
-    out["total"] = sum(out[name] for name, _ in steps)
+        out[name] = round(_dumped(folder, _trigger(name)) / jobs)
+    out["total"] = sum(v for k, v in out.items() if k not in ("jobs", "redis"))
     r.close()
     return out
 
 
+def _trigger(phase: str) -> str:
+    """A phase's name as callgrind_control takes it (one word)."""
+    return phase.replace(" ", "_")
+
+
 def table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
     lines = ["| phase | instructions per job |", "|---|---|"]
-    for name in ("admit", "claim", "complete", "read", "total"):
+    for name in [k for k in after if k not in ("jobs", "redis")]:
         if before:
             lines.append(f"| {name} | {before[name]:,} → {after[name]:,} "
                          f"({after[name] / before[name]:.2f}×) |")
