@@ -7,8 +7,10 @@ model's shard, so ``GET /result/<id>`` finds the job's shard from the id alone.
 Each Lua script touches one shard's keys only. State that spans models (GPU
 leases) has a tag of its own, ``{p}``.
 
-    {p.s}:job:<id>            hash  one job: input, status, times, score (its place in its bin
-                                    zset, kept so a lost job goes back there), result
+    {p.s}:job:<id>            str   one job's record (carpool/records.py): status, attempts,
+                                    times, score (its place in its bin zset, kept so a lost
+                                    job goes back there), then its result or error
+    {p.s}:in:<id>             str   one job's input, from admission until the job ends
     {p.s}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
                                     carpool/urgency.py): most urgent first, FIFO on ties
     {p.s}:leases              zset  the shard's claims (lease tokens), scored by lease deadline
@@ -86,6 +88,10 @@ class Keys:
         """What `job(id)` puts before the ids of one shard; Lua scripts build job keys."""
         return f"{self._tag(shard_tag)}:job:"
 
+    def input(self, job_id: str) -> str:
+        """The key of a job's input while it is queued or running (same slot)."""
+        return f"{self._tag(shard_of_job(job_id))}:in:{job_id}"
+
     def bin(self, model: str, bin_name: str) -> str:
         return f"{self.bin_prefix(shard(model))}{model}:{bin_name}"
 
@@ -123,7 +129,7 @@ class Keys:
         return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"
 
     def job_pattern(self, shard_tag: str) -> str:
-        """A SCAN/KEYS glob for every job hash of a shard (the audit reads them all)."""
+        """A SCAN/KEYS glob for every job record of a shard (the audit reads them all)."""
         return _glob_escape(self.job_prefix(shard_tag)) + "*"
 
     def bin_pattern(self, shard_tag: str) -> str:

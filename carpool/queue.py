@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from carpool import records
 from carpool.admit_args import AdmitArgs
 from carpool.admit_reply import admit_outcomes
 from carpool.catalogue import BinSpec, ModelSpec
@@ -56,9 +57,6 @@ WAKE_LIST_CAP = 16
 #: included, so a backlog of expired jobs is cleared in bounded slices.
 CLAIM_SCAN_FACTOR = 4
 
-#: The job hash's fields that ``GET /result`` shows (carpool.jobs.view_from_hash).
-VIEW_FIELDS = ("status", "model", "result", "error", "timings", "batch", "t_admit", "t_claim",
-               "t_done", "owner", "bin")
 
 @dataclass(frozen=True)
 class AdmitRequest:
@@ -325,43 +323,59 @@ class Queue:
         return self.get_many([job_id])[0]
 
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
-        """Several jobs in one round trip; reads only the fields a view shows (never
-        the input, which may be large)."""
+        """Several jobs in one round trip (one ``MGET`` where they share a shard). A
+        record never holds the input (carpool/records.py), which may be large."""
         with redis_errors():
-            if len(job_ids) == 1:
-                rows = [self.client.hmget(self.keys.job(job_ids[0]), VIEW_FIELDS)]
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for job_id in job_ids:
-                    pipe.hmget(self.keys.job(job_id), VIEW_FIELDS)
-                rows = pipe.execute()
-        hashes = [{k: str(v) for k, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
-                  for row in rows]
-        self._tell_running(job_ids, hashes)
+            rows = self._records(job_ids)
+        fields = [records.parse(row) if row is not None else {} for row in rows]
+        self._tell_running(job_ids, fields)
         return [view_from_hash(job_id, h) if "status" in h else None
-                for job_id, h in zip(job_ids, hashes, strict=True)]
+                for job_id, h in zip(job_ids, fields, strict=True)]
 
-    def _tell_running(self, job_ids: Sequence[str], hashes: list[dict[str, str]]) -> None:
+    def record(self, job_id: str) -> dict[str, str] | None:
+        """The job's record, parsed (carpool/records.py), as stored: a running job's
+        says queued. None when it does not exist (or expired)."""
+        with redis_errors():
+            row = self.client.get(self.keys.job(job_id))
+        return records.parse(str(row)) if row is not None else None
+
+    def _records(self, job_ids: Sequence[str]) -> list[str | None]:
+        by_shard: dict[str, list[int]] = {}
+        for i, job_id in enumerate(job_ids):
+            by_shard.setdefault(shard_of_job(job_id), []).append(i)
+        if len(by_shard) == 1:
+            return [None if row is None else str(row)
+                    for row in self.client.mget([self.keys.job(j) for j in job_ids])]
+        pipe = self.client.pipeline(transaction=False)
+        for idx in by_shard.values():  # MGET within one slot: cluster-safe
+            pipe.mget([self.keys.job(job_ids[i]) for i in idx])
+        rows: list[str | None] = [None] * len(job_ids)
+        for idx, got in zip(by_shard.values(), pipe.execute(), strict=True):
+            for i, row in zip(idx, got, strict=True):
+                rows[i] = None if row is None else str(row)
+        return rows
+
+    def _tell_running(self, job_ids: Sequence[str], fields: list[dict[str, str]]) -> None:
         """A claim writes nothing to its jobs' records (claim.lua), so a "queued" record
         may be running: it is when its id is no longer in its bin. One more round trip,
         for unfinished jobs only: the bin's score, then the record again (in that order,
         so a job claimed and finished in between reads as finished, never running)."""
-        queued = [i for i, h in enumerate(hashes) if h.get("status") == JobStatus.QUEUED]
+        queued = [i for i, h in enumerate(fields) if h.get("status") == JobStatus.QUEUED]
         if not queued:
             return
         with redis_errors():
             pipe = self.client.pipeline(transaction=False)
             for i in queued:
-                h = hashes[i]
+                h = fields[i]
                 pipe.zscore(self.keys.bin(h.get("model", ""), h.get("bin", "")), job_ids[i])
-                pipe.hmget(self.keys.job(job_ids[i]), VIEW_FIELDS)
+                pipe.get(self.keys.job(job_ids[i]))
             replies = pipe.execute()
         for k, i in enumerate(queued):
             score, row = replies[2 * k], replies[2 * k + 1]
-            h = {f: str(v) for f, v in zip(VIEW_FIELDS, row, strict=True) if v is not None}
+            h = records.parse(str(row)) if row is not None else {}
             if h.get("status") == JobStatus.QUEUED and score is None:
                 h["status"] = JobStatus.RUNNING.value
-            hashes[i] = h
+            fields[i] = h
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         with redis_errors():

@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from carpool import records
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec
 from carpool.jobs import JobStatus, new_job_id
@@ -94,7 +95,8 @@ def attempts_of(queue: Queue, job_id: str) -> int:
         held = queue.client.hget(queue.keys.claim(tag, token), job_id)
         if held:
             return int(held)
-    status, count = queue.client.hmget(queue.keys.job(job_id), "status", "attempts")
+    record = records.read(queue.client, queue.keys.job(job_id)) or {}
+    status, count = record.get("status"), record.get("attempts")
     if count:
         return int(count)
     return 1 if status in (JobStatus.DONE, JobStatus.FAILED) else 0

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import redis
 
+from carpool import records
 from carpool.budget import memory_report
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BudgetFull
@@ -83,7 +84,8 @@ def test_inputs_queued_past_the_ttl_still_count_until_their_claim_ends_them(
     for job_id in ids:  # as if admitted TTL_S + 1 s ago, on Redis's clock
         key = queue.keys.job(job_id)
         assert client.ttl(key) == -1  # a queued record never expires: its bytes are there
-        client.hset(key, "t_admit", int(client.hget(key, "t_admit") or 0) - (TTL_S + 1) * 1000)
+        t_admit = int((records.read(client, key) or {}).get("t_admit", 0))
+        records.update(client, key, t_admit=t_admit - (TTL_S + 1) * 1000)
     with pytest.raises(BudgetFull):
         admit(queue, s)
     claim = queue.claim(s, "small", len(ids), lease_ms=10_000, token="t", worker="w",

@@ -21,6 +21,7 @@ import redis
 import requests
 from celery import Celery
 
+from carpool import records
 from carpool.connection import connect
 from carpool.keys import Keys
 from carpool.retry_after import drain_rate_per_s, retry_after_s
@@ -128,7 +129,8 @@ def test_jobs_whose_deadline_passed_while_queued_never_reach_the_model(stack: St
     stack.tune("synthetic", "paused=on")
     doomed = [stack.submit(f"doomed-{i}", deadline_ms=200).json()["id"] for i in range(5)]
     kept = [stack.submit(f"kept-{i}").json()["id"] for i in range(3)]
-    last = max(int(stack.client.hget(stack.keys.job(j), "deadline")) for j in doomed)
+    last = max(int((records.read(stack.client, stack.keys.job(j)) or {})["deadline"])
+               for j in doomed)
     wait_until(lambda: stack.redis_ms() > last, 10, "the deadlines to pass")
     stack.tune("synthetic", "paused=off")
     for job_id in doomed:

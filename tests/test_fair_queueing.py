@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from carpool import records
 from carpool.errors import OverShare, WaitTooLong
 from carpool.queue import Queue
 from carpool.urgency import sort_offset_ms
@@ -29,7 +30,7 @@ def ranks(queue: Queue, spec_name: str) -> list[str]:
 
 def shift_ms(queue: Queue, job_id: str, offset_ms: int) -> float:
     """How much later the job sorts than its plain urgency (admission + offset)."""
-    h = queue.client.hgetall(queue.keys.job(job_id))
+    h = records.read(queue.client, queue.keys.job(job_id)) or {}
     return (float(h["score"]) - (int(h["t_admit"]) + offset_ms) * 1000) / 1000
 
 
@@ -152,7 +153,7 @@ def test_a_batch_moves_its_owners_clock_job_by_job_and_stores_it_once(queue: Que
     steps = [b - a for a, b in zip(shifts[2:-1], shifts[3:], strict=True)]
     assert min(steps) > 50, steps
     # ... and her clock, written once, stands one more step past the call's last job.
-    last = queue.client.hgetall(queue.keys.job(batch[-1]))
+    last = records.read(queue.client, queue.keys.job(batch[-1])) or {}
     entry = queue.client.hget(queue.keys.tenants(spec.name, "small"), ALICE)
     clock_ms = float(entry.split()[3]) / 1000  # type: ignore[union-attr]
     assert abs(clock_ms - int(last["t_admit"]) - shifts[-1] - steps[-1]) < 0.1
@@ -173,7 +174,8 @@ def test_in_a_batch_each_job_counts_the_jobs_ahead_of_its_own_place(queue: Queue
     # Bob's later jobs sort later by his clock: ahead of the first one refused are the
     # call's own earlier jobs and at least the jobs of Alice ahead of his last admitted.
     order = ranks(queue, spec.name)
-    bobs = [j for j in order if queue.client.hget(queue.keys.job(j), "owner") == BOB]
+    bobs = [j for j in order
+            if (records.read(queue.client, queue.keys.job(j)) or {}).get("owner") == BOB]
     assert len(bobs) == admitted
     alice_ahead = order.index(bobs[-1]) - (admitted - 1)
     assert first.depth >= admitted + alice_ahead, (first.depth, admitted, alice_ahead)

@@ -115,13 +115,12 @@ def test_an_idempotency_conflict_never_names_the_other_job(env: dict[str, str]) 
 def test_polling_a_queued_image_never_sends_its_input(env: dict[str, str],
                                                       server: RedisProc) -> None:
     image = png(600, 600)  # about 1 KB as PNG, but any size: the point is the ratio
-    noise = base64.b64encode(bytes(range(256)) * 2000).decode()  # padding, in the record
+    noise = base64.b64encode(bytes(range(256)) * 2000).decode()  # padding, in the input
     with start_web(env) as base, server.client() as c:
         r = requests.post(f"{base}/submit?model=imgs", data=image,
                           headers={"Content-Type": "image/png"}, timeout=10)
         job_id = r.json()["id"]
-        key = Keys(env["CARPOOL_KEY_PREFIX"]).job(job_id)
-        c.hset(key, "input", noise)  # a large input, as a big photo would be
+        c.set(Keys(env["CARPOOL_KEY_PREFIX"]).input(job_id), noise)  # as a big photo
         before = int(c.info("stats")["total_net_output_bytes"])
         for _ in range(POLLS):
             assert requests.get(f"{base}/result/{job_id}", timeout=10).status_code == 200

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from carpool import records
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
@@ -52,7 +53,6 @@ def test_an_expired_lease_goes_back_to_its_place_at_the_front_of_its_bin(
     assert bin_ids(queue) == [*first, later]  # under its stored score: its old place
     view = queue.get(first[0])
     assert view is not None and view.status is JobStatus.QUEUED
-    assert queue.client.hget(queue.keys.job(first[0]), "lease") is None
     assert_one_place(queue, [*first, later])
 
 
@@ -85,8 +85,10 @@ def test_a_job_lost_max_attempts_times_fails_with_a_reason_and_goes_on_the_dead_
     view = queue.get(job)
     assert view is not None and view.status is JobStatus.FAILED
     assert view.error is not None and "worker lost 3 times" in view.error and "w3" in view.error
-    worker, t_claim = queue.client.hmget(queue.keys.job(job), "worker", "t_claim")
-    assert worker == "w3" and t_claim is not None  # its last claim's, as a result has them
+    record = records.read(queue.client, queue.keys.job(job)) or {}
+    assert record.get("t_claim") is not None  # its last claim's, as a result has it
+    assert "batch" not in record  # it never completed one: the error names the worker
+    assert not queue.client.exists(queue.keys.input(job))  # the input went with it
     assert leases.dead_letters() == [job]
     assert bin_ids(queue) == []
     assert queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s
@@ -194,7 +196,7 @@ def test_release_without_refund_keeps_the_attempt_counted(
     job = admit(queue, spec)
     claim(queue, spec, lease_ms=60_000, token="mine")
     leases.release("mine", [job], refund_attempt=False)
-    assert queue.client.hget(queue.keys.job(job), "attempts") == "1"
+    assert (records.read(queue.client, queue.keys.job(job)) or {}).get("attempts") == "1"
 
 
 def test_release_leaves_finished_and_foreign_jobs_untouched(

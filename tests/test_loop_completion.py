@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from carpool import records
 from carpool.batching import Go
 from carpool.connection import connect
 from carpool.errors import BackendUnavailable
@@ -108,7 +109,7 @@ def test_a_claim_whose_reply_was_lost_is_handed_back_with_its_attempt_refunded(
         keeper.tick()
         assert set(statuses(queue, ids).values()) == {JobStatus.QUEUED}
         # Refunded: the record keeps the count from before the claim (none: 0).
-        assert [int(queue.client.hget(queue.keys.job(i), "attempts") or 0)
+        assert [int((records.read(queue.client, queue.keys.job(i)) or {}).get("attempts", 0))
                 for i in ids] == [0] * 3
         assert queue.client.zrange(queue.keys.bin("synthetic", "small"), 0, -1) == ids
         queue.client.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from carpool import records
 from carpool.catalogue import BinSpec, load_catalogue
 from carpool.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
 from carpool.queue import Queue
@@ -64,7 +65,7 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
 def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
         settings: Settings, queue: Queue) -> None:
     ids = admit_small(queue, 70)
-    queue.client.hset(queue.keys.job(ids[32]), "attempts", 1)  # lost once: batch 2 is a retry
+    records.update(queue.client, queue.keys.job(ids[32]), attempts=1)  # lost once: a retry
     unfinished_at_submit: list[int] = []
 
     class Watching(PipelinedExecutor):
@@ -117,8 +118,8 @@ def test_the_loop_ends_a_job_queued_longer_than_its_queued_ttl(
     settings = load_settings(make_env(redis_url, key_prefix, CARPOOL_QUEUED_TTL_S="60"))
     old, new = admit_small(queue, 2)
     record = queue.keys.job(old)
-    t_admit = int(queue.client.hget(record, "t_admit") or 0)
-    queue.client.hset(record, "t_admit", t_admit - 61_000)  # queued 61 s, on Redis's clock
+    t_admit = int((records.read(queue.client, record) or {}).get("t_admit", 0))
+    records.update(queue.client, record, t_admit=t_admit - 61_000)  # queued 61 s, Redis's clock
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))}, "w-test")
     serve_until_final(loop, queue, [old, new])
     views = [queue.get(old), queue.get(new)]
@@ -160,7 +161,7 @@ def test_states_a_completion_answered_are_dropped_when_the_step_fails_after_it(
     loop.scheduler.tune("synthetic", "small", max_wait_ms=0)  # go at once
     loop.step()  # batch 1 in flight (depth 2: not finished yet)
     suspect = admit_small(queue, 1)[0]
-    queue.client.hset(queue.keys.job(suspect), "attempts", 1)  # claimed as a retry
+    records.update(queue.client, queue.keys.job(suspect), attempts=1)  # claimed as a retry
 
     def failing_submit(*_: Any, **__: Any) -> Any:
         raise RuntimeError("the executor refused the batch")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from carpool import records
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
 from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
@@ -163,7 +164,7 @@ def test_cancel_refuses_a_running_job_and_deletes_a_finished_one(queue: Queue) -
 def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
     spec = synthetic()
     job = admit(queue, spec, deadline_ms=1)
-    queue.client.hset(queue.keys.job(job), "deadline", 1)  # long past, on Redis's clock
+    records.update(queue.client, queue.keys.job(job), deadline=1)  # long past, Redis's clock
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
     assert claim.jobs == () and claim.expired == 1
     assert queue.get(job).status is JobStatus.EXPIRED  # type: ignore[union-attr]
@@ -175,8 +176,8 @@ def test_a_job_queued_longer_than_the_queued_ttl_ends_expired_at_its_claim(
     old, new = admit(queue, spec, value="old"), admit(queue, spec, value="new")
     record = queue.keys.job(old)
     assert queue.client.ttl(record) == -1  # no TTL while queued: the claim bounds its wait
-    t_admit = int(queue.client.hget(record, "t_admit") or 0)
-    queue.client.hset(record, "t_admit", t_admit - 61_000)  # queued 61 s, on Redis's clock
+    t_admit = int((records.read(queue.client, record) or {}).get("t_admit", 0))
+    records.update(queue.client, record, t_admit=t_admit - 61_000)  # queued 61 s, Redis's clock
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w", queued_ttl_s=60)
     assert [j.id for j in claim.jobs] == [new] and claim.expired == 1
     view = queue.get(old)
@@ -216,7 +217,7 @@ def test_peek_reports_depth_and_oldest_admission(queue: Queue) -> None:
     first = admit(queue, spec)
     admit(queue, spec)
     now_ms, (small, large) = queue.peek([("synthetic", "small"), ("synthetic", "large")])
-    admitted_ms = int(queue.client.hget(queue.keys.job(first), "t_admit"))  # type: ignore[arg-type]
+    admitted_ms = int((records.read(queue.client, queue.keys.job(first)) or {})["t_admit"])
     assert (small.depth, small.oldest_admit_ms) == (2, admitted_ms)
     assert (large.depth, large.oldest_admit_ms) == (0, None)
     assert now_ms >= admitted_ms
@@ -227,28 +228,29 @@ def test_a_claim_writes_nothing_to_its_jobs_records_and_a_read_says_running(
         queue: Queue) -> None:
     spec = synthetic()
     job, waiting = admit(queue, spec), admit(queue, spec)
-    before = queue.client.hgetall(queue.keys.job(job))
+    before = queue.client.get(queue.keys.job(job))
     claim = queue.claim(spec, "small", 1, lease_ms=5000, token="t", worker="w")
     assert [j.id for j in claim.jobs] == [job]
-    assert queue.client.hgetall(queue.keys.job(job)) == before  # still says "queued"
+    assert queue.client.get(queue.keys.job(job)) == before  # still says "queued"
     # The attempt is counted in the claim hash, not in the record.
     assert queue.client.hget(queue.keys.claim(shard_of_job(job), "t"), job) == "1"
     views = queue.get_many([job, waiting])
     assert [v.status if v else None for v in views] == [JobStatus.RUNNING, JobStatus.QUEUED]
 
 
-def test_a_finished_record_carries_its_attempt_count_only_past_the_first(
+def test_a_finished_record_carries_its_attempt_count_and_drops_its_input(
         queue: Queue) -> None:
     spec = synthetic()
     first, again = admit(queue, spec), admit(queue, spec)
-    queue.client.hset(queue.keys.job(again), "attempts", 1)  # it was lost once before
+    records.update(queue.client, queue.keys.job(again), attempts=1)  # lost once before
     claim = queue.claim(spec, "small", 2, lease_ms=5000, token="t", worker="w")
     assert [j.attempts for j in claim.jobs] == [1, 2]
     queue.complete(spec, claim, [Outcome(j.id, result={}) for j in claim.jobs],
                    {"size": 2, "bin": "small", "worker": "w"})
-    assert queue.client.hmget(queue.keys.job(first), "attempts", "worker", "lease") == [
-        None, None, None]  # ran once; the worker is in "batch"
-    assert queue.client.hget(queue.keys.job(again), "attempts") == "2"
+    done = [records.read(queue.client, queue.keys.job(j)) or {} for j in (first, again)]
+    assert [d.get("attempts") for d in done] == ["1", "2"]
+    assert [json.loads(d["batch"])["worker"] for d in done] == ["w", "w"]
+    assert queue.client.exists(queue.keys.input(first), queue.keys.input(again)) == 0
 
 
 def test_a_completion_answers_the_same_bin_states_as_a_peek_after_it(queue: Queue) -> None:
@@ -305,7 +307,7 @@ def test_expired_jobs_give_their_places_in_a_claim_to_the_next_jobs(queue: Queue
     spec = synthetic()
     dead = [admit(queue, spec, value=f"dead{i}", deadline_ms=1) for i in range(3)]
     for job in dead:
-        queue.client.hset(queue.keys.job(job), "deadline", 1)  # long past, on Redis's clock
+        records.update(queue.client, queue.keys.job(job), deadline=1)  # long past, Redis's clock
     admit(queue, spec, value="live1")
     admit(queue, spec, value="live2")
     claim = queue.claim(spec, "small", 2, lease_ms=5000, token="t", worker="w")
@@ -322,10 +324,11 @@ def test_peek_reports_the_earliest_deadline_and_oldest_admission_of_the_next_bat
     urgent = admit(queue, spec, value="urgent", deadline_ms=5000)
     # A bin below its max_batch (3 here) has every job looked at; a full one only its head.
     _, (small,) = queue.peek([("synthetic", "small")], scan=[3])
-    record = queue.client.hgetall(queue.keys.job(urgent))
+    record = records.read(queue.client, queue.keys.job(urgent)) or {}
     assert small.depth == 2 and small.admitted == 2
     assert small.earliest_deadline_ms == int(record["deadline"])
-    assert small.oldest_admit_ms == int(queue.client.hget(queue.keys.job(oldest), "t_admit"))
+    assert small.oldest_admit_ms == int((records.read(queue.client, queue.keys.job(oldest))
+                                         or {})["t_admit"])
     _, (head_only,) = queue.peek([("synthetic", "small")], scan=[1])
     assert head_only.oldest_admit_ms == int(record["t_admit"])  # the urgent job sorts first
 
@@ -343,7 +346,7 @@ def test_a_new_most_urgent_job_wakes_a_worker(queue: Queue) -> None:
 def test_a_job_keeps_its_score_so_it_can_return_to_its_place(queue: Queue) -> None:
     spec = synthetic()
     job = admit(queue, spec, deadline_ms=2000, priority=3)
-    record = queue.client.hgetall(queue.keys.job(job))
+    record = records.read(queue.client, queue.keys.job(job)) or {}
     score = queue.client.zscore(queue.keys.bin("synthetic", "small"), job)
     assert float(record["score"]) == score
     admitted_us = int(record["t_admit"]) * 1000
@@ -353,7 +356,7 @@ def test_a_job_keeps_its_score_so_it_can_return_to_its_place(queue: Queue) -> No
 def test_admission_applies_the_models_default_deadline(queue: Queue) -> None:
     spec = replace(synthetic(), default_deadline_ms=7000)
     job = admit(queue, spec)
-    record = queue.client.hgetall(queue.keys.job(job))
+    record = records.read(queue.client, queue.keys.job(job)) or {}
     assert int(record["deadline"]) == int(record["t_admit"]) + 7000
 
 

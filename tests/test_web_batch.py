@@ -10,6 +10,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool import records
 from carpool.keys import Keys
 from tests.procs import free_port
 from tests.webtools import app_state, web_client, web_settings
@@ -41,7 +42,7 @@ def test_batch_answers_one_entry_per_input_in_order_with_per_item_errors(
     assert jobs[2]["error"]["code"] == "input_too_large"
     assert all(j["result_url"] == f"/result/{j['id']}" for j in jobs if "id" in j)
     assert client.zrange(keys.bin("synthetic", "small"), 0, -1) == [jobs[0]["id"]]
-    assert client.hget(keys.job(jobs[4]["id"]), "priority") == "3"
+    assert (records.read(client, keys.job(jobs[4]["id"])) or {})["priority"] == "3"
 
 
 def test_batch_into_a_bin_that_fills_refuses_only_the_overflow(http: FlaskClient) -> None:

@@ -68,7 +68,7 @@ def test_raw_image_body_is_admitted_into_the_bin_of_its_pixel_count(
                      content_type="image/png")
     assert resp.status_code == 202
     assert resp.get_json()["bin"] == "slow"  # 90,000 pixels > the fast bin's 65,536
-    stored = json.loads(client.hget(keys.job(resp.get_json()["id"]), "input") or "")
+    stored = json.loads(client.get(keys.input(resp.get_json()["id"])) or "")
     assert (stored["format"], stored["width"], stored["height"]) == ("PNG", 300, 300)
     assert base64.b64decode(stored["image_b64"]) == png(300, 300)
 

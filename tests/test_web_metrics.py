@@ -11,6 +11,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool import records
 from carpool.keys import Keys
 from tests.procs import free_port
 from tests.promtext import Scrape
@@ -95,8 +96,9 @@ def test_the_oldest_age_is_the_oldest_jobs_even_when_a_younger_one_sorts_first(
     body = {"model": "synthetic", "input": {"value": "v", "size": 1}}
     old = http.post("/submit", json=body).get_json()["id"]
     assert submit(http, size=1, priority=9) == 202  # the bin's head now
-    client.hset(Keys(key_prefix).job(old), "t_admit", int(client.hget(
-        Keys(key_prefix).job(old), "t_admit") or 0) - 60_000)  # admitted a minute ago
+    record = Keys(key_prefix).job(old)
+    t_admit = int((records.read(client, record) or {})["t_admit"])
+    records.update(client, record, t_admit=t_admit - 60_000)  # admitted a minute ago
     age = scrape(http).value("carpool_bin_oldest_age_seconds", model="synthetic", bin="small")
     assert 60 <= age < 120
 

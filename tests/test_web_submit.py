@@ -11,6 +11,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool import records
 from carpool.jobs import JOB_ID_CHARS
 from carpool.keys import Keys
 from carpool.retry_after import RETRY_AFTER_MAX_S
@@ -47,7 +48,7 @@ def test_valid_submit_answers_202_and_queues_the_job_in_its_bin(
                     "result_url": f"/result/{body['id']}"}
     assert resp.headers["Location"] == body["result_url"]
     assert client.zrange(keys.bin("synthetic", "medium"), 0, -1) == [body["id"]]
-    stored = client.hget(keys.job(body["id"]), "input")
+    stored = client.get(keys.input(body["id"]))
     assert stored == '{"size":100,"value":{"a":[1,2]}}'
 
 
@@ -56,7 +57,7 @@ def test_deadline_and_priority_are_stored_with_the_job(
 ) -> None:
     resp = http.post(SUBMIT, json=job(deadline_ms=5000, priority=7))
     assert resp.status_code == 202
-    record = client.hgetall(keys.job(resp.get_json()["id"]))
+    record = records.read(client, keys.job(resp.get_json()["id"])) or {}
     assert record["priority"] == "7"
     assert int(record["deadline"]) == int(record["t_admit"]) + 5000
 
@@ -221,7 +222,7 @@ def test_a_model_applies_its_default_deadline_and_refuses_one_over_its_maximum(
 ) -> None:
     tiny = {"model": "tiny", "input": {"value": 0, "size": 1}}
     resp = http.post(SUBMIT, json=tiny)
-    record = client.hgetall(keys.job(resp.get_json()["id"]))
+    record = records.read(client, keys.job(resp.get_json()["id"])) or {}
     assert int(record["deadline"]) == int(record["t_admit"]) + 4000
     over = http.post(SUBMIT, json={**tiny, "deadline_ms": 60001})
     assert over.status_code == 400 and "60000" in over.get_json()["error"]["message"]

@@ -7,6 +7,7 @@ import json
 import redis
 from prometheus_client import generate_latest
 
+from carpool import records
 from carpool.batching import Limits
 from carpool.catalogue import load_catalogue
 from carpool.jobs import Claim, ClaimedJob, Outcome, new_job_id
@@ -148,7 +149,7 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
     for job_id in (late, on_time):
         queue.admit(spec, spec.bins[0], job_id, '{"value": 1, "size": 1}', queued_ttl_s=60,
                     deadline_ms=60_000)
-    client.hset(queue.keys.job(late), "deadline", 1)  # long past, on Redis's clock
+    records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
     handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
     loop = BatchLoop(settings, queue, handlers, "w")
     m = WorkerMetrics(handlers, limits=lambda: loop.limits)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from carpool import records
 from carpool.catalogue import ModelSpec
 from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable, CarpoolError
@@ -99,15 +100,18 @@ class CompletionWriter:
             return written
         pipe = self.queue.client.pipeline(transaction=False)
         for job_id in refused:
-            pipe.hmget(self.queue.keys.job(job_id), "status", "batch", "t_claim")
+            pipe.get(self.queue.keys.job(job_id))
         try:
             with redis_errors():
-                records = pipe.execute()
+                rows = pipe.execute()
         except BackendUnavailable:
             return written  # only the counts are at stake
-        ours = {job_id for job_id, (status, batch, t_claim) in zip(refused, records, strict=True)
-                if status in _FINAL and t_claim == str(claim.now_ms)
-                and _batch_worker(batch) == self.worker}
+        ours = set()
+        for job_id, row in zip(refused, rows, strict=True):
+            fields = records.parse(row) if row is not None else {}
+            if (fields.get("status") in _FINAL and fields.get("t_claim") == str(claim.now_ms)
+                    and _batch_worker(fields.get("batch")) == self.worker):
+                ours.add(job_id)
         return [ok or j.id in ours for j, ok in zip(claim.jobs, written, strict=True)]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from carpool import records as job_records
 from carpool.bench.arrivals import Arrival
 from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
@@ -119,14 +120,15 @@ def _collect(
     client: redis.Redis, keys: Keys, arrivals: Sequence[Arrival],
     admitted: list[tuple[int, str, dict[str, Any], float]], done_at: dict[str, float],
 ) -> list[JobRecord]:
-    """Read every admitted job's hash and judge it, in pipelined chunks."""
+    """Read every admitted job's record and judge it, in pipelined chunks."""
     out = []
     for i in range(0, len(admitted), FETCH_CHUNK):
         chunk = admitted[i : i + FETCH_CHUNK]
         pipe = client.pipeline(transaction=False)
         for _, job_id, _, _ in chunk:
-            pipe.hgetall(keys.job(job_id))
-        for (seq, job_id, job_input, t_start), h in zip(chunk, pipe.execute(), strict=True):
+            pipe.get(keys.job(job_id))
+        for (seq, job_id, job_input, t_start), row in zip(chunk, pipe.execute(), strict=True):
+            h = job_records.parse(row) if row is not None else {}
             arrival = arrivals[seq]
             base = JobRecord(seq, arrival.size, arrival.t_s, t_start, Outcome.LOST,
                              job_id=job_id, http_status=202)

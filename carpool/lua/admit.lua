@@ -19,7 +19,8 @@
 -- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/budget.py)
 -- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
 -- ARGV, by the names of carpool/admit_args.py's AdmitArgs (a test checks the two agree):
--- ARGV[1]  job_prefix        "{p.s}:job:" (job hashes are <prefix><id>, created here; same slot)
+-- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, inputs {p.s}:in:<id>,
+--                            created here; same slot)
 -- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
 -- ARGV[6]  queued_ttl_s      ttl of the idempotency key and of the owners' state (a
 --                            queued record has none: claim.lua ends it after this long)
@@ -60,9 +61,13 @@
 --         earlier jobs);
 --         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
 -- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
--- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are not
--- written: every reader treats a missing one as its default.
+-- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
+-- empty in the record: every reader treats an empty one as its default.
+--#include record
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
+
+-- Arguments of one MSET at most (4 per job): Lua's unpack is bounded by its C stack.
+local MSET_ARGS = 4000
 
 if ARGV[7] == "1" then
   local prior = redis.call("GET", KEYS[3])
@@ -291,43 +296,39 @@ if n > 0 then
   if depth > 0 then
     head = tonumber(redis.call("ZRANGE", KEYS[1], 0, 0, "WITHSCORES")[2])
   end
-  -- Numbers as strings, formatted once: Redis formats a number argument ("%.17g")
-  -- on every call.
-  local fields = {"model", ARGV[2], "bin", ARGV[3], "status", "queued",
-                  "t_admit", string.format("%d", now_ms), "input", "", "score", ""}
-  if tonumber(ARGV[10]) > 0 then
-    fields[#fields + 1] = "deadline"
-    fields[#fields + 1] = string.format("%d", now_ms + tonumber(ARGV[10]))
-  end
-  if ARGV[11] ~= "0" then
-    fields[#fields + 1] = "priority"
-    fields[#fields + 1] = ARGV[11]
-  end
-  if ARGV[13] ~= "" then
-    fields[#fields + 1] = "owner"
-    fields[#fields + 1] = ARGV[13]
-  end
-  if ARGV[14] ~= "" then
-    fields[#fields + 1] = "digest"
-    fields[#fields + 1] = ARGV[14]
-  end
-  if ARGV[7] == "1" then  -- DELETE drops the idempotency key with its job (cancel.lua)
-    fields[#fields + 1] = "idem"
-    fields[#fields + 1] = KEYS[3]
-  end
+  -- The record (carpool/records.py) is one string, the input a key of its own: one
+  -- MSET writes every job of the call, where a hash would cost each field its
+  -- argument, its listpack entry and its line in the AOF. Numbers are formatted once.
+  -- A queued record has no TTL: it stays until claimed (claim.lua ends it "expired"
+  -- once queued longer than ARGV[6]) or cancelled, so the byte budget counts it exactly.
+  local deadline = ""
+  if tonumber(ARGV[10]) > 0 then deadline = string.format("%d", now_ms + tonumber(ARGV[10])) end
+  local priority = ARGV[11]
+  if priority == "0" then priority = "" end
+  local idem = ""
+  if ARGV[7] == "1" then idem = KEYS[3] end  -- DELETE drops it with its job (cancel.lua)
+  local rec_head = "queued\t\t" .. string.format("%d", now_ms) .. "\t" .. deadline .. "\t" ..
+    ARGV[13] .. "\t"
+  local rec_tail = "\t" .. ARGV[2] .. "\t" .. ARGV[3] .. "\t" .. priority .. "\t" .. ARGV[14] ..
+    "\t" .. idem
+  local in_prefix = input_prefix(ARGV[1])
 
-  local members = {}
+  local members, writes = {}, {}
   for i = 0, n - 1 do
     local id = ARGV[FIRST_JOB + 2 * i]
     local score = scores[i + 1]
-    fields[10] = ARGV[FIRST_JOB + 2 * i + 1]
-    fields[12] = score
-    -- No TTL: a queued record stays until claimed (claim.lua ends it "expired" once
-    -- queued longer than ARGV[6]) or cancelled, so the byte budget counts it exactly.
-    redis.call("HSET", ARGV[1] .. id, unpack(fields))
+    writes[#writes + 1] = ARGV[1] .. id
+    writes[#writes + 1] = rec_head .. score .. rec_tail
+    writes[#writes + 1] = in_prefix .. id
+    writes[#writes + 1] = ARGV[FIRST_JOB + 2 * i + 1]
+    if #writes >= MSET_ARGS then  -- unpack's C stack bounds one call's arguments
+      redis.call("MSET", unpack(writes))
+      writes = {}
+    end
     members[#members + 1] = score
     members[#members + 1] = id
   end
+  if #writes > 0 then redis.call("MSET", unpack(writes)) end
   redis.call("ZADD", KEYS[1], unpack(members))
   redis.call("HINCRBY", KEYS[4], "admitted", n)
   if ARGV[7] == "1" then

@@ -3,7 +3,7 @@
 -- walks the whole keyspace of this node, so run it on test data or rarely.
 --
 -- KEYS[1]  leases  {p.s}:leases
--- ARGV[1]  glob of every bin zset "{p.s}:q:*"   ARGV[2] glob of every job hash "{p.s}:job:*"
+-- ARGV[1]  glob of every bin zset "{p.s}:q:*"   ARGV[2] glob of every job record "{p.s}:job:*"
 -- ARGV[3]  job key prefix "{p.s}:job:"     ARGV[4] claim key prefix "{p.s}:claim:"
 --
 -- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
@@ -30,6 +30,7 @@ local jobs = {}
 local skip = string.len(ARGV[3])
 for _, key in ipairs(redis.call("KEYS", ARGV[2])) do
   jobs[#jobs + 1] = string.sub(key, skip + 1)
-  jobs[#jobs + 1] = redis.call("HGET", key, "status") or ""
+  -- A record's status is its first field (carpool/records.py).
+  jobs[#jobs + 1] = string.match(redis.call("GET", key) or "", "^[^\t\n]*")
 end
 return {bins, leases, jobs}

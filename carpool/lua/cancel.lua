@@ -1,6 +1,6 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
--- KEYS[1]  job hash {p.s}:job:<id>
+-- KEYS[1]  job record {p.s}:job:<id> (carpool/records.py); its input is {p.s}:in:<id>
 -- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
 -- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
@@ -12,31 +12,35 @@
 -- deleted: a retry with that key queues a new job instead of finding this one.
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
+--#include record
 redis.replicate_commands()
 
-local job = redis.call("HMGET", KEYS[1], "status", "model", "bin", "idem", "owner")
-local status = job[1]
-if not status then
+local rec = redis.call("GET", KEYS[1])
+if not rec then
   return "missing"
 end
+local status, attempts, admission = record_head(rec)
+local fields = record_fields(admission, 9)
+local owner, model, bin, idem = fields[3], fields[5], fields[6], fields[9] or ""
+local input_key = input_prefix(string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])) .. ARGV[1]
 -- A claimed job's record still says "queued" (claim.lua writes none): it is running
 -- when it is no longer in its bin. ZREM first: it is the check and the cancel's first
 -- write at once (never refused for memory, so a full Redis still cancels).
-local bin_key = ARGV[2] .. job[2] .. ":" .. job[3]
+local bin_key = ARGV[2] .. model .. ":" .. bin
 if status == "queued" and redis.call("ZREM", bin_key, ARGV[1]) == 0 then
   status = "running"
 end
-if status ~= "running" and job[4] then
-  local prior = redis.call("GET", job[4])
+if status ~= "running" and idem ~= "" then
+  local prior = redis.call("GET", idem)
   if prior and string.sub(prior, 1, #ARGV[1] + 1) == ARGV[1] .. " " then
-    redis.call("DEL", job[4])
+    redis.call("DEL", idem)
   end
 end
 if status == "queued" then
   -- >>> byte budget (carpool/budget.py): the input leaves the count, as in claim.lua
-  local n = redis.call("HSTRLEN", KEYS[1], "input")
-  local keys = {ARGV[5] .. job[2]}
-  if job[5] and job[5] ~= "" then keys[2] = keys[1] .. ":" .. job[5] end
+  local n = redis.call("STRLEN", input_key)
+  local keys = {ARGV[5] .. model}
+  if owner ~= "" then keys[2] = keys[1] .. ":" .. owner end
   for _, key in ipairs(keys) do
     local queued = tonumber(redis.call("HGET", key, "queued"))
     if queued and queued > n then
@@ -47,17 +51,16 @@ if status == "queued" then
   end
   -- <<< byte budget
   local t = redis.call("TIME")
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call("HSET", KEYS[1], "status", "cancelled", "t_done", now_ms,
-    "error", "cancelled by the client")
-  redis.call("HDEL", KEYS[1], "input")
-  redis.call("EXPIRE", KEYS[1], ARGV[4])
+  local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
+    "cancelled by the client"), "EX", ARGV[4])
+  redis.call("DEL", input_key)
   redis.call("PUBLISH", ARGV[3], ARGV[1])
   return "cancelled"
 end
 if status == "running" then
   return "running"
 end
-redis.call("DEL", KEYS[1])
+redis.call("DEL", KEYS[1], input_key)
 redis.call("PUBLISH", ARGV[6], "del " .. ARGV[1])
 return "deleted"

@@ -20,13 +20,15 @@
 -- urgent first. Ids whose record is gone are dropped; jobs whose deadline has passed,
 -- or queued longer than ARGV[9], end "expired" here, are never computed, and their
 -- places go to the next jobs: `expired` counts them, so the worker that decided it
--- counts each expiry once (carpool_jobs_expired_total). Per job: one HMGET; per claim: one
--- HSET of the claim hash and one ZADD of its token into the leases zset.
+-- counts each expiry once (carpool_jobs_expired_total). Per slice taken off the bin: one
+-- MGET of the records and inputs (carpool/records.py); per claim: one HSET of the claim
+-- hash and one ZADD of its token into the leases zset.
 --
 -- A claimed job's record is not written: it still says "queued", and the claim hash
 -- holding it (out of its bin) is what makes it running. Readers tell the two apart by
 -- its bin (carpool/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
+--#include record
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -38,14 +40,16 @@ local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
 local held = {"t", now_s, "w", ARGV[5]}  -- the claim hash's fields
 local stale_ms = now_ms - tonumber(ARGV[9]) * 1000  -- admitted then or before: too old
+local in_prefix = input_prefix(ARGV[4])
+local gone = {}  -- the inputs of the jobs that ended here
 
 -- >>> byte budget (carpool/budget.py): sum the bytes leaving per budget hash
 local freed = {}  -- hash key -> bytes
-local function unbudget_job(job)  -- job: HMGET's status, input, t_admit, ..., owner
-  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + #job[2]
-  if job[6] and job[6] ~= "" then
-    local key = KEYS[3] .. ":" .. job[6]
-    freed[key] = (freed[key] or 0) + #job[2]
+local function unbudget_job(input, owner)
+  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + #input
+  if owner ~= "" then
+    local key = KEYS[3] .. ":" .. owner
+    freed[key] = (freed[key] or 0) + #input
   end
 end
 -- <<< byte budget
@@ -56,46 +60,50 @@ while live < max_n and budget > 0 do
   if #popped == 0 then break end
   redis.call("ZREMRANGEBYRANK", KEYS[1], 0, #popped - 1)  -- the first write: never OOM
   budget = budget - #popped
+  local asked = {}
   for i = 1, #popped do
-    local id = popped[i]
-    local key = ARGV[4] .. id
-    local job = redis.call("HMGET", key, "status", "input", "t_admit", "attempts", "deadline",
-      "owner")
-    if job[1] == "queued" then
-      unbudget_job(job)
-      local deadline = tonumber(job[5]) or 0
+    asked[2 * i - 1] = ARGV[4] .. popped[i]
+    asked[2 * i] = in_prefix .. popped[i]
+  end
+  local got = redis.call("MGET", unpack(asked))
+  for i = 1, #popped do
+    local id, rec, input = popped[i], got[2 * i - 1], got[2 * i] or ""
+    local status, attempts_s, t_admit, deadline_s, owner = nil, nil, nil, nil, nil
+    if rec then status, attempts_s, t_admit, deadline_s, owner = record_claimed(rec) end
+    if status == "queued" then
+      unbudget_job(input, owner)
+      local deadline = deadline_s ~= "" and tonumber(deadline_s) or 0
       local why = nil
       if deadline > 0 and now_ms >= deadline then
         why = "deadline passed while queued"
-      elseif (tonumber(job[3]) or now_ms) <= stale_ms then
+      elseif (tonumber(t_admit) or now_ms) <= stale_ms then
         why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. ARGV[9] .. " s)"
       end
       if why then
-        redis.call("HSET", key, "status", "expired", "t_done", now_s, "error", why)
-        redis.call("HDEL", key, "input")
-        redis.call("EXPIRE", key, ARGV[7])
+        local admission = string.sub(rec, #attempts_s + 9)  -- after "queued\t<attempts>\t"
+        redis.call("SET", asked[2 * i - 1],
+          ended_record("expired", attempts_s, admission, "", now_s, "", "", why), "EX", ARGV[7])
+        gone[#gone + 1] = asked[2 * i]
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
-        local attempts, attempts_s = 1, "1"
-        if job[4] then
-          attempts = (tonumber(job[4]) or 0) + 1
-          attempts_s = string.format("%d", attempts)
-        end
+        local attempts = 1  -- "": never claimed before
+        if attempts_s ~= "" then attempts = tonumber(attempts_s) + 1 end
         -- Nothing is written to the record (a write per job is most of a claim's
         -- cost): the worker, the claim time and the attempt count are the claim's.
         held[#held + 1] = id
-        held[#held + 1] = attempts_s
+        held[#held + 1] = string.format("%d", attempts)
         out[#out + 1] = id
-        out[#out + 1] = job[2]
-        out[#out + 1] = job[3]
+        out[#out + 1] = input
+        out[#out + 1] = tonumber(t_admit) or now_ms
         out[#out + 1] = attempts
-        out[#out + 1] = job[6] or ""
+        out[#out + 1] = owner
         live = live + 1
       end
     end
   end
 end
+if #gone > 0 then redis.call("DEL", unpack(gone)) end
 if live > 0 then
   redis.call("HSET", KEYS[4], unpack(held))
   redis.call("ZADD", KEYS[2], lease_until, ARGV[3])

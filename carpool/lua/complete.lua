@@ -20,16 +20,18 @@
 --   round trip of its own
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, with their attempt
--- counts, and its time: one HMGET for the batch. Per job: one HSET (which also blanks
--- the input, and writes the claim's time, and the attempt count when it is not the
--- first: a finished record without one ran once) and one EXPIRE;
--- the claim loses the written ids in one HDEL, its token leaves the leases zset with its
--- last job, and one PUBLISH names them all (space-separated: carpool.queue.ended_ids).
+-- counts, and its time: one HMGET for the batch; one MGET reads their records. Per job:
+-- one SET ... EX of its ended record (carpool/records.py: the record's admission
+-- fields, the attempt count, the claim's time, the worker's timings, the batch and the
+-- payload); one DEL of the batch's inputs; the claim loses the written ids in one
+-- HDEL, its token leaves the leases zset with its last job, and one PUBLISH names them
+-- all (space-separated: carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
 -- states (peek_bins.lua).
+--#include record
 --#include peek_bins
 --#include leave_claim
 redis.replicate_commands()
@@ -57,23 +59,30 @@ for k = 2, #held do
   end
 end
 -- A record gone while its claim held it (an evicting maxmemory policy, a key deleted
--- by hand) is not written again as a partial record: refused, and left the claim.
+-- by hand), or no longer queued, is not written again: refused, and left the claim.
+-- One MGET reads the records' heads (no input: carpool/records.py) for the batch.
 local dropped = {}
+local admissions = {}  -- ARGV index -> the record's admission fields, kept as they are
 if #ours > 0 then
   local keys = {}
   for k, i in ipairs(ours) do keys[k] = ARGV[2] .. ARGV[i] end
-  if redis.call("EXISTS", unpack(keys)) < #ours then  -- one key lookup per job, per batch
-    local kept = {}
-    for k, i in ipairs(ours) do
-      if redis.call("EXISTS", keys[k]) == 1 then
-        kept[#kept + 1] = i
-      else
-        dropped[#dropped + 1] = ARGV[i]
-        out[(i - 9) / 5 + 1] = 0
-      end
+  local recs = redis.call("MGET", unpack(keys))
+  local kept = {}
+  for k, i in ipairs(ours) do
+    local status, admission = nil, nil
+    if recs[k] then
+      local head_status, _, head_admission = record_head(recs[k])
+      status, admission = head_status, head_admission
     end
-    ours = kept
+    if status == "queued" then
+      kept[#kept + 1] = i
+      admissions[i] = admission
+    else
+      dropped[#dropped + 1] = ARGV[i]
+      out[(i - 9) / 5 + 1] = 0
+    end
   end
+  ours = kept
 end
 local written = #ours
 local ended = {}  -- the ids written
@@ -81,7 +90,7 @@ for k, i in ipairs(ours) do ended[k] = ARGV[i] end
 if written + #dropped > 0 then
   -- Out of the claim first: Redis refuses a script for memory only at its first write,
   -- and only if that write may grow memory (leave_claim's cannot). So completions,
-  -- which free memory (the input is blanked), go on while a full Redis (noeviction)
+  -- which free memory (the input goes), go on while a full Redis (noeviction)
   -- refuses admissions.
   local leaving = {unpack(ended)}
   for _, id in ipairs(dropped) do leaving[#leaving + 1] = id end
@@ -89,22 +98,16 @@ if written + #dropped > 0 then
 end
 if written > 0 then
   local t_claim = held[1] or now_s  -- claim.lua left it here
-  -- The worker is in the batch JSON; every field is paid per job (its argument, its
-  -- listpack entry, its line in the AOF), so none is written twice.
-  for _, i in ipairs(ours) do
-    local key = ARGV[2] .. ARGV[i]
-    local field = "result"
-    if ARGV[i + 1] == "failed" then field = "error" end
-    if attempts[i] == "1" then
-      redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings",
-        ARGV[i + 3], "batch", ARGV[5], "t_done", now_s, "input", "", "t_claim", t_claim)
-    else
-      redis.call("HSET", key, "status", ARGV[i + 1], field, ARGV[i + 2], "timings",
-        ARGV[i + 3], "batch", ARGV[5], "t_done", now_s, "input", "", "t_claim", t_claim,
-        "attempts", attempts[i])
-    end
-    redis.call("EXPIRE", key, ARGV[4])
+  -- One SET ... EX per job writes its ended record and its TTL at once; the worker is in
+  -- the batch JSON. Then one DEL takes the batch's inputs.
+  local inputs = {}
+  local in_prefix = input_prefix(ARGV[2])
+  for k, i in ipairs(ours) do
+    redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i], admissions[i],
+      t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "EX", ARGV[4])
+    inputs[k] = in_prefix .. ARGV[i]
   end
+  redis.call("DEL", unpack(inputs))
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
   -- answers their polls without a read. Before the ids: a poll woken finds it there.
   -- Every job written (the usual case): ARGV[8] as it came, never rebuilt line by line

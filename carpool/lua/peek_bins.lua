@@ -7,7 +7,7 @@
 -- all); a full bin leaves at once anyway, so only its head (the most urgent job) is:
 -- a peek costs O(max_batch) at most. oldest and earliest are over the jobs looked at;
 -- oldest is -1 for an empty bin and now_ms for a job whose record is gone; earliest is
--- 0 when none has a deadline. Read-only.
+-- 0 when none has a deadline. Read-only. Needs record.lua included before it.
 local function peek_bins(bin_keys, stats_keys, scans, job_prefix, now_ms, out)
   for i = 1, #bin_keys do
     local depth = redis.call("ZCARD", bin_keys[i])
@@ -16,11 +16,16 @@ local function peek_bins(bin_keys, stats_keys, scans, job_prefix, now_ms, out)
       local look = tonumber(scans[i])
       if depth >= look then look = 1 end
       local ids = redis.call("ZRANGE", bin_keys[i], 0, look - 1)
-      for _, id in ipairs(ids) do
-        local job = redis.call("HMGET", job_prefix .. id, "t_admit", "deadline")
-        local admitted = tonumber(job[1]) or now_ms
+      for k, id in ipairs(ids) do ids[k] = job_prefix .. id end
+      for _, rec in ipairs(redis.call("MGET", unpack(ids))) do
+        local t_admit, deadline_s = nil, nil
+        if rec then  -- a gone record is false
+          local _
+          _, _, t_admit, deadline_s = record_claimed(rec)
+        end
+        local admitted = tonumber(t_admit) or now_ms
         if oldest < 0 or admitted < oldest then oldest = admitted end
-        local deadline = tonumber(job[2]) or 0
+        local deadline = tonumber(deadline_s) or 0
         if deadline > 0 and (earliest == 0 or deadline < earliest) then earliest = deadline end
       end
     end

@@ -17,15 +17,17 @@
 -- stored in its record (so at its old place: usually the front, as it was among the most
 -- urgent; a record without a score goes to the very front), its record keeps the
 -- attempt (its status is still "queued": a claim does not write it), and its model's
--- workers are woken. A job at max_attempts ends "failed" with a reason and its id goes
--- on the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
+-- workers are woken. A job at max_attempts ends "failed" with a reason (naming the
+-- lost worker; no batch: it never completed one), its input goes, and its id goes on the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
 --
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
+--#include record
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_s = string.format("%d", now_ms)
 local limit = tonumber(ARGV[1])
 local tokens = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now_ms, "LIMIT", 0, limit)
 local max_attempts = tonumber(ARGV[2])
@@ -50,25 +52,30 @@ for _, token in ipairs(tokens) do
     local id = fields[f]
     if id ~= "t" and id ~= "w" then
       local key = ARGV[3] .. id
-      local job = redis.call("HMGET", key, "status", "model", "bin", "score")
+      local rec = redis.call("GET", key)
+      local status, _, admission = nil, nil, nil
+      if rec then status, _, admission = record_head(rec) end
       local attempts = fields[f + 1]  -- this claim's count (claim.lua)
-      if job[1] ~= "queued" then  -- its record ended or is gone: the claim held it no more
+      if status ~= "queued" then  -- its record ended or is gone: the claim held it no more
         dropped = dropped + 1
       elseif (tonumber(attempts) or 0) >= max_attempts then
-        redis.call("HDEL", key, "input")
-        redis.call("HSET", key, "status", "failed", "t_done", now_ms, "attempts", attempts,
-          "worker", claimed.w or "?", "t_claim", claimed.t or now_ms,
-          "error", "worker lost " .. attempts .. " times (last: " .. (claimed.w or "?") ..
-          "); the input may crash workers")
-        redis.call("EXPIRE", key, ttl[job[2]] or ARGV[9])
+        local model = record_fields(admission, 5)[5]
+        local worker = claimed.w or "?"
+        redis.call("SET", key, ended_record("failed", attempts, admission,
+          claimed.t or now_s, now_s, "", "",
+          "worker lost " .. attempts .. " times (last: " .. worker ..
+          "); the input may crash workers"), "EX", ttl[model] or ARGV[9])
+        redis.call("DEL", input_prefix(ARGV[3]) .. id)
         redis.call("PUBLISH", ARGV[6], id)
         redis.call("LPUSH", KEYS[2], id)
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
         failed = failed + 1
       else
-        redis.call("HSET", key, "attempts", attempts)
-        redis.call("ZADD", ARGV[4] .. job[2] .. ":" .. job[3], job[4] or 0, id)
-        woken[ARGV[5] .. job[2]] = job[3]
+        local head = record_fields(admission, 6)
+        local score, model, bin = head[4], head[5], head[6]
+        redis.call("SET", key, "queued\t" .. attempts .. "\t" .. admission)
+        redis.call("ZADD", ARGV[4] .. model .. ":" .. bin, score ~= "" and score or "0", id)
+        woken[ARGV[5] .. model] = bin
         requeued = requeued + 1
       end
     end

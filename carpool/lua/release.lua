@@ -14,6 +14,7 @@
 --
 -- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
 --#include leave_claim
+--#include record
 redis.replicate_commands()
 
 local out = {}
@@ -30,15 +31,19 @@ local woken = {}
 for i = 7, #ARGV do
   local id = ARGV[i]
   local key = ARGV[2] .. id
-  local job = held[i - 6] and redis.call("HMGET", key, "model", "bin", "score") or {}
-  if job[1] then  -- held, and its record is there
+  local rec = held[i - 6] and redis.call("GET", key)
+  local status, attempts, admission = nil, nil, nil
+  if rec then status, attempts, admission = record_head(rec) end
+  if status == "queued" then  -- held, and its record is there
+    local fields = record_fields(admission, 6)
+    local score, model, bin = fields[4], fields[5], fields[6]
     -- Its record still says "queued" with the attempts before this claim (claim.lua
     -- writes neither): a refund leaves it so; else it keeps this claim's count.
-    if ARGV[6] ~= "1" then
-      redis.call("HSET", key, "attempts", held[i - 6])
+    if ARGV[6] ~= "1" and attempts ~= held[i - 6] then
+      redis.call("SET", key, "queued\t" .. held[i - 6] .. "\t" .. admission)
     end
-    redis.call("ZADD", ARGV[3] .. job[1] .. ":" .. job[2], job[3] or 0, id)
-    woken[ARGV[4] .. job[1]] = job[2]
+    redis.call("ZADD", ARGV[3] .. model .. ":" .. bin, score ~= "" and score or "0", id)
+    woken[ARGV[4] .. model] = bin
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

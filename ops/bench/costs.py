@@ -26,6 +26,7 @@ import psutil
 import redis
 import requests
 
+from carpool import records
 from carpool.keys import Keys, shard
 from carpool.localstack import web_command, worker_command
 from carpool.redis_local import free_port, start_redis
@@ -157,7 +158,8 @@ def _ok(url: str) -> bool:
 def _done_times(r: redis.Redis) -> list[tuple[int, int]]:
     out = []
     for key in r.scan_iter(match=KEYS.job_pattern(shard("synthetic")), count=1000):
-        claim, done = r.hmget(key, "t_claim", "t_done")
+        record = records.read(r, key) or {}
+        claim, done = record.get("t_claim"), record.get("t_done")
         if claim and done:
             out.append((int(claim), int(done)))
     return out

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from preprocess import photo, stored  # this folder
 
+from carpool import records
 from carpool.catalogue import BinSpec, ModelSpec
 from carpool.commands import argv
 from carpool.connection import connect
@@ -153,7 +154,8 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
 
 
 def summarise(client: Any, queue: Queue, ids: list[str]) -> dict[str, Any]:
-    rows = [client.hmget(queue.keys.job(i), "t_done", "status", "batch") for i in ids]
+    fields = [records.read(client, queue.keys.job(i)) or {} for i in ids]
+    rows = [(f.get("t_done", "0"), f.get("status"), f.get("batch")) for f in fields]
     done = sorted(int(t) for t, st, _ in rows if st == "done")
     sizes = [json.loads(b)["size"] for _, st, b in rows if st == "done" and b]
     first = sizes[0] if sizes else 1

@@ -261,7 +261,7 @@ def script_costs(url: str, jobs: int) -> dict[str, float]:
         step()
         out[name] = round(sum(int(v["usec"]) for k, v in r.info("commandstats").items()
                               if k in ("cmdstat_evalsha", "cmdstat_hgetall",
-                                       "cmdstat_hmget")) / jobs, 2)
+                                       "cmdstat_hmget", "cmdstat_mget")) / jobs, 2)
     r.close()
     return out
 
