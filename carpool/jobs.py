@@ -82,6 +82,10 @@ class ClaimedJob:
     #: The API key's digest that submitted it ("" without keys): a pushed result
     #: carries it, so the web checks the owner without reading the record.
     owner: str = ""
+    #: Its record's admission fields as the claim read them (carpool/records.py),
+    #: handed back with its outcome: the completion writes the ended record from them
+    #: without reading the queued one. "" for a job no claim handed out (refused).
+    admission: str = ""
 
 
 @dataclass(frozen=True)

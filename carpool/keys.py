@@ -9,8 +9,7 @@ leases) has a tag of its own, ``{p}``.
 
     {p.s}:job:<id>            str   one job's record (carpool/records.py): status, attempts,
                                     times, score (its place in its bin zset, kept so a lost
-                                    job goes back there), then its result or error
-    {p.s}:in:<id>             str   one job's input, from admission until the job ends
+                                    job goes back there), then its input, result or error
     {p.s}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
                                     carpool/urgency.py): most urgent first, FIFO on ties
     {p.s}:leases              zset  the shard's claims (lease tokens), scored by lease deadline
@@ -87,10 +86,6 @@ class Keys:
     def job_prefix(self, shard_tag: str) -> str:
         """What `job(id)` puts before the ids of one shard; Lua scripts build job keys."""
         return f"{self._tag(shard_tag)}:job:"
-
-    def input(self, job_id: str) -> str:
-        """The key of a job's input while it is queued or running (same slot)."""
-        return f"{self._tag(shard_of_job(job_id))}:in:{job_id}"
 
     def bin(self, model: str, bin_name: str) -> str:
         return f"{self.bin_prefix(shard(model))}{model}:{bin_name}"

@@ -106,6 +106,7 @@ class Queue:
         self._claim = load_script(client, "claim")
         self._complete = load_script(client, "complete")
         self._cancel = load_script(client, "cancel")
+        self._read = load_script(client, "read")
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
 
     def admit(
@@ -255,8 +256,8 @@ class Queue:
             reply = self._claim(keys=keys, args=args)
         jobs = tuple(
             ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]),
-                       str(reply[i + 4]))
-            for i in range(2, len(reply), 5)
+                       str(reply[i + 4]), str(reply[i + 5]))
+            for i in range(2, len(reply), 6)
         )
         return Claim(model.name, bin_name, token, int(reply[0]), jobs, expired=int(reply[1]))
 
@@ -284,11 +285,14 @@ class Queue:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
             payload = (o.error or "") if o.failed else json.dumps(o.result)
-            blob = job_blob(claimed.get(o.id), claim.now_ms, o, payload, timings, model.name)
+            job = claimed.get(o.id)
+            blob = job_blob(job, claim.now_ms, o, payload, timings, model.name)
             if blob:
                 lines.append(blob)
+            # The record's admission fields go back as the claim answered them:
+            # complete.lua writes the ended record without reading the queued one.
             per_job += [o.id, "failed" if o.failed else "done", payload, timings,
-                        len(blob.encode())]
+                        len(blob.encode()), job.admission if job else ""]
         args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                            model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
                            self.keys.results_channel, "\n".join(lines), *per_job, *scan]
@@ -323,11 +327,10 @@ class Queue:
         return self.get_many([job_id])[0]
 
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
-        """Several jobs in one round trip (one ``MGET`` where they share a shard). A
-        record never holds the input (carpool/records.py), which may be large."""
-        with redis_errors():
-            rows = self._records(job_ids)
-        fields = [records.parse(row) if row is not None else {} for row in rows]
+        """Several jobs in one round trip per shard (``read.lua``), never their inputs
+        (carpool/records.py), which may be large."""
+        fields = [records.parse(row) if row is not None else {}
+                  for row in self._records(job_ids)]
         self._tell_running(job_ids, fields)
         return [view_from_hash(job_id, h) if "status" in h else None
                 for job_id, h in zip(job_ids, fields, strict=True)]
@@ -336,30 +339,27 @@ class Queue:
         """The job's record, parsed (carpool/records.py), as stored: a running job's
         says queued. None when it does not exist (or expired)."""
         with redis_errors():
-            row = self.client.get(self.keys.job(job_id))
-        return records.parse(str(row)) if row is not None else None
+            return records.read(self.client, self.keys.job(job_id))
 
     def _records(self, job_ids: Sequence[str]) -> list[str | None]:
+        """The records of ``job_ids`` as ``read.lua`` answers them: one call per shard
+        (a script's keys share a slot; the ids of one model share its shard)."""
         by_shard: dict[str, list[int]] = {}
         for i, job_id in enumerate(job_ids):
             by_shard.setdefault(shard_of_job(job_id), []).append(i)
-        if len(by_shard) == 1:
-            return [None if row is None else str(row)
-                    for row in self.client.mget([self.keys.job(j) for j in job_ids])]
-        pipe = self.client.pipeline(transaction=False)
-        for idx in by_shard.values():  # MGET within one slot: cluster-safe
-            pipe.mget([self.keys.job(job_ids[i]) for i in idx])
-        rows: list[str | None] = [None] * len(job_ids)
-        for idx, got in zip(by_shard.values(), pipe.execute(), strict=True):
-            for i, row in zip(idx, got, strict=True):
-                rows[i] = None if row is None else str(row)
-        return rows
+        out: list[str | None] = [None] * len(job_ids)
+        with redis_errors():
+            for idx in by_shard.values():
+                reply = self._read(keys=[self.keys.job(job_ids[i]) for i in idx])
+                for i, row in zip(idx, reply, strict=True):
+                    out[i] = None if row is None else str(row)
+        return out
 
     def _tell_running(self, job_ids: Sequence[str], fields: list[dict[str, str]]) -> None:
         """A claim writes nothing to its jobs' records (claim.lua), so a "queued" record
-        may be running: it is when its id is no longer in its bin. One more round trip,
-        for unfinished jobs only: the bin's score, then the record again (in that order,
-        so a job claimed and finished in between reads as finished, never running)."""
+        may be running: it is when its id is no longer in its bin. For unfinished jobs
+        only: their bins' scores, then their records again (in that order, so a job
+        claimed and finished in between reads as finished, never running)."""
         queued = [i for i, h in enumerate(fields) if h.get("status") == JobStatus.QUEUED]
         if not queued:
             return
@@ -368,11 +368,10 @@ class Queue:
             for i in queued:
                 h = fields[i]
                 pipe.zscore(self.keys.bin(h.get("model", ""), h.get("bin", "")), job_ids[i])
-                pipe.get(self.keys.job(job_ids[i]))
-            replies = pipe.execute()
-        for k, i in enumerate(queued):
-            score, row = replies[2 * k], replies[2 * k + 1]
-            h = records.parse(str(row)) if row is not None else {}
+            scores = pipe.execute()
+        rows = self._records([job_ids[i] for i in queued])
+        for i, score, row in zip(queued, scores, rows, strict=True):
+            h = records.parse(row) if row is not None else {}
             if h.get("status") == JobStatus.QUEUED and score is None:
                 h["status"] = JobStatus.RUNNING.value
             fields[i] = h

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from carpool import records
 from carpool.jobs import is_job_id
 from carpool.keys import Keys
 from tests.conftest import make_env
@@ -120,7 +121,7 @@ def test_polling_a_queued_image_never_sends_its_input(env: dict[str, str],
         r = requests.post(f"{base}/submit?model=imgs", data=image,
                           headers={"Content-Type": "image/png"}, timeout=10)
         job_id = r.json()["id"]
-        c.set(Keys(env["CARPOOL_KEY_PREFIX"]).input(job_id), noise)  # as a big photo
+        records.update(c, Keys(env["CARPOOL_KEY_PREFIX"]).job(job_id), input=noise)  # big
         before = int(c.info("stats")["total_net_output_bytes"])
         for _ in range(POLLS):
             assert requests.get(f"{base}/result/{job_id}", timeout=10).status_code == 200

@@ -14,7 +14,7 @@ from carpool import records
 from carpool.audit import snapshot, violations
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.connection import connect
-from carpool.jobs import Claim, JobStatus, Outcome
+from carpool.jobs import JobStatus, Outcome
 from carpool.keys import Keys, shard
 from carpool.leases import Leases
 from carpool.queue import Queue
@@ -88,7 +88,7 @@ def test_a_job_lost_max_attempts_times_fails_with_a_reason_and_goes_on_the_dead_
     record = records.read(queue.client, queue.keys.job(job)) or {}
     assert record.get("t_claim") is not None  # its last claim's, as a result has it
     assert "batch" not in record  # it never completed one: the error names the worker
-    assert not queue.client.exists(queue.keys.input(job))  # the input went with it
+    assert '"size"' not in (queue.client.get(queue.keys.job(job)) or "")  # the input went
     assert leases.dead_letters() == [job]
     assert bin_ids(queue) == []
     assert queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s
@@ -240,7 +240,8 @@ def test_a_claim_holds_one_lease_for_all_its_jobs_until_its_last_job_ends(
     goes with the claim's last job, whichever way the jobs leave (release, complete)."""
     spec = synthetic()
     admitted = [admit(queue, spec, value=i) for i in range(6)]
-    ids = claim(queue, spec, 6, lease_ms=60_000, token="big")
+    running = queue.claim(spec, "small", 6, lease_ms=60_000, token="big", worker="w")
+    ids = [j.id for j in running.jobs]
     tag = shard("synthetic")
     assert queue.client.zrange(queue.keys.leases(tag), 0, -1) == ["big"]
     held = set(queue.client.hkeys(queue.keys.claim(tag, "big"))) - {"t", "w"}
@@ -252,7 +253,6 @@ def test_a_claim_holds_one_lease_for_all_its_jobs_until_its_last_job_ends(
 
     assert leases.release("big", ids[:2], refund_attempt=True) == [True, True]
     assert leases.renew("big", ids, 60_000) == [False, False] + [True] * 4
-    running = Claim("synthetic", "small", "big", 0, ())  # complete needs its token and bin
     outcomes = [Outcome(i, result={"ok": 1}) for i in ids[2:]]
     assert queue.complete(spec, running, outcomes[:3], {"size": 3}) == [True] * 3
     assert queue.client.zrange(queue.keys.leases(tag), 0, -1) == ["big"]  # one job left

@@ -43,8 +43,9 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     assert record["idem"] == queue.keys.idempotency(spec.name, "k" * 16)
     score = queue.client.zscore(queue.keys.bin(spec.name, spec.bins[0].name), job)
     assert float(record["score"]) == score
-    assert queue.client.get(queue.keys.input(job)) == body
-    assert "a\tb" not in (queue.client.get(queue.keys.job(job)) or "")
+    assert record["input"] == body
+    read = queue._records([job])[0] or ""  # what GET /result reads: never the input
+    assert records.parse(read) == {k: v for k, v in record.items() if k != "input"}
 
 
 def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> None:
@@ -58,15 +59,15 @@ def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> Non
                                          preprocess_ms=1.5, inference_ms=2.0)],
                    {"size": 1, "bin": spec.bins[0].name, "worker": "w9"})
     done = records.read(queue.client, queue.keys.job(job)) or {}
-    assert {k: done[k] for k in admitted if k != "status"} == {
-        k: v for k, v in admitted.items() if k != "status"}
+    kept = {k: v for k, v in admitted.items() if k not in ("status", "input")}
+    assert {k: done[k] for k in kept} == kept
     assert (done["status"], done["attempts"], done["t_claim"]) == ("done", "1", str(claim.now_ms))
     assert int(done["t_done"]) >= claim.now_ms
     assert json.loads(done["timings"]) == {"preprocess": 1.5, "inference": 2.0}
     assert json.loads(done["batch"])["worker"] == "w9"
     assert json.loads(done["result"]) == {"multi\nline": "x\ty"}
     assert 0 < queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s
-    assert not queue.client.exists(queue.keys.input(job))
+    assert "input" not in done and '"value"' not in (queue.client.get(queue.keys.job(job)) or "")
 
 
 def test_a_failed_and_a_cancelled_record_carry_their_error(queue: Queue) -> None:
@@ -83,7 +84,8 @@ def test_a_failed_and_a_cancelled_record_carry_their_error(queue: Queue) -> None
     assert (failed["status"], failed["error"]) == ("failed", "line one\nline two")
     assert (cancelled["status"], cancelled["error"]) == ("cancelled", "cancelled by the client")
     assert cancelled["model"] == spec.name and "t_claim" not in cancelled
-    assert not queue.client.exists(queue.keys.input(bad), queue.keys.input(dropped))
+    assert all('"value"' not in (queue.client.get(queue.keys.job(j)) or "")
+               for j in (bad, dropped))  # the inputs went with the queued records
 
 
 def test_a_record_written_by_hand_reads_back_the_same() -> None:
@@ -91,6 +93,6 @@ def test_a_record_written_by_hand_reads_back_the_same() -> None:
               "bin": "b", "t_claim": "5", "t_done": "9", "batch": '{"size": 1}',
               "result": '{"a": 1}'}
     assert records.parse(records.build(fields)) == fields
-    queued = {"status": "queued", "t_admit": "1", "model": "m", "bin": "b"}
-    assert "\n" not in records.build(queued)  # the scripts read a queued head to its end
+    queued = {"status": "queued", "t_admit": "1", "model": "m", "bin": "b",
+              "input": '{"a":\n1}'}
     assert records.parse(records.build(queued)) == queued

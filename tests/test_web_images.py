@@ -13,6 +13,7 @@ import redis
 from flask.testing import FlaskClient
 from PIL import Image
 
+from carpool import records
 from carpool.errors import InputTooLarge, InvalidInput
 from carpool.keys import Keys
 from tests.webtools import jpeg, png, png_claiming, web_client, web_settings
@@ -68,7 +69,7 @@ def test_raw_image_body_is_admitted_into_the_bin_of_its_pixel_count(
                      content_type="image/png")
     assert resp.status_code == 202
     assert resp.get_json()["bin"] == "slow"  # 90,000 pixels > the fast bin's 65,536
-    stored = json.loads(client.get(keys.input(resp.get_json()["id"])) or "")
+    stored = json.loads((records.read(client, keys.job(resp.get_json()["id"])) or {})["input"])
     assert (stored["format"], stored["width"], stored["height"]) == ("PNG", 300, 300)
     assert base64.b64decode(stored["image_b64"]) == png(300, 300)
 

@@ -48,7 +48,7 @@ def test_valid_submit_answers_202_and_queues_the_job_in_its_bin(
                     "result_url": f"/result/{body['id']}"}
     assert resp.headers["Location"] == body["result_url"]
     assert client.zrange(keys.bin("synthetic", "medium"), 0, -1) == [body["id"]]
-    stored = client.get(keys.input(body["id"]))
+    stored = (records.read(client, keys.job(body["id"])) or {}).get("input")
     assert stored == '{"size":100,"value":{"a":[1,2]}}'
 
 

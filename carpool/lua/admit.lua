@@ -19,8 +19,8 @@
 -- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/budget.py)
 -- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
 -- ARGV, by the names of carpool/admit_args.py's AdmitArgs (a test checks the two agree):
--- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, inputs {p.s}:in:<id>,
---                            created here; same slot)
+-- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, created here; same
+--                            slot)
 -- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
 -- ARGV[6]  queued_ttl_s      ttl of the idempotency key and of the owners' state (a
 --                            queued record has none: claim.lua ends it after this long)
@@ -66,7 +66,7 @@
 --#include record
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
--- Arguments of one MSET at most (4 per job): Lua's unpack is bounded by its C stack.
+-- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.
 local MSET_ARGS = 4000
 
 if ARGV[7] == "1" then
@@ -296,9 +296,9 @@ if n > 0 then
   if depth > 0 then
     head = tonumber(redis.call("ZRANGE", KEYS[1], 0, 0, "WITHSCORES")[2])
   end
-  -- The record (carpool/records.py) is one string, the input a key of its own: one
-  -- MSET writes every job of the call, where a hash would cost each field its
-  -- argument, its listpack entry and its line in the AOF. Numbers are formatted once.
+  -- The record (carpool/records.py) is one string, its input at its end: one MSET
+  -- writes every job of the call, where a hash would cost each field its argument,
+  -- its listpack entry and its line in the AOF. Numbers are formatted once.
   -- A queued record has no TTL: it stays until claimed (claim.lua ends it "expired"
   -- once queued longer than ARGV[6]) or cancelled, so the byte budget counts it exactly.
   local deadline = ""
@@ -310,17 +310,14 @@ if n > 0 then
   local rec_head = "queued\t\t" .. string.format("%d", now_ms) .. "\t" .. deadline .. "\t" ..
     ARGV[13] .. "\t"
   local rec_tail = "\t" .. ARGV[2] .. "\t" .. ARGV[3] .. "\t" .. priority .. "\t" .. ARGV[14] ..
-    "\t" .. idem
-  local in_prefix = input_prefix(ARGV[1])
+    "\t" .. idem .. "\n"
 
   local members, writes = {}, {}
   for i = 0, n - 1 do
     local id = ARGV[FIRST_JOB + 2 * i]
     local score = scores[i + 1]
     writes[#writes + 1] = ARGV[1] .. id
-    writes[#writes + 1] = rec_head .. score .. rec_tail
-    writes[#writes + 1] = in_prefix .. id
-    writes[#writes + 1] = ARGV[FIRST_JOB + 2 * i + 1]
+    writes[#writes + 1] = rec_head .. score .. rec_tail .. ARGV[FIRST_JOB + 2 * i + 1]
     if #writes >= MSET_ARGS then  -- unpack's C stack bounds one call's arguments
       redis.call("MSET", unpack(writes))
       writes = {}

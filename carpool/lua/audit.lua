@@ -31,6 +31,6 @@ local skip = string.len(ARGV[3])
 for _, key in ipairs(redis.call("KEYS", ARGV[2])) do
   jobs[#jobs + 1] = string.sub(key, skip + 1)
   -- A record's status is its first field (carpool/records.py).
-  jobs[#jobs + 1] = string.match(redis.call("GET", key) or "", "^[^\t\n]*")
+  jobs[#jobs + 1] = string.match(redis.call("GETRANGE", key, 0, 15), "^[^\t\n]*")
 end
 return {bins, leases, jobs}

@@ -1,6 +1,6 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
--- KEYS[1]  job record {p.s}:job:<id> (carpool/records.py); its input is {p.s}:in:<id>
+-- KEYS[1]  job record {p.s}:job:<id> (carpool/records.py)
 -- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
 --          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
 -- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
@@ -19,10 +19,9 @@ local rec = redis.call("GET", KEYS[1])
 if not rec then
   return "missing"
 end
-local status, attempts, admission = record_head(rec)
+local status, attempts, admission, nl = record_head(rec)
 local fields = record_fields(admission, 9)
 local owner, model, bin, idem = fields[3], fields[5], fields[6], fields[9] or ""
-local input_key = input_prefix(string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])) .. ARGV[1]
 -- A claimed job's record still says "queued" (claim.lua writes none): it is running
 -- when it is no longer in its bin. ZREM first: it is the check and the cancel's first
 -- write at once (never refused for memory, so a full Redis still cancels).
@@ -38,7 +37,7 @@ if status ~= "running" and idem ~= "" then
 end
 if status == "queued" then
   -- >>> byte budget (carpool/budget.py): the input leaves the count, as in claim.lua
-  local n = redis.call("STRLEN", input_key)
+  local n = #rec - (nl or #rec)  -- the input: all after the head's newline
   local keys = {ARGV[5] .. model}
   if owner ~= "" then keys[2] = keys[1] .. ":" .. owner end
   for _, key in ipairs(keys) do
@@ -53,14 +52,13 @@ if status == "queued" then
   local t = redis.call("TIME")
   local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
-    "cancelled by the client"), "EX", ARGV[4])
-  redis.call("DEL", input_key)
+    "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
   redis.call("PUBLISH", ARGV[3], ARGV[1])
   return "cancelled"
 end
 if status == "running" then
   return "running"
 end
-redis.call("DEL", KEYS[1], input_key)
+redis.call("DEL", KEYS[1])
 redis.call("PUBLISH", ARGV[6], "del " .. ARGV[1])
 return "deleted"

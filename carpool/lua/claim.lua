@@ -16,12 +16,13 @@
 --          count as of this claim, its time ("t") and worker ("w"); renew, release, reap
 --          and complete act on it, once per claim rather than once per job
 --
--- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, id_2, ...}, most
+-- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, admission_1,
+-- id_2, ...} (admission: the record's admission fields, record.lua), most
 -- urgent first. Ids whose record is gone are dropped; jobs whose deadline has passed,
 -- or queued longer than ARGV[9], end "expired" here, are never computed, and their
 -- places go to the next jobs: `expired` counts them, so the worker that decided it
 -- counts each expiry once (carpool_jobs_expired_total). Per slice taken off the bin: one
--- MGET of the records and inputs (carpool/records.py); per claim: one HSET of the claim
+-- MGET of the records, inputs included (carpool/records.py); per claim: one HSET of the claim
 -- hash and one ZADD of its token into the leases zset.
 --
 -- A claimed job's record is not written: it still says "queued", and the claim hash
@@ -40,8 +41,6 @@ local lease_until = now_ms + tonumber(ARGV[2])
 local live = 0
 local held = {"t", now_s, "w", ARGV[5]}  -- the claim hash's fields
 local stale_ms = now_ms - tonumber(ARGV[9]) * 1000  -- admitted then or before: too old
-local in_prefix = input_prefix(ARGV[4])
-local gone = {}  -- the inputs of the jobs that ended here
 
 -- >>> byte budget (carpool/budget.py): sum the bytes leaving per budget hash
 local freed = {}  -- hash key -> bytes
@@ -61,16 +60,15 @@ while live < max_n and budget > 0 do
   redis.call("ZREMRANGEBYRANK", KEYS[1], 0, #popped - 1)  -- the first write: never OOM
   budget = budget - #popped
   local asked = {}
-  for i = 1, #popped do
-    asked[2 * i - 1] = ARGV[4] .. popped[i]
-    asked[2 * i] = in_prefix .. popped[i]
-  end
+  for i = 1, #popped do asked[i] = ARGV[4] .. popped[i] end
   local got = redis.call("MGET", unpack(asked))
   for i = 1, #popped do
-    local id, rec, input = popped[i], got[2 * i - 1], got[2 * i] or ""
-    local status, attempts_s, t_admit, deadline_s, owner = nil, nil, nil, nil, nil
-    if rec then status, attempts_s, t_admit, deadline_s, owner = record_claimed(rec) end
-    if status == "queued" then
+    local id, rec = popped[i], got[i]
+    local attempts_s, t_admit, deadline_s, owner, admission, input = nil, nil, nil, nil, nil, nil
+    if rec then
+      attempts_s, t_admit, deadline_s, owner, admission, input = record_claimed(rec)
+    end
+    if attempts_s then  -- a record there, still queued
       unbudget_job(input, owner)
       local deadline = deadline_s ~= "" and tonumber(deadline_s) or 0
       local why = nil
@@ -80,10 +78,8 @@ while live < max_n and budget > 0 do
         why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. ARGV[9] .. " s)"
       end
       if why then
-        local admission = string.sub(rec, #attempts_s + 9)  -- after "queued\t<attempts>\t"
-        redis.call("SET", asked[2 * i - 1],
+        redis.call("SET", asked[i],
           ended_record("expired", attempts_s, admission, "", now_s, "", "", why), "EX", ARGV[7])
-        gone[#gone + 1] = asked[2 * i]
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
@@ -98,12 +94,12 @@ while live < max_n and budget > 0 do
         out[#out + 1] = tonumber(t_admit) or now_ms
         out[#out + 1] = attempts
         out[#out + 1] = owner
+        out[#out + 1] = admission
         live = live + 1
       end
     end
   end
 end
-if #gone > 0 then redis.call("DEL", unpack(gone)) end
 if live > 0 then
   redis.call("HSET", KEYS[4], unpack(held))
   redis.call("ZADD", KEYS[2], lease_until, ARGV[3])

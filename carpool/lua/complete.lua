@@ -11,8 +11,9 @@
 -- ARGV[7]  results channel (carpool/pushed.py)
 -- ARGV[8]  the jobs' pushed views (carpool/pushed.py): one JSON line each, "\n" between,
 --          those not pushed left out
--- then per job, 5 values: id, status ("done" | "failed"), payload, timings JSON, and
---   the byte length of its line in ARGV[8] (0: not pushed)
+-- then per job, 6 values: id, status ("done" | "failed"), payload, timings JSON, the
+--   byte length of its line in ARGV[8] (0: not pushed), and its record's admission
+--   fields as claim.lua answered them (record.lua)
 --   (payload: the result JSON when done, the error message when failed)
 -- KEYS[4..3+n], KEYS[4+n..3+2n] (optional) bin zsets and their stats hashes of this
 --   model to peek after the write, as peek.lua does; then the last n ARGV are their
@@ -20,12 +21,12 @@
 --   round trip of its own
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, with their attempt
--- counts, and its time: one HMGET for the batch; one MGET reads their records. Per job:
--- one SET ... EX of its ended record (carpool/records.py: the record's admission
--- fields, the attempt count, the claim's time, the worker's timings, the batch and the
--- payload); one DEL of the batch's inputs; the claim loses the written ids in one
--- HDEL, its token leaves the leases zset with its last job, and one PUBLISH names them
--- all (space-separated: carpool.queue.ended_ids).
+-- counts, and its time: one HMGET for the batch. Per job: one SET ... XX EX of its
+-- ended record (carpool/records.py: the admission fields, the attempt count, the
+-- claim's time, the worker's timings, the batch and the payload), which takes the
+-- input with it; the claim loses its ids in one HDEL, its token leaves the leases zset
+-- with its last job, and one PUBLISH names the jobs written (space-separated:
+-- carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
@@ -36,6 +37,7 @@
 --#include leave_claim
 redis.replicate_commands()
 
+local STRIDE = 6  -- values per job in ARGV
 local npeek = (#KEYS - 3) / 2
 local jobs_end = #ARGV - npeek  -- the last per-job argument
 
@@ -45,69 +47,53 @@ local now_s = string.format("%d", now_ms)  -- once: a number argument is formatt
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}  -- the claim's time, then its jobs
-for i = 9, jobs_end, 5 do asked[#asked + 1] = ARGV[i] end
+for i = 9, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 local attempts = {}  -- ARGV index -> the job's attempt count (claim.lua)
 for k = 2, #held do
   if held[k] then
     out[#out + 1] = 1
-    ours[#ours + 1] = 9 + (k - 2) * 5
-    attempts[9 + (k - 2) * 5] = held[k]
+    ours[#ours + 1] = 9 + (k - 2) * STRIDE
+    attempts[9 + (k - 2) * STRIDE] = held[k]
   else
     out[#out + 1] = 0
   end
 end
--- A record gone while its claim held it (an evicting maxmemory policy, a key deleted
--- by hand), or no longer queued, is not written again: refused, and left the claim.
--- One MGET reads the records' heads (no input: carpool/records.py) for the batch.
-local dropped = {}
-local admissions = {}  -- ARGV index -> the record's admission fields, kept as they are
 if #ours > 0 then
-  local keys = {}
-  for k, i in ipairs(ours) do keys[k] = ARGV[2] .. ARGV[i] end
-  local recs = redis.call("MGET", unpack(keys))
-  local kept = {}
-  for k, i in ipairs(ours) do
-    local status, admission = nil, nil
-    if recs[k] then
-      local head_status, _, head_admission = record_head(recs[k])
-      status, admission = head_status, head_admission
-    end
-    if status == "queued" then
-      kept[#kept + 1] = i
-      admissions[i] = admission
-    else
-      dropped[#dropped + 1] = ARGV[i]
-      out[(i - 9) / 5 + 1] = 0
-    end
-  end
-  ours = kept
+  -- Out of the claim first, every job it held (written or refused below): Redis refuses
+  -- a script for memory only at its first write, and only if that write may grow
+  -- memory (leave_claim's cannot). So completions, which free memory (the inputs go),
+  -- go on while a full Redis (noeviction) refuses admissions.
+  local leaving = {}
+  for k, i in ipairs(ours) do leaving[k] = ARGV[i] end
+  leave_claim(KEYS[3], KEYS[1], ARGV[1], leaving)
 end
+-- One SET ... XX EX per job writes its ended record and its TTL at once, over the queued
+-- record (its input goes with it), without reading it: its admission fields come back
+-- from the worker as claim.lua handed them out, and no one writes a record its claim
+-- holds. XX: a record gone meanwhile (an evicting maxmemory policy, a key deleted by
+-- hand) is not written again as a partial record but refused, as is an outcome with
+-- no admission fields (the claim never handed it out).
+local t_claim = held[1] or now_s  -- claim.lua left it here
+local kept = {}
+for _, i in ipairs(ours) do
+  local set = false
+  if ARGV[i + 5] ~= "" then
+    set = redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i],
+      ARGV[i + 5], t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "XX", "EX", ARGV[4])
+  end
+  if set then
+    kept[#kept + 1] = i
+  else
+    out[(i - 9) / STRIDE + 1] = 0
+  end
+end
+ours = kept
 local written = #ours
 local ended = {}  -- the ids written
 for k, i in ipairs(ours) do ended[k] = ARGV[i] end
-if written + #dropped > 0 then
-  -- Out of the claim first: Redis refuses a script for memory only at its first write,
-  -- and only if that write may grow memory (leave_claim's cannot). So completions,
-  -- which free memory (the input goes), go on while a full Redis (noeviction)
-  -- refuses admissions.
-  local leaving = {unpack(ended)}
-  for _, id in ipairs(dropped) do leaving[#leaving + 1] = id end
-  leave_claim(KEYS[3], KEYS[1], ARGV[1], leaving)
-end
 if written > 0 then
-  local t_claim = held[1] or now_s  -- claim.lua left it here
-  -- One SET ... EX per job writes its ended record and its TTL at once; the worker is in
-  -- the batch JSON. Then one DEL takes the batch's inputs.
-  local inputs = {}
-  local in_prefix = input_prefix(ARGV[2])
-  for k, i in ipairs(ours) do
-    redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i], admissions[i],
-      t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "EX", ARGV[4])
-    inputs[k] = in_prefix .. ARGV[i]
-  end
-  redis.call("DEL", unpack(inputs))
   -- The views of the jobs written, pushed to the web (carpool/pushed.py): the web
   -- answers their polls without a read. Before the ids: a poll woken finds it there.
   -- Every job written (the usual case): ARGV[8] as it came, never rebuilt line by line
@@ -116,7 +102,7 @@ if written > 0 then
   if written < #out and pushed ~= "" then  -- only the lines of the jobs written
     local mine, lines, at = {}, {}, 1
     for _, i in ipairs(ours) do mine[i] = true end
-    for i = 9, jobs_end, 5 do
+    for i = 9, jobs_end, STRIDE do
       local len = tonumber(ARGV[i + 4])
       if len > 0 then
         if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end

@@ -64,8 +64,7 @@ for _, token in ipairs(tokens) do
         redis.call("SET", key, ended_record("failed", attempts, admission,
           claimed.t or now_s, now_s, "", "",
           "worker lost " .. attempts .. " times (last: " .. worker ..
-          "); the input may crash workers"), "EX", ttl[model] or ARGV[9])
-        redis.call("DEL", input_prefix(ARGV[3]) .. id)
+          "); the input may crash workers"), "EX", ttl[model] or ARGV[9])  -- input and all
         redis.call("PUBLISH", ARGV[6], id)
         redis.call("LPUSH", KEYS[2], id)
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
@@ -73,7 +72,7 @@ for _, token in ipairs(tokens) do
       else
         local head = record_fields(admission, 6)
         local score, model, bin = head[4], head[5], head[6]
-        redis.call("SET", key, "queued\t" .. attempts .. "\t" .. admission)
+        redis.call("SET", key, requeued_record(rec, attempts))
         redis.call("ZADD", ARGV[4] .. model .. ":" .. bin, score ~= "" and score or "0", id)
         woken[ARGV[5] .. model] = bin
         requeued = requeued + 1

@@ -40,7 +40,7 @@ for i = 7, #ARGV do
     -- Its record still says "queued" with the attempts before this claim (claim.lua
     -- writes neither): a refund leaves it so; else it keeps this claim's count.
     if ARGV[6] ~= "1" and attempts ~= held[i - 6] then
-      redis.call("SET", key, "queued\t" .. held[i - 6] .. "\t" .. admission)
+      redis.call("SET", key, requeued_record(rec, held[i - 6]))
     end
     redis.call("ZADD", ARGV[3] .. model .. ":" .. bin, score ~= "" and score or "0", id)
     woken[ARGV[4] .. model] = bin

@@ -122,7 +122,13 @@ class Client:
         return {"value": next(self.counter), "size": 8}
 
     def fetch(self, job_id: str) -> None:
-        r = self._session().get(f"{self.base}/result/{job_id}?wait={POLL_WAIT_S}", timeout=60)
+        url = f"{self.base}/result/{job_id}?wait={POLL_WAIT_S}"
+        try:
+            r = self._session().get(url, timeout=60)
+        except requests.ConnectionError:
+            # A fetch thread's kept-alive connection may idle past gunicorn's keepalive
+            # (2 s) and be closed just as it is reused; a read is safe to send again.
+            r = self._session().get(url, timeout=60)
         if r.status_code != 200 or r.json()["status"] != "done":
             self.bad.append(f"{job_id}: {r.status_code} {r.text[:120]}")
 
