@@ -9,12 +9,14 @@ import pytest
 import redis
 
 from carpool import records
-from carpool.budget import memory_report
+from carpool.budget import FINISHED_RECORD_BYTES, RECORD_OVERHEAD_BYTES, memory_report
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BudgetFull
-from carpool.jobs import JobStatus, new_job_id
+from carpool.jobs import JobStatus, Outcome, new_job_id
+from carpool.keys import Keys
 from carpool.leases import Leases
 from carpool.queue import AdmitRequest, Queue
+from tests.redisproc import private_redis
 
 TTL_S = 60
 #: One input's stored JSON: {"size":1,"value":"xxx..."} with this many x's.
@@ -114,3 +116,26 @@ def test_the_shipped_catalogue_fits_the_shipped_maxmemory_with_room_for_results(
     fits, text = memory_report(load_catalogue(None), 2 << 30)
     assert fits, text
     assert not memory_report(load_catalogue(None), 64 << 20)[0]
+
+
+def test_the_memory_arithmetic_bounds_what_records_take_in_a_real_redis() -> None:
+    """RECORD_OVERHEAD_BYTES and FINISHED_RECORD_BYTES, which the web's startup check
+    counts with, are upper bounds of what Redis spends per synthetic job (its own
+    used_memory, on a private Redis so nothing else moves it)."""
+    s = load_catalogue(None).get("synthetic")
+    body = json.dumps({"value": 12345, "size": 8})
+    jobs = 40 * 64
+    with private_redis() as server, server.client() as client:
+        q = Queue(client, Keys("mem"))
+        before = int(client.info("memory")["used_memory"])
+        for _ in range(jobs // 64):
+            q.admit_many(s, [(s.bins[0], new_job_id(s.name), body) for _ in range(64)],
+                         AdmitRequest(TTL_S))
+        queued = int(client.info("memory")["used_memory"])
+        for k in range(jobs // 32):
+            c = q.claim(s, s.bins[0].name, 32, lease_ms=60_000, token=f"t{k}", worker="w0@host")
+            q.complete(s, c, [Outcome(j.id, result={"echo": 12345, "checksum": "0" * 16})
+                              for j in c.jobs], {"size": 32, "bin": "small", "worker": "w0@host"})
+        finished = int(client.info("memory")["used_memory"])
+    assert 0 < (queued - before) / jobs - len(body) <= RECORD_OVERHEAD_BYTES
+    assert 0 < (finished - before) / jobs <= FINISHED_RECORD_BYTES
