@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from carpool import records
 from carpool.admit_args import AdmitArgs
@@ -33,7 +34,6 @@ from carpool.jobs import (
     BinState,
     Claim,
     ClaimedJob,
-    JobStatus,
     JobView,
     Outcome,
     view_from_hash,
@@ -281,6 +281,9 @@ class Queue:
         per_job: list[Any] = []
         lines: list[str] = []  # the pushed views, one argument: the script keeps it whole
         claimed = {j.id: j for j in claim.jobs}
+        strangers = [o.id for o in outcomes if o.id not in claimed]
+        if strangers:  # complete.lua writes a record from what its claim handed out
+            raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
@@ -327,54 +330,46 @@ class Queue:
         return self.get_many([job_id])[0]
 
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
-        """Several jobs in one round trip per shard (``read.lua``), never their inputs
-        (carpool/records.py), which may be large."""
-        fields = [records.parse(row) if row is not None else {}
-                  for row in self._records(job_ids)]
-        self._tell_running(job_ids, fields)
-        return [view_from_hash(job_id, h) if "status" in h else None
-                for job_id, h in zip(job_ids, fields, strict=True)]
+        """Several jobs in one round trip (``read.lua``, one call per shard), never
+        their inputs, which may be large; a claimed job reads as running."""
+        return [view_from_hash(job_id, h) if h and "status" in h else None
+                for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
 
-    def record(self, job_id: str) -> dict[str, str] | None:
-        """The job's record, parsed (carpool/records.py), as stored: a running job's
-        says queued. None when it does not exist (or expired)."""
-        with redis_errors():
-            return records.read(self.client, self.keys.job(job_id))
-
-    def _records(self, job_ids: Sequence[str]) -> list[str | None]:
-        """The records of ``job_ids`` as ``read.lua`` answers them: one call per shard
-        (a script's keys share a slot; the ids of one model share its shard)."""
+    def read_records(self, job_ids: Sequence[str]) -> list[dict[str, str] | None]:
+        """The jobs' records, parsed (carpool/records.py) as a client reads them: a
+        queued record without its input, and with status "running" when a claim holds
+        its job; None where there is none."""
         by_shard: dict[str, list[int]] = {}
         for i, job_id in enumerate(job_ids):
             by_shard.setdefault(shard_of_job(job_id), []).append(i)
-        out: list[str | None] = [None] * len(job_ids)
+        calls = [([self.keys.job(job_ids[i]) for i in idx],
+                  [self.keys.bin_prefix(tag), self.keys.job_prefix(tag)])
+                 for tag, idx in by_shard.items()]
         with redis_errors():
-            for idx in by_shard.values():
-                reply = self._read(keys=[self.keys.job(job_ids[i]) for i in idx])
-                for i, row in zip(idx, reply, strict=True):
-                    out[i] = None if row is None else str(row)
+            replies = self._read_calls(calls)
+        out: list[dict[str, str] | None] = [None] * len(job_ids)
+        for idx, reply in zip(by_shard.values(), replies, strict=True):
+            for i, row in zip(idx, reply, strict=True):
+                out[i] = records.parse(str(row)) if row is not None else None
         return out
 
-    def _tell_running(self, job_ids: Sequence[str], fields: list[dict[str, str]]) -> None:
-        """A claim writes nothing to its jobs' records (claim.lua), so a "queued" record
-        may be running: it is when its id is no longer in its bin. For unfinished jobs
-        only: their bins' scores, then their records again (in that order, so a job
-        claimed and finished in between reads as finished, never running)."""
-        queued = [i for i, h in enumerate(fields) if h.get("status") == JobStatus.QUEUED]
-        if not queued:
-            return
-        with redis_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for i in queued:
-                h = fields[i]
-                pipe.zscore(self.keys.bin(h.get("model", ""), h.get("bin", "")), job_ids[i])
-            scores = pipe.execute()
-        rows = self._records([job_ids[i] for i in queued])
-        for i, score, row in zip(queued, scores, rows, strict=True):
-            h = records.parse(row) if row is not None else {}
-            if h.get("status") == JobStatus.QUEUED and score is None:
-                h["status"] = JobStatus.RUNNING.value
-            fields[i] = h
+    def _read_calls(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+        """``read.lua`` once per (keys, args): one call alone; several (jobs of several
+        shards) in one pipelined round trip, except on a cluster, where each goes to
+        its own shard's master."""
+        if len(calls) == 1 or isinstance(self.client, RedisCluster):
+            return [self._read(keys=keys, args=args) for keys, args in calls]
+        try:
+            return self._pipelined_reads(calls)
+        except NoScriptError:  # Redis restarted or flushed its scripts: load it, once
+            self._read.sha = self.client.script_load(self._read.script)
+            return self._pipelined_reads(calls)
+
+    def _pipelined_reads(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(self._read.sha, len(keys), *keys, *args)
+        return list(pipe.execute())
 
     def depths(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         with redis_errors():

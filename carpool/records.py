@@ -11,7 +11,8 @@ costs Redis its argument, its listpack entry and its line in the AOF on every wr
 the result's TTL a second command, and each key a lookup of its own; a string is
 written whole, with its TTL, by one ``SET ... EX`` that also drops the input
 (docs/benchmarks.md, "Redis CPU per job"). The Lua scripts build and parse the same
-layout (``carpool/lua/record.lua``); a test checks the two agree.
+layout (``carpool/lua/record.lua``); tests write records on each side and read
+them on the other (``tests/test_records.py``).
 
 Header fields, in order (``HEAD``; empty means the default: no deadline, priority 0,
 no owner, no idempotency key, and, for the timings, not reached):
@@ -42,19 +43,20 @@ HEAD: Final = ("status", "attempts", "t_admit", "deadline", "owner", "score", "m
 #: The fields an ended record adds after them.
 ENDED: Final = ("t_claim", "t_done", "timings", "batch")
 #: Where the payload goes in a parsed record, by status.
-_PAYLOAD: Final = {"queued": "input", "done": "result", "failed": "error",
-                   "expired": "error", "cancelled": "error"}
+_PAYLOAD: Final = {"queued": "input", "running": "input", "done": "result",
+                   "failed": "error", "expired": "error", "cancelled": "error"}
 
 
 def parse(record: str) -> dict[str, str]:
     """The record's fields by name, those left empty omitted (so a missing field
     means its default, as with ``dict.get``), and the payload as ``input``, ``result``
-    or ``error`` by its status (a queued record read for a client has no input)."""
+    or ``error`` by its status (a queued record read for a client has no input, and
+    its status may say "running": ``carpool/lua/read.lua``)."""
     head, newline, payload = record.partition("\n")
     values = head.split("\t")
     fields = {name: v for name, v in zip(HEAD + ENDED, values, strict=False) if v}
     where = _PAYLOAD.get(fields.get("status", ""))
-    if where is not None and newline and (payload or where != "error"):
+    if where is not None and newline:
         fields[where] = payload
     return fields
 

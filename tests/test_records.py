@@ -4,12 +4,14 @@ field, through a job's whole life on a real Redis."""
 from __future__ import annotations
 
 import json
-import re
-from importlib.resources import files
+from dataclasses import replace
+
+import pytest
 
 from carpool import records
 from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.jobs import Outcome, new_job_id
+from carpool.jobs import JobStatus, Outcome, new_job_id
+from carpool.keys import shard_of_job
 from carpool.queue import Queue
 
 TTL_S = 3600
@@ -19,12 +21,31 @@ def synthetic() -> ModelSpec:
     return load_catalogue(None).get("synthetic")
 
 
-def test_the_lua_side_names_the_same_fields_in_the_same_order() -> None:
-    source = files("carpool").joinpath("lua", "record.lua").read_text()
-    head = re.search(r'fields, "([a-z_ ]+\n-- [a-z_ ]+)", and once ended "([a-z_ ]+)"', source)
-    assert head is not None, "record.lua's comment no longer lists the fields"
-    assert tuple(head.group(1).replace("\n-- ", " ").split()) == records.HEAD
-    assert tuple(head.group(2).split()) == records.ENDED
+def test_a_record_python_writes_is_one_the_scripts_claim_and_complete(queue: Queue) -> None:
+    """Every header field set, in Python's order: the claim reads each where Python put
+    it, and the completion keeps them where Python reads them back."""
+    spec = synthetic()
+    job = new_job_id(spec.name)
+    seconds, micros = queue.client.time()
+    now_ms = seconds * 1000 + micros // 1000  # Redis's clock: a claim expires stale jobs
+    written = {"status": "queued", "attempts": "2", "t_admit": str(now_ms),
+               "deadline": "9999999999999", "owner": "o" * 64, "score": f"{now_ms}123",
+               "model": spec.name, "bin": spec.bins[0].name, "priority": "4",
+               "digest": "d" * 64, "idem": "{x}:idem:k", "input": '{"value": "\t", "size": 1}'}
+    assert tuple(k for k in written if k != "input") == records.HEAD
+    queue.client.set(queue.keys.job(job), records.build(written))
+    queue.client.zadd(queue.keys.bin(spec.name, spec.bins[0].name), {job: 1})
+    claim = queue.claim(spec, spec.bins[0].name, 1, lease_ms=5000, token="t", worker="w")
+    (got,) = claim.jobs
+    assert (got.input_json, got.admit_ms, got.attempts, got.owner) == (
+        written["input"], now_ms, 3, "o" * 64)
+    queue.complete(spec, claim, [Outcome(job, result={"ok": 1})],
+                   {"size": 1, "bin": spec.bins[0].name, "worker": "w"})
+    done = records.read(queue.client, queue.keys.job(job)) or {}
+    kept = {k: v for k, v in written.items() if k not in ("status", "attempts", "input")}
+    assert {k: done.get(k) for k in kept} == kept
+    assert (done["status"], done["attempts"], done["result"]) == ("done", "3", '{"ok": 1}')
+    assert tuple(done)[:len(records.HEAD + records.ENDED)] == records.HEAD + records.ENDED
 
 
 def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> None:
@@ -44,8 +65,8 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     score = queue.client.zscore(queue.keys.bin(spec.name, spec.bins[0].name), job)
     assert float(record["score"]) == score
     assert record["input"] == body
-    read = queue._records([job])[0] or ""  # what GET /result reads: never the input
-    assert records.parse(read) == {k: v for k, v in record.items() if k != "input"}
+    read = queue.read_records([job])[0]  # what GET /result reads: never the input
+    assert read == {k: v for k, v in record.items() if k != "input"}
 
 
 def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> None:
@@ -67,7 +88,7 @@ def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> Non
     assert json.loads(done["batch"])["worker"] == "w9"
     assert json.loads(done["result"]) == {"multi\nline": "x\ty"}
     assert 0 < queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s
-    assert "input" not in done and '"value"' not in (queue.client.get(queue.keys.job(job)) or "")
+    assert '"value"' not in (queue.client.get(queue.keys.job(job)) or "")  # the input went
 
 
 def test_a_failed_and_a_cancelled_record_carry_their_error(queue: Queue) -> None:
@@ -96,3 +117,58 @@ def test_a_record_written_by_hand_reads_back_the_same() -> None:
     queued = {"status": "queued", "t_admit": "1", "model": "m", "bin": "b",
               "input": '{"a":\n1}'}
     assert records.parse(records.build(queued)) == queued
+
+
+def test_a_read_says_running_for_a_claimed_job_and_returns_a_long_result_whole(
+        queue: Queue) -> None:
+    spec = synthetic()
+    jobs = [new_job_id(spec.name) for _ in range(3)]
+    for job in jobs:
+        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
+    claim = queue.claim(spec, spec.bins[0].name, 2, lease_ms=5000, token="t", worker="w")
+    assert [(r or {}).get("status") for r in queue.read_records(jobs)] == [
+        "running", "running", "queued"]
+    long = {"values": list(range(2000))}  # about 9 KB: past read.lua's first 4 KiB
+    queue.complete(spec, claim, [Outcome(jobs[0], result=long),
+                                 Outcome(jobs[1], result={"ok": 1})],
+                   {"size": 2, "bin": spec.bins[0].name, "worker": "w"})
+    first, second, third = queue.get_many(jobs)
+    assert first is not None and first.result == long
+    assert second is not None and second.status is JobStatus.DONE
+    assert third is not None and third.status is JobStatus.QUEUED
+
+
+def test_an_outcome_without_its_claims_admission_fields_is_refused_and_reaped_later(
+        queue: Queue) -> None:
+    spec = synthetic()
+    jobs = [new_job_id(spec.name) for _ in range(2)]
+    for job in jobs:
+        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
+    claim = queue.claim(spec, spec.bins[0].name, 2, lease_ms=5000, token="t", worker="w")
+    blank = replace(claim, jobs=(claim.jobs[0], replace(claim.jobs[1], admission="")))
+    written = queue.complete(spec, blank, [Outcome(j, result={}) for j in jobs],
+                             {"size": 2, "bin": spec.bins[0].name, "worker": "w"})
+    assert written == [True, False]
+    held = queue.client.hkeys(queue.keys.claim(shard_of_job(jobs[1]), "t"))
+    assert jobs[1] in held  # still the claim's: its lease lapses and the reaper returns it
+    assert (queue.read_records([jobs[1]])[0] or {}).get("status") == "running"
+    with pytest.raises(ValueError, match="does not hold"):
+        queue.complete(spec, blank, [Outcome("someone-else", result={})], {"size": 1})
+
+
+def test_an_empty_error_reads_as_empty_as_its_pushed_view_says() -> None:
+    failed = records.build({"status": "failed", "attempts": "1", "t_done": "9", "error": ""})
+    assert records.parse(failed)["error"] == ""
+
+
+def test_reads_across_shards_go_in_one_pipeline_and_survive_a_script_flush(
+        queue: Queue) -> None:
+    catalogue = load_catalogue(None)
+    specs = [catalogue.get("synthetic"), catalogue.get("minilm")]
+    assert shard_of_job(new_job_id(specs[0].name)) != shard_of_job(new_job_id(specs[1].name))
+    jobs = [new_job_id(s.name) for s in specs]
+    for s, job in zip(specs, jobs, strict=True):
+        queue.admit(s, s.bins[0], job, '{"text": "x"}', queued_ttl_s=TTL_S)
+    queue.client.script_flush()  # as after a Redis restart: the pipeline must load it again
+    assert [(r or {}).get("model") for r in queue.read_records([*jobs, "gone" + jobs[0]])] == [
+        "synthetic", "minilm", None]

@@ -22,9 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from carpool import records
 from carpool.catalogue import ModelSpec
-from carpool.connection import redis_errors
 from carpool.errors import BackendUnavailable, CarpoolError
 from carpool.jobs import Claim, Outcome
 from carpool.queue import Completed, Queue
@@ -98,20 +96,14 @@ class CompletionWriter:
         refused = [j.id for j, ok in zip(claim.jobs, written, strict=True) if not ok]
         if not refused:
             return written
-        pipe = self.queue.client.pipeline(transaction=False)
-        for job_id in refused:
-            pipe.get(self.queue.keys.job(job_id))
         try:
-            with redis_errors():
-                rows = pipe.execute()
+            found = self.queue.read_records(refused)  # never an input: a requeued job's
         except BackendUnavailable:
             return written  # only the counts are at stake
-        ours = set()
-        for job_id, row in zip(refused, rows, strict=True):
-            fields = records.parse(row) if row is not None else {}
-            if (fields.get("status") in _FINAL and fields.get("t_claim") == str(claim.now_ms)
-                    and _batch_worker(fields.get("batch")) == self.worker):
-                ours.add(job_id)
+        ours = {job_id for job_id, fields in zip(refused, found, strict=True)
+                if fields and fields.get("status") in _FINAL
+                and fields.get("t_claim") == str(claim.now_ms)
+                and _batch_worker(fields.get("batch")) == self.worker}
         return [ok or j.id in ours for j, ok in zip(claim.jobs, written, strict=True)]
 
 

@@ -52,7 +52,9 @@ local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 local attempts = {}  -- ARGV index -> the job's attempt count (claim.lua)
 for k = 2, #held do
-  if held[k] then
+  -- Held, and handed back with the admission fields its claim handed out (an outcome
+  -- without them is refused, and its job stays in the claim: the reaper returns it).
+  if held[k] and ARGV[9 + (k - 2) * STRIDE + 5] ~= "" then
     out[#out + 1] = 1
     ours[#ours + 1] = 9 + (k - 2) * STRIDE
     attempts[9 + (k - 2) * STRIDE] = held[k]
@@ -61,7 +63,7 @@ for k = 2, #held do
   end
 end
 if #ours > 0 then
-  -- Out of the claim first, every job it held (written or refused below): Redis refuses
+  -- Out of the claim first, every one of them (written or refused below): Redis refuses
   -- a script for memory only at its first write, and only if that write may grow
   -- memory (leave_claim's cannot). So completions, which free memory (the inputs go),
   -- go on while a full Redis (noeviction) refuses admissions.
@@ -73,16 +75,12 @@ end
 -- record (its input goes with it), without reading it: its admission fields come back
 -- from the worker as claim.lua handed them out, and no one writes a record its claim
 -- holds. XX: a record gone meanwhile (an evicting maxmemory policy, a key deleted by
--- hand) is not written again as a partial record but refused, as is an outcome with
--- no admission fields (the claim never handed it out).
+-- hand) is not written again as a partial record but refused.
 local t_claim = held[1] or now_s  -- claim.lua left it here
 local kept = {}
 for _, i in ipairs(ours) do
-  local set = false
-  if ARGV[i + 5] ~= "" then
-    set = redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i],
-      ARGV[i + 5], t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "XX", "EX", ARGV[4])
-  end
+  local set = redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i],
+    ARGV[i + 5], t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "XX", "EX", ARGV[4])
   if set then
     kept[#kept + 1] = i
   else
