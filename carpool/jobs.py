@@ -143,7 +143,7 @@ class JobView:
 
 
 def view_from_hash(job_id: str, h: dict[str, str]) -> JobView:
-    """Build the client's view from a job hash (strings, as Redis returns them)."""
+    """Build the client's view from a job's record, parsed (carpool/records.py)."""
     status = JobStatus(h["status"])
     timings: dict[str, float] | None = None
     if "t_done" in h:

@@ -28,7 +28,7 @@ from carpool.keys import Keys
 from carpool.queue import Queue, ended_ids
 from carpool.settings import Settings
 
-#: Job hashes read per pipelined round trip when collecting results.
+#: Job records read per pipelined round trip when collecting results.
 FETCH_CHUNK = 500
 #: How long the listener blocks on one read before checking whether to stop.
 LISTEN_POLL_S = 0.2
