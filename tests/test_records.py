@@ -10,7 +10,7 @@ import pytest
 
 from carpool import records
 from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.jobs import JobStatus, Outcome, new_job_id
+from carpool.jobs import Claim, JobStatus, Outcome, new_job_id
 from carpool.keys import shard_of_job
 from carpool.queue import Queue
 
@@ -19,6 +19,15 @@ TTL_S = 3600
 
 def synthetic() -> ModelSpec:
     return load_catalogue(None).get("synthetic")
+
+
+def admit_and_claim(queue: Queue, spec: ModelSpec, admitted: int,
+                    claimed: int) -> tuple[list[str], Claim]:
+    jobs = [new_job_id(spec.name) for _ in range(admitted)]
+    for job in jobs:
+        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
+    return jobs, queue.claim(spec, spec.bins[0].name, claimed, lease_ms=5000, token="t",
+                             worker="w")
 
 
 def test_a_record_python_writes_is_one_the_scripts_claim_and_complete(queue: Queue) -> None:
@@ -122,10 +131,7 @@ def test_a_record_written_by_hand_reads_back_the_same() -> None:
 def test_a_read_says_running_for_a_claimed_job_and_returns_a_long_result_whole(
         queue: Queue) -> None:
     spec = synthetic()
-    jobs = [new_job_id(spec.name) for _ in range(3)]
-    for job in jobs:
-        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
-    claim = queue.claim(spec, spec.bins[0].name, 2, lease_ms=5000, token="t", worker="w")
+    jobs, claim = admit_and_claim(queue, spec, 3, 2)
     assert [(r or {}).get("status") for r in queue.read_records(jobs)] == [
         "running", "running", "queued"]
     long = {"values": list(range(2000))}  # about 9 KB: past read.lua's first 4 KiB
@@ -141,10 +147,7 @@ def test_a_read_says_running_for_a_claimed_job_and_returns_a_long_result_whole(
 def test_an_outcome_without_its_claims_admission_fields_is_refused_and_reaped_later(
         queue: Queue) -> None:
     spec = synthetic()
-    jobs = [new_job_id(spec.name) for _ in range(2)]
-    for job in jobs:
-        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
-    claim = queue.claim(spec, spec.bins[0].name, 2, lease_ms=5000, token="t", worker="w")
+    jobs, claim = admit_and_claim(queue, spec, 2, 2)
     blank = replace(claim, jobs=(claim.jobs[0], replace(claim.jobs[1], admission="")))
     written = queue.complete(spec, blank, [Outcome(j, result={}) for j in jobs],
                              {"size": 2, "bin": spec.bins[0].name, "worker": "w"})

@@ -7,7 +7,7 @@
 -- all); a full bin leaves at once anyway, so only its head (the most urgent job) is:
 -- a peek costs O(max_batch) at most. oldest and earliest are over the jobs looked at;
 -- oldest is -1 for an empty bin and now_ms for a job whose record is gone; earliest is
--- 0 when none has a deadline. Read-only.
+-- 0 when none has a deadline. Read-only. Needs record.lua included before it.
 local HEAD_PEEK_BYTES = 64  -- status, attempts, t_admit and deadline fit: ~40 bytes
 
 local function peek_bins(bin_keys, stats_keys, scans, job_prefix, now_ms, out)
@@ -20,9 +20,8 @@ local function peek_bins(bin_keys, stats_keys, scans, job_prefix, now_ms, out)
       -- The head of each record (carpool/records.py: t_admit and deadline are its third
       -- and fourth fields), never its input.
       for _, id in ipairs(redis.call("ZRANGE", bin_keys[i], 0, look - 1)) do
-        local t_admit, deadline_s = string.match(
-          redis.call("GETRANGE", job_prefix .. id, 0, HEAD_PEEK_BYTES - 1),
-          "^queued\t%d*\t(%d*)\t(%d*)")
+        local t_admit, deadline_s = record_times(
+          redis.call("GETRANGE", job_prefix .. id, 0, HEAD_PEEK_BYTES - 1))
         local admitted = tonumber(t_admit) or now_ms
         if oldest < 0 or admitted < oldest then oldest = admitted end
         local deadline = tonumber(deadline_s) or 0

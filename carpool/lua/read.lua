@@ -12,6 +12,7 @@
 -- first: a queued record's head and most ended records fit, so an input is never
 -- copied whole; a longer ended record is then read whole. A key that is not a string
 -- (a record of an older layout) reads as none.
+--#include record
 local READ_BYTES = 4096
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -20,11 +21,10 @@ for i, key in ipairs(KEYS) do
     out[i] = false
   elseif string.byte(part, 1) == 113 then  -- "q": queued, its head alone
     local head = string.sub(part, 1, (string.find(part, "\n", 1, true) or 0) - 1)
-    -- model and bin: the 7th and 8th fields (record.lua)
-    local model, bin = string.match(head,
-      "^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]*)\t([^\t]*)")
+    local _, _, admission = record_head(head)
+    local _, model, bin = record_place(admission)
     local id = string.sub(key, #ARGV[2] + 1)
-    if model and not redis.call("ZSCORE", ARGV[1] .. model .. ":" .. bin, id) then
+    if bin and not redis.call("ZSCORE", ARGV[1] .. model .. ":" .. bin, id) then
       head = "running" .. string.sub(head, 7)
     end
     out[i] = head

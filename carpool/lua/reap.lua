@@ -18,7 +18,8 @@
 -- urgent; a record without a score goes to the very front), its record keeps the
 -- attempt (its status is still "queued": a claim does not write it), and its model's
 -- workers are woken. A job at max_attempts ends "failed" with a reason (naming the
--- lost worker; no batch: it never completed one), its input goes, and its id goes on the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
+-- lost worker; no batch: it never completed one), its input goes, and its id goes on
+-- the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
 --
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
@@ -59,7 +60,7 @@ for _, token in ipairs(tokens) do
       if status ~= "queued" then  -- its record ended or is gone: the claim held it no more
         dropped = dropped + 1
       elseif (tonumber(attempts) or 0) >= max_attempts then
-        local model = record_fields(admission, 5)[5]
+        local _, model = record_place(admission)
         local worker = claimed.w or "?"
         redis.call("SET", key, ended_record("failed", attempts, admission,
           claimed.t or now_s, now_s, "", "",
@@ -70,8 +71,7 @@ for _, token in ipairs(tokens) do
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
         failed = failed + 1
       else
-        local head = record_fields(admission, 6)
-        local score, model, bin = head[4], head[5], head[6]
+        local score, model, bin = record_place(admission)
         redis.call("SET", key, requeued_record(rec, attempts))
         redis.call("ZADD", ARGV[4] .. model .. ":" .. bin, score ~= "" and score or "0", id)
         woken[ARGV[5] .. model] = bin

@@ -14,9 +14,11 @@
 --   idem as one string, which every later write of the record keeps as is (a claim
 --   hands it to the worker, which hands it back with the outcome: complete.lua then
 --   writes the ended record without reading the queued one)
+-- record_times(head) -> t_admit, deadline of a queued record (or of its first bytes)
 -- record_head(rec) -> status, attempts, admission, and where the newline is (nil: none)
 -- record_fields(admission, n) -> a table of its first n fields (t_admit = 1, deadline,
 --   owner, score, model, bin, priority, digest, idem = 9)
+-- record_place(admission) -> score, model, bin: where the job waits (its bin zset)
 -- ended_record(status, attempts, admission, t_claim, t_done, timings, batch, payload)
 --   -> an ended record
 -- requeued_record(rec, attempts) -> a queued record with its attempt count replaced
@@ -29,9 +31,17 @@ local function record_claimed(rec)
     string.sub(rec, nl + 1)
 end
 
-local function record_head(rec)
+local function record_times(head)
+  return string.match(head, "^queued\t%d*\t(%d*)\t(%d*)")
+end
+
+local function record_tabs(rec)  -- where the status and the attempts fields end
   local a = string.find(rec, "\t", 1, true)
-  local b = string.find(rec, "\t", a + 1, true)
+  return a, string.find(rec, "\t", a + 1, true)
+end
+
+local function record_head(rec)
+  local a, b = record_tabs(rec)
   local nl = string.find(rec, "\n", b + 1, true)
   return string.sub(rec, 1, a - 1), string.sub(rec, a + 1, b - 1),
     string.sub(rec, b + 1, (nl or 0) - 1), nl
@@ -51,6 +61,11 @@ local function record_fields(admission, n)
   return out
 end
 
+local function record_place(admission)
+  local fields = record_fields(admission, 6)
+  return fields[4], fields[5], fields[6]
+end
+
 local function ended_record(status, attempts, admission, t_claim, t_done, timings, batch,
                             payload)
   return status .. "\t" .. attempts .. "\t" .. admission .. "\t" .. t_claim .. "\t" ..
@@ -58,7 +73,6 @@ local function ended_record(status, attempts, admission, t_claim, t_done, timing
 end
 
 local function requeued_record(rec, attempts)
-  local a = string.find(rec, "\t", 1, true)
-  local b = string.find(rec, "\t", a + 1, true)
+  local _, b = record_tabs(rec)
   return "queued\t" .. attempts .. string.sub(rec, b)
 end

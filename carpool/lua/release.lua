@@ -35,8 +35,7 @@ for i = 7, #ARGV do
   local status, attempts, admission = nil, nil, nil
   if rec then status, attempts, admission = record_head(rec) end
   if status == "queued" then  -- held, and its record is there
-    local fields = record_fields(admission, 6)
-    local score, model, bin = fields[4], fields[5], fields[6]
+    local score, model, bin = record_place(admission)
     -- Its record still says "queued" with the attempts before this claim (claim.lua
     -- writes neither): a refund leaves it so; else it keeps this claim's count.
     if ARGV[6] ~= "1" and attempts ~= held[i - 6] then
