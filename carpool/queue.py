@@ -79,6 +79,15 @@ class Completed:
     states: list[BinState] | None = None
 
 
+def _claimed_job(job_id: str, record: str, now_ms: int) -> ClaimedJob:
+    """A job as claim.lua hands it out: its id and its queued record, whole. This claim
+    is one more run: claim.lua counted it in the claim hash the same way."""
+    attempts, admission, input_json = records.claimed(record)
+    t_admit_ms, owner = records.admission_fields(admission)
+    return ClaimedJob(job_id, input_json, now_ms if t_admit_ms is None else t_admit_ms,
+                      attempts + 1, owner, admission)
+
+
 def _bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[BinState]:
     """peek_bins.lua's four numbers per bin, as ``BinState``s."""
     states = []
@@ -254,12 +263,10 @@ class Queue:
                 queued_ttl_s]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
-        jobs = tuple(
-            ClaimedJob(str(reply[i]), str(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]),
-                       str(reply[i + 4]), str(reply[i + 5]))
-            for i in range(2, len(reply), 6)
-        )
-        return Claim(model.name, bin_name, token, int(reply[0]), jobs, expired=int(reply[1]))
+        now_ms = int(reply[0])
+        jobs = tuple(_claimed_job(str(reply[i]), str(reply[i + 1]), now_ms)
+                     for i in range(2, len(reply), 2))
+        return Claim(model.name, bin_name, token, now_ms, jobs, expired=int(reply[1]))
 
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
@@ -284,20 +291,25 @@ class Queue:
         strangers = [o.id for o in outcomes if o.id not in claimed]
         if strangers:  # complete.lua writes a record from what its claim handed out
             raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
+        batch_json = json.dumps(batch)
         for o in outcomes:
             timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                                   "inference": round(o.inference_ms, 3)})
             payload = (o.error or "") if o.failed else json.dumps(o.result)
-            job = claimed.get(o.id)
+            job = claimed[o.id]
             blob = job_blob(job, claim.now_ms, o, payload, timings, model.name)
             if blob:
                 lines.append(blob)
-            # The record's admission fields go back as the claim answered them:
-            # complete.lua writes the ended record without reading the queued one.
-            per_job += [o.id, "failed" if o.failed else "done", payload, timings,
-                        len(blob.encode()), job.admission if job else ""]
+            # The ended record, built from what the claim answered (complete.lua adds
+            # t_done): the script writes it without reading the queued one.
+            head, tail = ("", "")
+            if job.admission:
+                head, tail = records.ended_parts("failed" if o.failed else "done",
+                                                 job.attempts, job.admission, claim.now_ms,
+                                                 timings, batch_json, payload)
+            per_job += [o.id, len(blob.encode()), head, tail]
         args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
-                           model.result_ttl_s, json.dumps(batch), DRAIN_TAU_MS,
+                           model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                            self.keys.results_channel, "\n".join(lines), *per_job, *scan]
         keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
                 self.keys.claim(tag, claim.token),

@@ -86,3 +86,28 @@ def update(client: redis.Redis, job_key: str, **changes: str | int) -> None:
     fields: dict[str, str | int] = dict(read(client, job_key) or {})
     fields.update(changes)
     client.set(job_key, build(fields), keepttl=True)
+
+
+def claimed(record: str) -> tuple[int, str, str]:
+    """A queued record as ``claim.lua`` hands it out, whole: (the runs started before
+    this claim, its admission fields from ``t_admit`` to ``idem`` as one string, its
+    input). The worker hands the admission fields back with the outcome
+    (``ended_parts``), so the completion never reads the queued record."""
+    head, _, payload = record.partition("\n")
+    _status, attempts, admission = head.split("\t", 2)
+    return int(attempts or 0), admission, payload
+
+
+def admission_fields(admission: str) -> tuple[int | None, str]:
+    """``t_admit`` (ms; None when left empty) and ``owner`` out of a record's admission
+    fields."""
+    t_admit, _deadline, owner, _rest = admission.split("\t", 3)
+    return (int(t_admit) if t_admit else None), owner
+
+
+def ended_parts(status: str, attempts: int, admission: str, t_claim_ms: int, timings: str,
+                batch: str, payload: str) -> tuple[str, str]:
+    """An ended record but for ``t_done``, in two parts: ``complete.lua`` writes
+    ``head + t_done + tail``, with ``t_done`` Redis's own clock at the write."""
+    return (f"{status}\t{attempts}\t{admission}\t{t_claim_ms}\t",
+            f"\t{timings}\t{batch}\n{payload}")

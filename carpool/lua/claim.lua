@@ -16,9 +16,10 @@
 --          count as of this claim, its time ("t") and worker ("w"); renew, release, reap
 --          and complete act on it, once per claim rather than once per job
 --
--- Returns {now_ms, expired, id_1, input_1, admit_ms_1, attempts_1, owner_1, admission_1,
--- id_2, ...} (admission: the record's admission fields, record.lua), most
--- urgent first. Ids whose record is gone are dropped; jobs whose deadline has passed,
+-- Returns {now_ms, expired, id_1, record_1, id_2, record_2, ...}, most urgent first: each
+-- record whole, as MGET read it (carpool/records.py's `claimed` takes the attempt
+-- count, the admission fields and the input out of it in the worker; cutting them out
+-- here would cost Redis a string each). Ids whose record is gone are dropped; jobs whose deadline has passed,
 -- or queued longer than ARGV[9], end "expired" here, are never computed, and their
 -- places go to the next jobs: `expired` counts them, so the worker that decided it
 -- counts each expiry once (carpool_jobs_expired_total). Per slice taken off the bin: one
@@ -44,11 +45,11 @@ local stale_ms = now_ms - tonumber(ARGV[9]) * 1000  -- admitted then or before: 
 
 -- >>> byte budget (carpool/budget.py): sum the bytes leaving per budget hash
 local freed = {}  -- hash key -> bytes
-local function unbudget_job(input, owner)
-  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + #input
+local function unbudget_job(input_bytes, owner)
+  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + input_bytes
   if owner ~= "" then
     local key = KEYS[3] .. ":" .. owner
-    freed[key] = (freed[key] or 0) + #input
+    freed[key] = (freed[key] or 0) + input_bytes
   end
 end
 -- <<< byte budget
@@ -64,12 +65,12 @@ while live < max_n and budget > 0 do
   local got = redis.call("MGET", unpack(asked))
   for i = 1, #popped do
     local id, rec = popped[i], got[i]
-    local attempts_s, t_admit, deadline_s, owner, admission, input = nil, nil, nil, nil, nil, nil
+    local attempts_s, t_admit, deadline_s, owner, nl = nil, nil, nil, nil, nil
     if rec then
-      attempts_s, t_admit, deadline_s, owner, admission, input = record_claimed(rec)
+      attempts_s, t_admit, deadline_s, owner, nl = record_queued(rec)
     end
     if attempts_s then  -- a record there, still queued
-      unbudget_job(input, owner)
+      unbudget_job(#rec - nl, owner)
       local deadline = deadline_s ~= "" and tonumber(deadline_s) or 0
       local why = nil
       if deadline > 0 and now_ms >= deadline then
@@ -79,7 +80,8 @@ while live < max_n and budget > 0 do
       end
       if why then
         redis.call("SET", asked[i],
-          ended_record("expired", attempts_s, admission, "", now_s, "", "", why), "EX", ARGV[7])
+          ended_record("expired", attempts_s, record_admission(rec, attempts_s, nl), "", now_s,
+            "", "", why), "EX", ARGV[7])
         redis.call("PUBLISH", ARGV[6], id)
         out[2] = out[2] + 1
       else
@@ -90,11 +92,7 @@ while live < max_n and budget > 0 do
         held[#held + 1] = id
         held[#held + 1] = string.format("%d", attempts)
         out[#out + 1] = id
-        out[#out + 1] = input
-        out[#out + 1] = tonumber(t_admit) or now_ms
-        out[#out + 1] = attempts
-        out[#out + 1] = owner
-        out[#out + 1] = admission
+        out[#out + 1] = rec
         live = live + 1
       end
     end

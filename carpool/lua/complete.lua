@@ -11,20 +11,21 @@
 -- ARGV[7]  results channel (carpool/pushed.py)
 -- ARGV[8]  the jobs' pushed views (carpool/pushed.py): one JSON line each, "\n" between,
 --          those not pushed left out
--- then per job, 6 values: id, status ("done" | "failed"), payload, timings JSON, the
---   byte length of its line in ARGV[8] (0: not pushed), and its record's admission
---   fields as claim.lua answered them (record.lua)
---   (payload: the result JSON when done, the error message when failed)
+-- then per job, 4 values: id, the byte length of its line in ARGV[8] (0: not pushed),
+--   and its ended record but for t_done, in two parts (carpool/records.py's
+--   `ended_parts`): the head up to t_claim, built by the worker from the admission
+--   fields and the attempt count the claim handed out, and the rest from the timings
+--   on, payload included (the result JSON when done, the error message when failed);
+--   the record written is head .. t_done .. rest, t_done Redis's clock
 -- KEYS[4..3+n], KEYS[4+n..3+2n] (optional) bin zsets and their stats hashes of this
 --   model to peek after the write, as peek.lua does; then the last n ARGV are their
 --   max_batch: the worker decides its next batch from this reply, without a peek's
 --   round trip of its own
 --
--- The claim hash (KEYS[3]) says which jobs the claim still holds, with their attempt
--- counts, and its time: one HMGET for the batch. Per job: one SET ... XX EX of its
--- ended record (carpool/records.py: the admission fields, the attempt count, the
--- claim's time, the worker's timings, the batch and the payload), which takes the
--- input with it; the claim loses its ids in one HDEL, its token leaves the leases zset
+-- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
+-- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
+-- input with it; the worker built all of it but t_done (only claim.lua writes a
+-- claim's attempt counts, so the worker's equal them for every job still held); the claim loses its ids in one HDEL, its token leaves the leases zset
 -- with its last job, and one PUBLISH names the jobs written (space-separated:
 -- carpool.queue.ended_ids).
 --
@@ -37,7 +38,7 @@
 --#include leave_claim
 redis.replicate_commands()
 
-local STRIDE = 6  -- values per job in ARGV
+local STRIDE = 4  -- values per job in ARGV
 local npeek = (#KEYS - 3) / 2
 local jobs_end = #ARGV - npeek  -- the last per-job argument
 
@@ -50,14 +51,12 @@ local asked = {"t"}  -- the claim's time, then its jobs
 for i = 9, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
-local attempts = {}  -- ARGV index -> the job's attempt count (claim.lua)
 for k = 2, #held do
-  -- Held, and handed back with the admission fields its claim handed out (an outcome
-  -- without them is refused, and its job stays in the claim: the reaper returns it).
-  if held[k] and ARGV[9 + (k - 2) * STRIDE + 5] ~= "" then
+  -- Held, and handed back with the record its claim handed out (an outcome without it
+  -- is refused, and its job stays in the claim: the reaper returns it).
+  if held[k] and ARGV[9 + (k - 2) * STRIDE + 2] ~= "" then
     out[#out + 1] = 1
     ours[#ours + 1] = 9 + (k - 2) * STRIDE
-    attempts[9 + (k - 2) * STRIDE] = held[k]
   else
     out[#out + 1] = 0
   end
@@ -72,15 +71,14 @@ if #ours > 0 then
   leave_claim(KEYS[3], KEYS[1], ARGV[1], leaving)
 end
 -- One SET ... XX EX per job writes its ended record and its TTL at once, over the queued
--- record (its input goes with it), without reading it: its admission fields come back
--- from the worker as claim.lua handed them out, and no one writes a record its claim
--- holds. XX: a record gone meanwhile (an evicting maxmemory policy, a key deleted by
--- hand) is not written again as a partial record but refused.
-local t_claim = held[1] or now_s  -- claim.lua left it here
+-- record (its input goes with it), without reading it: the worker built it from what
+-- claim.lua handed out, and no one writes a record its claim holds. XX: a record gone
+-- meanwhile (an evicting maxmemory policy, a key deleted by hand) is not written
+-- again as a partial record but refused.
 local kept = {}
 for _, i in ipairs(ours) do
-  local set = redis.call("SET", ARGV[2] .. ARGV[i], ended_record(ARGV[i + 1], attempts[i],
-    ARGV[i + 5], t_claim, now_s, ARGV[i + 3], ARGV[5], ARGV[i + 2]), "XX", "EX", ARGV[4])
+  local set = redis.call("SET", ARGV[2] .. ARGV[i], ARGV[i + 2] .. now_s .. ARGV[i + 3],
+    "XX", "EX", ARGV[4])
   if set then
     kept[#kept + 1] = i
   else
@@ -101,7 +99,7 @@ if written > 0 then
     local mine, lines, at = {}, {}, 1
     for _, i in ipairs(ours) do mine[i] = true end
     for i = 9, jobs_end, STRIDE do
-      local len = tonumber(ARGV[i + 4])
+      local len = tonumber(ARGV[i + 1])
       if len > 0 then
         if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
         at = at + len + 1

@@ -9,11 +9,14 @@
 -- come first, so the hot paths read a record with one anchored match that stops
 -- after them, and one plain find (a memchr) for the newline.
 --
--- record_claimed(rec) -> attempts, t_admit, deadline, owner, admission, input of a
---   queued record (nil for any other); admission is the nine fields from t_admit to
---   idem as one string, which every later write of the record keeps as is (a claim
---   hands it to the worker, which hands it back with the outcome: complete.lua then
---   writes the ended record without reading the queued one)
+-- record_queued(rec) -> attempts, t_admit, deadline, owner, nl of a queued record (nil
+--   for any other); nl is where its head ends: its input follows. Nothing else is cut
+--   out of it: a claim hands the record to the worker whole (carpool/records.py's
+--   `claimed` splits it there)
+-- record_admission(rec, attempts, nl) -> the nine fields from t_admit to idem as one
+--   string, which every later write of the record keeps as is (the worker hands them
+--   back with the outcome: complete.lua then writes the ended record without reading
+--   the queued one)
 -- record_times(head) -> t_admit, deadline of a queued record (or of its first bytes)
 -- record_head(rec) -> status, attempts, admission, and where the newline is (nil: none)
 -- record_fields(admission, n) -> a table of its first n fields (t_admit = 1, deadline,
@@ -22,13 +25,15 @@
 -- ended_record(status, attempts, admission, t_claim, t_done, timings, batch, payload)
 --   -> an ended record
 -- requeued_record(rec, attempts) -> a queued record with its attempt count replaced
-local function record_claimed(rec)
+local function record_queued(rec)
   local attempts, t_admit, deadline, owner, at = string.match(rec,
     "^queued\t(%d*)\t(%d*)\t(%d*)\t([^\t]*)()")
   if not attempts then return nil end
-  local nl = string.find(rec, "\n", at, true) or (#rec + 1)
-  return attempts, t_admit, deadline, owner, string.sub(rec, #attempts + 9, nl - 1),
-    string.sub(rec, nl + 1)
+  return attempts, t_admit, deadline, owner, string.find(rec, "\n", at, true) or (#rec + 1)
+end
+
+local function record_admission(rec, attempts, nl)
+  return string.sub(rec, #attempts + 9, nl - 1)  -- after "queued\t<attempts>\t"
 end
 
 local function record_times(head)
