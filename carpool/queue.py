@@ -70,13 +70,29 @@ class AdmitRequest:
 
 
 @dataclass(frozen=True)
+class ClaimAhead:
+    """A worker's request to claim its next batch in the same script call as a peek or
+    a completion of the bins it serves (``carpool/lua/claim_batch.lua``): under
+    ``token``, up to ``max_n[i]`` jobs of the i-th bin peeked (0: never that bin), and
+    only when that is the batch the worker's own decision is sure to take."""
+
+    token: str
+    lease_ms: int
+    worker: str
+    queued_ttl_s: int
+    max_n: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Completed:
     """What ``complete_and_peek`` answers: per job, written or refused; and, when bins
-    were peeked, Redis time (ms) and their states, as ``peek`` returns them."""
+    were peeked, Redis time (ms) and their states, as ``peek`` returns them, and the
+    batch claimed ahead when one was asked for and claimed."""
 
     written: list[bool]
     now_ms: int = 0
     states: list[BinState] | None = None
+    ahead: Claim | None = None
 
 
 def _claimed_job(job_id: str, record: str, now_ms: int) -> ClaimedJob:
@@ -86,6 +102,23 @@ def _claimed_job(job_id: str, record: str, now_ms: int) -> ClaimedJob:
     t_admit_ms, owner = records.admission_fields(admission)
     return ClaimedJob(job_id, input_json, now_ms if t_admit_ms is None else t_admit_ms,
                       attempts + 1, owner, admission)
+
+
+def _claim_reply(model: str, bin_name: str, token: str, now_ms: int,
+                 reply: Sequence[Any]) -> Claim:
+    """claim_batch.lua's answer, ``expired, id, record, id, record, ...``, as a Claim."""
+    jobs = tuple(_claimed_job(str(reply[i]), str(reply[i + 1]), now_ms)
+                 for i in range(1, len(reply), 2))
+    return Claim(model, bin_name, token, now_ms, jobs, expired=int(reply[0]))
+
+
+def _ahead_claim(model: str, bins: Sequence[str], token: str, now_ms: int,
+                 reply: Sequence[Any]) -> Claim | None:
+    """claim_ahead's answer (after the bin states): the bin's index, from 1, then a
+    claim's answer; or 0 alone when it claimed nothing."""
+    if not reply or int(reply[0]) == 0:
+        return None
+    return _claim_reply(model, bins[int(reply[0]) - 1], token, now_ms, reply[1:])
 
 
 def _bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[BinState]:
@@ -239,7 +272,7 @@ class Queue:
             keys = ([self.keys.bin(model, bins[i][1]) for i in positions]
                     + [self.keys.stats(model, bins[i][1]) for i in positions])
             with redis_errors():
-                reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)),
+                reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)), "",
                                                     *(scan[i] for i in positions)])
             now_ms = max(now_ms, int(reply[0]))
             for i, state in zip(positions, _bin_states(model, [bins[i][1] for i in positions],
@@ -263,10 +296,38 @@ class Queue:
                 queued_ttl_s]
         with redis_errors():
             reply = self._claim(keys=keys, args=args)
+        return _claim_reply(model.name, bin_name, token, int(reply[0]), reply[1:])
+
+    def _ahead_args(self, model: ModelSpec, ahead: ClaimAhead | None) -> tuple[str, list[str]]:
+        """A request to claim ahead as the scripts take it (claim_batch.lua), and the
+        keys it adds after the leases zset: the model's byte budget, its claim hash."""
+        if ahead is None:
+            return "", []
+        request = "\t".join(str(v) for v in (
+            ahead.token, ahead.lease_ms, ahead.worker, ahead.queued_ttl_s,
+            self.keys.done_channel, model.result_ttl_s, CLAIM_SCAN_FACTOR, *ahead.max_n))
+        return request, [self.keys.queued_bytes(model.name),
+                         self.keys.claim(shard(model.name), ahead.token)]
+
+    def peek_and_claim(
+        self, model: ModelSpec, bins: Sequence[str], scan: Sequence[int], ahead: ClaimAhead,
+    ) -> tuple[int, list[BinState], Claim | None]:
+        """``peek`` of one model's ``bins`` and, in the same script call, the batch
+        ``ahead`` asks for, when it is one the worker's decision is sure to take
+        (``ClaimAhead``; the states are those before it)."""
+        if not len(bins) == len(scan) == len(ahead.max_n):
+            raise ValueError(f"one max_batch and one max_n per bin: {len(bins)} bins, "
+                             f"{len(scan)} and {len(ahead.max_n)} given")
+        tag = shard(model.name)
+        request, more = self._ahead_args(model, ahead)
+        keys = [*(self.keys.bin(model.name, b) for b in bins),
+                *(self.keys.stats(model.name, b) for b in bins), self.keys.leases(tag), *more]
+        with redis_errors():
+            reply = self._peek(keys=keys, args=[self.keys.job_prefix(tag), request, *scan])
         now_ms = int(reply[0])
-        jobs = tuple(_claimed_job(str(reply[i]), str(reply[i + 1]), now_ms)
-                     for i in range(2, len(reply), 2))
-        return Claim(model.name, bin_name, token, now_ms, jobs, expired=int(reply[1]))
+        states = _bin_states(model.name, bins, reply[1:])
+        return now_ms, states, _ahead_claim(model.name, bins, ahead.token, now_ms,
+                                            reply[1 + 4 * len(bins):])
 
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
@@ -277,13 +338,18 @@ class Queue:
     def complete_and_peek(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
         batch: dict[str, Any], peek: Sequence[str] = (), scan: Sequence[int] = (),
+        ahead: ClaimAhead | None = None,
     ) -> Completed:
         """``complete``, and then, in the same script call, the state of the model's bins
         named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
-        worker decides its next batch from, without a round trip of its own."""
+        worker decides its next batch from, without a round trip of its own; and, with
+        ``ahead``, that batch claimed when it is sure (``peek_and_claim``)."""
         if len(scan) != len(peek):  # complete.lua counts bins by KEYS, scans from ARGV's end
             raise ValueError(f"one max_batch per bin peeked: {len(peek)} bins, "
                              f"{len(scan)} given")
+        if ahead is not None and len(ahead.max_n) != len(peek):
+            raise ValueError(f"one max_n per bin peeked: {len(peek)} bins, "
+                             f"{len(ahead.max_n)} given")
         tag = shard(model.name)
         per_job: list[Any] = []
         lines: list[str] = []  # the pushed views, one argument: the script keeps it whole
@@ -308,20 +374,27 @@ class Queue:
                                                  job.attempts, job.admission, claim.now_ms,
                                                  timings, batch_json, payload)
             per_job += [o.id, len(blob.encode()), head, tail]
+        request, more = self._ahead_args(model, ahead if peek else None)
         args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                            model.result_ttl_s, batch_json, DRAIN_TAU_MS,
-                           self.keys.results_channel, "\n".join(lines), *per_job, *scan]
+                           self.keys.results_channel, "\n".join(lines), request, *per_job,
+                           *scan]
         keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
                 self.keys.claim(tag, claim.token),
                 *(self.keys.bin(model.name, b) for b in peek),
-                *(self.keys.stats(model.name, b) for b in peek)]
+                *(self.keys.stats(model.name, b) for b in peek), *more]
         with redis_errors():
             reply = self._complete(keys=keys, args=args)
         n = len(outcomes)
         written = [bool(x) for x in reply[:n]]
         if not peek:
             return Completed(written)
-        return Completed(written, int(reply[n]), _bin_states(model.name, peek, reply[n + 1:]))
+        now_ms, at = int(reply[n]), n + 1 + 4 * len(peek)
+        ahead_claim = None
+        if request and ahead is not None:
+            ahead_claim = _ahead_claim(model.name, peek, ahead.token, now_ms, reply[at:])
+        return Completed(written, now_ms, _bin_states(model.name, peek, reply[n + 1:at]),
+                         ahead_claim)
 
     def cancel(self, job_id: str, result_ttl_s: int) -> str:
         """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""

@@ -10,7 +10,7 @@ from worker.hooks import BatchReport
 
 class Recorder:
     """Each hook call as ``(hook, claim, report)``; hook is "claimed", "expired",
-    "finished", "failed" or "unanswered"; report is None but for "finished".
+    "finished", "failed", "unanswered" or "unneeded"; report is None but for "finished".
     ``on_idle``, which has no claim, is counted apart (``idles``)."""
 
     def __init__(self) -> None:
@@ -36,6 +36,9 @@ class Recorder:
 
     def on_unanswered(self, claim: Claim) -> None:
         self._add("unanswered", claim)
+
+    def on_unneeded(self, claim: Claim) -> None:
+        self._add("unneeded", claim)
 
     def on_idle(self) -> None:
         with self._lock:

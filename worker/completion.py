@@ -25,7 +25,7 @@ from typing import Any
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable, CarpoolError
 from carpool.jobs import Claim, Outcome
-from carpool.queue import Completed, Queue
+from carpool.queue import ClaimAhead, Completed, Queue
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +56,27 @@ class CompletionWriter:
     clock: Callable[[], float] = time.perf_counter
     #: Tries that failed and were retried (each outage adds its count; for metrics/tests).
     retries: int = field(default=0, init=False)
+    #: Tokens of batches asked for ahead by a try whose reply was lost: they may hold
+    #: jobs (``take_unanswered`` hands them to the loop, which reports them).
+    _unanswered: list[str] = field(default_factory=list, init=False)
 
     def write(self, spec: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
               batch: dict[str, Any], started_s: float, peek: Sequence[str] = (),
-              scan: Sequence[int] = ()) -> Completed:
+              scan: Sequence[int] = (), ahead: ClaimAhead | None = None) -> Completed:
         """Per job: True written, False refused (lease lost); with ``peek``, the state
-        of those bins of the model right after (``Queue.complete_and_peek``). Raises
+        of those bins of the model right after (``Queue.complete_and_peek``), and with
+        ``ahead`` the next batch claimed ahead, asked for by the first try only. Raises
         ``GaveUp``."""
         backoff_s = RETRY_MIN_S
         first_failure_s: float | None = None
         while True:
             try:
-                done = self.queue.complete_and_peek(spec, claim, outcomes, batch, peek, scan)
+                done = self.queue.complete_and_peek(spec, claim, outcomes, batch, peek, scan,
+                                                    ahead)
             except BackendUnavailable as exc:
+                if ahead is not None:  # it may have run: its token may hold jobs
+                    self._unanswered.append(ahead.token)
+                    ahead = None
                 now_s = self.clock()
                 if first_failure_s is None:
                     first_failure_s = now_s
@@ -86,6 +94,11 @@ class CompletionWriter:
                 log.warning("results of %s written after Redis was away %.1f s", claim.token,
                             self.clock() - first_failure_s)
             return done
+
+    def take_unanswered(self) -> list[str]:
+        """The tokens of batches asked for ahead whose reply was lost, since last asked."""
+        tokens, self._unanswered = self._unanswered, []
+        return tokens
 
     def _count_lost_replies(self, claim: Claim, written: list[bool]) -> list[bool]:
         """A try whose reply was lost (a timeout, a dropped connection) may have written

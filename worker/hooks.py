@@ -63,6 +63,11 @@ class BatchHooks(Protocol):
         """A claim whose reply never came (``claim.jobs`` is empty): it may have leased
         jobs to ``claim.token`` all the same."""
 
+    def on_unneeded(self, claim: Claim) -> None:
+        """A batch claimed ahead (with a completion or a peek) that the loop will not
+        run after all: its jobs should go back to their bin, the attempt refunded (they
+        never reached a model)."""
+
     def on_idle(self) -> None:
         """The loop is about to block on Redis until a job arrives: no batch in flight
         and no job it would claim (a paused bin's jobs do not count; a bin filling
@@ -87,6 +92,9 @@ class Hooks:
         return None
 
     def on_unanswered(self, claim: Claim) -> None:
+        return None
+
+    def on_unneeded(self, claim: Claim) -> None:
         return None
 
     def on_idle(self) -> None:

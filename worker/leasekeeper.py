@@ -74,6 +74,16 @@ class LeaseKeeper(Hooks):
         with self._lock:
             self._held.pop(claim.token, None)
 
+    def on_unneeded(self, claim: Claim) -> None:
+        # Claimed ahead and not run: back now, the attempt refunded. With Redis away,
+        # looked for by token on the next ticks, as a claim whose reply was lost.
+        try:
+            self.leases.release(claim.token, [j.id for j in claim.jobs], refund_attempt=True)
+        except BackendUnavailable as exc:
+            log.warning("could not hand back %s (%s); retrying on the next tick",
+                        claim.token, exc)
+            self.on_unanswered(claim)
+
     def on_failed(self, claim: Claim) -> None:
         with self._lock:
             held = self._held.pop(claim.token, None)

@@ -17,7 +17,7 @@ from carpool.batching import Cost, Go, Limits, Wait
 from carpool.catalogue import ModelSpec
 from carpool.errors import BackendUnavailable
 from carpool.jobs import BinState, Claim, Outcome
-from carpool.queue import Queue
+from carpool.queue import ClaimAhead, Queue
 from carpool.scheduler import BinKey, Scheduler
 from carpool.settings import Settings
 from worker.completion import CompletionWriter, GaveUp
@@ -76,6 +76,9 @@ class BatchLoop:
     #: for the very next decision only: a worker serving one model then makes no peek
     #: round trip of its own between batches.
     _peeked: tuple[int, list[BinState]] | None = None
+    #: The batch the last completion or peek claimed ahead (``ClaimAhead``), for the
+    #: very next decision only: run if that decision takes it, else handed back.
+    _ahead: Claim | None = None
 
     def __post_init__(self) -> None:
         self.writer = CompletionWriter(self.queue, self._stop,
@@ -133,7 +136,8 @@ class BatchLoop:
         self.drain()
 
     def drain(self) -> None:
-        """Complete every batch in flight (a stop finishes the batches in hand)."""
+        """Complete every batch in flight (a stop finishes the batches in hand); hand
+        back a batch claimed ahead and not started."""
         while self._in_flight:
             try:
                 self._finish(self._in_flight.popleft())
@@ -141,19 +145,50 @@ class BatchLoop:
                 pass  # logged; its jobs were handed back or their lease lapses
             except Exception:  # noqa: BLE001 — its jobs were handed back (or lapse)
                 log.exception("completing a batch in flight failed at stop")
+        self._hand_back()
 
     def step(self) -> None:
         """One decision: run a batch, or block until something may be due."""
-        now_ms, states = self._states(self.scheduler.bins)
-        decision = self.scheduler.decide(now_ms, states)
         try:
+            now_ms, states = self._states(self.scheduler.bins)
+            decision = self.scheduler.decide(now_ms, states)
+            ahead, self._ahead = self._ahead, None
             if isinstance(decision, Go):
-                self.run_one(decision)
+                self.run_one(decision, ahead)
             else:
+                self._hand_back(ahead)
                 self.block(decision, now_ms)
         except BaseException:
             self._peeked = None  # _run backs off before the next step: they would be stale
+            self._hand_back()  # and a batch claimed ahead would wait on a lease
             raise
+
+    def _ahead_request(self, bins: list[BinKey]) -> ClaimAhead | None:
+        """What a call that peeks ``bins`` may claim ahead: only when they are every bin
+        this worker serves, so its decision rests on them alone; never at stop, nor
+        while a batch claimed ahead is still held."""
+        if (not self.settings.claim_ahead or self._stop.is_set() or self._ahead is not None
+                or sorted(bins) != sorted(self.scheduler.bins)):
+            return None
+        limits = self.scheduler.all_limits()
+        max_n = tuple(0 if limits[key].paused else
+                      self.executor.limit(key[0], key[1], limits[key].max_batch)
+                      for key in bins)
+        return ClaimAhead(self._token(), self.settings.lease_ms, self.worker_name,
+                          self.settings.queued_ttl_s, max_n)
+
+    def _hand_back(self, claim: Claim | None = None) -> None:
+        """Hand back a batch claimed ahead that will not run (by default the one held)."""
+        if claim is None:
+            claim, self._ahead = self._ahead, None
+        if claim is not None and claim.jobs:
+            call_hooks(self.hooks, lambda h: h.on_unneeded(claim))
+
+    def _unanswered(self, model: str, bin_name: str, token: str) -> None:
+        """A call that may have leased jobs to ``token`` lost its reply: the lease
+        keepers find them by token once Redis answers and hand them back."""
+        unanswered = Claim(model, bin_name, token, 0, ())
+        call_hooks(self.hooks, lambda h: h.on_unanswered(unanswered))
 
     def _states(self, bins: list[BinKey]) -> tuple[int, list[BinState]]:
         """Redis time and the state of ``bins``: those the last completion peeked, if it
@@ -163,7 +198,19 @@ class BatchLoop:
         known = {(st.model, st.bin): st for st in peeked[1]} if peeked else {}
         rest = [key for key in bins if key not in known]
         now_ms = peeked[0] if peeked else 0
-        if rest:
+        ahead = self._ahead_request(rest) if rest else None
+        if ahead is not None:
+            model = rest[0][0]
+            try:
+                peek_ms, states, self._ahead = self.queue.peek_and_claim(
+                    self.handlers[model].spec, [b for _, b in rest],
+                    self.scheduler.scan_sizes(rest), ahead)
+            except BackendUnavailable:
+                self._unanswered(model, rest[0][1], ahead.token)
+                raise
+            now_ms = max(now_ms, peek_ms)
+            known.update({(st.model, st.bin): st for st in states})
+        elif rest:
             peek_ms, states = self.queue.peek(rest, self.scheduler.scan_sizes(rest))
             now_ms = max(now_ms, peek_ms)
             known.update({(st.model, st.bin): st for st in states})
@@ -191,23 +238,34 @@ class BatchLoop:
         self._seq += 1
         return f"{self.worker_name}:{uuid.uuid4().hex[:8]}:{self._seq}"
 
-    def run_one(self, go: Go) -> None:
-        """Claim one batch and hand it to the executor; complete the oldest in flight
-        once ``executor.depth`` batches are."""
+    def run_one(self, go: Go, ahead: Claim | None = None) -> None:
+        """Claim one batch (or take ``ahead``, the batch claimed ahead, when it is this
+        one) and hand it to the executor; complete the oldest in flight once
+        ``executor.depth`` batches are."""
         spec: ModelSpec = self.handlers[go.model].spec
-        max_n = self.executor.limit(spec.name, go.bin, go.max_n)
-        token = self._token()
         try:
-            claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
-                                     token=token, worker=self.worker_name,
-                                     queued_ttl_s=self.settings.queued_ttl_s)
-        except BackendUnavailable:
-            # The claim may have run with its reply lost (a timeout, a dropped
-            # connection): jobs leased to a token nobody holds. Lease keepers find
-            # them by token once Redis answers and hand them back, attempt refunded.
-            unanswered = Claim(spec.name, go.bin, token, 0, ())
-            call_hooks(self.hooks, lambda h: h.on_unanswered(unanswered))
+            max_n = self.executor.limit(spec.name, go.bin, go.max_n)
+        except BaseException:
+            self._hand_back(ahead)
             raise
+        if ahead is not None and ((ahead.model, ahead.bin) != (go.model, go.bin)
+                                  or len(ahead.jobs) > max_n):
+            self._hand_back(ahead)  # limits moved meanwhile (a retune, the memory guard)
+            ahead = None
+        if ahead is not None:
+            claim = ahead
+        else:
+            token = self._token()
+            try:
+                claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
+                                         token=token, worker=self.worker_name,
+                                         queued_ttl_s=self.settings.queued_ttl_s)
+            except BackendUnavailable:
+                # The claim may have run with its reply lost (a timeout, a dropped
+                # connection): jobs leased to a token nobody holds. Lease keepers find
+                # them by token once Redis answers and hand them back, attempt refunded.
+                self._unanswered(spec.name, go.bin, token)
+                raise
         if claim.expired:
             call_hooks(self.hooks, lambda h: h.on_expired(claim))
         for narrow in self.claim_filters:
@@ -253,10 +311,18 @@ class BatchLoop:
         outcomes = flight.outcomes.result()
         batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
         peek = [key for key in self.scheduler.bins if key[0] == claim.model]
-        done = self.writer.write(spec, claim, outcomes, batch, flight.started,
-                                 peek=[b for _, b in peek], scan=self.scheduler.scan_sizes(peek))
+        try:
+            done = self.writer.write(spec, claim, outcomes, batch, flight.started,
+                                     peek=[b for _, b in peek],
+                                     scan=self.scheduler.scan_sizes(peek),
+                                     ahead=self._ahead_request(peek))
+        finally:
+            for token in self.writer.take_unanswered():
+                self._unanswered(claim.model, claim.bin, token)
         if done.states is not None:
             self._peeked = (done.now_ms, done.states)
+        if done.ahead is not None:
+            self._ahead = done.ahead
         written = done.written
         now = time.perf_counter()
         service_start = max(flight.started, self._last_finished)

@@ -31,83 +31,17 @@
 -- its bin (carpool/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
 --#include record
+--#include claim_batch
 redis.replicate_commands()
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now_ms, 0}
-local max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[8])
-local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
-local lease_until = now_ms + tonumber(ARGV[2])
-local live = 0
-local held = {"t", now_s, "w", ARGV[5]}  -- the claim hash's fields
-local stale_ms = now_ms - tonumber(ARGV[9]) * 1000  -- admitted then or before: too old
-
--- >>> byte budget (carpool/budget.py): sum the bytes leaving per budget hash
-local freed = {}  -- hash key -> bytes
-local function unbudget_job(input_bytes, owner)
-  freed[KEYS[3]] = (freed[KEYS[3]] or 0) + input_bytes
-  if owner ~= "" then
-    local key = KEYS[3] .. ":" .. owner
-    freed[key] = (freed[key] or 0) + input_bytes
-  end
-end
--- <<< byte budget
-
-while live < max_n and budget > 0 do
-  -- ZPOPMIN's reply would carry each score, formatted as a float ("%.17g") per job.
-  local popped = redis.call("ZRANGE", KEYS[1], 0, math.min(max_n - live, budget) - 1)
-  if #popped == 0 then break end
-  redis.call("ZREMRANGEBYRANK", KEYS[1], 0, #popped - 1)  -- the first write: never OOM
-  budget = budget - #popped
-  local asked = {}
-  for i = 1, #popped do asked[i] = ARGV[4] .. popped[i] end
-  local got = redis.call("MGET", unpack(asked))
-  for i = 1, #popped do
-    local id, rec = popped[i], got[i]
-    local attempts_s, t_admit, deadline_s, owner, nl = nil, nil, nil, nil, nil
-    if rec then
-      attempts_s, t_admit, deadline_s, owner, nl = record_queued(rec)
-    end
-    if attempts_s then  -- a record there, still queued
-      unbudget_job(#rec - nl, owner)
-      local deadline = deadline_s ~= "" and tonumber(deadline_s) or 0
-      local why = nil
-      if deadline > 0 and now_ms >= deadline then
-        why = "deadline passed while queued"
-      elseif (tonumber(t_admit) or now_ms) <= stale_ms then
-        why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. ARGV[9] .. " s)"
-      end
-      if why then
-        redis.call("SET", asked[i],
-          ended_record("expired", attempts_s, record_admission(rec, attempts_s, nl), "", now_s,
-            "", "", why), "EX", ARGV[7])
-        redis.call("PUBLISH", ARGV[6], id)
-        out[2] = out[2] + 1
-      else
-        local attempts = 1  -- "": never claimed before
-        if attempts_s ~= "" then attempts = tonumber(attempts_s) + 1 end
-        -- Nothing is written to the record (a write per job is most of a claim's
-        -- cost): the worker, the claim time and the attempt count are the claim's.
-        held[#held + 1] = id
-        held[#held + 1] = string.format("%d", attempts)
-        out[#out + 1] = id
-        out[#out + 1] = rec
-        live = live + 1
-      end
-    end
-  end
-end
-if live > 0 then
-  redis.call("HSET", KEYS[4], unpack(held))
-  redis.call("ZADD", KEYS[2], lease_until, ARGV[3])
-end
-for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queued byte
-  local queued = tonumber(redis.call("HGET", key, "queued"))
-  if queued and queued > n then
-    redis.call("HINCRBY", key, "queued", -n)
-  elseif queued then  -- at 0, or below: a requeued job (reap, release) was counted once
-    redis.call("DEL", key)
-  end
-end
+local max_n = tonumber(ARGV[1])
+out[2] = claim_batch({bin = KEYS[1], leases = KEYS[2], bytes = KEYS[3], claim = KEYS[4],
+  max_n = max_n, lease_ms = tonumber(ARGV[2]), token = ARGV[3], job_prefix = ARGV[4],
+  worker = ARGV[5], done_channel = ARGV[6], result_ttl_s = ARGV[7],
+  budget = tonumber(ARGV[8]), queued_ttl_s = tonumber(ARGV[9]), now_ms = now_ms,
+  -- once: a number argument is formatted per call
+  now_s = string.format("%d", now_ms)}, out)
 return out

@@ -11,6 +11,9 @@
 -- ARGV[7]  results channel (carpool/pushed.py)
 -- ARGV[8]  the jobs' pushed views (carpool/pushed.py): one JSON line each, "\n" between,
 --          those not pushed left out
+-- ARGV[9]  a request to claim the next batch ahead (claim_batch.lua's claim_ahead), ""
+--          for none: a worker that serves only the bins peeked below claims its next
+--          batch here when it is a full one, without a round trip of its own
 -- then per job, 4 values: id, the byte length of its line in ARGV[8] (0: not pushed),
 --   and its ended record but for t_done, in two parts (carpool/records.py's
 --   `ended_parts`): the head up to t_claim, built by the worker from the admission
@@ -21,6 +24,8 @@
 --   model to peek after the write, as peek.lua does; then the last n ARGV are their
 --   max_batch: the worker decides its next batch from this reply, without a peek's
 --   round trip of its own
+-- KEYS[4+2n], KEYS[5+2n] with a request to claim ahead only: the model's byte-budget
+--   hash and the claim hash of the request's token (the leases zset is KEYS[1])
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -32,14 +37,17 @@
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
--- states (peek_bins.lua).
+-- states (peek_bins.lua), as they are after the write and before any claim; with a
+-- request to claim ahead, then what claim_ahead appends.
 --#include record
 --#include peek_bins
 --#include leave_claim
+--#include claim_batch
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local npeek = (#KEYS - 3) / 2
+local ahead = ARGV[9] ~= ""
+local npeek = (#KEYS - 3 - (ahead and 2 or 0)) / 2
 local jobs_end = #ARGV - npeek  -- the last per-job argument
 
 local t = redis.call("TIME")
@@ -48,15 +56,15 @@ local now_s = string.format("%d", now_ms)  -- once: a number argument is formatt
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}  -- the claim's time, then its jobs
-for i = 9, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
+for i = 10, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 for k = 2, #held do
   -- Held, and handed back with the record its claim handed out (an outcome without it
   -- is refused, and its job stays in the claim: the reaper returns it).
-  if held[k] and ARGV[9 + (k - 2) * STRIDE + 2] ~= "" then
+  if held[k] and ARGV[10 + (k - 2) * STRIDE + 2] ~= "" then
     out[#out + 1] = 1
-    ours[#ours + 1] = 9 + (k - 2) * STRIDE
+    ours[#ours + 1] = 10 + (k - 2) * STRIDE
   else
     out[#out + 1] = 0
   end
@@ -82,7 +90,7 @@ for _, i in ipairs(ours) do
   if set then
     kept[#kept + 1] = i
   else
-    out[(i - 9) / STRIDE + 1] = 0
+    out[(i - 10) / STRIDE + 1] = 0
   end
 end
 ours = kept
@@ -98,7 +106,7 @@ if written > 0 then
   if written < #out and pushed ~= "" then  -- only the lines of the jobs written
     local mine, lines, at = {}, {}, 1
     for _, i in ipairs(ours) do mine[i] = true end
-    for i = 9, jobs_end, STRIDE do
+    for i = 10, jobs_end, STRIDE do
       local len = tonumber(ARGV[i + 1])
       if len > 0 then
         if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
@@ -134,6 +142,12 @@ if npeek > 0 then
     bins[i], stats[i] = KEYS[3 + i], KEYS[3 + npeek + i]
   end
   out[#out + 1] = now_ms
-  peek_bins(bins, stats, {unpack(ARGV, jobs_end + 1)}, ARGV[2], now_ms, out)
+  local scans = {unpack(ARGV, jobs_end + 1)}
+  local first = #out + 1
+  peek_bins(bins, stats, scans, ARGV[2], now_ms, out)
+  if ahead then
+    claim_ahead(ARGV[9], {KEYS[1], KEYS[4 + 2 * npeek], KEYS[5 + 2 * npeek]}, bins, scans,
+      first, ARGV[2], now_ms, now_s, out)
+  end
 end
 return out

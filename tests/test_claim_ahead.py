@@ -1,0 +1,220 @@
+"""Claiming ahead: a worker serving one model claims its next batch in the same script
+call as its completion or its peek, when that batch is a full one its own decision is
+sure to take; a batch so claimed that the decision does not take goes back, its attempt
+refunded. Real Redis, the real queue, loop and lease keeper."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from carpool.catalogue import ModelSpec, load_catalogue
+from carpool.errors import BackendUnavailable
+from carpool.jobs import Claim, Outcome, new_job_id
+from carpool.keys import shard
+from carpool.leases import Leases
+from carpool.queue import ClaimAhead, Completed, Queue
+from carpool.settings import Settings
+from carpool.synthetic import expected_result
+from tests.faults import admit_jobs, attempts_of
+from tests.hookrec import Recorder
+from worker.completion import CompletionWriter
+from worker.handlers.synthetic import SyntheticHandler
+from worker.leasekeeper import LeaseKeeper
+from worker.loop import BatchLoop
+
+BATCH = {"size": 0, "bin": "small", "worker": "w"}
+
+
+def synthetic() -> ModelSpec:
+    return load_catalogue(None).get("synthetic")
+
+
+def bins_of(spec: ModelSpec) -> tuple[list[str], list[int]]:
+    return [b.name for b in spec.bins], [b.max_batch for b in spec.bins]
+
+
+def request(spec: ModelSpec, token: str = "ahead", max_n: Sequence[int] | None = None
+            ) -> ClaimAhead:
+    return ClaimAhead(token, 30_000, "w", 3600,
+                      tuple(max_n if max_n is not None else bins_of(spec)[1]))
+
+
+def depth(queue: Queue, spec: ModelSpec, bin_name: str = "small") -> int:
+    return int(queue.client.zcard(queue.keys.bin(spec.name, bin_name)))
+
+
+def leased(queue: Queue, spec: ModelSpec) -> list[str]:
+    return [str(t) for t in queue.client.zrange(queue.keys.leases(shard(spec.name)), 0, -1)]
+
+
+def test_a_peek_claims_the_full_batch_of_the_only_bin_with_jobs(queue: Queue) -> None:
+    spec = synthetic()
+    ids = admit_jobs(queue, spec, range(40))
+    names, scan = bins_of(spec)
+    _, states, claim = queue.peek_and_claim(spec, names, scan, request(spec))
+    assert [s.depth for s in states] == [40, 0, 0]  # the states before the claim
+    assert claim is not None and (claim.bin, claim.token) == ("small", "ahead")
+    assert [j.id for j in claim.jobs] == ids[:32]  # the most urgent, in order
+    assert [j.attempts for j in claim.jobs] == [1] * 32
+    assert json.loads(claim.jobs[0].input_json) == {"value": 0, "size": 1}
+    assert depth(queue, spec) == 8 and leased(queue, spec) == ["ahead"]
+    assert attempts_of(queue, ids[0]) == 1  # counted in the claim hash, as claim.lua does
+
+
+@pytest.mark.parametrize("case", ["not full", "two bins", "head deadline", "paused"])
+def test_nothing_is_claimed_ahead_unless_the_decision_is_sure(queue: Queue, case: str) -> None:
+    spec = synthetic()
+    names, scan = bins_of(spec)
+    max_n = list(scan)
+    if case == "not full":
+        admit_jobs(queue, spec, range(scan[0] - 1))
+    elif case == "two bins":
+        admit_jobs(queue, spec, range(40))
+        admit_jobs(queue, spec, range(1), size=spec.bins[1].max_size)
+    elif case == "head deadline":
+        queue.admit(spec, spec.bins[0], new_job_id(spec.name), '{"value": 1, "size": 1}',
+                    queued_ttl_s=3600, deadline_ms=60_000)
+        admit_jobs(queue, spec, range(40))
+    else:
+        admit_jobs(queue, spec, range(40))
+        max_n[0] = 0
+    before = depth(queue, spec)
+    _, states, claim = queue.peek_and_claim(spec, names, scan, request(spec, max_n=max_n))
+    assert claim is None
+    assert depth(queue, spec) == before == states[0].depth and leased(queue, spec) == []
+
+
+def test_a_completion_claims_the_next_full_batch_after_its_write(queue: Queue) -> None:
+    spec = synthetic()
+    ids = admit_jobs(queue, spec, range(80))
+    names, scan = bins_of(spec)
+    first = queue.claim(spec, "small", 32, lease_ms=30_000, token="first", worker="w")
+    done = queue.complete_and_peek(spec, first, [Outcome(j.id, result={"n": 1})
+                                                 for j in first.jobs], BATCH, names, scan,
+                                   request(spec, "next", max_n=(20, 32, 16)))
+    assert done.written == [True] * 32
+    assert done.states is not None and [s.depth for s in done.states] == [48, 0, 0]
+    assert done.ahead is not None and [j.id for j in done.ahead.jobs] == ids[32:52]
+    assert depth(queue, spec) == 28 and leased(queue, spec) == ["next"]
+    plain = queue.complete_and_peek(spec, done.ahead, [Outcome(j.id, result={})
+                                                       for j in done.ahead.jobs], BATCH,
+                                    names, scan)
+    assert plain.ahead is None and depth(queue, spec) == 28  # asked for none: claims none
+
+
+class LostReplies(Queue):
+    """The first completion runs in Redis and its reply is lost (a dropped connection)."""
+
+    lost = 0
+
+    def complete_and_peek(self, *args: Any, **kwargs: Any) -> Completed:
+        done = super().complete_and_peek(*args, **kwargs)
+        if self.lost == 0:
+            self.lost += 1
+            raise BackendUnavailable("connection dropped before the reply")
+        return done
+
+
+def test_a_batch_claimed_ahead_by_a_lost_reply_goes_back_with_its_attempt_refunded(
+        queue: Queue, settings: Settings) -> None:
+    spec = synthetic()
+    ids = admit_jobs(queue, spec, range(64))
+    names, scan = bins_of(spec)
+    lossy = LostReplies(queue.client, queue.keys)
+    first = lossy.claim(spec, "small", 32, lease_ms=30_000, token="first", worker="w")
+    writer = CompletionWriter(lossy, threading.Event(), max_batch_s=60.0, worker="w")
+    done = writer.write(spec, first, [Outcome(j.id, result={}) for j in first.jobs], BATCH,
+                        time.perf_counter(), names, scan, request(spec, "lost"))
+    assert done.written == [True] * 32  # the retry was refused; the records say ours
+    assert done.ahead is None and writer.take_unanswered() == ["lost"]
+    assert depth(queue, spec) == 0 and "lost" in leased(queue, spec)  # it did run
+    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
+    keeper.on_unanswered(Claim(spec.name, "small", "lost", 0, ()))
+    keeper.recover_unanswered()
+    assert depth(queue, spec) == 32 and leased(queue, spec) == []
+    again = queue.claim(spec, "small", 32, lease_ms=30_000, token="again", worker="w")
+    assert [j.id for j in again.jobs] == ids[32:] and {j.attempts for j in again.jobs} == {1}
+
+
+class CountedClaims(Queue):
+    """The real queue, counting the claims that were calls of their own."""
+
+    claims = 0
+
+    def claim(self, *args: Any, **kwargs: Any) -> Claim:
+        self.claims += 1
+        return super().claim(*args, **kwargs)
+
+
+def serve(queue: Queue, settings: Settings, ids: list[str],
+          hooks: list[Any]) -> BatchLoop:
+    spec = synthetic()
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
+                     hooks=hooks)
+    for _ in range(200):  # a bound: each step claims, completes or waits once
+        if all(v is not None and v.status.value == "done" for v in queue.get_many(ids)):
+            return loop
+        loop.step()
+    raise AssertionError("the loop did not finish every job within 200 steps")
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_worker_serving_one_model_claims_its_full_batches_ahead(
+        queue: Queue, settings: Settings, ahead: bool) -> None:
+    spec = synthetic()
+    counted = CountedClaims(queue.client, queue.keys)
+    ids = admit_jobs(counted, spec, range(128))
+    heard = Recorder()
+    serve(counted, replace(settings, claim_ahead=ahead), ids, [heard])
+    views = counted.get_many(ids)
+    assert all(v is not None and v.result == expected_result({"value": i, "size": 1})
+               for i, v in enumerate(views))
+    assert heard.hooks().count("claimed") == 4  # four full batches of 32 either way
+    # Ahead: the first peek claims the first batch and each completion the next, so no
+    # claim is a call of its own; without, each batch is one.
+    assert counted.claims == (0 if ahead else 4)
+    assert "unneeded" not in heard.hooks()
+
+
+def test_a_batch_claimed_ahead_that_the_decision_does_not_take_goes_back(
+        queue: Queue, settings: Settings) -> None:
+    spec = synthetic()
+    ids = admit_jobs(queue, spec, range(40))
+    names, scan = bins_of(spec)
+    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "spare"))
+    assert ahead is not None and len(ahead.jobs) == 32
+    heard = Recorder()
+    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
+                     hooks=[heard, keeper])
+    loop.scheduler.tune("synthetic", "small", max_batch=8)  # retuned meanwhile
+    loop._ahead = ahead  # as the last peek left it
+    loop.step()
+    assert heard.tokens("unneeded") == ["spare"]
+    (claimed,) = [c for h, c, _ in heard.calls if h == "claimed"]
+    # Back at the front with its attempt refunded: the decision's batch of 8 is the
+    # 8 most urgent, each on its first run.
+    assert [j.id for j in claimed.jobs] == ids[:8]
+    assert {j.attempts for j in claimed.jobs} == {1} and "spare" not in leased(queue, spec)
+
+
+def test_a_stopping_loop_hands_back_the_batch_it_claimed_ahead(
+        queue: Queue, settings: Settings) -> None:
+    spec = synthetic()
+    admit_jobs(queue, spec, range(32))
+    names, scan = bins_of(spec)
+    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "held"))
+    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
+                     hooks=[keeper])
+    loop._ahead = ahead
+    loop.stop()
+    loop.run()  # stopped before its first step: drains only
+    assert depth(queue, spec) == 32 and leased(queue, spec) == []
