@@ -14,17 +14,21 @@ from typing import Any
 
 import pytest
 
+import worker.loop
+from carpool import records
 from carpool.catalogue import ModelSpec, load_catalogue
 from carpool.errors import BackendUnavailable
 from carpool.jobs import Claim, Outcome, new_job_id
 from carpool.keys import shard
 from carpool.leases import Leases
 from carpool.queue import ClaimAhead, Completed, Queue
-from carpool.settings import Settings
+from carpool.settings import Settings, load_settings
 from carpool.synthetic import expected_result
+from tests.conftest import make_env
 from tests.faults import admit_jobs, attempts_of
 from tests.hookrec import Recorder
 from worker.completion import CompletionWriter
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
 from worker.leasekeeper import LeaseKeeper
 from worker.loop import BatchLoop
@@ -183,7 +187,18 @@ def test_a_worker_serving_one_model_claims_its_full_batches_ahead(
     assert "unneeded" not in heard.hooks()
 
 
-def test_a_batch_claimed_ahead_that_the_decision_does_not_take_goes_back(
+def keeper_of(queue: Queue, settings: Settings) -> LeaseKeeper:
+    return LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
+
+
+def loop_of(queue: Queue, settings: Settings, hooks: list[Any],
+            executor: PipelinedExecutor | None = None) -> BatchLoop:
+    spec = synthetic()
+    return BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
+                     hooks=hooks, executor=executor or PipelinedExecutor())
+
+
+def test_a_batch_claimed_ahead_bigger_than_the_decision_runs_its_head_and_hands_back_the_rest(
         queue: Queue, settings: Settings) -> None:
     spec = synthetic()
     ids = admit_jobs(queue, spec, range(40))
@@ -191,18 +206,62 @@ def test_a_batch_claimed_ahead_that_the_decision_does_not_take_goes_back(
     _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "spare"))
     assert ahead is not None and len(ahead.jobs) == 32
     heard = Recorder()
-    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
-    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
-                     hooks=[heard, keeper])
+    # Off: the completion would claim the jobs handed back ahead again.
+    loop = loop_of(queue, replace(settings, claim_ahead=False),
+                   [heard, keeper_of(queue, settings)])
     loop.scheduler.tune("synthetic", "small", max_batch=8)  # retuned meanwhile
     loop._ahead = ahead  # as the last peek left it
     loop.step()
-    assert heard.tokens("unneeded") == ["spare"]
     (claimed,) = [c for h, c, _ in heard.calls if h == "claimed"]
-    # Back at the front with its attempt refunded: the decision's batch of 8 is the
-    # 8 most urgent, each on its first run.
+    (unneeded,) = [c for h, c, _ in heard.calls if h == "unneeded"]
+    assert claimed.token == unneeded.token == "spare"  # no claim of its own
     assert [j.id for j in claimed.jobs] == ids[:8]
-    assert {j.attempts for j in claimed.jobs} == {1} and "spare" not in leased(queue, spec)
+    assert [j.id for j in unneeded.jobs] == ids[8:32]
+    # Back at the front, attempts refunded: the next batch of 8 is the next 8 most
+    # urgent, each on its first run.
+    again = queue.claim(spec, "small", 8, lease_ms=30_000, token="again", worker="w")
+    assert [j.id for j in again.jobs] == ids[8:16] and {j.attempts for j in again.jobs} == {1}
+
+
+def test_a_batch_claimed_ahead_for_another_bin_than_the_decisions_goes_back_whole(
+        queue: Queue, settings: Settings) -> None:
+    spec = synthetic()
+    small = admit_jobs(queue, spec, range(32))
+    names, scan = bins_of(spec)
+    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "small-ahead"))
+    assert ahead is not None and len(ahead.jobs) == 32 and depth(queue, spec) == 0
+    admit_jobs(queue, spec, range(32), size=spec.bins[1].max_size)  # medium fills meanwhile
+    heard = Recorder()
+    loop = loop_of(queue, replace(settings, claim_ahead=False),
+                   [heard, keeper_of(queue, settings)])
+    loop._ahead = ahead
+    loop.step()  # the decision, from a fresh peek: medium (small is empty there)
+    assert heard.tokens("unneeded") == ["small-ahead"]
+    (claimed,) = [c for h, c, _ in heard.calls if h == "claimed"]
+    assert claimed.bin == "medium" and claimed.token != "small-ahead"
+    back = queue.claim(spec, "small", 32, lease_ms=30_000, token="back", worker="w")
+    assert [j.id for j in back.jobs] == small and {j.attempts for j in back.jobs} == {1}
+
+
+def test_no_batch_is_claimed_ahead_while_a_suspects_batch_is_to_run_alone(
+        queue: Queue, settings: Settings) -> None:
+    """A batch with a retried job runs with nothing else in flight (worker/isolation.py);
+    a batch claimed ahead meanwhile would wait behind it with its lease unrenewed."""
+    spec = synthetic()
+    ids = admit_jobs(queue, spec, range(96))
+    records.update(queue.client, queue.keys.job(ids[40]), attempts=1)  # ran once before
+    loop = loop_of(queue, settings, [], executor=PipelinedExecutor(depth=2))
+    loop.step()  # the first batch: claimed by the peek, submitted (depth 2: not waited on)
+    assert depth(queue, spec) == 64
+    loop.step()  # the suspect's batch: the first completes, then it runs alone
+    assert loop._ahead is None and depth(queue, spec) == 32  # the third is not claimed
+    assert leased(queue, spec) == []
+
+
+def test_claim_ahead_is_a_setting() -> None:
+    env = make_env("redis://127.0.0.1:1/0", "unused")
+    assert load_settings(env).claim_ahead is True
+    assert load_settings({**env, "CARPOOL_CLAIM_AHEAD": "0"}).claim_ahead is False
 
 
 def test_a_stopping_loop_hands_back_the_batch_it_claimed_ahead(
@@ -211,10 +270,38 @@ def test_a_stopping_loop_hands_back_the_batch_it_claimed_ahead(
     admit_jobs(queue, spec, range(32))
     names, scan = bins_of(spec)
     _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "held"))
-    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
-    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))}, "w",
-                     hooks=[keeper])
+    loop = loop_of(queue, settings, [keeper_of(queue, settings)])
     loop._ahead = ahead
     loop.stop()
     loop.run()  # stopped before its first step: drains only
     assert depth(queue, spec) == 32 and leased(queue, spec) == []
+
+
+def test_a_worker_serving_two_models_claims_nothing_ahead_and_serves_both(
+        queue: Queue, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script touches one model's shard: a worker serving two models decides over
+    both, so neither call may claim for it; and the peek after it idled sees both."""
+    monkeypatch.setattr(worker.loop, "MAX_BLOCK_S", 0.01)  # an idle step blocks this long
+    one = synthetic()
+    two = replace(one, name="synthetic-two")  # another shard
+    assert shard(one.name) != shard(two.name)
+    counted = CountedClaims(queue.client, queue.keys)
+    loop = BatchLoop(settings, counted, {m.name: SyntheticHandler(m, (0, 0)) for m in (one, two)},
+                     "w")
+
+    def run_until_done(ids: list[str]) -> None:
+        for _ in range(100):  # a bound: each step claims, completes or waits 10 ms
+            if all(v is not None and v.status.value == "done" for v in counted.get_many(ids)):
+                return
+            loop.step()
+        raise AssertionError("jobs left undone after 100 steps")
+
+    first = admit_jobs(counted, one, range(64))
+    run_until_done(first)
+    loop.step()  # idle: the next step peeks every bin of both models
+    second = admit_jobs(counted, two, range(64, 128))
+    run_until_done(second)
+    views = counted.get_many(first + second)
+    assert all(v is not None and v.result == expected_result({"value": i, "size": 1})
+               for i, v in enumerate(views))
+    assert counted.claims == 4 and loop._ahead is None

@@ -73,10 +73,12 @@ class CompletionWriter:
             try:
                 done = self.queue.complete_and_peek(spec, claim, outcomes, batch, peek, scan,
                                                     ahead)
-            except BackendUnavailable as exc:
+            except BaseException as exc:
                 if ahead is not None:  # it may have run: its token may hold jobs
                     self._unanswered.append(ahead.token)
                     ahead = None
+                if not isinstance(exc, BackendUnavailable):
+                    raise
                 now_s = self.clock()
                 if first_failure_s is None:
                     first_failure_s = now_s

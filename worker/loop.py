@@ -137,7 +137,8 @@ class BatchLoop:
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand); hand
-        back a batch claimed ahead and not started."""
+        back a batch claimed ahead and not started, first: it is not renewed."""
+        self._hand_back()
         while self._in_flight:
             try:
                 self._finish(self._in_flight.popleft())
@@ -165,23 +166,34 @@ class BatchLoop:
 
     def _ahead_request(self, bins: list[BinKey]) -> ClaimAhead | None:
         """What a call that peeks ``bins`` may claim ahead: only when they are every bin
-        this worker serves, so its decision rests on them alone; never at stop, nor
-        while a batch claimed ahead is still held."""
+        this worker serves, all of one model (a script touches one model's shard), so
+        its decision rests on them alone; never at stop, nor while a batch claimed
+        ahead is still held."""
         if (not self.settings.claim_ahead or self._stop.is_set() or self._ahead is not None
+                or len({model for model, _ in bins}) != 1
                 or sorted(bins) != sorted(self.scheduler.bins)):
             return None
         limits = self.scheduler.all_limits()
+        # The memory guard's cap as it stands: its ``limit`` reads memory and moves the
+        # cap, and run_one asks it once for the batch it runs (a smaller answer then
+        # hands the rest back).
+        caps = {key: self.executor.guard.cap(key) for key in bins}
         max_n = tuple(0 if limits[key].paused else
-                      self.executor.limit(key[0], key[1], limits[key].max_batch)
+                      max(1, min(limits[key].max_batch, caps[key] or limits[key].max_batch))
                       for key in bins)
         return ClaimAhead(self._token(), self.settings.lease_ms, self.worker_name,
                           self.settings.queued_ttl_s, max_n)
 
     def _hand_back(self, claim: Claim | None = None) -> None:
-        """Hand back a batch claimed ahead that will not run (by default the one held)."""
+        """Hand back a batch claimed ahead that will not run (by default the one held);
+        the jobs it ended expired are counted all the same."""
         if claim is None:
             claim, self._ahead = self._ahead, None
-        if claim is not None and claim.jobs:
+        if claim is None:
+            return
+        if claim.expired:
+            call_hooks(self.hooks, lambda h: h.on_expired(claim))
+        if claim.jobs:
             call_hooks(self.hooks, lambda h: h.on_unneeded(claim))
 
     def _unanswered(self, model: str, bin_name: str, token: str) -> None:
@@ -205,7 +217,7 @@ class BatchLoop:
                 peek_ms, states, self._ahead = self.queue.peek_and_claim(
                     self.handlers[model].spec, [b for _, b in rest],
                     self.scheduler.scan_sizes(rest), ahead)
-            except BackendUnavailable:
+            except BaseException:  # it may have run: its token may hold jobs
                 self._unanswered(model, rest[0][1], ahead.token)
                 raise
             now_ms = max(now_ms, peek_ms)
@@ -248,10 +260,14 @@ class BatchLoop:
         except BaseException:
             self._hand_back(ahead)
             raise
-        if ahead is not None and ((ahead.model, ahead.bin) != (go.model, go.bin)
-                                  or len(ahead.jobs) > max_n):
-            self._hand_back(ahead)  # limits moved meanwhile (a retune, the memory guard)
+        if ahead is not None and (ahead.model, ahead.bin) != (go.model, go.bin):
+            self._hand_back(ahead)
             ahead = None
+        if ahead is not None and len(ahead.jobs) > max_n:
+            # The limit moved since it was claimed (the SLO cap after the last batch, a
+            # retune, the memory guard): the most urgent max_n run, the rest go back.
+            self._hand_back(replace(ahead, jobs=ahead.jobs[max_n:], expired=0))
+            ahead = replace(ahead, jobs=ahead.jobs[:max_n])
         if ahead is not None:
             claim = ahead
         else:
@@ -280,8 +296,8 @@ class BatchLoop:
         # causes costs an attempt to it alone, not to a batch overlapping it.
         retry = any(j.attempts > 1 for j in claim.jobs)
         try:
-            while retry and self._in_flight:
-                self._finish(self._in_flight.popleft())
+            while retry and self._in_flight:  # and nothing claimed ahead to wait behind it
+                self._finish(self._in_flight.popleft(), claim_ahead=False)
             t0 = time.perf_counter()
             future = self.executor.submit(self.handlers[go.model], spec.bin_named(go.bin),
                                           claim.jobs)
@@ -292,20 +308,23 @@ class BatchLoop:
         # Completing older batches may fail; each failure is reported for its own
         # batch (in _finish), never for this one, which is still computing.
         while self._in_flight and (retry or len(self._in_flight) >= self.executor.depth):
-            self._finish(self._in_flight.popleft())
+            self._finish(self._in_flight.popleft(), claim_ahead=not retry)
 
-    def _finish(self, flight: _Flight) -> None:
+    def _finish(self, flight: _Flight, *, claim_ahead: bool = True) -> None:
         """Write a batch's outcomes (waiting for them) and call the hooks; if that
-        fails, call ``on_failed`` (lease keepers hand the jobs back), then raise."""
+        fails, call ``on_failed`` (lease keepers hand the jobs back), then raise.
+        ``claim_ahead``: the completion may claim the next batch ahead (not while a
+        suspect's batch is about to run alone: a batch claimed then would wait, its
+        lease unrenewed, behind it)."""
         try:
-            self._complete(flight)
+            self._complete(flight, claim_ahead)
         except BaseException as exc:
             if isinstance(exc, GaveUp):
                 log.warning("%s: its jobs go back to their bin (or their lease lapses)", exc)
             call_hooks(self.hooks, lambda h: h.on_failed(flight.claim))
             raise
 
-    def _complete(self, flight: _Flight) -> None:
+    def _complete(self, flight: _Flight, claim_ahead: bool = True) -> None:
         claim = flight.claim
         spec = self.handlers[claim.model].spec
         outcomes = flight.outcomes.result()
@@ -315,7 +334,7 @@ class BatchLoop:
             done = self.writer.write(spec, claim, outcomes, batch, flight.started,
                                      peek=[b for _, b in peek],
                                      scan=self.scheduler.scan_sizes(peek),
-                                     ahead=self._ahead_request(peek))
+                                     ahead=self._ahead_request(peek) if claim_ahead else None)
         finally:
             for token in self.writer.take_unanswered():
                 self._unanswered(claim.model, claim.bin, token)

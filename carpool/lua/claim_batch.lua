@@ -91,14 +91,20 @@ end
 -- is "token lease_ms worker queued_ttl_s done_channel result_ttl_s scan_factor max_n_1
 -- ... max_n_b" (tab-separated; max_n_i 0: never bin i), `keys` {leases, bytes, claim}.
 -- It claims only what the worker's own decision (carpool/batching.py) is sure to be,
--- given that these bins are all the worker serves: exactly one bin holds jobs, it holds
+-- given that these bins are all the worker serves: exactly one bin holds jobs (a paused
+-- bin's count too: then nothing is claimed ahead), it holds
 -- a full batch (peek_bins' scan size, the worker's max_batch), and its most urgent job
 -- has no deadline (a deadline may make the batch smaller). scans[i]: bin i's max_batch. Appends the bin's index and
 -- the expired count, then "id, record" per job; or 0 alone when it claimed nothing.
 -- The worker checks its decision against it and hands back a batch it does not run.
 local function claim_ahead(request, keys, bins, scans, first, job_prefix, now_ms, now_s, out)
-  local f = {}
-  for v in string.gmatch(request, "[^\t]+") do f[#f + 1] = v end
+  local f, at = {}, 1  -- its fields, empty ones kept
+  while true do
+    local stop = string.find(request, "\t", at, true)
+    f[#f + 1] = string.sub(request, at, (stop or 0) - 1)
+    if not stop then break end
+    at = stop + 1
+  end
   local chosen = nil
   for i = 1, #bins do
     local at = first + (i - 1) * 4
