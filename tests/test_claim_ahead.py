@@ -198,17 +198,29 @@ def loop_of(queue: Queue, settings: Settings, hooks: list[Any],
                      hooks=hooks, executor=executor or PipelinedExecutor())
 
 
+def claimed_ahead(queue: Queue, token: str) -> Claim:
+    """The full batch of small a peek claims ahead under ``token``."""
+    spec = synthetic()
+    names, scan = bins_of(spec)
+    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, token))
+    assert ahead is not None and len(ahead.jobs) == 32
+    return ahead
+
+
+def handing_back(queue: Queue, settings: Settings, heard: Recorder) -> BatchLoop:
+    """A loop whose lease keeper hands back; claiming ahead off, or its completion
+    would claim the jobs handed back ahead again."""
+    return loop_of(queue, replace(settings, claim_ahead=False),
+                   [heard, keeper_of(queue, settings)])
+
+
 def test_a_batch_claimed_ahead_bigger_than_the_decision_runs_its_head_and_hands_back_the_rest(
         queue: Queue, settings: Settings) -> None:
     spec = synthetic()
     ids = admit_jobs(queue, spec, range(40))
-    names, scan = bins_of(spec)
-    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "spare"))
-    assert ahead is not None and len(ahead.jobs) == 32
+    ahead = claimed_ahead(queue, "spare")
     heard = Recorder()
-    # Off: the completion would claim the jobs handed back ahead again.
-    loop = loop_of(queue, replace(settings, claim_ahead=False),
-                   [heard, keeper_of(queue, settings)])
+    loop = handing_back(queue, settings, heard)
     loop.scheduler.tune("synthetic", "small", max_batch=8)  # retuned meanwhile
     loop._ahead = ahead  # as the last peek left it
     loop.step()
@@ -227,13 +239,11 @@ def test_a_batch_claimed_ahead_for_another_bin_than_the_decisions_goes_back_whol
         queue: Queue, settings: Settings) -> None:
     spec = synthetic()
     small = admit_jobs(queue, spec, range(32))
-    names, scan = bins_of(spec)
-    _, _, ahead = queue.peek_and_claim(spec, names, scan, request(spec, "small-ahead"))
-    assert ahead is not None and len(ahead.jobs) == 32 and depth(queue, spec) == 0
+    ahead = claimed_ahead(queue, "small-ahead")
+    assert depth(queue, spec) == 0
     admit_jobs(queue, spec, range(32), size=spec.bins[1].max_size)  # medium fills meanwhile
     heard = Recorder()
-    loop = loop_of(queue, replace(settings, claim_ahead=False),
-                   [heard, keeper_of(queue, settings)])
+    loop = handing_back(queue, settings, heard)
     loop._ahead = ahead
     loop.step()  # the decision, from a fresh peek: medium (small is empty there)
     assert heard.tokens("unneeded") == ["small-ahead"]
