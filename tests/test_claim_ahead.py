@@ -17,6 +17,7 @@ import pytest
 import worker.loop
 from carpool import records
 from carpool.catalogue import ModelSpec, load_catalogue
+from carpool.connection import connect
 from carpool.errors import BackendUnavailable
 from carpool.jobs import Claim, Outcome, new_job_id
 from carpool.keys import shard
@@ -315,3 +316,16 @@ def test_a_worker_serving_two_models_claims_nothing_ahead_and_serves_both(
     assert all(v is not None and v.result == expected_result({"value": i, "size": 1})
                for i, v in enumerate(views))
     assert counted.claims == 4 and loop._ahead is None
+
+
+def test_a_batch_handed_back_while_redis_is_away_is_looked_for_by_its_token(
+        queue: Queue, settings: Settings) -> None:
+    spec = synthetic()
+    admit_jobs(queue, spec, range(32))
+    ahead = claimed_ahead(queue, "stranded")
+    away = connect("redis://127.0.0.1:1/0")  # nothing listens there
+    keeper = keeper_of(Queue(away, queue.keys), settings)
+    keeper.on_unneeded(ahead)  # the release fails: it is looked for on the next ticks
+    keeper.leases = Leases(queue.client, queue.keys, settings.catalogue)  # Redis is back
+    keeper.recover_unanswered()
+    assert depth(queue, spec) == 32 and leased(queue, spec) == []

@@ -30,8 +30,9 @@
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
 -- input with it; the worker built all of it but t_done (only claim.lua writes a
--- claim's attempt counts, so the worker's equal them for every job still held); the claim loses its ids in one HDEL, its token leaves the leases zset
--- with its last job, and one PUBLISH names the jobs written (space-separated:
+-- claim's attempt counts, so the worker's equal them for every job still held). The
+-- claim loses its ids in one HDEL, its token leaves the leases zset with its last
+-- job, and one PUBLISH names the jobs written (space-separated:
 -- carpool.queue.ended_ids).
 --
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
