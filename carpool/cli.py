@@ -15,13 +15,13 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from carpool import http_client
 from carpool.client import ApiError, Client, Job
-from carpool.clihelp import HelpParser
-from carpool.errors import CarpoolError
-from carpool.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
-from carpool.supervisor import Supervisor
-from carpool.waiting import wait_until
+from carpool.core.clihelp import HelpParser
+from carpool.core.errors import CarpoolError
+from carpool.stack import http_client
+from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
+from carpool.stack.supervisor import Supervisor
+from carpool.stack.waiting import wait_until
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The demo long-polls this long at most (a first start warms models up first), in
@@ -161,11 +161,11 @@ def cmd_bench(rest: list[str]) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Check "each job in exactly one place" on one snapshot; list the dead letters."""
-    from carpool.audit import snapshot, violations
-    from carpool.connection import connect
-    from carpool.keys import Keys
-    from carpool.leases import Leases
-    from carpool.settings import load_settings
+    from carpool.backend.audit import snapshot, violations
+    from carpool.backend.connection import connect
+    from carpool.backend.keys import Keys
+    from carpool.backend.leases import Leases
+    from carpool.core.settings import load_settings
 
     settings = load_settings()
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
@@ -183,7 +183,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _client_options(p: argparse.ArgumentParser) -> None:
     # The environment only gives defaults here: these are the client's, not the server's
-    # settings (carpool.settings), and a flag always wins.
+    # settings (carpool.core.settings), and a flag always wins.
     p.add_argument("--url", default=os.environ.get("CARPOOL_URL", DEFAULT_URL),
                    help="the web tier (default: $CARPOOL_URL, else %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("CARPOOL_API_KEY", ""),
@@ -193,7 +193,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 #: Entry points that add a subcommand: each is called with the subparsers and adds
 #: its own, ``func`` set. The worker registers ``calibrate`` here (pyproject.toml),
 #: so the core never imports the worker.
-COMMANDS_GROUP = "carpool.commands"
+COMMANDS_GROUP = "carpool.stack.commands"
 
 
 def parser() -> argparse.ArgumentParser:

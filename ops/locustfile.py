@@ -30,7 +30,7 @@ from typing import Any
 
 from locust import FastHttpUser, constant_throughput, task
 
-from carpool.synthetic import checksum
+from carpool.core.synthetic import checksum
 
 MODEL = os.environ.get("CARPOOL_LOCUST_MODEL", "synthetic")
 SIZE = int(os.environ.get("CARPOOL_LOCUST_SIZE", "16"))

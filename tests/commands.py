@@ -1,4 +1,4 @@
-"""The canonical process command lines, read from ``carpool/commands.toml``.
+"""The canonical process command lines, read from ``carpool/stack/commands.toml``.
 
 Deploy files are tested against these lists, and end-to-end tests start their real
 gunicorn, Celery worker and Flower processes with them, so that what the tests run
@@ -10,8 +10,8 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from carpool.commands import argv, load_commands
+from carpool.stack.commands import argv, load_commands
 
-COMMANDS_FILE = Path(str(files("carpool").joinpath("commands.toml")))
+COMMANDS_FILE = Path(str(files("carpool.stack").joinpath("commands.toml")))
 
 __all__ = ["COMMANDS_FILE", "argv", "load_commands"]

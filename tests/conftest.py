@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from carpool.connection import connect
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.settings import Settings, load_settings
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.settings import Settings, load_settings
 
 #: A model no worker serves, with a tiny bin: it stays full once filled.
 TINY_TOML = """

@@ -23,12 +23,13 @@ from typing import Any
 
 import redis
 
-from carpool import records
-from carpool.audit import snapshot, violations
-from carpool.catalogue import ModelSpec
-from carpool.jobs import JobStatus, new_job_id
-from carpool.keys import Keys, shard_of_job
-from carpool.queue import Queue, ended_ids
+from carpool.backend import records
+from carpool.backend.audit import snapshot, violations
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue, ended_ids
+from carpool.core.catalogue import ModelSpec
+from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.shards import shard_of_job
 from tests.procs import REPO_ROOT, worker_command
 
 #: How long a test waits for a process to exit once it was told to (or killed).

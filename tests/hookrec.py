@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from carpool.jobs import Claim
-from worker.hooks import BatchReport
+from carpool.core.jobs import Claim
+from worker.loop.hooks import BatchReport
 
 
 class Recorder:

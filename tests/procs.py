@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from carpool.waiting import wait_until
+from carpool.stack.waiting import wait_until
 from tests.commands import argv
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""A simulated CUDA device for tests on the CPU (``worker.device.Accelerator``).
+"""A simulated CUDA device for tests on the CPU (``worker.device.device.Accelerator``).
 
 * **Memory**: a caching allocator with a capacity. ``alloc`` past it raises
   ``torch.OutOfMemoryError``, as the real one does; freed blocks stay reserved

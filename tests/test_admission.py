@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.errors import BinFull, OverShare, WaitTooLong
-from carpool.jobs import Outcome, new_job_id
-from carpool.keys import shard
-from carpool.queue import Queue
-from carpool.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
+from carpool.admission.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.errors import BinFull, OverShare, WaitTooLong
+from carpool.core.jobs import Outcome, new_job_id
+from carpool.core.shards import shard
 
 TTL_S = 60
 #: Jobs drained to make a rate: about 10 jobs/s.
@@ -134,8 +134,8 @@ def test_a_bin_may_set_its_own_max_queue_ms(queue: Queue) -> None:
 
 @pytest.mark.parametrize("value", [-1])
 def test_a_negative_max_queue_ms_is_a_config_error(value: int) -> None:
-    from carpool.catalogue import validate
-    from carpool.errors import ConfigError
+    from carpool.core.catalogue import validate
+    from carpool.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_queue_ms"):
         validate(spec_with(max_queue_ms=value))

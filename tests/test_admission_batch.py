@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from carpool.catalogue import ModelSpec
-from carpool.errors import BinFull, OverShare, WaitTooLong
-from carpool.jobs import Admitted, new_job_id
-from carpool.queue import AdmitRequest, Queue
-from carpool.retry_after import FAIR_SHARE_NEAR
+from carpool.admission.retry_after import FAIR_SHARE_NEAR
+from carpool.backend.queue import AdmitRequest, Queue
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import BinFull, OverShare, WaitTooLong
+from carpool.core.jobs import Admitted, new_job_id
 from tests.test_admission import ALICE, BOB, DRAINED, TTL_S, admit, drain, spec_with
 
 NEAR = int(FAIR_SHARE_NEAR * 100)

@@ -47,8 +47,8 @@ def test_the_bench_never_imports_the_simulator() -> None:
 
 def test_the_scan_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f() -> None:\n    from worker.calibrate import command\n")
-    assert "worker.calibrate" in imported_modules(module)
+    module.write_text("def f() -> None:\n    from worker.observe.calibrate import command\n")
+    assert "worker.observe.calibrate" in imported_modules(module)
 
 
 #: Runs the `carpool` command line in a process where the bench extra's packages
@@ -89,8 +89,8 @@ def test_the_worker_adds_calibrate_through_the_commands_entry_point() -> None:
     from importlib.metadata import entry_points
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())[
-        "project"]["entry-points"]["carpool.commands"]
-    assert declared == {"calibrate": "worker.cli:register"}
-    installed = {ep.name: ep.value for ep in entry_points(group="carpool.commands")}
+        "project"]["entry-points"]["carpool.stack.commands"]
+    assert declared == {"calibrate": "worker.shell.cli:register"}
+    installed = {ep.name: ep.value for ep in entry_points(group="carpool.stack.commands")}
     assert installed == declared, (
         "the installed package metadata is older than pyproject.toml: pip install -e .")

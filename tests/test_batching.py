@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from carpool.batching import (
+from carpool.core.jobs import BinState
+from carpool.scheduling.batching import (
     LOOP_ALLOWANCE_MS,
     MAX_BYPASS,
     SERVICE_ALLOWANCE,
@@ -18,7 +19,6 @@ from carpool.batching import (
     leave_by_ms,
     worth_waiting_for,
 )
-from carpool.jobs import BinState
 
 LIM = Limits(max_batch=8, max_wait_ms=20)
 ADAPT = Limits(max_batch=8, max_wait_ms=20, adaptive=True)

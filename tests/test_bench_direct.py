@@ -8,7 +8,7 @@ from typing import Any
 from carpool.bench.direct import _judge
 from carpool.bench.records import JobRecord, Outcome
 from carpool.bench.workload import make_input
-from carpool.synthetic import expected_result
+from carpool.core.synthetic import expected_result
 
 JOB = "j" * 22
 

@@ -14,7 +14,7 @@ from carpool.bench.records import (
     write_jsonl,
 )
 from carpool.bench.workload import make_input
-from carpool.synthetic import expected_result
+from carpool.core.synthetic import expected_result
 
 JOB = "x" * 22
 

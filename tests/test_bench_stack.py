@@ -8,8 +8,8 @@ import pytest
 
 from carpool.bench.policies import FIXED_WINDOW_CAP, POLICIES, policy, write_config
 from carpool.bench.stack import WEB_ARGV, WORKER_ARGV
-from carpool.catalogue import builtin_models, load_catalogue
-from carpool.settings import load_settings
+from carpool.core.catalogue import builtin_models, load_catalogue
+from carpool.core.settings import load_settings
 from tests.commands import argv
 
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.errors import ConfigError
-from carpool.settings import Settings
-from worker.bootstep import load_handlers, make_executor
+from carpool.core.errors import ConfigError
+from carpool.core.settings import Settings
 from worker.executors.pipelined import PipelinedExecutor
+from worker.shell.bootstep import load_handlers, make_executor
 
 
 def test_a_model_named_in_carpool_models_without_weights_stops_the_worker(
@@ -21,7 +21,7 @@ def test_a_model_named_in_carpool_models_without_weights_stops_the_worker(
 
 def test_serving_every_model_leaves_out_one_without_weights_and_says_so(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="worker.bootstep"):
+    with caplog.at_level(logging.ERROR, logger="worker.shell.bootstep"):
         handlers = load_handlers(settings, ("synthetic", "resnet18"), explicit=False)
     assert list(handlers) == ["synthetic"]
     assert "not serving model 'resnet18'" in caplog.text
@@ -45,8 +45,8 @@ def test_a_synthetic_only_worker_never_imports_torch() -> None:
     import sys
     from pathlib import Path
 
-    code = ("import sys; from carpool.settings import load_settings; "
-            "from worker.bootstep import load_handlers, make_executor; "
+    code = ("import sys; from carpool.core.settings import load_settings; "
+            "from worker.shell.bootstep import load_handlers, make_executor; "
             "s = load_settings({}); make_executor(s, load_handlers(s, ('synthetic',), True)); "
             "import worker.celery_app; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
@@ -54,7 +54,7 @@ def test_a_synthetic_only_worker_never_imports_torch() -> None:
 
 
 def test_the_limits_metrics_read_carry_the_memory_guards_cap(settings: Settings) -> None:
-    from worker.loop import BatchLoop
+    from worker.loop.loop import BatchLoop
     handlers = load_handlers(settings, ("synthetic",), explicit=True)
     executor = PipelinedExecutor()
     loop = BatchLoop(settings, None, handlers, "w", executor=executor)  # type: ignore[arg-type]
@@ -65,8 +65,8 @@ def test_the_limits_metrics_read_carry_the_memory_guards_cap(settings: Settings)
 
 
 def test_the_limits_metrics_and_flower_read_follow_a_live_retune(settings: Settings) -> None:
-    from worker.flower import worker_info
-    from worker.loop import BatchLoop
+    from worker.loop.loop import BatchLoop
+    from worker.observe.flower import worker_info
 
     handlers = load_handlers(settings, ("synthetic",), explicit=True)
     loop = BatchLoop(settings, None, handlers, "w")  # type: ignore[arg-type]

@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 import redis
 
-from carpool import records
-from carpool.budget import FINISHED_RECORD_BYTES, RECORD_OVERHEAD_BYTES, memory_report
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.errors import BudgetFull
-from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.leases import Leases
-from carpool.queue import AdmitRequest, Queue
+from carpool.admission.budget import FINISHED_RECORD_BYTES, RECORD_OVERHEAD_BYTES, memory_report
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.backend.leases import Leases
+from carpool.backend.queue import AdmitRequest, Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.errors import BudgetFull
+from carpool.core.jobs import JobStatus, Outcome, new_job_id
 from tests.redisproc import private_redis
 
 TTL_S = 60

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
 from carpool.cli import main
-from carpool.settings import ExecutorSettings, load_settings
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.settings import ExecutorSettings, load_settings
 from tests.simcuda import MIB, SimCuda, SimHandler
-from worker.bootstep import make_executor
-from worker.calibrate import calibrate, ladder, prepare
 from worker.executors.ladder import rungs
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
-from worker.profile import BinProfile, Point, digest, load, path_for
+from worker.observe.calibrate import calibrate, ladder, prepare
+from worker.observe.profile import BinProfile, Point, digest, load, path_for
+from worker.shell.bootstep import make_executor
 
 torch.set_num_threads(1)
 CONFIG = """

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from carpool.catalogue import builtin_models, load_catalogue
-from carpool.errors import ConfigError
+from carpool.core.catalogue import builtin_models, load_catalogue
+from carpool.core.errors import ConfigError
 from worker.handlers.torchload import weights_setting
 
 #: What the refusal of a model without weights advises, with a path filled in.

@@ -14,25 +14,25 @@ from typing import Any
 
 import pytest
 
-import worker.loop
-from carpool import records
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.connection import connect
-from carpool.errors import BackendUnavailable
-from carpool.jobs import Claim, Outcome, new_job_id
-from carpool.keys import shard
-from carpool.leases import Leases
-from carpool.queue import ClaimAhead, Completed, Queue
-from carpool.settings import Settings, load_settings
-from carpool.synthetic import expected_result
+import worker.loop.loop
+from carpool.backend import records
+from carpool.backend.connection import connect
+from carpool.backend.keys import shard
+from carpool.backend.leases import Leases
+from carpool.backend.queue import ClaimAhead, Completed, Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import Claim, Outcome, new_job_id
+from carpool.core.settings import Settings, load_settings
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import admit_jobs, attempts_of
 from tests.hookrec import Recorder
-from worker.completion import CompletionWriter
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
-from worker.leasekeeper import LeaseKeeper
-from worker.loop import BatchLoop
+from worker.loop.completion import CompletionWriter
+from worker.loop.leasekeeper import LeaseKeeper
+from worker.loop.loop import BatchLoop
 
 BATCH = {"size": 0, "bin": "small", "worker": "w"}
 
@@ -256,7 +256,7 @@ def test_a_batch_claimed_ahead_for_another_bin_than_the_decisions_goes_back_whol
 
 def test_no_batch_is_claimed_ahead_while_a_suspects_batch_is_to_run_alone(
         queue: Queue, settings: Settings) -> None:
-    """A batch with a retried job runs with nothing else in flight (worker/isolation.py);
+    """A batch with a retried job runs with nothing else in flight (worker/loop/isolation.py);
     a batch claimed ahead meanwhile would wait behind it with its lease unrenewed."""
     spec = synthetic()
     ids = admit_jobs(queue, spec, range(96))
@@ -292,7 +292,7 @@ def test_a_worker_serving_two_models_claims_nothing_ahead_and_serves_both(
         queue: Queue, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """A script touches one model's shard: a worker serving two models decides over
     both, so neither call may claim for it; and the peek after it idled sees both."""
-    monkeypatch.setattr(worker.loop, "MAX_BLOCK_S", 0.01)  # an idle step blocks this long
+    monkeypatch.setattr(worker.loop.loop, "MAX_BLOCK_S", 0.01)  # an idle step blocks this long
     one = synthetic()
     two = replace(one, name="synthetic-two")  # another shard
     assert shard(one.name) != shard(two.name)

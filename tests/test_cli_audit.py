@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from carpool.backend.keys import shard
+from carpool.backend.queue import Queue
 from carpool.cli import main
-from carpool.keys import shard
-from carpool.queue import Queue
 from tests.conftest import make_env
 from tests.test_queue_scripts import admit, synthetic
 

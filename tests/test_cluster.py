@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.catalogue import load_catalogue
-from carpool.connection import connect
-from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.keys import Keys, shard
-from carpool.queue import Queue
-from carpool.synthetic import expected_result
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys, shard
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import DoneCounter, admit_jobs, all_final, assert_one_place
 from tests.procs import WORKER_START_TIMEOUT_S, start_web, start_worker, wait_until

@@ -1,18 +1,18 @@
-"""One source for process command lines: carpool/commands.toml, shipped as package data."""
+"""One source for process command lines: carpool/stack/commands.toml, shipped as package data."""
 
 from __future__ import annotations
 
 import sys
 import tomllib
 
-from carpool.commands import argv, python_argv
-from carpool.localstack import flower_command, web_command, worker_command
+from carpool.stack.commands import argv, python_argv
+from carpool.stack.localstack import flower_command, web_command, worker_command
 from tests.procs import REPO_ROOT
 
 
 def test_the_command_file_is_package_data() -> None:
     with (REPO_ROOT / "pyproject.toml").open("rb") as f:
-        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["carpool"]
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["carpool.stack"]
     assert "commands.toml" in data
     assert not (REPO_ROOT / "ops" / "commands.toml").exists()  # no second copy to drift
 

@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
-from carpool.catalogue import load_catalogue
-from carpool.errors import ConfigError
-from carpool.scheduler import Scheduler
-from worker.control import carpool_scheduler, carpool_tune, parse_changes
+from carpool.core.catalogue import load_catalogue
+from carpool.core.errors import ConfigError
+from carpool.scheduling.scheduler import Scheduler
+from worker.shell.control import carpool_scheduler, carpool_tune, parse_changes
 
 
 def state_with(scheduler: Scheduler | None) -> Any:

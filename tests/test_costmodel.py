@@ -2,8 +2,8 @@
 
 import pytest
 
-from carpool.batching import Cost
-from carpool.costmodel import CostModel
+from carpool.scheduling.batching import Cost
+from carpool.scheduling.costmodel import CostModel
 
 
 def test_nothing_is_known_before_a_batch_or_a_seed() -> None:

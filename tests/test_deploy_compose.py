@@ -1,6 +1,6 @@
 """Compose files and images, checked offline: the compose spec first, then what it lets through.
 
-Process command lines are compared with carpool/commands.toml, which the end-to-end
+Process command lines are compared with carpool/stack/commands.toml, which the end-to-end
 tests also start their processes from (tests/commands.py).
 """
 

@@ -185,7 +185,7 @@ def cumulative(sizes: list[int], edges: tuple[float, ...]) -> list[tuple[float, 
 
 
 def test_batch_size_panel_never_shows_a_size_a_batch_cannot_have() -> None:
-    from worker.metrics import BATCH_SIZE_BUCKETS
+    from worker.observe.metrics import BATCH_SIZE_BUCKETS
 
     assert all(float(le).is_integer() and le >= 1 for le in BATCH_SIZE_BUCKETS)
     exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])

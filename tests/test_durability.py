@@ -7,8 +7,8 @@ import logging
 import pytest
 import redis
 
-from carpool.durability import check_durability, problems, read_persistence
-from carpool.errors import ConfigError
+from carpool.backend.durability import check_durability, problems, read_persistence
+from carpool.core.errors import ConfigError
 from tests.procs import free_port
 from tests.redisproc import private_redis
 

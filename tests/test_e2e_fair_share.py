@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from carpool.catalogue import load_catalogue
+from carpool.admission.retry_after import FAIR_SHARE_NEAR
+from carpool.backend.queue import Queue
 from carpool.client import Client, Overloaded, RetryPolicy
-from carpool.queue import Queue
-from carpool.retry_after import FAIR_SHARE_NEAR
-from carpool.settings import api_key_digest, load_settings
+from carpool.core.catalogue import load_catalogue
+from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.procs import start_web
 from tests.test_admission import drain

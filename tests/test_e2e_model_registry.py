@@ -14,9 +14,9 @@ import requests
 import torch
 import torchvision
 
-from carpool.connection import connect
-from carpool.keys import Keys
-from carpool.registry import Registry
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.registry import Registry
 from tests.conftest import make_env
 from tests.images import image_file
 from tests.procs import start_web, start_worker, wait_until

@@ -13,8 +13,8 @@ import requests
 import torch
 import torchvision
 
-from carpool.connection import connect
-from carpool.keys import Keys
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
 from tests.images import image_file
 from tests.procs import start_web, start_worker

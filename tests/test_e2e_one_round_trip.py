@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import requests
 
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys, shard
+from carpool.backend.queue import Queue
 from carpool.client import AsyncClient, Client, Overloaded, RetryPolicy
-from carpool.connection import connect
-from carpool.jobs import Outcome
-from carpool.keys import Keys, shard
-from carpool.queue import Queue
-from carpool.settings import load_settings
-from carpool.synthetic import expected_result
+from carpool.core.jobs import Outcome
+from carpool.core.settings import load_settings
+from carpool.core.synthetic import expected_result
 from tests.conftest import TINY_TOML, make_env
 from tests.procs import start_web, start_worker
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.connection import connect
-from carpool.keys import Keys
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
 from tests.procs import REPO_ROOT, start_web, start_worker
 

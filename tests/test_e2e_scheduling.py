@@ -21,10 +21,10 @@ import redis
 import requests
 from celery import Celery
 
-from carpool import records
-from carpool.connection import connect
-from carpool.keys import Keys
-from carpool.retry_after import drain_rate_per_s, retry_after_s
+from carpool.admission.retry_after import drain_rate_per_s, retry_after_s
+from carpool.backend import records
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
 from tests.procs import start_web, start_worker, wait_until
 

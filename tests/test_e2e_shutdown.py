@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from carpool.jobs import JobStatus, new_job_id
-from carpool.queue import Queue
-from carpool.settings import Settings
+from carpool.backend.queue import Queue
+from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.settings import Settings
 from tests.conftest import make_env
 from tests.procs import start_worker, wait_until
 

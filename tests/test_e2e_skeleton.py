@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.synthetic import expected_result
+from carpool.core.synthetic import expected_result
 from tests.conftest import TINY_TOML, make_env
 from tests.procs import start_web, start_worker
 

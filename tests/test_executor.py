@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec, load_catalogue
-from carpool.jobs import JobStatus, new_job_id
-from carpool.queue import Queue
-from carpool.settings import ExecutorSettings, Settings
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
+from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.settings import ExecutorSettings, Settings
 from tests.hookrec import Recorder
+from worker.device.memory import MemoryGuard
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop import BatchLoop
-from worker.memory import MemoryGuard
+from worker.loop.loop import BatchLoop
 
 torch.set_num_threads(1)
 #: A bound on any wait in these tests; reaching it is a failure, not a timing.

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.jobs import ClaimedJob, JobStatus, new_job_id
-from carpool.queue import Queue
-from carpool.settings import ExecutorSettings, Settings
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.jobs import ClaimedJob, JobStatus, new_job_id
+from carpool.core.settings import ExecutorSettings, Settings
 from tests.hookrec import Recorder
 from tests.simcuda import MIB, SimCuda, SimHandler
 from worker.executors.ladder import rungs
 from worker.executors.torch_executor import TorchExecutor
-from worker.loop import BatchLoop
+from worker.loop.loop import BatchLoop
 
 torch.set_num_threads(1)
 #: A bound on any wait here; reaching it is a failure, not a timing.

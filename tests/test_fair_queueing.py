@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from carpool import records
-from carpool.errors import OverShare, WaitTooLong
-from carpool.queue import Queue
-from carpool.urgency import sort_offset_ms
+from carpool.admission.urgency import sort_offset_ms
+from carpool.backend import records
+from carpool.backend.queue import Queue
+from carpool.core.errors import OverShare, WaitTooLong
 from tests.test_admission import admit, drain, fill_until_refused, spec_with
 from tests.test_admission_batch import admit_many, split
 

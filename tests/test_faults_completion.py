@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from carpool.catalogue import load_catalogue
-from carpool.connection import connect
-from carpool.errors import BackendUnavailable
-from carpool.jobs import JobStatus, new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.synthetic import expected_result
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import (
     DoneCounter,
@@ -47,7 +47,7 @@ LEASE_MS = 3000
 #: (compose's) may lose the last second, completions included: such a job runs again
 #: after its lease, so there only "every job done" is promised.
 FSYNC_POLICIES = ("always", "everysec")
-#: What the worker logs when a write of results in hand failed (worker/completion.py).
+#: What the worker logs when a write of results in hand failed (worker/loop/completion.py).
 NOT_WRITTEN = "not written"
 #: The done-within bound after Redis answers again (the issue's promise: 60 s).
 RECOVERY_BOUND_S = 60.0

@@ -20,8 +20,8 @@ import pytest
 import requests
 from PIL import Image
 
-from carpool.connection import connect
-from carpool.keys import Keys
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from tests.conftest import make_env
 from tests.faults import record
 from tests.procs import REPO_ROOT, log_says, start_web, start_worker, wait_until

@@ -16,10 +16,10 @@ import psutil
 import pytest
 import requests
 
-from carpool.connection import connect
-from carpool.jobs import JobStatus
-from carpool.keys import Keys
-from carpool.queue import Queue
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.jobs import JobStatus
 from tests.conftest import make_env
 from tests.faults import all_final, record
 from tests.procs import (

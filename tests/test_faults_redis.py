@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.catalogue import load_catalogue
-from carpool.connection import connect
-from carpool.jobs import JobStatus, Outcome
-from carpool.keys import Keys
-from carpool.leases import Leases
-from carpool.queue import Queue
-from carpool.settings import load_settings
-from carpool.synthetic import expected_result
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import JobStatus, Outcome
+from carpool.core.settings import load_settings
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import Stopwatch, all_final, assert_one_place, record, spawn_worker
 from tests.procs import start_web, start_worker, wait_until

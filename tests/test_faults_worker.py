@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.connection import connect
-from carpool.jobs import JobStatus, new_job_id
-from carpool.keys import Keys, shard, shard_of_job
-from carpool.leases import Leases
-from carpool.queue import Queue
-from carpool.synthetic import expected_result
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys, shard, shard_of_job
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.faults import (
     DoneCounter,

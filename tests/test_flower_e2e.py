@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.jobs import new_job_id
-from carpool.queue import Queue
-from carpool.settings import Settings
+from carpool.backend.queue import Queue
+from carpool.core.jobs import new_job_id
+from carpool.core.settings import Settings
 from tests.commands import argv
 from tests.conftest import make_env
 from tests.procs import answers, free_port, running, start_worker, wait_until

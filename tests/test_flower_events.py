@@ -13,9 +13,9 @@ import pytest
 import redis
 from celery import Celery
 
-from carpool.jobs import Claim, ClaimedJob
-from worker.flower import FLUSH_EVERY_S, FlowerBatchEvents
-from worker.hooks import BatchReport
+from carpool.core.jobs import Claim, ClaimedJob
+from worker.loop.hooks import BatchReport
+from worker.observe.flower import FLUSH_EVERY_S, FlowerBatchEvents
 
 
 @pytest.fixture

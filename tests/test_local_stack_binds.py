@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from carpool import localstack
-from carpool.localstack import UpOptions, start_stack
-from carpool.settings import load_settings
+from carpool.core.settings import load_settings
+from carpool.stack import localstack
+from carpool.stack.localstack import UpOptions, start_stack
 from tests.conftest import REDIS_URL
 from tests.procs import free_port
 
@@ -37,7 +37,7 @@ def test_carpool_up_binds_worker_metrics_to_loopback_and_shows_batch_args_in_flo
 
 
 def test_worker_metrics_listen_on_the_address_they_are_given() -> None:
-    from worker.metrics import WorkerMetrics
+    from worker.observe.metrics import WorkerMetrics
 
     metrics = WorkerMetrics({}, limits=dict)
     server = metrics.serve(free_port(), "127.0.0.1")

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from carpool.errors import ConfigError
-from carpool.localstack import pick_port, port_problem
+from carpool.core.errors import ConfigError
+from carpool.stack.localstack import pick_port, port_problem
 
 
 @pytest.fixture

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from carpool import records
-from carpool.batching import Go
-from carpool.connection import connect
-from carpool.errors import BackendUnavailable
-from carpool.jobs import JobStatus
-from carpool.keys import Keys
-from carpool.leases import Leases
-from carpool.queue import Queue
-from carpool.settings import load_settings
+from carpool.backend import records
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import JobStatus
+from carpool.core.settings import load_settings
+from carpool.scheduling.batching import Go
 from tests.conftest import make_env
 from tests.faults import admit_jobs, statuses
 from tests.hookrec import Recorder
@@ -28,8 +28,8 @@ from tests.procs import wait_until
 from tests.redisproc import private_redis
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
-from worker.leasekeeper import LeaseKeeper
-from worker.loop import BatchLoop
+from worker.loop.leasekeeper import LeaseKeeper
+from worker.loop.loop import BatchLoop
 
 #: The loop's Redis client gives up on a hung Redis after this (the worker's is 11 s).
 SOCKET_TIMEOUT_S = 1.0

@@ -8,17 +8,17 @@ from concurrent.futures import Future
 
 import pytest
 
-import worker.loop
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.jobs import BinState, Claim, ClaimedJob, Outcome
-from carpool.settings import load_settings
+import worker.loop.loop
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
+from carpool.core.settings import load_settings
 from tests.conftest import make_env
 from tests.hookrec import Recorder
+from worker.device.memory import MemoryGuard
 from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop import BatchLoop
-from worker.memory import MemoryGuard
+from worker.loop.loop import BatchLoop
 
 NOW_MS = 1_000_000
 
@@ -87,7 +87,7 @@ def queue(heard: Recorder) -> StubQueue:
 @pytest.fixture
 def loop(queue: StubQueue, heard: Recorder, monkeypatch: pytest.MonkeyPatch) -> BatchLoop:
     # A block on the batch in flight lasts this long instead of a second.
-    monkeypatch.setattr(worker.loop, "MAX_BLOCK_S", 0.001)
+    monkeypatch.setattr(worker.loop.loop, "MAX_BLOCK_S", 0.001)
     # A fixed window: one job waits max_wait_ms for more (the adaptive policy, knowing
     # no arrival rate yet, would send it at once).
     settings = load_settings(make_env("redis://127.0.0.1:1/0", "unused",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.memory import CLEAN_BATCHES, MemoryGuard
+from worker.device.memory import CLEAN_BATCHES, MemoryGuard
 
 GIB = 1 << 30
 KEY = ("resnet18", "fast")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from carpool.catalogue import BinSpec, ModelSpec, load_catalogue
-from carpool.errors import ConfigError, InvalidInput
+from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
+from carpool.core.errors import ConfigError, InvalidInput
 from web import inputs
 from web.schemas import input_schema
 

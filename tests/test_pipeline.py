@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from carpool import records
-from carpool.catalogue import BinSpec, load_catalogue
-from carpool.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
-from carpool.queue import Queue
-from carpool.settings import Settings, load_settings
-from carpool.synthetic import expected_result
+from carpool.backend import records
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import BinSpec, load_catalogue
+from carpool.core.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
+from carpool.core.settings import Settings, load_settings
+from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.hookrec import Recorder
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop import BatchLoop
+from worker.loop.loop import BatchLoop
 
 SPEC = load_catalogue(None).get("synthetic")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.batching import Cost
-from worker.profile import BinProfile, Point, Profile, cost_seed, cost_seeds
+from carpool.scheduling.batching import Cost
+from worker.observe.profile import BinProfile, Point, Profile, cost_seed, cost_seeds
 
 
 def test_a_bins_points_seed_its_cost_model_with_the_least_squares_line() -> None:

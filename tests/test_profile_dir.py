@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from carpool.cli import main
-from carpool.settings import ExecutorSettings, load_settings
-from worker.calibrate import prepare
+from carpool.core.settings import ExecutorSettings, load_settings
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.synthetic import SyntheticHandler
+from worker.observe.calibrate import prepare
 
 
 def synthetic() -> SyntheticHandler:
@@ -26,7 +26,7 @@ def test_an_unwritable_profile_folder_warns_and_the_worker_serves_on(
     settings = ExecutorSettings(device="cpu", profile_dir=blocker, calibrate="always")
     executor = TorchExecutor(settings, "cpu")
     try:
-        with caplog.at_level(logging.WARNING, logger="worker.profile"):
+        with caplog.at_level(logging.WARNING, logger="worker.observe.profile"):
             profile = prepare(executor, synthetic(), settings)
     finally:
         executor.close()

@@ -1,4 +1,4 @@
-"""Results pushed with their completion (carpool/pushed.py, web/pushed_views.py), on a
+"""Results pushed with their completion (carpool/backend/pushed.py, web/pushed_views.py), on a
 real redis-server: what complete.lua and cancel.lua publish, and a web process
 answering from it without a Redis read, exactly as a read would."""
 
@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-import carpool.pushed
-from carpool.catalogue import load_catalogue
-from carpool.jobs import Claim, JobStatus, Outcome
-from carpool.keys import Keys
-from carpool.leases import Leases
-from carpool.pushed import parse
-from carpool.queue import Queue
+import carpool.backend.pushed
+from carpool.backend.keys import Keys
+from carpool.backend.leases import Leases
+from carpool.backend.pushed import parse
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import Claim, JobStatus, Outcome
 from tests.procs import wait_until
 from tests.test_queue_scripts import admit, synthetic
 from tests.test_web_waiters import listener_ids
@@ -67,7 +67,7 @@ def test_a_batch_pushes_exactly_the_views_a_read_would_give_of_the_jobs_it_wrote
 
 def test_a_result_over_the_push_limit_is_left_to_be_read(
         queue: Queue, results: redis.client.PubSub, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(carpool.pushed, "PUSH_MAX_BYTES", 20)
+    monkeypatch.setattr(carpool.backend.pushed, "PUSH_MAX_BYTES", 20)
     ids, claim = run_batch(queue, 2, "t2")
     outcomes = [Outcome(ids[0], result="x" * 30), Outcome(ids[1], result=1)]
     assert queue.complete(synthetic(), claim, outcomes, {"size": 2}) == [True, True]

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from carpool import records
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.connection import connect
-from carpool.errors import BinFull, IdempotencyConflict, NotCancellable
-from carpool.jobs import JobStatus, Outcome, new_job_id
-from carpool.keys import shard_of_job
-from carpool.queue import AdmitRequest, Queue, ended_ids
+from carpool.backend import records
+from carpool.backend.connection import connect
+from carpool.backend.keys import shard_of_job
+from carpool.backend.queue import AdmitRequest, Queue, ended_ids
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.errors import BinFull, IdempotencyConflict, NotCancellable
+from carpool.core.jobs import JobStatus, Outcome, new_job_id
 
 TTL_S = 60
 
@@ -411,7 +411,7 @@ def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
 def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue) -> None:
     spec = synthetic()
     foreign = new_job_id("another-model")
-    with pytest.raises(ValueError, match="make it with carpool.jobs.new_job_id"):
+    with pytest.raises(ValueError, match="make it with carpool.core.jobs.new_job_id"):
         queue.admit(spec, spec.bins[0], foreign, "{}", queued_ttl_s=TTL_S)
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
 
@@ -422,9 +422,9 @@ def test_admit_args_are_named_and_ordered_as_the_scripts_header_says() -> None:
     from dataclasses import fields
     from importlib.resources import files
 
-    from carpool.admit_args import FIRST_JOB, AdmitArgs
+    from carpool.admission.admit_args import FIRST_JOB, AdmitArgs
 
-    source = files("carpool").joinpath("lua", "admit.lua").read_text()
+    source = files("carpool.backend").joinpath("lua", "admit.lua").read_text()
     lines = source.splitlines()
     header = "\n".join(lines[:next(i for i, line in enumerate(lines)
                                    if not line.startswith("--"))])

@@ -2,13 +2,13 @@
 
 import pytest
 
-from carpool.rates import RateMeter, decayed_rate_per_ms
-from carpool.retry_after import (
+from carpool.admission.retry_after import (
     RETRY_AFTER_MAX_S,
     RETRY_AFTER_MIN_S,
     drain_rate_per_s,
     retry_after_s,
 )
+from carpool.scheduling.rates import RateMeter, decayed_rate_per_ms
 
 
 def test_a_steady_counter_reads_as_its_rate() -> None:

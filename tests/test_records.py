@@ -1,4 +1,4 @@
-"""A job's record: what the Lua scripts write is what ``carpool.records`` reads, field by
+"""A job's record: what the Lua scripts write is what ``carpool.backend.records`` reads, field by
 field, through a job's whole life on a real Redis."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from carpool import records
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.jobs import Claim, JobStatus, Outcome, new_job_id
-from carpool.keys import shard_of_job
-from carpool.queue import Queue
+from carpool.backend import records
+from carpool.backend.keys import shard_of_job
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.jobs import Claim, JobStatus, Outcome, new_job_id
 
 TTL_S = 3600
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from carpool.errors import ModelRefused
-from carpool.keys import Keys
-from carpool.registry import Registry, RegistryCache, WorkerModels, availability
+from carpool.backend.keys import Keys
+from carpool.backend.registry import Registry, RegistryCache, WorkerModels, availability
+from carpool.core.errors import ModelRefused
 from tests.procs import wait_until
 from tests.webtools import jpeg, web_client, web_settings
 

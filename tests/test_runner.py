@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.catalogue import BinSpec, load_catalogue
-from carpool.jobs import ClaimedJob, Outcome
-from carpool.synthetic import expected_result
+from carpool.core.catalogue import BinSpec, load_catalogue
+from carpool.core.jobs import ClaimedJob, Outcome
+from carpool.core.synthetic import expected_result
 from worker.executors.pipelined import PipelinedExecutor
 from worker.executors.runner import is_out_of_memory
 from worker.handlers.base import ModelHandler

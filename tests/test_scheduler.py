@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.batching import MAX_BYPASS, Cost, Go, Wait
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError
-from carpool.jobs import BinState
-from carpool.scheduler import Scheduler
-from carpool.slo import WINDOW_JOBS
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError
+from carpool.core.jobs import BinState
+from carpool.scheduling.batching import MAX_BYPASS, Cost, Go, Wait
+from carpool.scheduling.scheduler import Scheduler
+from carpool.scheduling.slo import WINDOW_JOBS
 
 SPEC = ModelSpec("m", "synthetic", "size", bins=(
     BinSpec("a", max_size=10, max_batch=8, max_wait_ms=20, max_depth=100),

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from carpool.catalogue import load_catalogue
-from carpool.errors import ConfigError, InputTooLarge
-from carpool.settings import load_settings
+from carpool.core.catalogue import load_catalogue
+from carpool.core.errors import ConfigError, InputTooLarge
+from carpool.core.settings import load_settings
 
 
 def test_synthetic_sizes_land_in_the_smallest_bin_that_holds_them() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from carpool.batching import MAX_BYPASS, Cost
 from carpool.bench.arrivals import Arrival, arrivals, diurnal_times
 from carpool.bench.workload import SizeMix
-from carpool.catalogue import BinSpec, ModelSpec
 from carpool.cli import main as carpool_main
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.scheduling.batching import MAX_BYPASS, Cost
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.summary import percentile, summarize
 

@@ -16,12 +16,12 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.errors import BinFull
-from carpool.jobs import BinState, new_job_id
-from carpool.queue import Queue
+from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.errors import BinFull
+from carpool.core.jobs import BinState, new_job_id
 from carpool.sim.bins import SimBins, SimJob
-from carpool.urgency import effective_deadline_ms, sort_offset_ms
 from tests.procs import wait_until
 
 TTL_S = 60

@@ -1,7 +1,7 @@
 """The p99 target's AIMD cap on max_batch."""
 
-from carpool.batching import Cost
-from carpool.slo import WINDOW_JOBS, BatchCap, keep_up_batch, p99
+from carpool.scheduling.batching import Cost
+from carpool.scheduling.slo import WINDOW_JOBS, BatchCap, keep_up_batch, p99
 
 
 def window(latency_ms: float) -> list[float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from carpool.supervisor import Child, Supervisor
+from carpool.stack.supervisor import Child, Supervisor
 from tests.procs import REPO_ROOT, free_port, log_says, wait_until
 from tests.redisproc import private_redis
 

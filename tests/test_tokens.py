@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.catalogue import load_catalogue
-from carpool.tokens import count_tokens, tokenizer_for
+from carpool.core.catalogue import load_catalogue
+from carpool.core.tokens import count_tokens, tokenizer_for
 
 MINILM = load_catalogue(None).get("minilm")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torchvision
 
-from carpool.catalogue import ModelSpec
-from carpool.errors import ConfigError
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import ConfigError
 from tests.images import image_file, stored
 from tests.test_handlers_image import BIN, SMALL, loaded, reference_probs, run
 

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.catalogue import Catalogue, load_catalogue
-from carpool.errors import InvalidInput
-from carpool.urgency import effective_deadline_ms, score_us, sort_offset_ms
+from carpool.admission.urgency import effective_deadline_ms, score_us, sort_offset_ms
+from carpool.core.catalogue import Catalogue, load_catalogue
+from carpool.core.errors import InvalidInput
 from web.inputs import submission_from_json
 
 SPEC = replace(load_catalogue(None).get("synthetic"), max_deadline_ms=60_000,

@@ -1,10 +1,10 @@
-"""The one bounded wait (carpool/waiting.py): returns, times out, gives up early."""
+"""The one bounded wait (carpool/stack/waiting.py): returns, times out, gives up early."""
 
 from __future__ import annotations
 
 import pytest
 
-from carpool.waiting import wait_until
+from carpool.stack.waiting import wait_until
 
 
 def test_returns_once_the_condition_holds_pausing_between_tries() -> None:

@@ -10,8 +10,8 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool import records
-from carpool.keys import Keys
+from carpool.backend import records
+from carpool.backend.keys import Keys
 from tests.procs import free_port
 from tests.webtools import app_state, web_client, web_settings
 from web.inputs import MAX_BATCH_INPUTS

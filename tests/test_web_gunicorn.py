@@ -15,9 +15,9 @@ import pytest
 import redis
 import requests
 
-from carpool.jobs import Outcome, new_job_id
-from carpool.queue import Queue
-from carpool.settings import load_settings
+from carpool.backend.queue import Queue
+from carpool.core.jobs import Outcome, new_job_id
+from carpool.core.settings import load_settings
 from tests.conftest import make_env
 from tests.procs import start_web
 

@@ -13,9 +13,9 @@ import redis
 from flask.testing import FlaskClient
 from PIL import Image
 
-from carpool import records
-from carpool.errors import InputTooLarge, InvalidInput
-from carpool.keys import Keys
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.core.errors import InputTooLarge, InvalidInput
 from tests.webtools import jpeg, png, png_claiming, web_client, web_settings
 from web.images import ImageLimits, probe
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool import records
-from carpool.keys import Keys
+from carpool.backend import records
+from carpool.backend.keys import Keys
 from tests.procs import free_port
 from tests.promtext import Scrape
 from tests.webtools import MAX_BODY_BYTES, png, web_client, web_settings

@@ -12,7 +12,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool.errors import InvalidInput
+from carpool.core.errors import InvalidInput
 from tests.webtools import png, web_client, web_settings
 from web import inputs
 from web.schemas import input_schema

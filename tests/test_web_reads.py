@@ -7,10 +7,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from carpool.catalogue import BinSpec, ModelSpec, builtin_models
-from carpool.errors import BackendUnavailable, BinFull
-from carpool.jobs import Admitted, JobView, new_job_id
-from carpool.queue import AdmitRequest, Queue
+from carpool.backend.queue import AdmitRequest, Queue
+from carpool.core.catalogue import BinSpec, ModelSpec, builtin_models
+from carpool.core.errors import BackendUnavailable, BinFull
+from carpool.core.jobs import Admitted, JobView, new_job_id
 from tests.procs import wait_until
 from web.reads import AdmitBatcher, ReadBatcher
 

@@ -13,9 +13,9 @@ import redis
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
-from carpool.jobs import Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.jobs import Outcome, new_job_id
 from tests.procs import free_port, wait_until
 from tests.webtools import app_state, web_client, web_settings
 
@@ -182,7 +182,7 @@ def test_a_poll_on_a_job_this_process_saw_admitted_never_reads_it(
     resp, elapsed = _poll_while_completing(http, queue, job_id, ready)
     assert resp.get_json()["status"] == "done" and elapsed < WOKEN_WITHIN_S
     assert reads_while_waiting == [0]  # no read before the end notice...
-    # ...and none after it either: the completion pushed its view (carpool/pushed.py).
+    # ...and none after it either: the completion pushed its view (carpool/backend/pushed.py).
     assert state.reads.calls.round_trips - reads_before == 0
     assert state.notifier.pending() == 0  # the end notice took it out
 

@@ -11,11 +11,11 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool import records
-from carpool.errors import ConfigError
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.settings import api_key_digest, load_settings
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.errors import ConfigError
+from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.procs import wait_until
 from tests.test_web_results import run_queued_jobs
@@ -128,7 +128,7 @@ def test_the_owner_check_read_is_the_only_read_before_a_pending_jobs_end(
     body = http.get(f"/result/{job_id}?wait=5", headers=as_(ALICE)).get_json()
     worker.join(10)
     assert body["status"] == "done"
-    # The re-read after the end is the view the completion pushed (carpool/pushed.py).
+    # The re-read after the end is the view the completion pushed (carpool/backend/pushed.py).
     assert read_while_waiting == [1] and reads.round_trips - before == 1
     # Final, and pushed: answered from memory, owner checked all the same.
     assert http.get(f"/result/{job_id}?wait=5", headers=as_(ALICE)).get_json() == body

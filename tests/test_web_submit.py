@@ -11,10 +11,10 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool import records
-from carpool.jobs import JOB_ID_CHARS
-from carpool.keys import Keys
-from carpool.retry_after import RETRY_AFTER_MAX_S
+from carpool.admission.retry_after import RETRY_AFTER_MAX_S
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.core.jobs import JOB_ID_CHARS
 from tests.procs import free_port
 from tests.webtools import MAX_BODY_BYTES, web_client, web_settings
 from web import inputs

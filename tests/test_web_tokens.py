@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from carpool.settings import load_settings
+from carpool.core.settings import load_settings
 from tests.conftest import make_env
 from tests.webtools import web_client
 
@@ -26,8 +26,8 @@ def test_a_text_lands_in_the_bin_of_its_wordpiece_token_count(
 
 
 def test_counting_tokens_in_the_web_never_imports_torch() -> None:
-    code = ("import sys; from web.app import create_app; from carpool.tokens import "
-            "count_tokens; from carpool.catalogue import load_catalogue; "
+    code = ("import sys; from web.app import create_app; from carpool.core.tokens import "
+            "count_tokens; from carpool.core.catalogue import load_catalogue; "
             "n = count_tokens(load_catalogue(None).get('minilm'), 'hello world'); "
             "assert n == 4, n; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True,

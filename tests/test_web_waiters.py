@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from carpool.catalogue import builtin_models
-from carpool.connection import connect
-from carpool.jobs import JobStatus, JobView, Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import builtin_models
+from carpool.core.jobs import JobStatus, JobView, Outcome, new_job_id
 from tests.procs import wait_until
 from web import waiters
 from web.waiters import Notifier, wait_for_final

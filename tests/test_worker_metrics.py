@@ -7,12 +7,12 @@ import json
 import redis
 from prometheus_client import generate_latest
 
-from carpool import records
-from carpool.batching import Limits
-from carpool.catalogue import load_catalogue
-from carpool.jobs import Claim, ClaimedJob, Outcome, new_job_id
-from carpool.queue import Queue
-from carpool.settings import Settings
+from carpool.backend import records
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import Claim, ClaimedJob, Outcome, new_job_id
+from carpool.core.settings import Settings
+from carpool.scheduling.batching import Limits
 from tests.deployfiles import load_metrics
 from tests.procs import wait_until
 from tests.promtext import Scrape
@@ -20,9 +20,9 @@ from web.metrics import WebMetrics
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
-from worker.hooks import BatchReport
-from worker.loop import BatchLoop
-from worker.metrics import GpuMemory, WorkerMetrics
+from worker.loop.hooks import BatchReport
+from worker.loop.loop import BatchLoop
+from worker.observe.metrics import GpuMemory, WorkerMetrics
 
 SPEC = load_catalogue(None).get("synthetic")
 SMALL = {"model": "synthetic", "bin": "small"}

@@ -12,7 +12,7 @@ from pathlib import Path
 from flask.testing import FlaskClient
 from PIL import Image
 
-from carpool.settings import Settings, load_settings
+from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
 from web import create_app
 from web.state import EXTENSION, WebState

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flask import Flask
 
-    from carpool.settings import Settings
+    from carpool.core.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from flask import Flask
 
-from carpool.budget import check_catalogue_memory
-from carpool.catalogue import PYTHON_KIND
-from carpool.connection import connect
-from carpool.durability import check_durability, read_persistence
-from carpool.errors import BackendUnavailable
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.registry import Registry, RegistryCache
-from carpool.settings import Settings, load_settings
+from carpool.admission.budget import check_catalogue_memory
+from carpool.backend.connection import connect
+from carpool.backend.durability import check_durability, read_persistence
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.backend.registry import Registry, RegistryCache
+from carpool.core.catalogue import PYTHON_KIND
+from carpool.core.errors import BackendUnavailable
+from carpool.core.settings import Settings, load_settings
 from web import custom, errors, routes
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 def check_redis_durability(app: Flask) -> list[str]:
     """Warn about each way this app's Redis may lose jobs or fill up; raise when required.
 
-    Also checks the catalogue's byte budgets against Redis's maxmemory (carpool.budget).
+    Also checks the catalogue's byte budgets against Redis's maxmemory (carpool.admission.budget).
     """
     state = app.extensions[EXTENSION]
     assert isinstance(state, WebState)

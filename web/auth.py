@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from flask import request
 
-from carpool.jobs import JobView
-from carpool.settings import Settings, api_key_digest
+from carpool.core.jobs import JobView
+from carpool.core.settings import Settings, api_key_digest
 from web.errors import JobNotFound, Unauthorized
 
 #: The header a client may use instead of ``Authorization: Bearer``.

@@ -32,8 +32,8 @@ from typing import Any, BinaryIO
 
 from flask import request
 
-from carpool.catalogue import ModelSpec
-from carpool.settings import Settings
+from carpool.core.catalogue import ModelSpec
+from carpool.core.settings import Settings
 from web.errors import BodyTimeout, BodyTooLarge
 
 #: Room in a JSON body for the envelope: model, options, idempotency key.

@@ -3,7 +3,7 @@
 The web never imports a user's handler (it would bring torch): the catalogue
 carries the handler's input schema, and this module validates each input with
 it, then measures the input to pick its bin (``measure_field``; see
-``carpool.catalogue.ModelSpec``). The schema is the one ``GET /openapi.json``
+``carpool.core.catalogue.ModelSpec``). The schema is the one ``GET /openapi.json``
 publishes, so the document and the check cannot disagree.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from carpool.catalogue import ModelSpec
-from carpool.errors import ConfigError, InvalidInput
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import ConfigError, InvalidInput
 
 #: Characters of a schema error quoted back: jsonschema quotes the offending value,
 #: which may be a whole input.

@@ -16,7 +16,7 @@ from typing import Any
 from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
-from carpool.errors import (
+from carpool.core.errors import (
     BackendUnavailable,
     BinFull,
     BudgetFull,

@@ -4,7 +4,7 @@
 
 Environment: ``CARPOOL_WEB_BIND`` (default 127.0.0.1:8000), ``CARPOOL_WEB_WORKERS``
 (default 2: one per core here), ``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 5000),
-plus everything ``carpool.settings.load_settings`` reads.
+plus everything ``carpool.core.settings.load_settings`` reads.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from carpool.errors import ConfigError
-from carpool.settings import load_settings
+from carpool.core.errors import ConfigError
+from carpool.core.settings import load_settings
 
 #: Time past the longest long-poll that a graceful stop still waits for requests.
 GRACE_MARGIN_S = 10

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from carpool.errors import InputTooLarge, InvalidInput
+from carpool.core.errors import InputTooLarge, InvalidInput
 
 #: What the image handlers decode; anything else is refused at the door.
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")

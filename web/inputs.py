@@ -5,7 +5,7 @@ A model's ``measure`` decides what its input looks like and which bin it goes to
 - ``size`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
 - ``pixels`` (image models): an image file, or ``{"image_b64": "..."}`` in JSON;
 - ``tokens`` (text models): ``{"text": "..."}``, measured by a pluggable counter
-  (``register_measure``); by default ``carpool.tokens.count_tokens``, the same
+  (``register_measure``); by default ``carpool.core.tokens.count_tokens``, the same
   WordPiece tokenizer (no torch) the worker pads with, so a text lands in the bin
   the worker computes it in.
 
@@ -28,10 +28,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.catalogue import PYTHON_KIND, BinSpec, Catalogue, ModelSpec
-from carpool.errors import ConfigError, InputTooLarge, InvalidInput
-from carpool.tokens import count_tokens
-from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.core.catalogue import PYTHON_KIND, BinSpec, Catalogue, ModelSpec
+from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.core.tokens import count_tokens
 from web import custom
 from web.errors import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
@@ -79,7 +79,7 @@ def register_measure(measure: str, fn: TextMeasure) -> None:
 class Options:
     """How a job is queued, apart from its input."""
 
-    deadline_ms: int = 0  # 0: none asked; the model's default applies (carpool.urgency)
+    deadline_ms: int = 0  # 0: none asked; the model's default applies (carpool.admission.urgency)
     priority: int = 0
     idempotency_key: str | None = None
 

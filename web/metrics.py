@@ -37,8 +37,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from carpool.catalogue import Catalogue
-from carpool.errors import (
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import Catalogue
+from carpool.core.errors import (
     BackendUnavailable,
     BinFull,
     BudgetFull,
@@ -50,8 +51,7 @@ from carpool.errors import (
     UnknownModel,
     WaitTooLong,
 )
-from carpool.jobs import Admitted
-from carpool.queue import Queue
+from carpool.core.jobs import Admitted
 from web.errors import BodyTimeout, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def requested_model(catalogue: Catalogue, exc: Exception) -> str:
 class BinGauges(Collector):
     """Depth and oldest job's age of every bin, read from Redis when scraped.
 
-    A bin is sorted by urgency, not age (carpool.urgency), so the peek looks at every
+    A bin is sorted by urgency, not age (carpool.admission.urgency), so the peek looks at every
     job of a bin holding fewer than ``max_batch`` (``scan``); a fuller bin only at its
     head, its most urgent job: its oldest too unless deadlines or priorities put a
     younger job first. A scrape thus costs O(sum of max_batch), never O(depth).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from carpool.jobs import JOB_ID_CHARS, JobStatus
-from carpool.settings import Settings
+from carpool.core.jobs import JOB_ID_CHARS, JobStatus
+from carpool.core.settings import Settings
 from web.schemas import batch_schema, input_schema, submit_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}

@@ -1,4 +1,4 @@
-"""The final views this web process was pushed (carpool/pushed.py), kept a short while.
+"""The final views this web process was pushed (carpool/backend/pushed.py), kept a short while.
 
 A poll for a job that ended a moment ago, the common case for an asynchronous
 client, is answered from here without a Redis round trip. What is kept is exact:
@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from carpool.jobs import JobView
+from carpool.core.jobs import JobView
 
 #: How long a pushed view is answered from memory at most (also at most half the
 #: shortest result TTL: see ``max_age_for``).

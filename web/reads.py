@@ -17,10 +17,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import BinFull
-from carpool.jobs import Admitted, JobView
-from carpool.queue import AdmitRequest, Queue
+from carpool.backend.queue import AdmitRequest, Queue
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import BinFull
+from carpool.core.jobs import Admitted, JobView
 
 K = TypeVar("K", bound=Hashable)
 I = TypeVar("I")  # noqa: E741 — the item, as K is the key and R the result

@@ -16,11 +16,11 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from carpool.catalogue import BinSpec, Catalogue, ModelSpec
-from carpool.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
-from carpool.jobs import Admitted, JobView, is_job_id, new_job_id
-from carpool.queue import AdmitRequest
-from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.backend.queue import AdmitRequest
+from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
+from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from web import inputs
 from web.auth import check_owner, request_owner
 from web.bodies import read_body

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from carpool.catalogue import PYTHON_KIND, ModelSpec
-from carpool.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.core.catalogue import PYTHON_KIND, ModelSpec
 from web import inputs
 from web.images import ImageLimits
 
@@ -67,7 +67,7 @@ def batch_schema(spec: ModelSpec) -> dict[str, Any]:
 
 def _options_properties(spec: ModelSpec) -> dict[str, Any]:
     # null means "not given" (the default), as in web.inputs; the model's own bounds
-    # (carpool.urgency): its max_deadline_ms, priorities 0..9.
+    # (carpool.admission.urgency): its max_deadline_ms, priorities 0..9.
     return {
         "deadline_ms": {"type": "integer", "minimum": 1, "maximum": spec.max_deadline_ms,
                         "nullable": True},

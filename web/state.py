@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from flask import current_app
 
-from carpool.queue import Queue
-from carpool.registry import RegistryCache
-from carpool.settings import Settings
+from carpool.backend.queue import Queue
+from carpool.backend.registry import RegistryCache
+from carpool.core.settings import Settings
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter

@@ -27,7 +27,7 @@ before. An id left there by a job whose end notice never comes (its record
 deleted by hand or evicted) costs a poll its wait, then the read answers.
 
 The same connection hears the results channel: the final views of the jobs each
-batch wrote (carpool/pushed.py). The listener keeps them a short while
+batch wrote (carpool/backend/pushed.py). The listener keeps them a short while
 (web/pushed_views.py), so that re-read, and the first read of a poll for a job
 that already ended, is answered from memory. Whenever the subscription breaks
 they are dropped, as a message may have been lost.
@@ -46,11 +46,11 @@ from typing import Protocol
 
 import redis
 
-from carpool.connection import redis_errors
-from carpool.errors import BackendUnavailable
-from carpool.jobs import JobView
-from carpool.pushed import parse
-from carpool.queue import ended_ids
+from carpool.backend.connection import redis_errors
+from carpool.backend.pushed import parse
+from carpool.backend.queue import ended_ids
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import JobView
 from web.polls import CLIENT_CHECK_S, ClientGone
 from web.pushed_views import MAX_AGE_S, PushedViews
 

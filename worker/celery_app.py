@@ -12,10 +12,10 @@ import os
 from celery import Celery
 from kombu.entity import Queue
 
-from carpool.errors import ConfigError
-from carpool.settings import DEFAULT_REDIS_URL
-from worker import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
-from worker.bootstep import BatchLoopStep
+from carpool.core.errors import ConfigError
+from carpool.core.settings import DEFAULT_REDIS_URL
+from worker.shell import control  # noqa: F401 — registers carpool_scheduler and carpool_tune
+from worker.shell.bootstep import BatchLoopStep
 
 #: The one Celery queue carpool's workers consume. Never Celery's default `celery`:
 #: another application's tasks sent to the same Redis database would be received

@@ -9,8 +9,8 @@ from carpool.bench import commands
 from carpool.bench.ceiling import DEFAULT_RATES
 from carpool.bench.policies import POLICIES
 from carpool.bench.sweep import DEFAULT_FRACTIONS
-from carpool.clihelp import HelpParser
-from carpool.errors import CarpoolError
+from carpool.core.clihelp import HelpParser
+from carpool.core.errors import CarpoolError
 
 
 def _floats(text: str) -> list[float]:

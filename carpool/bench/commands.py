@@ -27,8 +27,8 @@ from carpool.bench.sweep import (
 )
 from carpool.bench.target import Target, TargetSpec, open_target
 from carpool.bench.workload import SYNTHETIC, SizeMix, new_nonce
-from carpool.extras import require_bench
-from carpool.settings import load_settings
+from carpool.core.extras import require_bench
+from carpool.core.settings import load_settings
 
 
 def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:

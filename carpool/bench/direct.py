@@ -17,16 +17,16 @@ from typing import Any
 
 import redis
 
-from carpool import records as job_records
+from carpool.backend import records as job_records
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue, ended_ids
 from carpool.bench.arrivals import Arrival
 from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
-from carpool.connection import connect
-from carpool.errors import BinFull
-from carpool.jobs import new_job_id, view_from_hash
-from carpool.keys import Keys
-from carpool.queue import Queue, ended_ids
-from carpool.settings import Settings
+from carpool.core.errors import BinFull
+from carpool.core.jobs import new_job_id, view_from_hash
+from carpool.core.settings import Settings
 
 #: Job records read per pipelined round trip when collecting results.
 FETCH_CHUNK = 500

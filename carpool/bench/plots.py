@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from carpool.bench.records import JobRecord, Outcome
 from carpool.bench.stats import Summary, percentile
-from carpool.extras import pyplot
+from carpool.core.extras import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from carpool.catalogue import BinSpec, ModelSpec
+from carpool.core.catalogue import BinSpec, ModelSpec
 
 #: A cap the window-only policy reaches only under a backlog: 8× the configured batch.
 FIXED_WINDOW_CAP = 256
@@ -75,7 +75,7 @@ def policy(name: str) -> Policy:
 
 def write_config(path: Path, spec: ModelSpec, bins: tuple[BinSpec, ...],
                  max_queue_ms: int | None = None) -> Path:
-    """A CARPOOL_CONFIG file that replaces ``spec``'s bins (format: carpool.catalogue)."""
+    """A CARPOOL_CONFIG file that replaces ``spec``'s bins (format: carpool.core.catalogue)."""
     lines = [f"# written by carpool bench for model {spec.name!r}"]
     if max_queue_ms is not None:
         lines += [f"[models.{spec.name}]", f"max_queue_ms = {max_queue_ms}"]

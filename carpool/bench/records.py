@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from carpool.synthetic import checksum
+from carpool.core.synthetic import checksum
 
 
 class Outcome(StrEnum):

@@ -20,14 +20,14 @@ from functools import partial
 from pathlib import Path
 from types import TracebackType
 
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from carpool.bench.policies import Policy, write_config
-from carpool.commands import argv
-from carpool.connection import connect
-from carpool.keys import Keys
-from carpool.settings import Settings, load_settings
-from carpool.waiting import wait_until
+from carpool.core.settings import Settings, load_settings
+from carpool.stack.commands import argv
+from carpool.stack.waiting import wait_until
 
-# The shipped command lines (carpool/commands.toml); the port and worker count travel
+# The shipped command lines (carpool/stack/commands.toml); the port and worker count travel
 # in the environment, as in production.
 WEB_ARGV = argv("web")
 WORKER_ARGV = argv("worker")

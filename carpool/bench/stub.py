@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from carpool.synthetic import expected_result
+from carpool.core.synthetic import expected_result
 
 _ids = itertools.count()
 _jobs: dict[str, dict[str, Any]] = {}

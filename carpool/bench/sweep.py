@@ -18,7 +18,7 @@ from carpool.bench.scrape import fetch_buckets, quantile_bound, quantile_estimat
 from carpool.bench.stats import Summary, summarize
 from carpool.bench.target import Target
 from carpool.bench.workload import SizeMix
-from carpool.extras import require
+from carpool.core.extras import require
 
 if TYPE_CHECKING:
     from tqdm import tqdm

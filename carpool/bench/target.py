@@ -18,7 +18,7 @@ from carpool.bench.policies import Policy
 from carpool.bench.records import JobRecord
 from carpool.bench.stack import Stack, StackSpec
 from carpool.bench.workload import SYNTHETIC
-from carpool.settings import Settings, load_settings
+from carpool.core.settings import Settings, load_settings
 
 TRANSPORTS = ("http", "redis")
 

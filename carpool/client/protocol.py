@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from carpool.errors import CarpoolError
+from carpool.core.errors import CarpoolError
 
 #: The statuses after which a job never changes again.
 FINAL = frozenset({"done", "failed", "expired", "cancelled"})

@@ -1,6 +1,6 @@
 """An in-memory model of the Redis side: what admit.lua, peek.lua and claim.lua do
 to the bins, on the simulator's clock. The scheduling rules are not here — they
-are carpool's own (carpool.urgency for where a job sorts, carpool.scheduler for
+are carpool's own (carpool.admission.urgency for where a job sorts, carpool.scheduling.scheduler for
 which bin goes): this module only stands in for Redis.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from carpool.catalogue import ModelSpec
-from carpool.jobs import BinState
-from carpool.queue import CLAIM_SCAN_FACTOR
-from carpool.urgency import effective_deadline_ms, score_us, sort_offset_ms
+from carpool.admission.urgency import effective_deadline_ms, score_us, sort_offset_ms
+from carpool.backend.queue import CLAIM_SCAN_FACTOR
+from carpool.core.catalogue import ModelSpec
+from carpool.core.jobs import BinState
 
 
 @dataclass

@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from carpool.batching import Cost
 from carpool.bench.arrivals import Bursts, load_trace
 from carpool.bench.workload import SizeMix
-from carpool.catalogue import load_catalogue
-from carpool.clihelp import HelpParser
-from carpool.errors import MissingExtra
-from carpool.extras import require
+from carpool.core.catalogue import load_catalogue
+from carpool.core.clihelp import HelpParser
+from carpool.core.errors import MissingExtra
+from carpool.core.extras import require
+from carpool.scheduling.batching import Cost
 from carpool.sim.compare import Row, baseline_cost, sweep, verdicts
 from carpool.sim.engine import SimConfig
 from carpool.sim.plots import plot_sweep

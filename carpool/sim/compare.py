@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from carpool.batching import Cost
 from carpool.bench.arrivals import Arrival, Bursts, arrivals
 from carpool.bench.workload import SizeMix
-from carpool.catalogue import ModelSpec
+from carpool.core.catalogue import ModelSpec
+from carpool.scheduling.batching import Cost
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.policies import Policy, capacity_per_s
 from carpool.sim.summary import Summary, summarize

@@ -1,5 +1,5 @@
 """The discrete-event simulation: arrivals, the bins, and workers that each run
-carpool's own ``Scheduler`` the way worker/loop.py does — peek → decide → claim →
+carpool's own ``Scheduler`` the way worker/loop/loop.py does — peek → decide → claim →
 run → complete, or block until a wake token or the decision's time — on a fake
 clock, in µs. Deterministic: the same config and schedule give the same run.
 """
@@ -12,14 +12,14 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from carpool.batching import MAX_BYPASS, Cost, Go
+from carpool.backend.queue import WAKE_LIST_CAP
 from carpool.bench.arrivals import Arrival
-from carpool.catalogue import ModelSpec
-from carpool.queue import WAKE_LIST_CAP
-from carpool.scheduler import Scheduler
+from carpool.core.catalogue import ModelSpec
+from carpool.scheduling.batching import MAX_BYPASS, Cost, Go
+from carpool.scheduling.scheduler import Scheduler
 from carpool.sim.bins import SimBins, SimJob
 
-#: The loop's longest block, as in worker/loop.py (MAX_BLOCK_S).
+#: The loop's longest block, as in worker/loop/loop.py (MAX_BLOCK_S).
 MAX_BLOCK_US = 1_000_000
 #: Simulated time allowed after the last arrival for the queue to drain.
 DRAIN_GRACE_US = 600_000_000
@@ -126,7 +126,7 @@ class _Run:
             if self.pending == 0 and all(self.bins.depth(b) == 0 for _, b in self.keys):
                 return  # nothing will ever arrive: this worker is done
             wake_us = t_us + MAX_BLOCK_US
-        else:  # as worker/loop.py: at least 1 ms, at most MAX_BLOCK_S
+        else:  # as worker/loop/loop.py: at least 1 ms, at most MAX_BLOCK_S
             wake_us = t_us + min(MAX_BLOCK_US, max(1000, (until_ms - now_ms) * 1000))
         w.timer_us = wake_us
         self.push(wake_us, _TIMER, w.idx)

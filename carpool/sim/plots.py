@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from carpool.extras import pyplot
+from carpool.core.extras import pyplot
 from carpool.sim.compare import Row
 
 

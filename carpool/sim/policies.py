@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from carpool.batching import Cost
-from carpool.catalogue import ModelSpec
+from carpool.core.catalogue import ModelSpec
+from carpool.scheduling.batching import Cost
 
 #: The "long" fixed window, as a multiple of the catalogue's.
 LONG_WINDOW_FACTOR = 5

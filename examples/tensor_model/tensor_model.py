@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError, InvalidInput
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError, InvalidInput
 from worker.handlers.torchload import load_module
 from worker.handlers.tuning import HandlerContext
 

@@ -5,7 +5,7 @@ as ``save_pretrained`` writes it), or, without one, builds a small BERT from a
 config with random weights (``options.random = true``: for trying the path out
 and for tests; it never downloads anything).
 
-Texts are tokenized with ``carpool.tokens`` — the WordPiece tokenizer the web
+Texts are tokenized with ``carpool.core.tokens`` — the WordPiece tokenizer the web
 counts tokens with — so each text lands in the bin that holds it, and a batch is
 padded to its bin's length, not to its longest text.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError, InvalidInput
-from carpool.tokens import WordPiece, tokenizer_for
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError, InvalidInput
+from carpool.core.tokens import WordPiece, tokenizer_for
 from worker.handlers.tuning import HandlerContext
 
 #: Token id of [PAD] in BERT vocabularies.

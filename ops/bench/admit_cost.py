@@ -20,11 +20,11 @@ from pathlib import Path
 
 import redis
 
-from carpool.catalogue import ModelSpec, load_catalogue
-from carpool.jobs import Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.redis_local import start_redis
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.jobs import Outcome, new_job_id
+from carpool.stack.redis_local import start_redis
 
 #: Never refused: the check runs, the job is admitted.
 HUGE_DEPTH, LONG_WAIT_MS = 1_000_000, 600_000

@@ -3,7 +3,7 @@
     python ops/bench/appendfsync.py --jobs 3000 --clients 8
 
 For each mode it starts a private redis-server on this machine's disk, then
-admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.queue):
+admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.backend.queue):
 first from one client, one at a time (latency per admission), then from
 ``--clients`` threads at once (throughput: Redis groups the writes of one event
 loop turn into one fsync, so concurrency hides part of the cost).
@@ -23,13 +23,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from carpool.catalogue import load_catalogue
-from carpool.connection import connect
-from carpool.jobs import new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.redis_local import answers, free_port, redis_server_binary
-from carpool.waiting import wait_until
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import load_catalogue
+from carpool.core.jobs import new_job_id
+from carpool.stack.redis_local import answers, free_port, redis_server_binary
+from carpool.stack.waiting import wait_until
 
 MODES: dict[str, tuple[str, ...]] = {
     "no AOF": ("--appendonly", "no"),

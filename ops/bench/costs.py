@@ -26,12 +26,13 @@ import psutil
 import redis
 import requests
 
-from carpool import records
-from carpool.keys import Keys, shard
-from carpool.localstack import web_command, worker_command
-from carpool.redis_local import free_port, start_redis
-from carpool.synthetic import batch_cost_s
-from carpool.waiting import wait_until
+from carpool.backend import records
+from carpool.backend.keys import Keys
+from carpool.core.shards import shard
+from carpool.core.synthetic import batch_cost_s
+from carpool.stack.localstack import web_command, worker_command
+from carpool.stack.redis_local import free_port, start_redis
+from carpool.stack.waiting import wait_until
 
 #: Bound on each phase; a run that needs longer is broken, not slow.
 PHASE_TIMEOUT_S = 300.0

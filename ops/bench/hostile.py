@@ -39,8 +39,8 @@ import psutil
 import redis
 import requests
 
-from carpool.commands import python_argv
-from carpool.redis_local import free_port, start_redis
+from carpool.stack.commands import python_argv
+from carpool.stack.redis_local import free_port, start_redis
 
 SOCKETS = 4100
 #: How long phase 1 holds its slow bodies: past the 10 s body time limit.

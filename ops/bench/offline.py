@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from carpool.settings import load_settings
+from carpool.core.settings import load_settings
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers import make_handler
 

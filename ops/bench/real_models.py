@@ -11,7 +11,7 @@ serving, all in one run.
    collate → device → forward → postprocess (``TorchExecutor.forward``) back to
    back at each batch size; the best rate is the denominator.
 2. Served, ``configured``: a real Celery worker (the command of
-   carpool/commands.toml) with the torch executor, fast lane ``max_batch`` = the
+   carpool/stack/commands.toml) with the torch executor, fast lane ``max_batch`` = the
    offline best size, ``max_wait_ms`` 10; a backlog of JPEGs (512 x 384, as the
    web stores them) admitted straight into Redis; rate = jobs completed between
    the end of the first batch and the last completion, on Redis's clock.
@@ -39,15 +39,15 @@ from typing import Any
 import torch
 from preprocess import photo, stored  # this folder
 
-from carpool import records
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.commands import argv
-from carpool.connection import connect
-from carpool.jobs import new_job_id
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.settings import ExecutorSettings
-from carpool.waiting import wait_until
+from carpool.backend import records
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.jobs import new_job_id
+from carpool.core.settings import ExecutorSettings
+from carpool.stack.commands import argv
+from carpool.stack.waiting import wait_until
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 

@@ -36,16 +36,16 @@ from typing import Any
 import redis
 import requests
 
-from carpool.catalogue import builtin_models
-from carpool.connection import connect
-from carpool.jobs import Outcome, new_job_id
-from carpool.keys import Keys
-from carpool.localstack import web_command, worker_command
-from carpool.queue import Queue
-from carpool.redis_local import free_port, start_redis
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import builtin_models
+from carpool.core.jobs import Outcome, new_job_id
+from carpool.stack.localstack import web_command, worker_command
+from carpool.stack.redis_local import free_port, start_redis
 
 try:
-    from carpool.queue import AdmitRequest
+    from carpool.backend.queue import AdmitRequest
 except ImportError:  # the queue before batched admission (for the "before" run)
     AdmitRequest = None  # type: ignore[assignment,misc]
 

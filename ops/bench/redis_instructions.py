@@ -33,10 +33,10 @@ from typing import Any
 
 from redis_cost import CHUNK, script_phases  # this folder's: the same four phases
 
-from carpool.connection import connect
-from carpool.keys import Keys
-from carpool.queue import Queue
-from carpool.redis_local import answers, free_port, redis_server_binary
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.stack.redis_local import answers, free_port, redis_server_binary
 
 #: Starting Redis under valgrind takes seconds, not minutes.
 START_TIMEOUT_S = 60.0

@@ -5,7 +5,7 @@ on one realistic length distribution, in one run.
 
 Lengths: every docstring of the Python standard library's top-level modules
 (modules, classes, functions), tokenized with the model's own tokenizer
-(``carpool.tokens``, [CLS]/[SEP] included, truncated at 512) — real English
+(``carpool.core.tokens``, [CLS]/[SEP] included, truncated at 512) — real English
 prose from one-line summaries to long paragraphs, median ~25 tokens, a long
 tail, like a mix of queries and passages. Waste = padding positions / all
 positions computed.
@@ -29,8 +29,8 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
-from carpool.catalogue import TEXT_BIN_TOKENS, load_catalogue
-from carpool.tokens import tokenizer_for
+from carpool.core.catalogue import TEXT_BIN_TOKENS, load_catalogue
+from carpool.core.tokens import tokenizer_for
 
 DOUBLING = (32, 64, 128, 256, 512)
 

@@ -7,7 +7,7 @@ against fp32 in one run, on the device a worker would use.
 
 Each variant loads the image classifier (random weights) with its options, warms
 up, then times ``--reps`` batches through the worker's own staging and forward
-path (``worker.calibrate.time_batch``: copy in, forward, copy out) and prints the
+path (``worker.observe.calibrate.time_batch``: copy in, forward, copy out) and prints the
 median and its ratio to fp32. Output: one JSON line per variant, then a table.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import BinSpec, builtin_models
-from carpool.settings import ExecutorSettings
-from worker.calibrate import device_name, time_batch
+from carpool.core.catalogue import BinSpec, builtin_models
+from carpool.core.settings import ExecutorSettings
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
+from worker.observe.calibrate import device_name, time_batch
 
 #: Each variant's options over the fp32 baseline.
 VARIANTS: dict[str, dict[str, Any]] = {

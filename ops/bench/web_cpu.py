@@ -112,7 +112,7 @@ def profile(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("CARPOOL_REDIS_URL", args.redis_url)
     os.environ["CARPOOL_KEY_PREFIX"] = f"prof-{uuid.uuid4().hex[:8]}"
-    from carpool.connection import connect
+    from carpool.backend.connection import connect
     from web import create_app
 
     app = create_app()

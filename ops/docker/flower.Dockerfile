@@ -19,5 +19,5 @@ RUN pip install '.[flower]' \
 USER 10001
 
 EXPOSE 5555
-# Equal to carpool/commands.toml [flower]. Its login comes from FLOWER_BASIC_AUTH.
+# Equal to carpool/stack/commands.toml [flower]. Its login comes from FLOWER_BASIC_AUTH.
 CMD ["celery", "-A", "worker.celery_app", "flower", "--port=5555"]

@@ -26,5 +26,5 @@ EXPOSE 8000
 # SIGTERM is gunicorn's graceful stop: it stops accepting, lets requests in
 # flight (long-polls included) finish within graceful_timeout, then exits.
 STOPSIGNAL SIGTERM
-# Equal to carpool/commands.toml [web], which the end-to-end tests run.
+# Equal to carpool/stack/commands.toml [web], which the end-to-end tests run.
 CMD ["gunicorn", "-c", "python:web.gunicorn_conf", "web:create_app()"]

@@ -51,7 +51,7 @@ EXPOSE 9100
 # SIGTERM is Celery's warm shutdown: finish the batch in hand, hand unstarted
 # leases back to their bins, exit. SIGQUIT would be a cold shutdown.
 STOPSIGNAL SIGTERM
-# Equal to carpool/commands.toml [worker], which the end-to-end tests run.
+# Equal to carpool/stack/commands.toml [worker], which the end-to-end tests run.
 # --pool solo: the batching loop owns the GPU in this one process; CUDA does not
 # survive a fork, so no prefork children.
 CMD ["celery", "-A", "worker.celery_app", "worker", "--pool", "solo", "--concurrency", "1", "-E", "-n", "worker@%h"]

@@ -3,7 +3,7 @@
     python ops/gpu/check.py --out OUT [--dry-run]
 
 1. **device**: name, memory, torch and CUDA versions.
-2. **calibrate**: resnet50 (random weights) through ``worker.calibrate`` at
+2. **calibrate**: resnet50 (random weights) through ``worker.observe.calibrate`` at
    1, 2, 4, … 256: the latency table, the knee, and where it ran out of memory.
 3. **bench**: ``ops/bench/real_models.py`` on the GPU: offline best batch, served
    at that batch, served per job (a private ``redis-server`` and a real Celery
@@ -43,15 +43,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "ops" / "bench")]
 
-from carpool.catalogue import BinSpec, ModelSpec  # noqa: E402
-from carpool.jobs import ClaimedJob  # noqa: E402
-from carpool.redis_local import answers  # noqa: E402
-from carpool.settings import ExecutorSettings  # noqa: E402
-from carpool.waiting import wait_until  # noqa: E402
-from worker.calibrate import calibrate, ladder  # noqa: E402
-from worker.device import Accelerator  # noqa: E402
+from carpool.core.catalogue import BinSpec, ModelSpec  # noqa: E402
+from carpool.core.jobs import ClaimedJob  # noqa: E402
+from carpool.core.settings import ExecutorSettings  # noqa: E402
+from carpool.stack.redis_local import answers  # noqa: E402
+from carpool.stack.waiting import wait_until  # noqa: E402
+from worker.device.device import Accelerator  # noqa: E402
 from worker.executors.torch_executor import TorchExecutor  # noqa: E402
 from worker.handlers.image import ImageHandler  # noqa: E402
+from worker.observe.calibrate import calibrate, ladder  # noqa: E402
 
 #: resnet50 as the check serves it; the dry run shrinks the crop.
 RESNET50 = {"arch": "resnet50", "weights": "random", "num_classes": 1000}

@@ -14,10 +14,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from carpool.catalogue import BinSpec
-from carpool.jobs import ClaimedJob, Outcome
+from carpool.core.catalogue import BinSpec
+from carpool.core.jobs import ClaimedJob, Outcome
+from worker.device.memory import MemoryGuard
 from worker.handlers.base import ModelHandler
-from worker.memory import MemoryGuard
 
 #: Weight of the newest batch in the padding-waste average (about the last 10 batches).
 PADDING_EWMA_WEIGHT = 0.1
@@ -43,7 +43,7 @@ class BatchExecutor(Protocol):
 
 @dataclass
 class ExecutorStats:
-    """Counters of the compute side, read at scrape time (``worker.metrics``)."""
+    """Counters of the compute side, read at scrape time (``worker.observe.metrics``)."""
 
     batches: int = 0
     #: Sub-batches re-run after a failure: out of memory, or some input broke the model.

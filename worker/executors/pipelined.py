@@ -20,12 +20,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.catalogue import BinSpec
-from carpool.jobs import ClaimedJob, Outcome
+from carpool.core.catalogue import BinSpec
+from carpool.core.jobs import ClaimedJob, Outcome
+from worker.device.memory import MemoryGuard
 from worker.executors.base import ExecutorStats, padding_share
 from worker.executors.runner import checked, is_out_of_memory, isolate, outcomes, preprocess_all
 from worker.handlers.base import ModelHandler, SizedItems
-from worker.memory import MemoryGuard
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from carpool.errors import HandlerContractError
-from carpool.jobs import ClaimedJob, Outcome
+from carpool.core.errors import HandlerContractError
+from carpool.core.jobs import ClaimedJob, Outcome
 from worker.handlers.base import ModelHandler
 
 log = logging.getLogger(__name__)

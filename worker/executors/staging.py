@@ -27,30 +27,18 @@ A batch is a tensor, a dict / list / tuple of tensors, or anything else
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from worker.device import Accelerator, Event
+from worker.device.device import Accelerator, Event
+from worker.device.tensors import map_tensors
 
 #: Buffers per key: one being filled while the other's copy is in flight.
 BUFFERS_PER_SHAPE = 2
 
 BufferKey = tuple[str, tuple[int, ...], torch.dtype]
-
-
-def map_tensors(batch: Any, fn: Callable[[str, torch.Tensor], torch.Tensor],
-                path: str = "") -> Any:
-    """``batch`` with ``fn(path, tensor)`` applied to every tensor inside it."""
-    if isinstance(batch, torch.Tensor):
-        return fn(path, batch)
-    if isinstance(batch, dict):
-        return {k: map_tensors(v, fn, f"{path}.{k}") for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(map_tensors(v, fn, f"{path}[{i}]") for i, v in enumerate(batch))
-    return batch
 
 
 @dataclass

@@ -16,7 +16,7 @@ On a GPU, ``cudnn.benchmark`` is on and each batch is padded up to a rung of
 output before postprocessing), so cuDNN autotunes only the sizes that warm-up
 ran, never on the serving path.
 
-The device is an ``Accelerator`` (``worker.device``): CUDA, or in tests a
+The device is an ``Accelerator`` (``worker.device.device``): CUDA, or in tests a
 simulated device; None on the CPU.
 """
 
@@ -29,14 +29,15 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import BinSpec
-from carpool.settings import ExecutorSettings
-from worker.device import Accelerator, Event, accelerator_for
+from carpool.core.catalogue import BinSpec
+from carpool.core.settings import ExecutorSettings
+from worker.device.device import Accelerator, Event, accelerator_for
+from worker.device.memory import MemoryGuard
+from worker.device.tensors import map_tensors
 from worker.executors.ladder import padded
 from worker.executors.pipelined import PipelinedExecutor
-from worker.executors.staging import Staged, Staging, map_tensors, to_host
+from worker.executors.staging import Staged, Staging, to_host
 from worker.handlers.base import ModelHandler
-from worker.memory import MemoryGuard
 
 log = logging.getLogger(__name__)
 

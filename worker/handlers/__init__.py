@@ -3,9 +3,9 @@ so a worker that serves only `synthetic` starts without loading torch."""
 
 from __future__ import annotations
 
-from carpool.catalogue import PYTHON_KIND, ModelSpec
-from carpool.errors import ConfigError
-from carpool.settings import Settings
+from carpool.core.catalogue import PYTHON_KIND, ModelSpec
+from carpool.core.errors import ConfigError
+from carpool.core.settings import Settings
 from worker.handlers.base import ModelHandler
 
 #: Kinds whose handlers run torch models (and so want the torch executor).

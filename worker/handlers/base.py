@@ -11,7 +11,7 @@ holds its own options), ``context`` a ``worker.handlers.tuning.HandlerContext``
 Where each method runs:
 
 - ``preprocess``: once per job, on a thread pool (decode, tokenize; a raised
-  ``carpool.errors.InvalidInput`` fails that job alone, with its message);
+  ``carpool.core.errors.InvalidInput`` fails that job alone, with its message);
 - ``collate``: once per batch, on the loop's thread: stack the items into the
   bin's shape (pad to ``bin_spec.max_size``, not to the batch's longest), as CPU
   tensors — carpool copies them to the device (pinned, on a copy stream);
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from carpool.catalogue import BinSpec, ModelSpec
+from carpool.core.catalogue import BinSpec, ModelSpec
 
 
 class ModelHandler(Protocol):

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torchvision
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError
 from worker.handlers.imaging import ImageGeometry, decode, image_bytes
 from worker.handlers.torchload import load_module
 from worker.handlers.tuning import HandlerContext

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from carpool.errors import InputTooLarge, InvalidInput
+from carpool.core.errors import InputTooLarge, InvalidInput
 
 #: What the web lets in; the worker refuses anything else again.
 FORMATS = ("JPEG", "PNG", "WEBP")

@@ -14,8 +14,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError
 from worker.handlers.tuning import HandlerContext
 
 #: What a handler class must define (worker.handlers.base.ModelHandler).

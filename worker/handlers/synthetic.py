@@ -9,9 +9,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import InvalidInput
-from carpool.synthetic import batch_cost_s, expected_result
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import InvalidInput
+from carpool.core.synthetic import batch_cost_s, expected_result
 
 #: TEST ONLY: with ``CARPOOL_SYNTHETIC_POISON=1``, this input value kills the worker
 #: process outright (no exception, no cleanup), like a segfault in a model would.

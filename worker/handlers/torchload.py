@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import ModelSpec
-from carpool.errors import ConfigError
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

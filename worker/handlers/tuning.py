@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from carpool.catalogue import ModelSpec
-from carpool.errors import ConfigError
-from worker.executors.staging import map_tensors
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import ConfigError
+from worker.device.tensors import map_tensors
 
 #: The ``dtype`` option's values, and the autocast dtype each means (None: no autocast).
 DTYPES: Mapping[str, torch.dtype | None] = {

@@ -1,0 +1,1 @@
+"""Admission arithmetic: the arguments and replies of admit.lua, budgets, Retry-After."""

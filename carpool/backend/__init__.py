@@ -1,0 +1,1 @@
+"""The Redis protocol: keys, records, the Lua scripts and one typed method per script."""

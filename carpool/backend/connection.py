@@ -1,0 +1,100 @@
+"""Access to Redis, in one place: the client, the error mapping, the scripts.
+
+``connect`` makes the one kind of client every process uses (str replies, a
+bounded socket timeout, Redis Cluster when asked); ``redis_errors`` turns
+redis-py's errors into ``BackendUnavailable`` with an actionable message, so the
+web answers 503 and the worker backs off; ``load_script`` registers one of
+``carpool/backend/lua/*.lua``. The queue, leases, registry, GPU leases, audit and the
+durability check all reach Redis through these three.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.resources import files
+from typing import Any, cast
+
+import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+
+from carpool.core.errors import BackendUnavailable
+
+#: Error replies that mean "not now" (retry later), never "your request is wrong".
+_UNAVAILABLE_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "WRONGPASS",
+                        "BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+#: redis-py's classes for some of them; it strips the code ("OOM") from their text.
+_UNAVAILABLE_CLASSES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                        redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+#: Redis 6.2 wraps an error raised inside a script: "Error running script ... -OOM ...".
+_IN_SCRIPT = re.compile(r"(?:^|: -)(" + "|".join(_UNAVAILABLE_REPLIES) + r")\b")
+
+
+@contextmanager
+def redis_errors() -> Iterator[None]:
+    """Turn redis-py's errors into ``BackendUnavailable`` with an actionable message."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        text = str(exc)
+        code = _IN_SCRIPT.search(text)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or (code and code[1] == "OOM"):
+            raise BackendUnavailable(
+                "Redis is out of memory (maxmemory reached): new jobs are refused until "
+                "workers drain the queue") from exc
+        if isinstance(exc, _UNAVAILABLE_CLASSES) or code:
+            raise BackendUnavailable(f"Redis refused the command: {text}") from exc
+        raise
+
+
+#: A line of a script that stands for the whole of ``carpool/backend/lua/<name>.lua`` (Redis
+#: scripts cannot load each other, so code two scripts share is pasted in at load).
+_INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
+
+
+def script_source(name: str) -> str:
+    """``carpool/backend/lua/<name>.lua`` with its ``--#include`` lines replaced."""
+    source = files("carpool.backend").joinpath("lua", f"{name}.lua").read_text()
+    return _INCLUDE.sub(lambda m: script_source(m.group(1)), source)
+
+
+def load_script(client: redis.Redis, name: str) -> Script:
+    """Register ``carpool/backend/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
+    return client.register_script(script_source(name))
+
+
+
+def connect(
+    url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
+    cluster: bool = False,
+) -> redis.Redis:
+    """A client for ``url`` that returns str; the timeout bounds a hung Redis.
+
+    ``cluster``: ``url`` names any node of a Redis Cluster, and the client is redis-py's
+    ``RedisCluster``, which routes each command (and each script, by its first key) to
+    the shard that owns it. It offers every command carpool uses, so it is typed here
+    as the client it stands in for.
+
+    redis-py's default pool fails a command ("Too many connections") once 100
+    are in use. With ``max_connections``, a command that finds them all busy
+    waits for one, up to the socket timeout: what a web process whose thousands
+    of greenlets share one client needs.
+    """
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": 2.0,
+        "health_check_interval": 30,
+    }
+    if cluster:
+        return cast(redis.Redis, RedisCluster.from_url(url, **options))
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=socket_timeout_s, **options
+    )
+    return redis.Redis.from_pool(pool)  # the client owns the pool: close() closes both

@@ -1,0 +1,164 @@
+"""The Redis key schema. No other module formats a Redis key.
+
+Keys are hash-tagged per model, so on Redis Cluster each model's keys live in one
+slot (one shard) and models spread over the masters. A model's shard ``<s>`` is a
+short digest of its name (``shard(model)``), and every job id starts with its
+model's shard, so ``GET /result/<id>`` finds the job's shard from the id alone.
+Each Lua script touches one shard's keys only. State that spans models (GPU
+leases) has a tag of its own, ``{p}``.
+
+    {p.s}:job:<id>            str   one job's record (carpool/backend/records.py): status, attempts,
+                                    times, score (its place in its bin zset, kept so a lost
+                                    job goes back there), then its input, result or error
+    {p.s}:q:<model>:<bin>     zset  queued job ids of one bin, scored by urgency (µs;
+                                    carpool/admission/urgency.py): most urgent first, FIFO on ties
+    {p.s}:leases              zset  the shard's claims (lease tokens), scored by lease deadline
+                                    (ms): one entry per claim, renewed once for all its jobs
+    {p.s}:claim:<token>       hash  one claim's jobs: id -> "1" for each job it still holds,
+                                    "t" -> claim time (ms), "w" -> worker; gone with its last job
+    {p.s}:idem:<model>:<key>  str   "<job id> <input digest>" for idempotent submits
+    {p.s}:wake:<model>        list  tokens that wake a blocked worker (capped)
+    {p.s}:stats:<model>:<bin> hash  admitted (count, for the workers' arrival rate), drained,
+                                    last_batch_ms, and the drain rate as rate_c (decayed
+                                    count), rate_t, rate_t0 (for Retry-After), and the
+                                    workers' busy speed as busy_c (decayed count), busy_ms
+    {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
+                                    virtual clock (µs)": fair share and fair queueing
+    {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the
+                                    byte budget (admit.lua; carpool/admission/budget.py)
+    {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
+    {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
+                                    often), newest first, capped: poison inputs to inspect
+    {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
+                                    message per batch, space-separated
+    {p}:results               chan  pub/sub: the views of the jobs a batch wrote
+                                    (carpool/backend/pushed.py)
+    {p}:admitted              chan  pub/sub: ids of jobs just queued, one message per
+                                    admit.lua call, space-separated (web/waiters.py)
+    {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
+    {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
+    {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
+                                    and those it refused, with the reason (heartbeat,
+                                    carpool/backend/registry.py)
+"""
+
+from dataclasses import dataclass
+
+from carpool.core.shards import shard, shard_of_job
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (a prefix may hold ``*`` or ``[``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Formats every key under one prefix; tests give each run its own prefix."""
+
+    prefix: str = "carpool"
+
+    def _tag(self, shard_tag: str) -> str:
+        return "{" + f"{self.prefix}.{shard_tag}" + "}"
+
+    @property
+    def _global(self) -> str:
+        return "{" + self.prefix + "}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.job_prefix(shard_of_job(job_id))}{job_id}"
+
+    def job_prefix(self, shard_tag: str) -> str:
+        """What `job(id)` puts before the ids of one shard; Lua scripts build job keys."""
+        return f"{self._tag(shard_tag)}:job:"
+
+    def bin(self, model: str, bin_name: str) -> str:
+        return f"{self.bin_prefix(shard(model))}{model}:{bin_name}"
+
+    def bin_prefix(self, shard_tag: str) -> str:
+        """What `bin(model, bin)` puts before "<model>:<bin>"; cancel.lua uses it."""
+        return f"{self._tag(shard_tag)}:q:"
+
+    def leases(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:leases"
+
+    def claim(self, shard_tag: str, token: str) -> str:
+        return f"{self.claim_prefix(shard_tag)}{token}"
+
+    def claim_prefix(self, shard_tag: str) -> str:
+        """What `claim(tag, token)` puts before the token; reap.lua builds claim keys."""
+        return f"{self._tag(shard_tag)}:claim:"
+
+    def idempotency(self, model: str, key_digest: str) -> str:
+        return f"{self._tag(shard(model))}:idem:{model}:{key_digest}"
+
+    def wake(self, model: str) -> str:
+        return f"{self.wake_prefix(shard(model))}{model}"
+
+    def wake_prefix(self, shard_tag: str) -> str:
+        """What `wake(model)` puts before the model; reap.lua and release.lua use it."""
+        return f"{self._tag(shard_tag)}:wake:"
+
+    def dead(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:dead"
+
+    def stats(self, model: str, bin_name: str) -> str:
+        return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"
+
+    def tenants(self, model: str, bin_name: str) -> str:
+        return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"
+
+    def job_pattern(self, shard_tag: str) -> str:
+        """A SCAN/KEYS glob for every job record of a shard (the audit reads them all)."""
+        return _glob_escape(self.job_prefix(shard_tag)) + "*"
+
+    def bin_pattern(self, shard_tag: str) -> str:
+        """A SCAN/KEYS glob for every bin zset of a shard."""
+        return _glob_escape(self.bin_prefix(shard_tag)) + "*"
+
+    @property
+    def any_bin_pattern(self) -> str:
+        """A SCAN/KEYS glob for every bin zset of every shard."""
+        return _glob_escape("{" + self.prefix + ".") + "*}:q:*"
+
+    @property
+    def patterns(self) -> tuple[str, str]:
+        """SCAN globs that together match every key under this prefix (tests clean up)."""
+        return (_glob_escape(self._global) + "*",
+                _glob_escape("{" + self.prefix + ".") + "*")
+
+    @property
+    def done_channel(self) -> str:
+        return f"{self._global}:done"
+
+    @property
+    def results_channel(self) -> str:
+        """Pub/sub: the final views of the jobs a batch wrote, and deleted ids
+        (carpool/backend/pushed.py)."""
+        return f"{self._global}:results"
+
+    @property
+    def admitted_channel(self) -> str:
+        return f"{self._global}:admitted"
+
+    def queued_bytes(self, model: str) -> str:
+        """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""
+        return f"{self.bytes_prefix(shard(model))}{model}"
+
+    def bytes_prefix(self, shard_tag: str) -> str:
+        """What `queued_bytes(model)` puts before the model; cancel.lua builds it."""
+        return f"{self._tag(shard_tag)}:bytes:"
+
+    def owner_queued_bytes(self, model: str, owner: str) -> str:
+        return f"{self.queued_bytes(model)}:{owner}"
+
+    def gpu(self, uuid: str) -> str:
+        return f"{self._global}:gpu:{uuid}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self._global}:workers"
+
+    @property
+    def gpu_free(self) -> str:
+        return f"{self._global}:gpu-free"

@@ -1,0 +1,371 @@
+-- admit.lua: admit one or more jobs into one bin, or refuse them, atomically.
+--
+-- One call admits a whole submission (POST /submit: one job; POST /submit/batch: the
+-- jobs of one bin), so what does not depend on the job (the clock, the depth, the
+-- counter, the drain rate, the owner's state, the wake check) is paid once per call,
+-- not once per job. Each job is still checked as if admitted alone, in order: the
+-- bound, the byte budget, its predicted wait, its owner's fair share; with an owner,
+-- each job sorts by its owner's virtual clock as it stands after the call's earlier
+-- jobs. The first job refused ends the call (every later one would be refused for the
+-- same reason), and the jobs before it are queued.
+--
+-- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
+-- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
+-- KEYS[3]  idempotency   {p.s}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
+-- KEYS[4]  stats hash    {p.s}:stats:<model>:<bin>  admitted += jobs admitted; drain rate
+--                        read when full, when the predicted wait is checked, or owned
+-- KEYS[5]  tenants hash  {p.s}:tenants:<model>:<bin>  owner -> "count as-of-ms weight
+--                        clock", when owned
+-- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/admission/budget.py)
+-- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
+-- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (a test checks the two agree):
+-- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, created here; same
+--                            slot)
+-- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
+-- ARGV[6]  queued_ttl_s      ttl of the idempotency key and of the owners' state (a
+--                            queued record has none: claim.lua ends it after this long)
+-- ARGV[7]  idempotent        "1" if an idempotency key was given (then exactly one job); a
+--                            key whose first job is gone (result expired, deleted) is a new
+--                            key; the job records its key ("idem") so DELETE can drop it
+-- ARGV[8]  wake_cap          wake list cap
+-- ARGV[9]  drain_tau_ms      drain-rate time constant (carpool/admission/retry_after.py)
+-- ARGV[10] deadline_ms       after admission (0: none)          ARGV[11] priority
+-- ARGV[12] sort_offset_ms    score = admission (µs) + offset * 1000 (carpool/admission/urgency.py)
+-- ARGV[13] owner             owner digest ("" when no API key)
+-- ARGV[14] input_digest      ("" without an idempotency key)
+-- ARGV[15] max_queue_ms      the longest predicted wait of a job without a deadline (0: none)
+-- ARGV[16] drain_min_age_ms  drain-rate minimum age
+-- ARGV[17] drain_stale_ms    a drain rate older than this is unknown
+-- ARGV[18] owner_weight      the owner's fair-share weight
+-- ARGV[19] fair_share_near   "near the bound" as a fraction of it
+-- ARGV[20] fair_lead_cap_ms  the most an owner's virtual clock may lead now (fair queueing)
+-- ARGV[21] max_queued_bytes  the model's byte budget (0: none)
+-- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
+-- ARGV[23] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
+--                            message per call that admits any (web/waiters.py)
+-- ARGV[24..] per job, 2 values: id, input (JSON)
+--
+-- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
+-- the bin's depth after them:
+--         {"ok", admitted, depth_after, admit_ms} when every job was admitted;
+--         {"full", admitted, depth_after, drained_ewma, age_ms} when the bin reached
+--         max_depth: the bin's drain counter decayed to now and the time since its first
+--         drain (-1: never drained), for Retry-After;
+--         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
+--         refused by predicted wait (`ahead` jobs sort before it, drained at that rate),
+--         or its owner's turn comes after its deadline (`ahead` is that lead in jobs);
+--         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
+--         owner is over its share (by `excess` jobs);
+--         {"over", admitted, depth_after, "model" | "key", held_bytes, budget_bytes}:
+--         the next job's input would pass the byte budget (held counts the call's
+--         earlier jobs);
+--         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
+-- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
+-- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
+-- empty in the record: every reader treats an empty one as its default.
+--#include record
+redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
+
+-- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.
+local MSET_ARGS = 4000
+
+if ARGV[7] == "1" then
+  local prior = redis.call("GET", KEYS[3])
+  if prior then
+    local sep = string.find(prior, " ", 1, true)
+    local first_id = string.sub(prior, 1, sep - 1)
+    -- A key whose job is gone (result expired, deleted) is a new key: admit below.
+    if redis.call("EXISTS", ARGV[1] .. first_id) == 1 then
+      if string.sub(prior, sep + 1) == ARGV[14] then
+        return {"dup", first_id}
+      end
+      return {"conflict", first_id}
+    end
+  end
+end
+
+local FIRST_JOB = 24
+local t = redis.call("TIME")
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local depth = redis.call("ZCARD", KEYS[1])
+local max_batch = tonumber(ARGV[5])
+local n = math.min((#ARGV - FIRST_JOB + 1) / 2, tonumber(ARGV[4]) - depth)
+
+local function full(admitted, depth_now)
+  local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0")
+  if not st[3] then
+    return {"full", admitted, depth_now, "0", -1}
+  end
+  local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[9]))
+  return {"full", admitted, depth_now, string.format("%.6f", c), now_ms - tonumber(st[3])}
+end
+if n <= 0 then
+  return full(0, depth)
+end
+
+-- >>> byte budget (carpool/admission/budget.py) >>>
+-- The bytes of the queued inputs, field "queued". Job i of the call is refused when
+-- its input, on top of what is held and the call's earlier jobs, would pass a budget.
+-- The count is added once, for the jobs finally admitted (below).
+local budgets = {}  -- {key, budget, scope, held}
+if tonumber(ARGV[21]) > 0 then budgets[1] = {KEYS[6], tonumber(ARGV[21]), "model"} end
+if ARGV[13] ~= "" and tonumber(ARGV[22]) > 0 then
+  budgets[#budgets + 1] = {KEYS[7], tonumber(ARGV[22]), "key"}
+end
+local over = nil  -- {scope, held_bytes, budget_bytes} of the first job over a budget
+for _, b in ipairs(budgets) do
+  b[4] = tonumber(redis.call("HGET", b[1], "queued")) or 0
+end
+if #budgets > 0 then
+  local sum = 0
+  for i = 0, n - 1 do
+    local in_bytes = #ARGV[FIRST_JOB + 2 * i + 1]
+    for _, b in ipairs(budgets) do
+      if b[4] + sum + in_bytes > b[2] then
+        over = {b[3], b[4] + sum, b[2]}
+        break
+      end
+    end
+    if over then
+      n = i
+      break
+    end
+    sum = sum + in_bytes
+  end
+end
+-- <<< byte budget <<<
+
+-- Job i of a call sorts at base_us + i (later by its owner's clock lead, which only
+-- grows within the call): the call's jobs keep their order in the bin.
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local base_us = now_us + tonumber(ARGV[12]) * 1000
+local limit_ms = tonumber(ARGV[10])
+if limit_ms <= 0 then limit_ms = tonumber(ARGV[15]) end
+local owned = ARGV[13] ~= ""
+
+-- The bin's drain rate, read once per call: past the first batch, for the predicted
+-- wait and, with an owner, for its virtual clock. None recent (cold start, scale from
+-- zero): depth alone. Job i is timed (judged with the rate) when depth + i is past
+-- the first batch, as if admitted alone.
+local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
+if depth + n - 1 >= max_batch and (limit_ms > 0 or owned) then
+  local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0", "busy_c")
+  if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[17]) then
+    local tau = tonumber(ARGV[9])
+    local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
+    local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[16]))
+    -- Below saturation the drain rate is the arrival rate; how fast the workers drain
+    -- while busy (jobs per claim-to-completion ms) is the better bound then.
+    local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
+    local per_ms = math.max(c / (tau * (1 - math.exp(-age / tau))), busy_per_ms)
+    drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
+  end
+end
+local rate_s = drain and string.format("%.6f", drain[3] * 1000)
+
+-- >>> fair share between tenants (docs/admission.md): the owner's state >>>
+-- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)", read
+-- once per call (all jobs of a call have one owner) and written back once.
+-- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[19] of
+-- its limit), an owner over its weight's part of the active owners' weights is refused
+-- first; one under its part is admitted. Its part: of the bin's bound, its queued
+-- jobs as its clock's lead says; with no drain rate (no clock), of recent admissions.
+-- Order (start-time fair queueing): with a drain rate, a job sorts later by how far
+-- its owner's virtual clock is ahead of now; the clock then advances by one job's
+-- service time at the owner's fair rate. It never leads now by more than ARGV[20] ms.
+local tau, frac, w = tonumber(ARGV[9]), tonumber(ARGV[19]), tonumber(ARGV[18])
+local function near(d)
+  if d >= frac * tonumber(ARGV[4]) then return true end
+  return drain ~= nil and limit_ms > 0 and d >= max_batch and d >= frac * limit_ms * drain[3]
+end
+local mine, clock_us, sum_c, sum_w = 0, 0, 0, 0
+local forgotten = {}  -- owners idle for ~5 tau: dropped, so the hash stays small
+local cap_us, dl_us = now_us + tonumber(ARGV[20]) * 1000, tonumber(ARGV[10]) * 1000
+if owned then
+  local all, found = {}, false
+  if drain or near(depth + n - 1) then  -- near only grows with depth: else no job is
+    all = redis.call("HGETALL", KEYS[5])
+  else
+    local prev = redis.call("HGET", KEYS[5], ARGV[13])
+    if prev then all = {ARGV[13], prev} end
+  end
+  for i = 1, #all, 2 do
+    local c, ct, wt, v = string.match(all[i + 1], "(%S+) (%S+) (%S+) ?(%S*)")
+    c, v = tonumber(c) * math.exp(-(now_ms - tonumber(ct)) / tau), tonumber(v) or 0
+    if all[i] == ARGV[13] then
+      mine, clock_us, found = c, v, true
+    elseif c < 0.01 and v < now_us then
+      forgotten[#forgotten + 1] = all[i]
+    end
+    if c >= 0.5 or all[i] == ARGV[13] then  -- active: one admission within ~0.7 tau
+      sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
+    end
+  end
+  if not found then sum_w = sum_w + w end
+end
+-- <<< fair share between tenants <<<
+
+-- Each job in order: its predicted wait, then its owner's share. The first job
+-- refused ends the call (every later one would be refused for the same reason).
+local scores = {}  -- of the jobs admitted, in order
+local refusal = nil  -- {"late", ahead, jobs/s} | {"share", excess}: the first job refused
+local ahead0, counted_us, counted = nil, nil, 0
+for i = 0, n - 1 do
+  local timed = drain ~= nil and depth + i >= max_batch
+  local sort_us = base_us
+
+  -- >>> fair share between tenants: fair queueing of job i >>>
+  local start_us = now_us  -- where its owner's clock stands for it
+  if owned and timed then
+    start_us = math.min(math.max(clock_us, now_us), cap_us)
+    if dl_us > 0 and start_us - now_us >= dl_us then  -- its turn comes after its deadline
+      refusal = {"late", math.ceil((start_us - now_us) / 1000 * drain[3]), rate_s}
+      n = i
+      break
+    end
+    sort_us = base_us + start_us - now_us
+    if dl_us > 0 then sort_us = math.min(sort_us, now_us + dl_us) end  -- never past it
+  end
+  -- <<< fair share between tenants <<<
+
+  -- >>> admission by predicted wait (docs/admission.md) >>>
+  -- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
+  -- measured drain rate) is later than its deadline, else than max_queue_ms. Within
+  -- the first batch, or with no recent drain: depth alone. The jobs ahead of the
+  -- call's score are counted once per call, again only for a job fair queueing moved;
+  -- the call's i earlier jobs sort ahead of job i as well.
+  if timed and limit_ms > 0 then
+    local ahead
+    if sort_us == base_us then
+      ahead0 = ahead0 or redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", base_us))
+      ahead = ahead0 + i
+    else
+      if sort_us ~= counted_us then
+        counted_us = sort_us
+        counted = redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", sort_us))
+      end
+      ahead = counted + i
+    end
+    if ahead * 1.0 > limit_ms * drain[3] then
+      refusal = {"late", ahead, rate_s}
+      n = i
+      break
+    end
+  end
+  -- <<< admission by predicted wait <<<
+
+  -- >>> fair share between tenants: job i's share; then its admission moves the clock >>>
+  if owned then
+    if near(depth + i) and sum_w > w then  -- others active: is it over its part?
+      local excess = mine - sum_c * w / sum_w  -- in recent admissions, without a drain rate
+      if timed then
+        -- Its clock leads now by its queued jobs at its fair rate (rate * w / sum_w), so
+        -- it holds over its part of the bin's bound when that lead is over the bound's
+        -- drain time. The excess, in jobs at the bin's rate, gives its own Retry-After.
+        local bound = tonumber(ARGV[4])
+        if limit_ms > 0 then bound = math.min(bound, limit_ms * drain[3]) end
+        excess = (start_us - now_us) / 1000 * drain[3] - bound
+      end
+      if excess > 0 then
+        refusal = {"share", string.format("%.3f", excess)}
+        n = i
+        break
+      end
+    end
+    mine, sum_c = mine + 1, sum_c + 1
+    if timed then clock_us = math.min(start_us + 1000 * sum_w / (w * drain[3]), cap_us) end
+  end
+  -- <<< fair share between tenants <<<
+  -- "%d" of a whole number: "%.0f" would take glibc's slow float path for each job.
+  scores[i + 1] = string.format("%d", math.floor(sort_us + i + 0.5))
+end
+-- >>> fair share between tenants: the owner's state, written back once >>>
+-- After every check: a full Redis refuses a script's first write only if it may grow
+-- memory (docs/architecture.md), so an HDEL goes after the first HSET.
+if owned and n > 0 then
+  redis.call("HSET", KEYS[5], ARGV[13],
+    string.format("%.4f %d %s %.0f", mine, now_ms, ARGV[18], clock_us))
+  redis.call("EXPIRE", KEYS[5], ARGV[6])
+end
+if #forgotten > 0 then redis.call("HDEL", KEYS[5], unpack(forgotten)) end
+-- <<< fair share between tenants <<<
+
+local after = depth + n
+if n > 0 then
+  local head = nil
+  if depth > 0 then
+    head = tonumber(redis.call("ZRANGE", KEYS[1], 0, 0, "WITHSCORES")[2])
+  end
+  -- The record (carpool/backend/records.py) is one string, its input at its end: one MSET
+  -- writes every job of the call, where a hash would cost each field its argument,
+  -- its listpack entry and its line in the AOF. Numbers are formatted once.
+  -- A queued record has no TTL: it stays until claimed (claim.lua ends it "expired"
+  -- once queued longer than ARGV[6]) or cancelled, so the byte budget counts it exactly.
+  local deadline = ""
+  if tonumber(ARGV[10]) > 0 then deadline = string.format("%d", now_ms + tonumber(ARGV[10])) end
+  local priority = ARGV[11]
+  if priority == "0" then priority = "" end
+  local idem = ""
+  if ARGV[7] == "1" then idem = KEYS[3] end  -- DELETE drops it with its job (cancel.lua)
+  local rec_head = "queued\t\t" .. string.format("%d", now_ms) .. "\t" .. deadline .. "\t" ..
+    ARGV[13] .. "\t"
+  local rec_tail = "\t" .. ARGV[2] .. "\t" .. ARGV[3] .. "\t" .. priority .. "\t" .. ARGV[14] ..
+    "\t" .. idem .. "\n"
+
+  local members, writes = {}, {}
+  for i = 0, n - 1 do
+    local id = ARGV[FIRST_JOB + 2 * i]
+    local score = scores[i + 1]
+    writes[#writes + 1] = ARGV[1] .. id
+    writes[#writes + 1] = rec_head .. score .. rec_tail .. ARGV[FIRST_JOB + 2 * i + 1]
+    if #writes >= MSET_ARGS then  -- unpack's C stack bounds one call's arguments
+      redis.call("MSET", unpack(writes))
+      writes = {}
+    end
+    members[#members + 1] = score
+    members[#members + 1] = id
+  end
+  if #writes > 0 then redis.call("MSET", unpack(writes)) end
+  redis.call("ZADD", KEYS[1], unpack(members))
+  redis.call("HINCRBY", KEYS[4], "admitted", n)
+  if ARGV[7] == "1" then
+    redis.call("SET", KEYS[3], ARGV[FIRST_JOB] .. " " .. ARGV[14], "EX", ARGV[6])
+  end
+
+  -- Wake a worker only when its plan changes: the bin got its first jobs (a new
+  -- deadline), a new most urgent job (it overtook the head: an earlier deadline or a
+  -- higher priority), or just filled a batch. Other arrivals need no wake-up.
+  if head == nil or (depth < max_batch and after >= max_batch) or tonumber(scores[1]) < head then
+    redis.call("RPUSH", KEYS[2], ARGV[3])
+    redis.call("LTRIM", KEYS[2], -tonumber(ARGV[8]), -1)
+  end
+
+  -- >>> byte budget: count the admitted inputs >>>
+  if #budgets > 0 then
+    local sum = 0
+    for i = 0, n - 1 do sum = sum + #ARGV[FIRST_JOB + 2 * i + 1] end
+    for _, b in ipairs(budgets) do redis.call("HINCRBY", b[1], "queued", sum) end
+  end
+  -- <<< byte budget <<<
+
+  -- The web's long-polls learn that these jobs are queued (and, from the done channel,
+  -- when they end) without reading them. Not a write: after the first one anyway.
+  local ids = {}
+  for i = 0, n - 1 do ids[i + 1] = ARGV[FIRST_JOB + 2 * i] end
+  redis.call("PUBLISH", ARGV[23], table.concat(ids, " "))
+end
+
+if refusal and refusal[1] == "share" then
+  if drain then return {"share", n, after, drain[1], drain[2], refusal[2]} end
+  return {"share", n, after, "0", -1, refusal[2]}
+end
+if refusal then
+  return {"late", n, after, refusal[2], refusal[3], limit_ms}
+end
+if over then  -- byte budget: the bound let the job through, its input did not fit
+  return {"over", n, after, over[1], over[2], over[3]}
+end
+if FIRST_JOB + 2 * n <= #ARGV then
+  return full(n, after)
+end
+return {"ok", n, after, now_ms}

@@ -1,0 +1,64 @@
+-- cancel.lua: cancel a queued job, or delete a finished one.
+--
+-- KEYS[1]  job record {p.s}:job:<id> (carpool/backend/records.py)
+-- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
+--          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
+-- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
+--          its model's (and its API key's) budget, as in claim.lua
+-- ARGV[6]  results channel: a deleted job's id is published there ("del <id>"), so no
+--          web process answers from a result it was pushed (carpool/backend/pushed.py)
+--
+-- Either way the job's idempotency key ("idem", when it still names this job) is
+-- deleted: a retry with that key queues a new job instead of finding this one.
+--
+-- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
+--#include record
+redis.replicate_commands()
+
+local rec = redis.call("GET", KEYS[1])
+if not rec then
+  return "missing"
+end
+local status, attempts, admission, nl = record_head(rec)
+local fields = record_fields(admission, 9)
+local owner, model, bin, idem = fields[3], fields[5], fields[6], fields[9] or ""
+-- A claimed job's record still says "queued" (claim.lua writes none): it is running
+-- when it is no longer in its bin. ZREM first: it is the check and the cancel's first
+-- write at once (never refused for memory, so a full Redis still cancels).
+local bin_key = ARGV[2] .. model .. ":" .. bin
+if status == "queued" and redis.call("ZREM", bin_key, ARGV[1]) == 0 then
+  status = "running"
+end
+if status ~= "running" and idem ~= "" then
+  local prior = redis.call("GET", idem)
+  if prior and string.sub(prior, 1, #ARGV[1] + 1) == ARGV[1] .. " " then
+    redis.call("DEL", idem)
+  end
+end
+if status == "queued" then
+  -- >>> byte budget (carpool/admission/budget.py): the input leaves the count, as in claim.lua
+  local n = #rec - (nl or #rec)  -- the input: all after the head's newline
+  local keys = {ARGV[5] .. model}
+  if owner ~= "" then keys[2] = keys[1] .. ":" .. owner end
+  for _, key in ipairs(keys) do
+    local queued = tonumber(redis.call("HGET", key, "queued"))
+    if queued and queued > n then
+      redis.call("HINCRBY", key, "queued", -n)
+    elseif queued then  -- its last queued byte: the hash goes
+      redis.call("DEL", key)
+    end
+  end
+  -- <<< byte budget
+  local t = redis.call("TIME")
+  local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
+    "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
+  redis.call("PUBLISH", ARGV[3], ARGV[1])
+  return "cancelled"
+end
+if status == "running" then
+  return "running"
+end
+redis.call("DEL", KEYS[1])
+redis.call("PUBLISH", ARGV[6], "del " .. ARGV[1])
+return "deleted"

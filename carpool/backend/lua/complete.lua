@@ -1,0 +1,154 @@
+-- complete.lua: write the results of one batch, once, and wake their waiters.
+--
+-- KEYS[1]  leases  {p.s}:leases
+-- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate and
+--                                             the busy time behind it (busy_c)
+-- KEYS[3]  claim   {p.s}:claim:<token> (claim.lua)
+-- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
+-- ARGV[3]  done channel                 ARGV[4] result_ttl_s
+-- ARGV[5]  batch JSON {"size","bin","worker"}
+-- ARGV[6]  drain-rate time constant, ms (carpool/admission/retry_after.py)
+-- ARGV[7]  results channel (carpool/backend/pushed.py)
+-- ARGV[8]  the jobs' pushed views (carpool/backend/pushed.py): one JSON line each, "\n" between,
+--          those not pushed left out
+-- ARGV[9]  a request to claim the next batch ahead (claim_batch.lua's claim_ahead), ""
+--          for none: a worker that serves only the bins peeked below claims its next
+--          batch here when it is a full one, without a round trip of its own
+-- then per job, 4 values: id, the byte length of its line in ARGV[8] (0: not pushed),
+--   and its ended record but for t_done, in two parts (carpool/backend/records.py's
+--   `ended_parts`): the head up to t_claim, built by the worker from the admission
+--   fields and the attempt count the claim handed out, and the rest from the timings
+--   on, payload included (the result JSON when done, the error message when failed);
+--   the record written is head .. t_done .. rest, t_done Redis's clock
+-- KEYS[4..3+n], KEYS[4+n..3+2n] (optional) bin zsets and their stats hashes of this
+--   model to peek after the write, as peek.lua does; then the last n ARGV are their
+--   max_batch: the worker decides its next batch from this reply, without a peek's
+--   round trip of its own
+-- KEYS[4+2n], KEYS[5+2n] with a request to claim ahead only: the model's byte-budget
+--   hash and the claim hash of the request's token (the leases zset is KEYS[1])
+--
+-- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
+-- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
+-- input with it; the worker built all of it but t_done (only claim.lua writes a
+-- claim's attempt counts, so the worker's equal them for every job still held). The
+-- claim loses its ids in one HDEL, its token leaves the leases zset with its last
+-- job, and one PUBLISH names the jobs written (space-separated:
+-- carpool.backend.queue.ended_ids).
+--
+-- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
+-- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
+-- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
+-- states (peek_bins.lua), as they are after the write and before any claim; with a
+-- request to claim ahead, then what claim_ahead appends.
+--#include record
+--#include peek_bins
+--#include leave_claim
+--#include claim_batch
+redis.replicate_commands()
+
+local STRIDE = 4  -- values per job in ARGV
+local ahead = ARGV[9] ~= ""
+local npeek = (#KEYS - 3 - (ahead and 2 or 0)) / 2
+local jobs_end = #ARGV - npeek  -- the last per-job argument
+
+local t = redis.call("TIME")
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_s = string.format("%d", now_ms)  -- once: a number argument is formatted per call
+local out = {}
+local ours = {}  -- ARGV index of each job the claim still holds
+local asked = {"t"}  -- the claim's time, then its jobs
+for i = 10, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
+local held = redis.call("HMGET", KEYS[3], unpack(asked))
+local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
+for k = 2, #held do
+  -- Held, and handed back with the record its claim handed out (an outcome without it
+  -- is refused, and its job stays in the claim: the reaper returns it).
+  if held[k] and ARGV[10 + (k - 2) * STRIDE + 2] ~= "" then
+    out[#out + 1] = 1
+    ours[#ours + 1] = 10 + (k - 2) * STRIDE
+  else
+    out[#out + 1] = 0
+  end
+end
+if #ours > 0 then
+  -- Out of the claim first, every one of them (written or refused below): Redis refuses
+  -- a script for memory only at its first write, and only if that write may grow
+  -- memory (leave_claim's cannot). So completions, which free memory (the inputs go),
+  -- go on while a full Redis (noeviction) refuses admissions.
+  local leaving = {}
+  for k, i in ipairs(ours) do leaving[k] = ARGV[i] end
+  leave_claim(KEYS[3], KEYS[1], ARGV[1], leaving)
+end
+-- One SET ... XX EX per job writes its ended record and its TTL at once, over the queued
+-- record (its input goes with it), without reading it: the worker built it from what
+-- claim.lua handed out, and no one writes a record its claim holds. XX: a record gone
+-- meanwhile (an evicting maxmemory policy, a key deleted by hand) is not written
+-- again as a partial record but refused.
+local kept = {}
+for _, i in ipairs(ours) do
+  local set = redis.call("SET", ARGV[2] .. ARGV[i], ARGV[i + 2] .. now_s .. ARGV[i + 3],
+    "XX", "EX", ARGV[4])
+  if set then
+    kept[#kept + 1] = i
+  else
+    out[(i - 10) / STRIDE + 1] = 0
+  end
+end
+ours = kept
+local written = #ours
+local ended = {}  -- the ids written
+for k, i in ipairs(ours) do ended[k] = ARGV[i] end
+if written > 0 then
+  -- The views of the jobs written, pushed to the web (carpool/backend/pushed.py): the web
+  -- answers their polls without a read. Before the ids: a poll woken finds it there.
+  -- Every job written (the usual case): ARGV[8] as it came, never rebuilt line by line
+  -- (each string a script builds costs a copy and the Lua collector's time).
+  local pushed = ARGV[8]
+  if written < #out and pushed ~= "" then  -- only the lines of the jobs written
+    local mine, lines, at = {}, {}, 1
+    for _, i in ipairs(ours) do mine[i] = true end
+    for i = 10, jobs_end, STRIDE do
+      local len = tonumber(ARGV[i + 1])
+      if len > 0 then
+        if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
+        at = at + len + 1
+      end
+    end
+    pushed = table.concat(lines, "\n")
+  end
+  if pushed ~= "" then
+    redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" .. pushed)
+  end
+  redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
+  -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
+  -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
+  -- bin and carpool/admission/retry_after.py turns it into jobs/s: the sum over all workers.
+  -- busy_c, decayed alike, sums claim-to-completion ms: rate_c / busy_c is how fast
+  -- the workers drain while busy, whatever the load (admit.lua's predicted wait).
+  local st = redis.call("HMGET", KEYS[2], "rate_c", "rate_t", "rate_t0", "busy_c")
+  local c, busy = 0, 0
+  if st[1] then
+    local decay = math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[6]))
+    c, busy = tonumber(st[1]) * decay, tonumber(st[4] or 0) * decay
+  end
+  busy = busy + math.max(1, now_ms - (claimed_ms or now_ms))
+  redis.call("HINCRBY", KEYS[2], "drained", written)
+  redis.call("HSET", KEYS[2], "last_batch_ms", now_ms, "rate_t", now_ms,
+    "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms,
+    "busy_c", string.format("%.3f", busy))
+end
+if npeek > 0 then
+  local bins, stats = {}, {}
+  for i = 1, npeek do
+    bins[i], stats[i] = KEYS[3 + i], KEYS[3 + npeek + i]
+  end
+  out[#out + 1] = now_ms
+  local scans = {unpack(ARGV, jobs_end + 1)}
+  local first = #out + 1
+  peek_bins(bins, stats, scans, ARGV[2], now_ms, out)
+  if ahead then
+    claim_ahead(ARGV[9], {KEYS[1], KEYS[4 + 2 * npeek], KEYS[5 + 2 * npeek]}, bins, scans,
+      first, ARGV[2], now_ms, now_s, out)
+  end
+end
+return out

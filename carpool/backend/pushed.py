@@ -1,0 +1,71 @@
+"""Results pushed to the web with their completion, so a poll needs no Redis read.
+
+Most result polls arrive after their job ended (an asynchronous client fetches
+when it gets round to it), so each would be one Redis round trip, and round trips
+are most of Redis's CPU per job. Instead complete.lua publishes, on the results
+channel, the views of the jobs it wrote, built by the worker (it knows every
+field but the completion time) and kept by the script only for the jobs it did
+write (fenced like the write itself). Each web process keeps what it hears for a
+short while (web/waiters.py) and answers polls from it.
+
+Messages (one per batch, or per deletion):
+
+    done <t_done ms>\\n<batch JSON>\\n<job JSON>\\n<job JSON>...
+    del <id> <id>...
+
+A job JSON holds the record's fields as strings (``view_from_hash`` reads it like
+the hash) plus ``id``. JSON never holds a raw newline, so lines frame the jobs. A
+result over ``PUSH_MAX_BYTES`` is not pushed: its poll reads Redis, as before.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from carpool.core.jobs import ClaimedJob, JobView, Outcome, view_from_hash
+
+#: Largest result (or error) pushed with its completion, in bytes of JSON: every web
+#: process receives every pushed result, so big ones are read on demand instead.
+PUSH_MAX_BYTES = 16 * 1024
+
+
+def job_blob(job: ClaimedJob | None, claimed_ms: int, outcome: Outcome, payload: str,
+             timings: str, model: str) -> str:
+    """The pushed fields of one job, or "" when it is not pushed: its payload is too big,
+    or it is not the claim's job (the script refuses its write anyway)."""
+    if job is None or len(payload) > PUSH_MAX_BYTES:
+        return ""
+    fields = {"id": outcome.id, "status": "failed" if outcome.failed else "done",
+              "error" if outcome.failed else "result": payload, "timings": timings,
+              "model": model, "t_admit": str(job.admit_ms), "t_claim": str(claimed_ms)}
+    if job.owner:
+        fields["owner"] = job.owner
+    return json.dumps(fields, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """One message of the results channel: final views, or ids whose record is gone."""
+
+    views: tuple[JobView, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+
+def parse(message: str) -> Pushed:
+    """Raises ValueError (or KeyError) on a message that is not one of the two kinds."""
+    head, _, rest = message.partition("\n")
+    kind, _, arg = head.partition(" ")
+    if kind == "del":
+        return Pushed(deleted=tuple(arg.split()))
+    if kind != "done":
+        raise ValueError(f"unknown results message {head[:40]!r}")
+    t_done = str(int(arg))
+    batch, *jobs = rest.split("\n")
+    views = []
+    for line in jobs:
+        fields = json.loads(line)
+        job_id = fields.pop("id")
+        fields["t_done"], fields["batch"] = t_done, batch
+        views.append(view_from_hash(job_id, fields))
+    return Pushed(views=tuple(views))

@@ -1,0 +1,145 @@
+"""Which models the live workers serve, and which they refused (and why).
+
+Each worker publishes, with a heartbeat (heartbeat.lua), the models it loaded and
+those it could not load, with the reason; an entry lapses when its worker stops
+renewing it. The web reads the whole registry at most once per ``REFRESH_S`` (a
+cache, never a Redis round trip per request) and applies one rule:
+
+    a model that no live worker serves and at least one live worker refused is
+    refused at submit (503, with the worker's reason); a model with no live worker
+    at all is queued (202): scale from zero (KEDA) starts workers on queue depth.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from carpool.backend.connection import load_script, redis_errors
+from carpool.backend.keys import Keys
+from carpool.core.errors import BackendUnavailable, ModelRefused
+
+#: A worker renews its entry this often...
+HEARTBEAT_S = 5.0
+#: ...and it holds this long: three missed beats before a worker counts as gone.
+HEARTBEAT_TTL_MS = 15_000
+#: The web rereads the registry at most this often (a few seconds of staleness is
+#: fine: workers load models once, at start).
+REFRESH_S = 2.0
+
+
+@dataclass(frozen=True)
+class WorkerModels:
+    """One live worker's entry."""
+
+    worker: str
+    served: tuple[str, ...]
+    refused: Mapping[str, str]  # model -> reason
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What the live workers say about one model."""
+
+    served_by: int
+    refused: Mapping[str, str]  # worker -> reason
+
+    @property
+    def state(self) -> str:
+        """"served", "refused" (by every live worker that tried), or "no worker"."""
+        if self.served_by:
+            return "served"
+        return "refused" if self.refused else "no worker"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "served_by": self.served_by,
+                "refused": [{"worker": w, "reason": r} for w, r in sorted(self.refused.items())]}
+
+
+def availability(live: Sequence[WorkerModels], model: str) -> Availability:
+    return Availability(sum(model in w.served for w in live),
+                        {w.worker: w.refused[model] for w in live if model in w.refused})
+
+
+class Registry:
+    """Publish and read the workers' entries; each write is one heartbeat.lua call."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._heartbeat = load_script(client, "heartbeat")
+
+    def publish(self, worker: str, served: Sequence[str], refused: Mapping[str, str],
+                ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
+        doc = json.dumps({"served": list(served), "refused": dict(refused)})
+        with redis_errors():
+            self._heartbeat(keys=[self.keys.workers], args=[worker, ttl_ms, doc])
+
+    def withdraw(self, worker: str) -> None:
+        """Drop the worker's entry at once (a clean stop)."""
+        with redis_errors():
+            self._heartbeat(keys=[self.keys.workers], args=[worker, 0, "{}"])
+
+    def live(self) -> list[WorkerModels]:
+        """The entries that have not lapsed, on Redis's clock."""
+        with redis_errors():
+            # Two calls, not one pipeline: a Redis Cluster pipeline refuses the keyless
+            # TIME. The web reads this at most every REFRESH_S (RegistryCache).
+            seconds, micros = self.client.time()
+            entries = self.client.hgetall(self.keys.workers)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        out = []
+        for worker, value in cast(dict[str, str], entries).items():
+            until, _, doc = value.partition(" ")
+            if not until.isdigit() or int(until) < now_ms:
+                continue
+            try:
+                parsed = json.loads(doc)
+            except ValueError:
+                continue  # not ours to judge: a garbled entry counts as no worker
+            out.append(WorkerModels(worker, tuple(parsed.get("served") or ()),
+                                    dict(parsed.get("refused") or {})))
+        return out
+
+
+class RegistryCache:
+    """The web's view of the registry, reread at most every ``refresh_s``."""
+
+    def __init__(self, registry: Registry, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._live: list[WorkerModels] = []
+        self._read_at: float | None = None
+        self._lock = threading.Lock()
+
+    def live(self) -> list[WorkerModels]:
+        now = self.clock()
+        with self._lock:
+            if self._read_at is not None and now - self._read_at < self.refresh_s:
+                return self._live
+            self._read_at = now  # one reader refreshes; the others use the last view
+        try:
+            live = self.registry.live()
+        except BackendUnavailable:
+            return self._live  # the admission that follows answers 503 on its own
+        self._live = live
+        return live
+
+    def availability(self, model: str) -> Availability:
+        return availability(self.live(), model)
+
+    def check(self, model: str) -> None:
+        """Raise ``ModelRefused`` for a model that every live worker that tried refused."""
+        found = self.availability(model)
+        if found.state == "refused":
+            worker, reason = sorted(found.refused.items())[0]
+            raise ModelRefused(f"no live worker serves model {model!r}: worker {worker} "
+                               f"refused it: {reason}")

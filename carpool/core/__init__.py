@@ -1,0 +1,1 @@
+"""Shared types: jobs, the catalogue, settings, errors, tokens. Imports nothing else of carpool."""

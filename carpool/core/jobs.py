@@ -1,0 +1,168 @@
+"""Job records: what a job is at each stage, as frozen dataclasses."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from carpool.core.shards import SHARD_CHARS, shard
+
+#: 16 random bytes = 128 bits (≥ 122 required): ids cannot be guessed.
+JOB_ID_BYTES = 16
+#: The model's shard tag (carpool.core.shards.shard), then token_urlsafe(16): exactly 22
+#: characters; all of [A-Za-z0-9_-].
+JOB_ID_CHARS = SHARD_CHARS + 22
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def new_job_id(model: str) -> str:
+    """A fresh id for a job of ``model``; it starts with the model's shard tag, so the
+    job's keys are found (on its shard) from the id alone."""
+    return shard(model) + secrets.token_urlsafe(JOB_ID_BYTES)
+
+
+def is_job_id(text: str) -> bool:
+    """True when ``text`` has the shape of a job id (anything else is a 404, not a lookup)."""
+    # isascii: str.isalnum() also accepts "é" or "٣", which token_urlsafe never makes.
+    return (len(text) == JOB_ID_CHARS and text.isascii()
+            and all(c.isalnum() or c in "-_" for c in text))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A job accepted into its bin (or, for a repeated idempotency key, the first one)."""
+
+    id: str
+    model: str
+    bin: str
+    depth: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class BinState:
+    """One bin as seen by a worker: how many wait, and since when the oldest.
+
+    ``oldest_admit_ms`` and ``earliest_deadline_ms`` are over every job of a bin
+    holding fewer than its ``max_batch`` (its next batch takes them all); for a
+    full bin, which leaves at once anyway, over its head (most urgent job) alone.
+    ``admitted`` counts the bin's admissions ever, so a worker can tell its
+    arrival rate.
+    """
+
+    model: str
+    bin: str
+    depth: int
+    oldest_admit_ms: int | None
+    earliest_deadline_ms: int | None = None
+    admitted: int = 0
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: str
+    input_json: str
+    admit_ms: int
+    attempts: int
+    #: The API key's digest that submitted it ("" without keys): a pushed result
+    #: carries it, so the web checks the owner without reading the record.
+    owner: str = ""
+    #: Its record's admission fields as the claim read them (carpool/backend/records.py),
+    #: handed back with its outcome: the completion writes the ended record from them
+    #: without reading the queued one. "" for a job no claim handed out (refused).
+    admission: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Jobs leased to one worker under one token, at Redis time ``now_ms``."""
+
+    model: str
+    bin: str
+    token: str
+    now_ms: int
+    jobs: tuple[ClaimedJob, ...]
+    #: Jobs the claim found past their deadline and ended "expired" instead.
+    expired: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One job's end: ``result`` when it succeeded, ``error`` when it failed."""
+
+    id: str
+    result: Any = None
+    error: str | None = None
+    preprocess_ms: float = 0.0
+    inference_ms: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as ``GET /result/<id>`` shows it."""
+
+    id: str
+    model: str
+    status: JobStatus
+    result: Any
+    error: str | None
+    timings_ms: dict[str, float] | None
+    batch: dict[str, Any] | None
+    owner: str
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
+        if self.status is JobStatus.DONE:
+            body["result"] = self.result
+        if self.error is not None:
+            body["error"] = self.error
+        if self.timings_ms is not None:
+            body["timings_ms"] = self.timings_ms
+        if self.batch is not None:
+            body["batch"] = self.batch
+        return body
+
+
+def view_from_hash(job_id: str, h: dict[str, str]) -> JobView:
+    """Build the client's view from a job's record, parsed (carpool/backend/records.py)."""
+    status = JobStatus(h["status"])
+    timings: dict[str, float] | None = None
+    if "t_done" in h:
+        t_admit = int(h["t_admit"])
+        worker_t = json.loads(h.get("timings", "{}"))
+        claim = int(h.get("t_claim", h["t_done"]))
+        timings = {
+            "queue": float(claim - t_admit),
+            "preprocess": float(worker_t.get("preprocess", 0.0)),
+            "inference": float(worker_t.get("inference", 0.0)),
+            "total": float(int(h["t_done"]) - t_admit),
+        }
+    return JobView(
+        id=job_id,
+        model=h.get("model", ""),
+        status=status,
+        result=json.loads(h["result"]) if "result" in h else None,
+        error=h.get("error"),
+        timings_ms=timings,
+        batch=json.loads(h["batch"]) if "batch" in h else None,
+        owner=h.get("owner", ""),
+    )

@@ -1,0 +1,1 @@
+"""The local stack and the `carpool` command line: processes, ports, a private Redis."""

@@ -1,0 +1,145 @@
+"""`carpool up`: Redis, gunicorn, N Celery workers and Flower, supervised (a child that
+exits is restarted: carpool/stack/supervisor.py) and stopped cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carpool.core.errors import ConfigError
+from carpool.core.settings import DEFAULT_WORKER_METRICS_PORT
+from carpool.stack.commands import python_argv
+from carpool.stack.redis_local import LocalRedis, choose_redis, free_port
+from carpool.stack.supervisor import Child, Supervisor
+
+#: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
+STOP_GRACE_S = 30.0
+#: The ports `carpool up` takes unless told otherwise (a taken one is replaced).
+DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
+
+
+# The shipped command lines (carpool/stack/commands.toml), run by this interpreter.
+def web_command() -> list[str]:
+    return python_argv("web")
+
+
+def worker_command(index: int) -> list[str]:
+    return [*python_argv("worker", node=f"worker{index}@%h"), "--loglevel", "INFO"]
+
+
+#: Flower's task list: each batch's (model, bin, size) and its result beside its runtime.
+FLOWER_TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"
+
+
+def flower_command(port: int) -> list[str]:
+    return [*python_argv("flower", port=port), "--address=127.0.0.1",
+            f"--tasks_columns={FLOWER_TASKS_COLUMNS}"]
+
+
+def port_problem(port: int) -> str | None:
+    """Why 127.0.0.1:``port`` cannot be listened on now, or None if it can."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} is already in use by another process"
+            return f"port {port} cannot be listened on: {exc.strerror or exc}"
+    return None
+
+
+def pick_port(wanted: int | None, default: int, what: str, notes: list[str]) -> int:
+    """``wanted`` if given (an error names why it cannot be used); else ``default``,
+    or a free port when that one is taken (noted for the user)."""
+    if wanted == 0:
+        return free_port()  # 0: any free port, chosen here so the URLs printed are true
+    if wanted is not None:
+        problem = port_problem(wanted)
+        if problem:
+            raise ConfigError(f"{what}: {problem}; pick another with the option, or leave "
+                              "it out to let carpool up choose a free one")
+        return wanted
+    if port_problem(default) is None:
+        return default
+    port = free_port()
+    notes.append(f"{what}: port {default} is taken, using {port}")
+    return port
+
+
+@dataclass
+class Stack:
+    """The processes of one local stack."""
+
+    log_dir: Path
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    redis: LocalRedis | None = None
+
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.supervisor.add(Child(name, cmd, env, self.log_dir / f"{name}.log"))
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+        procs = [c.proc for c in self.supervisor.children if c.proc is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.redis is not None:
+            self.redis.stop()
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    port: int | None
+    redis_url: str | None
+    workers: int
+    flower: bool
+    flower_port: int | None
+    models: str
+    state_dir: Path
+
+
+def _metrics_ports(env: dict[str, str], workers: int, notes: list[str]) -> list[int]:
+    """One metrics port per worker (9100, 9101, ...), a free one for a taken one; 0 off."""
+    base = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
+    if not base:
+        return [0] * workers
+    return [pick_port(None, base + i, f"worker{i} metrics", notes) for i in range(workers)]
+
+
+def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
+    """Start everything; returns the stack, the URLs to print and notes on ports."""
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    web_port = pick_port(opts.port, DEFAULT_WEB_PORT, "web (--port)", notes)
+    flower_port = (pick_port(opts.flower_port, DEFAULT_FLOWER_PORT, "Flower (--flower-port)",
+                             notes) if opts.flower else 0)
+    url, local = choose_redis(opts.redis_url, opts.state_dir / "redis")
+    stack = Stack(opts.state_dir, redis=local)
+    env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{web_port}")
+    if opts.models:
+        env["CARPOOL_MODELS"] = opts.models
+    stack.spawn("web", web_command(), env)
+    for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):
+        # Loopback, like the web and Flower here: a laptop's metrics are its own.
+        stack.spawn(f"worker{i}", worker_command(i), {
+            "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
+            "CARPOOL_WORKER_METRICS_PORT": str(port)})
+    urls = {"api": f"http://127.0.0.1:{web_port}", "redis": url}
+    if opts.flower:
+        stack.spawn("flower", flower_command(flower_port), env)
+        urls["flower"] = f"http://127.0.0.1:{flower_port}"
+    stack.supervisor.start()
+    return stack, urls, notes
+

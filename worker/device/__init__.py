@@ -1,0 +1,1 @@
+"""The device: CUDA behind one interface, GPU leases, the memory guard."""

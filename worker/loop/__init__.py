@@ -1,0 +1,1 @@
+"""The batching loop: peek, decide, claim, run, complete; leases kept beside it."""

@@ -1,0 +1,198 @@
+"""Keeping leases: renew the ones in hand, reap the expired ones, hand them back at stop.
+
+``LeaseKeeper`` hooks into ``BatchLoop`` (worker/loop/hooks.py): it learns each claim
+when its batch starts and forgets it when it ends. Its own thread wakes every third
+of a lease and (1) renews every claim in hand, so a long batch keeps its jobs,
+and (2) runs the reaper once, so jobs of dead workers go back to their bins.
+Every worker runs one; reap.lua is atomic, so any number may reap at once.
+
+A job therefore waits at most ``lease_ms + lease_tick_ms`` after its worker
+died before it is back at the front of its bin (if any worker is alive).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from carpool.backend.leases import REAP_BATCH, Leases
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import Claim
+from carpool.core.settings import Settings
+from worker.loop.hooks import BatchReport, Hooks
+
+log = logging.getLogger(__name__)
+
+#: Reap calls per tick at most, each of REAP_BATCH leases: a backlog after a mass
+#: failure drains over a few ticks instead of holding Redis for long.
+MAX_REAPS_PER_TICK = 10
+
+
+@dataclass(frozen=True)
+class Held:
+    """One claim in hand: its jobs and when (monotonic seconds) its batch started."""
+
+    claim: Claim
+    since_s: float
+
+
+class LeaseKeeper(Hooks):
+    """Renews the claims in hand and reaps expired leases, from one thread."""
+
+    def __init__(self, leases: Leases, settings: Settings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.leases = leases
+        self.settings = settings
+        self.clock = clock
+        self.reclaimed_total = 0  # leases this worker's reaper took back
+        self.dead_total = 0  # of which failed after max_attempts
+        #: Told how many leases each reap took back (the worker's Prometheus counter).
+        self.on_reclaimed: Callable[[int], None] | None = None
+        self._held: dict[str, Held] = {}
+        #: Claims whose reply was lost, by token, with when (clock seconds): looked for on
+        #: every tick for one lease (a hung Redis may run a claim sent before it froze
+        #: only after it answers other calls), handed back once found.
+        self._unanswered: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- hooks ----------------------------------------------------------------------
+
+    def on_unanswered(self, claim: Claim) -> None:
+        with self._lock:
+            self._unanswered[claim.token] = self.clock()
+
+    def on_claimed(self, claim: Claim) -> None:
+        with self._lock:
+            self._held[claim.token] = Held(claim, self.clock())
+
+    def on_finished(self, claim: Claim, report: BatchReport) -> None:
+        with self._lock:
+            self._held.pop(claim.token, None)
+
+    def on_unneeded(self, claim: Claim) -> None:
+        # Claimed ahead and not run: back now, the attempt refunded. With Redis away,
+        # looked for by token on the next ticks, as a claim whose reply was lost.
+        try:
+            self.leases.release(claim.token, [j.id for j in claim.jobs], refund_attempt=True)
+        except BackendUnavailable as exc:
+            log.warning("could not hand back %s (%s); retrying on the next tick",
+                        claim.token, exc)
+            self.on_unanswered(claim)
+
+    def on_failed(self, claim: Claim) -> None:
+        with self._lock:
+            held = self._held.pop(claim.token, None)
+        if held is not None:
+            # The batch ended without completing (Redis lost mid-write, a bug): hand
+            # its jobs back now rather than after the lease; the attempt stays counted.
+            self._release(held.claim, refund_attempt=False)
+
+    # -- the thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="carpool-leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        tick_s = self.settings.lease_tick_ms / 1000.0
+        while True:  # first tick at once: a starting worker recovers a dead one's jobs
+            try:
+                self.tick()
+            except BackendUnavailable as exc:
+                log.warning("lease keeper: Redis unavailable (%s); next try in %.1f s",
+                            exc, tick_s)
+            except Exception:  # noqa: BLE001 — the keeper must outlive any one bug
+                log.exception("lease keeper tick failed; next try in %.1f s", tick_s)
+            if self._stopping.wait(tick_s):
+                return
+
+    def tick(self) -> None:
+        """Renew every claim in hand, hand back lost claims' jobs, reap expired leases."""
+        self.renew_all()
+        self.recover_unanswered()
+        self.reap()
+
+    def recover_unanswered(self) -> None:
+        """Hand back, attempt refunded, the jobs of claims whose reply was lost: they
+        never reached a model, and must not come back through the reaper as suspects."""
+        with self._lock:
+            pending = dict(self._unanswered)
+        window_s = self.settings.lease_ms / 1000.0
+        for token, since_s in pending.items():
+            ids = self.leases.leased_to(token)
+            if ids:
+                back = self.leases.release(token, ids, refund_attempt=True)
+                log.warning("claim %s ran but its reply was lost: %d jobs handed back",
+                            token, back.count(True))
+            if ids or self.clock() - since_s > window_s:
+                with self._lock:
+                    self._unanswered.pop(token, None)
+
+    def renew_all(self) -> None:
+        max_s = self.settings.max_batch_ms / 1000.0
+        now_s = self.clock()
+        for held in self._snapshot():
+            claim = held.claim
+            if now_s - held.since_s > max_s:
+                log.error("batch %s has run %.0f s, over CARPOOL_MAX_BATCH_MS: its lease is "
+                          "left to lapse and its jobs will be retried", claim.token,
+                          now_s - held.since_s)
+                with self._lock:
+                    self._held.pop(claim.token, None)
+                continue
+            kept = self.leases.renew(claim.token, [j.id for j in claim.jobs],
+                                     self.settings.lease_ms)
+            lost = kept.count(False)
+            if lost == len(kept):
+                with self._lock:
+                    self._held.pop(claim.token, None)
+            if lost:
+                log.warning("%d of %d leases of %s were lost before renewal (reaped or "
+                            "ended); their results will be refused", lost, len(kept),
+                            claim.token)
+
+    def reap(self) -> None:
+        for _ in range(MAX_REAPS_PER_TICK):
+            report = self.leases.reap(self.settings.max_attempts)
+            self.reclaimed_total += report.reclaimed
+            self.dead_total += report.failed
+            if report.reclaimed and self.on_reclaimed is not None:
+                self.on_reclaimed(report.reclaimed)
+            if report.reclaimed:
+                log.warning("reaped %d expired leases: %d jobs back in their bins, %d failed "
+                            "after %d attempts", report.reclaimed, report.requeued,
+                            report.failed, self.settings.max_attempts)
+            if report.requeued + report.failed + report.dropped < REAP_BATCH:
+                return
+
+    # -- hand-back ------------------------------------------------------------------
+
+    def hand_back(self, *, refund_attempt: bool) -> int:
+        """Release every claim in hand to the front of its bin; how many jobs went back."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        return sum(self._release(h.claim, refund_attempt=refund_attempt) for h in held)
+
+    def _release(self, claim: Claim, *, refund_attempt: bool) -> int:
+        try:
+            back = self.leases.release(claim.token, [j.id for j in claim.jobs],
+                                       refund_attempt=refund_attempt)
+        except BackendUnavailable as exc:
+            log.warning("could not hand back %s (%s); its lease will lapse instead",
+                        claim.token, exc)
+            return 0
+        return back.count(True)
+
+    def _snapshot(self) -> list[Held]:
+        with self._lock:
+            return list(self._held.values())

@@ -1,0 +1,1 @@
+"""What the worker shows: Prometheus metrics, Flower events, calibration profiles."""

@@ -1,0 +1,1 @@
+"""The Celery shell around the loop: the bootstep, remote control, the registry heartbeat."""

@@ -1,0 +1,219 @@
+"""The bootstep that starts and stops the batching loop inside a Celery worker.
+
+The loop runs in its own thread, so the worker's main thread stays free for
+heartbeats, pings and remote-control commands. A warm shutdown (SIGTERM) calls
+``stop``: the loop finishes the batch in hand, then the thread ends; a batch still
+running after ``CARPOOL_STOP_GRACE_S`` has its jobs handed back to the front of
+their bin (its late results are then refused), so a stop never strands a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import WorkerShutdown
+from celery.worker import state
+from prometheus_client import disable_created_metrics
+
+from carpool.backend.connection import connect
+from carpool.backend.durability import check_durability
+from carpool.backend.keys import Keys
+from carpool.backend.leases import Leases
+from carpool.backend.queue import Queue
+from carpool.backend.registry import Registry
+from carpool.core.errors import ConfigError
+from carpool.core.settings import Settings, load_settings
+from carpool.scheduling.batching import Cost
+from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
+from worker.executors.base import BatchExecutor
+from worker.executors.pipelined import PipelinedExecutor
+from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
+from worker.loop.isolation import SuspectIsolation
+from worker.loop.leasekeeper import LeaseKeeper
+from worker.loop.loop import MAX_BLOCK_S, BatchLoop
+from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
+from worker.observe.metrics import MetricsServer, WorkerMetrics
+from worker.observe.profile import cost_seeds
+from worker.shell.presence import Presence
+
+log = logging.getLogger(__name__)
+
+#: Redis socket timeout for the loop: above its longest block, so BLPOP never times out.
+LOOP_SOCKET_TIMEOUT_S = MAX_BLOCK_S + 10.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The models a worker serves (their handlers) and those it refused, with why."""
+
+    handlers: dict[str, ModelHandler]
+    refused: dict[str, str]
+
+
+def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
+                  ) -> dict[str, ModelHandler]:
+    """Loaded handlers by model name (see ``load_models``)."""
+    return load_models(settings, names, explicit).handlers
+
+
+def load_models(settings: Settings, names: tuple[str, ...], explicit: bool) -> Loaded:
+    """A model named in CARPOOL_MODELS that cannot load stops the worker; with
+    CARPOOL_MODELS empty ("every model"), it is left out, the log says why in an
+    ERROR line, and the reason is published (worker/shell/presence.py)."""
+    handlers: dict[str, ModelHandler] = {}
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            handler = make_handler(settings.catalogue.get(name), settings)
+            handler.load()
+        except ConfigError as exc:
+            if explicit:
+                raise
+            log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
+                      "to make this fatal)", name, exc)
+            refused[name] = str(exc)
+            continue
+        handlers[name] = handler
+    if not handlers:
+        raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
+    return Loaded(handlers, refused)
+
+
+def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
+                  ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
+    """The torch executor, warmed up and calibrated, when a torch model is served;
+    else the torch-free pipeline (torch is never imported), one batch at a time at
+    depth 1. And
+    the cost models that calibration profiles give each bin, to seed the scheduler."""
+    torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
+    if not torch_handlers:
+        return PipelinedExecutor(settings.executor.pipeline_depth,
+                                 settings.executor.preprocess_threads), {}
+    from worker.executors.torch_executor import TorchExecutor
+    from worker.observe.calibrate import prepare
+
+    executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
+    seeds: dict[tuple[str, str], Cost] = {}
+    for handler in torch_handlers:
+        profile = prepare(executor, handler, settings.executor)
+        if profile is not None:
+            seeds.update(cost_seeds(profile))
+    return executor, seeds
+
+
+class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Owns one BatchLoop and its thread for the life of the worker."""
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.loop: BatchLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.events: Any = None
+        self.gpu: GpuClaim | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.keeper: LeaseKeeper | None = None
+        self.settings: Settings | None = None
+        self.presence: Presence | None = None
+
+    def start(self, parent: Any) -> None:
+        settings = self.settings = load_settings()
+        hostname = parent.hostname
+        self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
+        if settings.gpu_claim and self.gpu is None:
+            raise WorkerShutdown(0)  # stopped while waiting for a GPU
+        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S,
+                         cluster=settings.redis_cluster)
+        check_durability(client, require=settings.require_durable, who="worker")
+        keys = Keys(settings.key_prefix)
+        queue = Queue(client, keys)
+        leases = Leases(client, keys, settings.catalogue)
+        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
+        loaded = load_models(settings, names, explicit=bool(settings.worker_models))
+        handlers = loaded.handlers
+        self.events = FlowerBatchEvents(parent.app, hostname)
+        self.keeper = LeaseKeeper(leases, settings)
+        executor, seeds = make_executor(settings, handlers)
+        if self.gpu is not None and self.gpu.gpu is not None:
+            verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
+        self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
+                              hooks=[self.keeper, self.events],
+                              claim_filters=[SuspectIsolation(leases)],
+                              executor=executor, cost_seeds=seeds)
+        loop = self.loop
+        # `<counter>_created` series would double the series count for a timestamp
+        # that Prometheus does not use; this process exports nothing else.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats)
+        loop.hooks.append(self.metrics)
+        executor.guard.on_shrink = self.metrics.record_shrink
+        self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        self.keeper.start()
+        self.presence = Presence(Registry(client, keys), settings.worker_name or hostname,
+                                 list(handlers), loaded.refused)
+        self.presence.start()
+        if settings.worker_metrics_port:
+            try:
+                self.metrics_server = self.metrics.serve(settings.worker_metrics_port,
+                                                         settings.worker_metrics_addr)
+            except ConfigError as exc:  # a second worker on the host: serve all the same
+                log.warning("serving without a metrics endpoint: %s", exc)
+        parent.carpool_loop = self.loop  # remote-control commands find it here
+        self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
+        self.thread.start()
+        log.info("carpool batch loop started for models %s", ", ".join(handlers))
+
+    def _run(self) -> None:
+        assert self.loop is not None
+        try:
+            self.loop.run()
+        finally:
+            if self.events is not None:
+                self.events.close()
+
+    def info(self, parent: Any) -> dict[str, Any]:
+        """Added to `celery inspect stats`, which Flower shows on the worker's page."""
+        return flower_rows(worker_info(self.loop, self.gpu.gpu if self.gpu else None))
+
+    def stop(self, parent: Any) -> None:
+        if self.loop is not None and self.thread is not None:
+            self._stop_loop()
+        if self.presence is not None:
+            self.presence.stop()
+            self.presence = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.gpu is not None:
+            self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
+            self.gpu = None
+
+    def _stop_loop(self) -> None:
+        assert self.loop is not None and self.thread is not None
+        assert self.keeper is not None and self.settings is not None
+        grace_s = self.settings.stop_grace_s
+        log.info("carpool batch loop stopping after the batch in hand (grace %.0f s)", grace_s)
+        self.loop.stop()
+        self.thread.join(grace_s)
+        self.keeper.stop()
+        overran = self.thread.is_alive()
+        # Overran: the batch was running, so its attempt stays counted. Otherwise only
+        # claims that never reached the model can be left: their attempt is refunded.
+        back = self.keeper.hand_back(refund_attempt=not overran)
+        if not overran:
+            self.loop.executor.close()  # its threads are idle once the loop has ended
+        if overran:
+            log.warning("the batch in hand outlasted the %.0f s grace: %d jobs handed back",
+                        grace_s, back)
+        log.info("carpool batch loop stopped; %d jobs handed back", back)
+
+
+def _celery_stopping() -> bool:
+    """True once the worker was asked to stop (Celery's signal handlers set these)."""
+    return state.should_stop is not None or state.should_terminate is not None
