@@ -193,7 +193,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 #: Entry points that add a subcommand: each is called with the subparsers and adds
 #: its own, ``func`` set. The worker registers ``calibrate`` here (pyproject.toml),
 #: so the core never imports the worker.
-COMMANDS_GROUP = "carpool.stack.commands"
+COMMANDS_GROUP = "carpool.commands"
 
 
 def parser() -> argparse.ArgumentParser:

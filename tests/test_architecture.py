@@ -1,6 +1,6 @@
 """The import arrows that the architecture promises (docs/architecture.md), read from
-the source: the core never imports the worker, the bench never imports the
-simulator, and the bench runs its --help without the bench extra."""
+the source: each layer imports only the layers below it, the web never imports torch,
+and the bench runs its --help without the bench extra."""
 
 from __future__ import annotations
 
@@ -32,17 +32,91 @@ def importers(folder: str, prefix: str) -> list[str]:
         if any(m == prefix or m.startswith(prefix + ".") for m in imported_modules(path)))
 
 
-def test_no_module_of_the_core_imports_the_worker() -> None:
-    assert importers("carpool", "worker") == []
+#: Each layer and the layers it may import (besides itself and the standard library).
+#: Lower layers never import higher ones; docs/architecture.md draws the same map.
+ALLOWED: dict[str, set[str]] = {
+    "carpool.core": set(),
+    "carpool.scheduling": {"carpool.core"},
+    "carpool.admission": {"carpool.core", "carpool.scheduling"},
+    "carpool.backend": {"carpool.core", "carpool.scheduling", "carpool.admission"},
+    "carpool.client": {"carpool.core"},
+    "carpool.stack": {"carpool.core", "carpool.backend"},
+    "carpool.bench": {"carpool.core", "carpool.scheduling", "carpool.admission",
+                      "carpool.backend", "carpool.stack", "carpool.client"},
+    "carpool.sim": {"carpool.core", "carpool.scheduling", "carpool.admission",
+                    "carpool.backend", "carpool.bench"},
+    "carpool.cli": {"carpool.core", "carpool.backend", "carpool.stack", "carpool.client",
+                    "carpool.bench", "carpool.sim"},
+    "web": {"carpool.core", "carpool.scheduling", "carpool.admission", "carpool.backend"},
+    "worker.device": {"carpool.core", "carpool.backend"},
+    "worker.handlers": {"carpool.core", "worker.device"},
+    "worker.executors": {"carpool.core", "worker.device", "worker.handlers"},
+    "worker.loop": {"carpool.core", "carpool.scheduling", "carpool.backend", "worker.device",
+                    "worker.handlers", "worker.executors"},
+    "worker.observe": {"carpool.core", "carpool.scheduling", "carpool.backend",
+                       "worker.device", "worker.handlers", "worker.executors", "worker.loop"},
+    "worker.shell": {"carpool.core", "carpool.scheduling", "carpool.backend", "worker.device",
+                     "worker.handlers", "worker.executors", "worker.loop", "worker.observe"},
+    "worker.celery_app": {"carpool.core", "worker.shell"},
+}
+#: Third-party packages a layer may not import at all.
+FORBIDDEN_PACKAGES: dict[str, set[str]] = {
+    "carpool": {"torch", "celery", "flask"},  # the core installs without the worker's stack
+    "web": {"torch", "celery"},  # a web replica starts in well under a second
+    "carpool.scheduling": {"redis"},  # the batch decision is pure
+}
 
 
-def test_the_web_imports_neither_the_worker_nor_torch() -> None:
-    assert importers("web", "worker") == [] and importers("web", "torch") == []
+def layer_of(module: str) -> str | None:
+    """The layer ``carpool.core.jobs`` or ``worker.loop.loop`` belongs to (None: not ours)."""
+    parts = module.split(".")
+    if parts[0] == "web":
+        return "web"
+    if parts[0] not in ("carpool", "worker") or len(parts) == 1:
+        return None
+    return f"{parts[0]}.{parts[1]}"
 
 
-def test_the_bench_never_imports_the_simulator() -> None:
-    # The simulator replays the bench's arrivals (carpool.bench.arrivals): one arrow only.
-    assert importers("carpool/bench", "carpool.sim") == []
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def wrong_arrows() -> list[str]:
+    found = []
+    for top in ("carpool", "web", "worker"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            own = layer_of(module_name(path))
+            if own is None:
+                continue
+            for imported in sorted(imported_modules(path)):
+                other = layer_of(imported)
+                if other is not None and other != own and other not in ALLOWED[own]:
+                    found.append(f"{module_name(path)} imports {imported}")
+                for scope, banned in FORBIDDEN_PACKAGES.items():
+                    if (own == scope or own.startswith(scope + ".")) and \
+                            imported.split(".")[0] in banned:
+                        found.append(f"{module_name(path)} imports {imported}")
+    return found
+
+
+def test_every_module_belongs_to_a_layer_with_rules() -> None:
+    for top in ("carpool", "web", "worker"):
+        for path in (ROOT / top).rglob("*.py"):
+            own = layer_of(module_name(path))
+            assert own is None or own in ALLOWED, f"{path}: layer {own} has no rule"
+    assert sorted(p.name for p in (ROOT / "carpool").glob("*.py")) == ["__init__.py", "cli.py"]
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert wrong_arrows() == []
+
+
+def test_the_rule_catches_a_wrong_arrow(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from carpool.backend.queue import Queue\n")
+    assert layer_of("carpool.core.jobs") == "carpool.core"
+    assert "carpool.backend" not in ALLOWED["carpool.core"]
+    assert "carpool.backend.queue" in imported_modules(module)
 
 
 def test_the_scan_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
@@ -89,8 +163,8 @@ def test_the_worker_adds_calibrate_through_the_commands_entry_point() -> None:
     from importlib.metadata import entry_points
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())[
-        "project"]["entry-points"]["carpool.stack.commands"]
+        "project"]["entry-points"]["carpool.commands"]
     assert declared == {"calibrate": "worker.shell.cli:register"}
-    installed = {ep.name: ep.value for ep in entry_points(group="carpool.stack.commands")}
+    installed = {ep.name: ep.value for ep in entry_points(group="carpool.commands")}
     assert installed == declared, (
         "the installed package metadata is older than pyproject.toml: pip install -e .")
