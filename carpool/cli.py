@@ -20,6 +20,7 @@ from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
 from carpool.stack import http_client
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
+from carpool.stack.readiness import report_until_ready
 from carpool.stack.supervisor import Supervisor
 from carpool.stack.waiting import wait_until
 
@@ -105,7 +106,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         _wait_ready(urls["api"], supervisor)
         for name, url in urls.items():
             print(f"{name:7s} {url}")
-        print(f"logs    {opts.state_dir}/")
+        print(f"logs    {opts.state_dir}/", flush=True)
+        report_until_ready(stack.env, stack.workers, str(opts.state_dir),
+                           check=lambda: _check(supervisor), pause=supervisor.failed.wait,
+                           say=lambda line: print(line, flush=True))
         code = demo(urls["api"], supervisor) if args.demo else 0
         if args.once:
             return code

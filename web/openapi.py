@@ -66,6 +66,10 @@ def _components(settings: Settings) -> dict[str, Any]:
         "id": {"type": "string"}, "model": {"type": "string"},
         "status": {"type": "string", "enum": [s.value for s in JobStatus]},
         "result": {}, "error": {"type": "string"},
+        "error_code": {"type": "string", "enum": ["model_unavailable"]},
+        "waiting_for": {"type": "object", "required": ["state", "reason"], "properties": {
+            "state": {"type": "string", "enum": ["refused", "no worker"]},
+            "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
         "batch": {"type": "object"}}}
     schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}

@@ -39,6 +39,7 @@ from web.openapi import openapi_document
 from web.polls import client_gone_check
 from web.state import WebState, current_state
 from web.waiters import await_final_after, wait_for_final
+from web.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
 
@@ -201,7 +202,9 @@ def result(job_id: str) -> Response:
                 state.metrics.long_polls.track_inprogress():
             view = wait_for_final(state.reads, state.notifier, job_id, wait_s,
                                   client_gone_check(request.environ))
-    return jsonify(check_owner(view, owner, job_id).to_json())
+    found = check_owner(view, owner, job_id)
+    return jsonify({**found.to_json(),
+                    **waiting_for(state.models, found, state.settings.refused_grace_s)})
 
 
 @blueprint.delete("/result/<job_id>")

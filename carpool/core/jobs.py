@@ -15,6 +15,10 @@ JOB_ID_BYTES = 16
 #: The model's shard tag (carpool.core.shards.shard), then token_urlsafe(16): exactly 22
 #: characters; all of [A-Za-z0-9_-].
 JOB_ID_CHARS = SHARD_CHARS + 22
+#: A failed job's error that starts "<code>: " with one of these codes shows the code
+#: as ``error_code`` in its document too (carpool/backend/refusals.py writes one).
+MODEL_UNAVAILABLE = "model_unavailable"
+JOB_ERROR_CODES = frozenset({MODEL_UNAVAILABLE})
 
 
 class JobStatus(StrEnum):
@@ -135,6 +139,9 @@ class JobView:
             body["result"] = self.result
         if self.error is not None:
             body["error"] = self.error
+            code = self.error.partition(": ")[0]
+            if code in JOB_ERROR_CODES:
+                body["error_code"] = code
         if self.timings_ms is not None:
             body["timings_ms"] = self.timings_ms
         if self.batch is not None:

@@ -97,6 +97,11 @@ class Settings:
     #: How long a warm shutdown (SIGTERM) waits for the batch in hand before it hands
     #: the batch's jobs back; below the orchestrator's grace period (compose, k8s: 60 s).
     stop_grace_s: float = 45.0
+    #: A model that every live worker refused, with none serving it, this long: its
+    #: queued jobs end "failed" (model_unavailable) instead of waiting out
+    #: ``queued_ttl_s`` (carpool/backend/refusals.py). Above the slowest worker's load
+    #: time, so a worker still loading the model is waited for.
+    refused_grace_s: float = 30.0
     #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
     require_durable: bool = False
     #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
@@ -307,6 +312,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         executor=_executor(env),
         max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
+        refused_grace_s=float(_int(env, "CARPOOL_REFUSED_GRACE_S", 30, minimum=0)),
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=api_digests,
         api_key_weights=api_weights,

@@ -79,6 +79,10 @@ class Stack:
     log_dir: Path
     supervisor: Supervisor = field(default_factory=Supervisor)
     redis: LocalRedis | None = None
+    #: The environment the children share, and the workers' node names ("worker0", ...):
+    #: `carpool up` reads their registry entries (carpool/stack/readiness.py).
+    env: dict[str, str] = field(default_factory=dict)
+    workers: list[str] = field(default_factory=list)
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         self.supervisor.add(Child(name, cmd, env, self.log_dir / f"{name}.log"))
@@ -130,9 +134,11 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
     env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{web_port}")
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models
+    stack.env = env
     stack.spawn("web", web_command(), env)
     for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):
         # Loopback, like the web and Flower here: a laptop's metrics are its own.
+        stack.workers.append(f"worker{i}")
         stack.spawn(f"worker{i}", worker_command(i), {
             "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
             "CARPOOL_WORKER_METRICS_PORT": str(port)})

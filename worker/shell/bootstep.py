@@ -24,6 +24,7 @@ from carpool.backend.durability import check_durability
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
+from carpool.backend.refusals import RefusedJobs
 from carpool.backend.registry import Registry
 from carpool.core.errors import ConfigError
 from carpool.core.settings import Settings, load_settings
@@ -39,6 +40,7 @@ from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import MetricsServer, WorkerMetrics
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
+from worker.shell.refusals import RefusalWatch
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +157,11 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         self.keeper.start()
-        self.presence = Presence(Registry(client, keys), settings.worker_name or hostname,
-                                 list(handlers), loaded.refused)
+        registry = Registry(client, keys)
+        watch = RefusalWatch(registry, RefusedJobs(client, keys), settings.catalogue,
+                             loaded.refused, settings.refused_grace_s)
+        self.presence = Presence(registry, settings.worker_name or hostname,
+                                 list(handlers), loaded.refused, on_beat=watch.tick)
         self.presence.start()
         if settings.worker_metrics_port:
             try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from carpool.backend.registry import HEARTBEAT_S, Registry
 from carpool.core.errors import BackendUnavailable
@@ -22,12 +22,15 @@ class Presence:
     """Publishes one worker's served and refused models from its own thread."""
 
     def __init__(self, registry: Registry, worker: str, served: Sequence[str],
-                 refused: Mapping[str, str], interval_s: float = HEARTBEAT_S) -> None:
+                 refused: Mapping[str, str], interval_s: float = HEARTBEAT_S,
+                 on_beat: Callable[[], object] | None = None) -> None:
         self.registry = registry
         self.worker = worker
         self.served = tuple(served)
         self.refused = dict(refused)
         self.interval_s = interval_s
+        #: Run after each beat (worker/shell/refusals.py's tick), on this thread.
+        self.on_beat = on_beat
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -41,6 +44,11 @@ class Presence:
                 self.registry.publish(self.worker, self.served, self.refused)
             except BackendUnavailable as exc:  # the entry lapses; the next beat renews it
                 log.warning("model registry heartbeat failed (%s)", exc)
+            if self.on_beat is not None:
+                try:
+                    self.on_beat()
+                except Exception:  # noqa: BLE001 — the heartbeat must go on; the next beat retries
+                    log.exception("after the model registry heartbeat")
             if self._stopping.wait(self.interval_s):
                 return
 

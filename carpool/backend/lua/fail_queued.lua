@@ -1,0 +1,73 @@
+-- fail_queued.lua: end the queued jobs of one bin "failed", with one message for all,
+-- atomically: the jobs of a model that every live worker refused, once the refusal
+-- has lasted its grace (carpool/backend/refusals.py). Several workers may run it at
+-- once: a job leaves its bin by one ZREM, so exactly one call ends it, and a job a
+-- claim took first (no longer in the bin) is left to its claim.
+--
+-- KEYS[1]  bin zset        {p.s}:q:<model>:<bin>
+-- KEYS[2]  byte budget     {p.s}:bytes:<model> (its API keys' hashes are "<KEYS[2]>:<owner>",
+--                          same slot): a failed input leaves the budget, as in cancel.lua
+-- ARGV[1]  job key prefix "{p.s}:job:"     ARGV[2] done channel
+-- ARGV[3]  result_ttl_s                    ARGV[4] the error message (the record's payload)
+-- ARGV[5]  most jobs ended per call (the caller calls again while it returns that many)
+--
+-- Each job's record ends as reap.lua writes a failure: "failed", its attempts, its
+-- admission fields kept, no claim time, t_done now, no timings, no batch, the message
+-- as payload, with the model's result TTL (the input goes). Its idempotency key goes,
+-- as at a cancel: a retry once the model is served queues a new job. One PUBLISH
+-- names the ids ended (space-separated, as complete.lua does), so long-polls wake.
+--
+-- Returns {ended, dropped}: dropped are ids in the bin whose record was gone or no
+-- longer queued (taken out of the bin all the same).
+--#include record
+redis.replicate_commands()
+
+local ids = redis.call("ZRANGE", KEYS[1], 0, tonumber(ARGV[5]) - 1)
+if #ids == 0 then
+  return {0, 0}
+end
+local t = redis.call("TIME")
+local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local ended, dropped = {}, 0
+local budget = {}  -- byte-budget key -> bytes leaving it
+for _, id in ipairs(ids) do
+  -- ZREM first: never refused for memory, so a full Redis still ends its jobs.
+  redis.call("ZREM", KEYS[1], id)
+  local key = ARGV[1] .. id
+  local rec = redis.call("GET", key)
+  local status, attempts, admission, nl = nil, nil, nil, nil
+  if rec then status, attempts, admission, nl = record_head(rec) end
+  if status ~= "queued" then
+    dropped = dropped + 1
+  else
+    local fields = record_fields(admission, 9)
+    local owner, idem = fields[3], fields[9] or ""
+    local n = #rec - (nl or #rec)  -- the input: all after the head's newline
+    budget[KEYS[2]] = (budget[KEYS[2]] or 0) + n
+    if owner ~= "" then
+      local own = KEYS[2] .. ":" .. owner
+      budget[own] = (budget[own] or 0) + n
+    end
+    if idem ~= "" then
+      local prior = redis.call("GET", idem)
+      if prior and string.sub(prior, 1, #id + 1) == id .. " " then
+        redis.call("DEL", idem)
+      end
+    end
+    redis.call("SET", key, ended_record("failed", attempts, admission, "", now_s, "", "",
+      ARGV[4]), "EX", ARGV[3])
+    ended[#ended + 1] = id
+  end
+end
+for key, n in pairs(budget) do
+  local queued = tonumber(redis.call("HGET", key, "queued"))
+  if queued and queued > n then
+    redis.call("HINCRBY", key, "queued", -n)
+  elseif queued then  -- its last queued byte: the hash goes
+    redis.call("DEL", key)
+  end
+end
+if #ended > 0 then
+  redis.call("PUBLISH", ARGV[2], table.concat(ended, " "))
+end
+return {#ended, dropped}
