@@ -33,7 +33,7 @@ from carpool.core.catalogue import PYTHON_KIND, BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
 from carpool.core.tokens import count_tokens
 from web import custom
-from web.errors import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
+from web.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256

@@ -25,19 +25,11 @@ from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from web import inputs
 from web.auth import check_owner, request_owner
 from web.bodies import read_body
-from web.errors import (
-    AdmissionUnknown,
-    JobNotFound,
-    TooManyPolls,
-    Unauthorized,
-    UnsupportedMediaType,
-    error_body,
-    retry_after_s,
-    status_and_code,
-)
+from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
+from web.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
 from web.state import WebState, current_state
 from web.waiters import await_final_after, wait_for_final
 
