@@ -18,7 +18,6 @@ from pathlib import Path
 from carpool.client import ApiError, Client, Job
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
-from carpool.stack import http_client
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
 from carpool.stack.readiness import report_until_ready
 from carpool.stack.supervisor import Supervisor
@@ -41,21 +40,14 @@ def _check(supervisor: Supervisor) -> None:
         raise CarpoolError(supervisor.failure)
 
 
-def _ready(base_url: str) -> bool:
-    try:
-        status, _ = http_client.call("GET", f"{base_url}/readyz", timeout_s=2)
-    except OSError:
-        return False
-    return status == 200
-
-
 def _wait_ready(base_url: str, supervisor: Supervisor) -> None:
     # Polling a process we just started (it has no event to offer); a child that
     # dies meanwhile is reported by the supervisor at once, with its log lines.
     try:
-        wait_until(lambda: _ready(base_url), READY_TIMEOUT_S, f"web at {base_url}",
-                   check=lambda: _check(supervisor), pause=supervisor.failed.wait,
-                   poll_s=READY_POLL_S)
+        with Client(base_url) as client:
+            wait_until(client.ready, READY_TIMEOUT_S, f"web at {base_url}",
+                       check=lambda: _check(supervisor), pause=supervisor.failed.wait,
+                       poll_s=READY_POLL_S)
     except TimeoutError:
         raise CarpoolError(f"web did not become ready at {base_url} within "
                            f"{READY_TIMEOUT_S:.0f} s") from None
@@ -64,25 +56,23 @@ def _wait_ready(base_url: str, supervisor: Supervisor) -> None:
 def demo(base_url: str, supervisor: Supervisor) -> int:
     """Send one synthetic job through the stack and print its result."""
     job_input = {"value": "hello from carpool", "size": 12}
-    status, body = http_client.submit_json(base_url, "synthetic", job_input)
-    print(f"POST /submit -> {status}")
-    _print(body)
-    if status != 202:
-        return 1
-    job_id = body["id"]
-    # The first start of a worker loads and calibrates every model it serves before
-    # its first batch, so the demo keeps long-polling, within a bound.
-    deadline = time.monotonic() + DEMO_TIMEOUT_S
-    while True:
-        status, body = http_client.result(base_url, job_id, wait_s=DEMO_POLL_S)
-        if status != 200 or body.get("status") not in ("queued", "running"):
-            break
-        _check(supervisor)
-        if time.monotonic() >= deadline:
-            break
-    print(f"GET /result/{job_id}?wait={DEMO_POLL_S} -> {status}")
-    _print(body)
-    return 0 if body.get("status") == "done" else 1
+    with Client(base_url) as client:
+        try:
+            job = client.submit("synthetic", job_input)
+            print("POST /submit")
+            _print(dict(job.doc))
+            # The first start of a worker loads and calibrates every model it serves
+            # before its first batch, so the demo keeps long-polling, within a bound.
+            deadline = time.monotonic() + DEMO_TIMEOUT_S
+            while not job.final and time.monotonic() < deadline:
+                job = client.result(job.id, wait=DEMO_POLL_S)
+                _check(supervisor)
+        except ApiError as exc:
+            print(f"carpool: {exc}", file=sys.stderr)
+            return 1
+    print(f"GET /result/{job.id}?wait={DEMO_POLL_S}")
+    _print(dict(job.doc))
+    return 0 if job.status == "done" else 1
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.audit import snapshot, violations
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids
@@ -82,9 +83,9 @@ def admit_jobs(queue: Queue, spec: ModelSpec, values: Iterable[Any], size: int =
                ttl_s: int = 600) -> list[str]:
     """Admit one synthetic job per value straight into Redis (no web), in order."""
     bin_spec = spec.bin_for(size)
-    return [queue.admit(spec, bin_spec, new_job_id(spec.name),
-                        json.dumps({"value": v, "size": size}),
-                        queued_ttl_s=ttl_s).id for v in values]
+    return [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(bin_spec, new_job_id(spec.name), json.dumps({"value": v, "size": size})),),
+        queued_ttl_s=ttl_s))).id for v in values]
 
 
 def attempts_of(queue: Queue, job_id: str) -> int:

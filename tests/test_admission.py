@@ -15,7 +15,9 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.admission.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
+from carpool.admission.fair_share import FAIR_SHARE_NEAR
+from carpool.admission.retry_after import DRAIN_STALE_MS
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull, OverShare, WaitTooLong
@@ -35,8 +37,9 @@ def spec_with(max_queue_ms: int, max_depth: int = 1000, max_batch: int = 2) -> M
 
 def admit(q: Queue, spec: ModelSpec, **kw: object) -> str:
     body = json.dumps({"value": 0, "size": 1})
-    return q.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                   **kw).id  # type: ignore[arg-type]
+    return single_admitted(Admissions(q.client, q.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), body),),
+        queued_ttl_s=TTL_S, **kw))).id  # type: ignore[arg-type]
 
 
 def drain(q: Queue, spec: ModelSpec, n: int = DRAINED, batch_ms: int = 1000) -> None:

@@ -1,6 +1,6 @@
 """Predicted wait and fair share inside one multi-job admit.lua call (real redis-server).
 
-``Queue.admit_many`` admits a bin's jobs in one call; each job is still judged as
+``Admissions.admit`` admits a bin's jobs in one call; each job is still judged as
 if admitted alone, in order: the jobs of the call ahead of it count toward its
 predicted wait, and its owner's count grows with each of the call's jobs admitted.
 The first refused job ends the call; the jobs before it stay queued.
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
-from carpool.admission.retry_after import FAIR_SHARE_NEAR
-from carpool.backend.queue import AdmitRequest, Queue
+from carpool.admission.fair_share import FAIR_SHARE_NEAR
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BinFull, OverShare, WaitTooLong
 from carpool.core.jobs import Admitted, new_job_id
@@ -23,8 +24,8 @@ NEAR = int(FAIR_SHARE_NEAR * 100)
 def admit_many(q: Queue, spec: ModelSpec, n: int, owner: str = "",
                ) -> list[Admitted | BinFull | Exception]:
     body = json.dumps({"value": 0, "size": 1})
-    jobs = [(spec.bins[0], new_job_id(spec.name), body) for _ in range(n)]
-    return list(q.admit_many(spec, jobs, AdmitRequest(TTL_S, owner=owner)))
+    jobs = tuple(AdmitJob(spec.bins[0], new_job_id(spec.name), body) for _ in range(n))
+    return list(Admissions(q.client, q.keys).admit(AdmitRequest(spec, jobs, TTL_S, owner=owner)))
 
 
 def split(outcomes: list[Admitted | BinFull | Exception]) -> tuple[int, list[Exception]]:

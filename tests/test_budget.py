@@ -10,9 +10,10 @@ import redis
 
 from carpool.admission.budget import FINISHED_RECORD_BYTES, RECORD_OVERHEAD_BYTES, memory_report
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
-from carpool.backend.queue import AdmitRequest, Queue
+from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BudgetFull
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
@@ -31,7 +32,9 @@ def spec(per_key: int = 0) -> ModelSpec:
 
 def admit(q: Queue, s: ModelSpec, owner: str = "") -> str:
     body = json.dumps({"value": "x" * VALUE_CHARS, "size": 1})
-    return q.admit(s, s.bin_for(1), new_job_id(s.name), body, queued_ttl_s=TTL_S, owner=owner).id
+    return single_admitted(Admissions(q.client, q.keys).admit(AdmitRequest(
+        s, (AdmitJob(s.bin_for(1), new_job_id(s.name), body),),
+        queued_ttl_s=TTL_S, owner=owner))).id
 
 
 def fill(q: Queue, s: ModelSpec, owner: str = "") -> list[str]:
@@ -57,8 +60,8 @@ def test_one_call_of_many_jobs_stops_at_the_first_input_over_the_budget(
     s = spec()
     body = json.dumps({"value": "x" * VALUE_CHARS, "size": 1})
     fits = BUDGET_BYTES // len(body)
-    jobs = [(s.bin_for(1), new_job_id(s.name), body) for _ in range(fits + 3)]
-    outcomes = queue.admit_many(s, jobs, AdmitRequest(TTL_S))
+    jobs = tuple(AdmitJob(s.bin_for(1), new_job_id(s.name), body) for _ in range(fits + 3))
+    outcomes = Admissions(queue.client, queue.keys).admit(AdmitRequest(s, jobs, TTL_S))
     assert [type(o).__name__ for o in outcomes] == ["Admitted"] * fits + ["BudgetFull"] * 3
     held = int(client.hget(queue.keys.queued_bytes(s.name), "queued") or 0)
     assert held == fits * len(body)  # the refused jobs were not counted
@@ -128,9 +131,10 @@ def test_the_memory_arithmetic_bounds_what_records_take_in_a_real_redis() -> Non
     with private_redis() as server, server.client() as client:
         q = Queue(client, Keys("mem"))
         before = int(client.info("memory")["used_memory"])
+        admissions = Admissions(q.client, q.keys)
         for _ in range(jobs // 64):
-            q.admit_many(s, [(s.bins[0], new_job_id(s.name), body) for _ in range(64)],
-                         AdmitRequest(TTL_S))
+            admissions.admit(AdmitRequest(s, tuple(
+                AdmitJob(s.bins[0], new_job_id(s.name), body) for _ in range(64)), TTL_S))
         queued = int(client.info("memory")["used_memory"])
         for k in range(jobs // 32):
             c = q.claim(s, s.bins[0].name, 32, lease_ms=60_000, token=f"t{k}", worker="w0@host")

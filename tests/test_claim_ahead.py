@@ -16,6 +16,7 @@ import pytest
 
 import worker.loop.loop
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import shard
 from carpool.backend.leases import Leases
@@ -84,8 +85,9 @@ def test_nothing_is_claimed_ahead_unless_the_decision_is_sure(queue: Queue, case
         admit_jobs(queue, spec, range(40))
         admit_jobs(queue, spec, range(1), size=spec.bins[1].max_size)
     elif case == "head deadline":
-        queue.admit(spec, spec.bins[0], new_job_id(spec.name), '{"value": 1, "size": 1}',
-                    queued_ttl_s=3600, deadline_ms=60_000)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), '{"value": 1, "size": 1}'),),
+            queued_ttl_s=3600, deadline_ms=60_000)))
         admit_jobs(queue, spec, range(40))
     else:
         admit_jobs(queue, spec, range(40))

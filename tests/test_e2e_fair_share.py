@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from carpool.admission.retry_after import FAIR_SHARE_NEAR
+from carpool.admission.fair_share import FAIR_SHARE_NEAR
 from carpool.backend.queue import Queue
 from carpool.client import Client, Overloaded, RetryPolicy
 from carpool.core.catalogue import load_catalogue

@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.settings import Settings
@@ -24,9 +25,10 @@ def test_sigterm_lets_the_batch_in_hand_finish(
     env = make_env(redis_url, key_prefix, CARPOOL_SYNTHETIC_COST_MS=f"{SLOW_BATCH_MS},0")
     spec = settings.catalogue.get("synthetic")
     with start_worker(env) as proc:
-        ids = [queue.admit(spec, spec.bins[0], new_job_id(spec.name),
-                        json.dumps({"value": i, "size": 1}),
-                           queued_ttl_s=60).id for i in range(3)]
+        ids = [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], new_job_id(spec.name),
+                            json.dumps({"value": i, "size": 1})),),
+            queued_ttl_s=60))).id for i in range(3)]
 
         def running() -> bool:
             views = [queue.get(i) for i in ids]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
 from carpool.core.jobs import JobStatus, new_job_id
@@ -72,7 +73,8 @@ class TinyHandler:
 
 
 def admit(queue: Queue, xs: Sequence[Any]) -> list[str]:
-    return [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
+    return [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        SPEC, (AdmitJob(BIN, new_job_id(SPEC.name), json.dumps({"x": x})),), queued_ttl_s=60))).id
             for x in xs]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.jobs import ClaimedJob, JobStatus, new_job_id
@@ -168,7 +169,8 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
     heard = Recorder()
     loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
                      hooks=[heard], executor=ex)
-    ids = [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
+    ids = [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        SPEC, (AdmitJob(BIN, new_job_id(SPEC.name), json.dumps({"x": x})),), queued_ttl_s=60))).id
            for x in range(8)]
     for _ in range(100):  # bounded: each step claims, completes or waits <= 1 s
         if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -171,9 +172,10 @@ def _fill(fq: Queue) -> list[str]:
     ids: list[str] = []
     while True:
         try:
-            ids.append(fq.admit(spec, spec.bin_for(1), new_job_id(spec.name),
-                                json.dumps({"value": f"{len(ids)}-{big}", "size": 1}),
-                                queued_ttl_s=600).id)
+            ids.append(single_admitted(Admissions(fq.client, fq.keys).admit(AdmitRequest(
+                spec, (AdmitJob(spec.bin_for(1), new_job_id(spec.name),
+                                json.dumps({"value": f"{len(ids)}-{big}", "size": 1})),),
+                queued_ttl_s=600))).id)
         except BackendUnavailable as exc:
             assert "out of memory" in str(exc)
             return ids

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys, shard, shard_of_job
 from carpool.backend.leases import Leases
@@ -241,7 +242,8 @@ def test_garbage_written_straight_into_redis_fails_alone_and_the_worker_lives(
     bin_spec = spec.bin_for(1)
     bad_inputs = ["not json", "[1, 2]", json.dumps({"size": "big"}), "{" * 10_000,
                   json.dumps({"value": 1})]
-    bad = [fq.admit(spec, bin_spec, new_job_id(spec.name), text, queued_ttl_s=600).id
+    bad = [single_admitted(Admissions(fq.client, fq.keys).admit(AdmitRequest(
+        spec, (AdmitJob(bin_spec, new_job_id(spec.name), text),), queued_ttl_s=600))).id
            for text in bad_inputs]
     with start_worker(env_for(server, key_prefix, FAST), "w1@garbage") as w1:
         wait_until(lambda: all_final(fq, good + bad), 30, "every job to end")

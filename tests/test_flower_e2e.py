@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import Settings
@@ -71,9 +72,9 @@ def test_a_batch_shows_as_a_task_and_the_worker_shows_its_gpu_models_and_limits(
             return True
         last = queue.get(sent[-1]) if sent else None
         if last is None or last.status.is_final:
-            sent.append(queue.admit(spec, spec.bins[0], new_job_id(spec.name),
-                                    '{"value": 1, "size": 1}',
-                                    queued_ttl_s=60).id)
+            sent.append(single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+                spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), '{"value": 1, "size": 1}'),),
+                queued_ttl_s=60))).id)
         return False
 
     with start_worker(env, node_name=node):

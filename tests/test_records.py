@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import shard_of_job
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
@@ -25,7 +26,8 @@ def admit_and_claim(queue: Queue, spec: ModelSpec, admitted: int,
                     claimed: int) -> tuple[list[str], Claim]:
     jobs = [new_job_id(spec.name) for _ in range(admitted)]
     for job in jobs:
-        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], job, '{"value": 1, "size": 1}'),), queued_ttl_s=TTL_S)))
     return jobs, queue.claim(spec, spec.bins[0].name, claimed, lease_ms=5000, token="t",
                              worker="w")
 
@@ -61,9 +63,10 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     spec = synthetic()
     job = new_job_id(spec.name)
     body = json.dumps({"value": "a\tb\nc", "size": 1})  # the input may hold anything
-    queue.admit(spec, spec.bins[0], job, body, queued_ttl_s=TTL_S, deadline_ms=5000,
-                priority=3, idempotency_digest="k" * 16, input_digest="d" * 16,
-                owner="o" * 16)
+    single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], job, body),),
+        queued_ttl_s=TTL_S, deadline_ms=5000, priority=3, idempotency_digest="k" * 16,
+        input_digest="d" * 16, owner="o" * 16)))
     record = records.read(queue.client, queue.keys.job(job))
     assert record is not None
     assert record["status"] == "queued" and "attempts" not in record  # never claimed
@@ -81,8 +84,9 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
 def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> None:
     spec = synthetic()
     job = new_job_id(spec.name)
-    queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S,
-                priority=2, owner="o" * 16)
+    single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], job, '{"value": 1, "size": 1}'),),
+        queued_ttl_s=TTL_S, priority=2, owner="o" * 16)))
     admitted = records.read(queue.client, queue.keys.job(job)) or {}
     claim = queue.claim(spec, spec.bins[0].name, 1, lease_ms=5000, token="t", worker="w9")
     queue.complete(spec, claim, [Outcome(job, result={"multi\nline": "x\ty"},
@@ -104,7 +108,8 @@ def test_a_failed_and_a_cancelled_record_carry_their_error(queue: Queue) -> None
     spec = synthetic()
     bad, dropped = new_job_id(spec.name), new_job_id(spec.name)
     for job in (bad, dropped):
-        queue.admit(spec, spec.bins[0], job, '{"value": 1, "size": 1}', queued_ttl_s=TTL_S)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], job, '{"value": 1, "size": 1}'),), queued_ttl_s=TTL_S)))
     claim = queue.claim(spec, spec.bins[0].name, 1, lease_ms=5000, token="t", worker="w")
     queue.complete(spec, claim, [Outcome(bad, error="line one\nline two")],
                    {"size": 1, "bin": spec.bins[0].name, "worker": "w"})
@@ -171,7 +176,8 @@ def test_reads_across_shards_go_in_one_pipeline_and_survive_a_script_flush(
     assert shard_of_job(new_job_id(specs[0].name)) != shard_of_job(new_job_id(specs[1].name))
     jobs = [new_job_id(s.name) for s in specs]
     for s, job in zip(specs, jobs, strict=True):
-        queue.admit(s, s.bins[0], job, '{"text": "x"}', queued_ttl_s=TTL_S)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            s, (AdmitJob(s.bins[0], job, '{"text": "x"}'),), queued_ttl_s=TTL_S)))
     queue.client.script_flush()  # as after a Redis restart: the pipeline must load it again
     assert [(r or {}).get("model") for r in queue.read_records([*jobs, "gone" + jobs[0]])] == [
         "synthetic", "minilm", None]

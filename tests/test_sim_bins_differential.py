@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull
@@ -62,8 +63,9 @@ class Both:
         wake = self.queue.keys.wake(spec.name)
         self.queue.client.delete(wake)
         try:
-            self.queue.admit(spec, bin_spec, job_id, json.dumps({"value": 0, "size": 1}),
-                             queued_ttl_s=TTL_S, deadline_ms=deadline_ms, priority=priority)
+            single_admitted(Admissions(self.queue.client, self.queue.keys).admit(AdmitRequest(
+                spec, (AdmitJob(bin_spec, job_id, json.dumps({"value": 0, "size": 1})),),
+                queued_ttl_s=TTL_S, deadline_ms=deadline_ms, priority=priority)))
             accepted = True
         except BinFull:
             accepted = False

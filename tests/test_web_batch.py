@@ -94,8 +94,8 @@ def test_batch_that_loses_redis_midway_keeps_the_queued_and_marks_the_rest_503(
     http: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch over two bins is one admit.lua call per bin: Redis is lost between them."""
-    queue = app_state(http).queue
-    real_admit = queue._admit
+    admissions = app_state(http).admissions
+    real_admit = admissions._admit
     calls: list[int] = []
 
     def admit_then_lose_redis(*args: Any, **kwargs: Any) -> Any:
@@ -104,7 +104,7 @@ def test_batch_that_loses_redis_midway_keeps_the_queued_and_marks_the_rest_503(
             raise redis.ConnectionError("simulated")
         return real_admit(*args, **kwargs)
 
-    monkeypatch.setattr(queue, "_admit", admit_then_lose_redis)
+    monkeypatch.setattr(admissions, "_admit", admit_then_lose_redis)
     inputs = [item(1), item(200), item(1), item(300)]  # small, medium, small, medium
     resp = http.post(BATCH, json={"model": "synthetic", "inputs": inputs})
     assert resp.status_code == 202

@@ -15,6 +15,7 @@ import pytest
 import redis
 import requests
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import Outcome, new_job_id
 from carpool.core.settings import load_settings
@@ -86,8 +87,9 @@ def test_thousand_long_polls_wait_while_new_submits_are_answered(
     env = make_env(redis_url, key_prefix)
     spec = load_settings(env).catalogue.get("synthetic")
     small = spec.bins[0]
-    job_ids = [queue.admit(spec, small, new_job_id(spec.name), '{"size":1,"value":0}',
-                           queued_ttl_s=600).id for _ in range(POLLS)]
+    job_ids = [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(small, new_job_id(spec.name), '{"size":1,"value":0}'),),
+        queued_ttl_s=600))).id for _ in range(POLLS)]
     with start_web(env) as base_url:
         port = int(base_url.rsplit(":", 1)[1])
         polls = {open_poll(port, job_id): job_id for job_id in job_ids}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -155,8 +156,9 @@ def test_a_forked_child_starts_its_own_listener(
 
 def admit_one(queue: Queue) -> str:
     spec = builtin_models()["synthetic"]
-    return queue.admit(spec, spec.bins[0], new_job_id(spec.name), json.dumps({"value": 1,
-                       "size": 1}), queued_ttl_s=60).id
+    return single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], new_job_id(spec.name), json.dumps({"value": 1,
+                       "size": 1})),), queued_ttl_s=60))).id
 
 
 def run_all(queue: Queue) -> None:

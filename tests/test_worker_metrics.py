@@ -8,6 +8,7 @@ import redis
 from prometheus_client import generate_latest
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import load_catalogue
 from carpool.core.jobs import Claim, ClaimedJob, Outcome, new_job_id
@@ -147,8 +148,9 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
     spec = settings.catalogue.get("synthetic")
     late, on_time = new_job_id(spec.name), new_job_id(spec.name)
     for job_id in (late, on_time):
-        queue.admit(spec, spec.bins[0], job_id, '{"value": 1, "size": 1}', queued_ttl_s=60,
-                    deadline_ms=60_000)
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
+            queued_ttl_s=60, deadline_ms=60_000)))
     records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
     handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
     loop = BatchLoop(settings, queue, handlers, "w")

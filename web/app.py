@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Flask
 
 from carpool.admission.budget import check_catalogue_memory
+from carpool.backend.admitting import Admissions
 from carpool.backend.connection import connect
 from carpool.backend.durability import check_durability, read_persistence
 from carpool.backend.keys import Keys
@@ -18,7 +19,7 @@ from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
 from web.pushed_views import max_age_for
-from web.reads import AdmitBatcher, ReadBatcher
+from web.reads import ReadBatcher
 from web.state import EXTENSION, WebState
 from web.waiters import Notifier
 
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=notifier,
         metrics=metrics, reads=ReadBatcher(queue, notifier.pushed_view),
-        admits=AdmitBatcher(queue, settings.catalogue.get),
+        admissions=Admissions(client, keys, coalesce=True),
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),

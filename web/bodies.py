@@ -34,7 +34,7 @@ from flask import request
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.settings import Settings
-from web.errors import BodyTimeout, BodyTooLarge
+from web.refusals import BodyTimeout, BodyTooLarge
 
 #: Room in a JSON body for the envelope: model, options, idempotency key.
 ENVELOPE_BYTES = 16 << 10

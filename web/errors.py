@@ -1,8 +1,8 @@
 """Errors as HTTP answers: every failure is JSON ``{"error": {"code", "message"}}``.
 
-Each carpool error class maps to one status and code here, in one table, so a
-route raises and never formats an error body itself. ``/submit/batch`` uses the
-same table for its per-item errors.
+Each carpool error class maps to one status and code in web/refusals.py's table,
+so a route raises and never formats an error body itself. ``/submit/batch`` uses
+the same table for its per-item errors.
 """
 
 from __future__ import annotations
@@ -16,20 +16,8 @@ from typing import Any
 from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
-from carpool.core.errors import (
-    BackendUnavailable,
-    BinFull,
-    BudgetFull,
-    CarpoolError,
-    IdempotencyConflict,
-    InputTooLarge,
-    InvalidInput,
-    ModelRefused,
-    NotCancellable,
-    OverShare,
-    UnknownModel,
-    WaitTooLong,
-)
+from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
+from web.refusals import TooManyPolls, refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +25,6 @@ log = logging.getLogger(__name__)
 UNAVAILABLE_RETRY_AFTER_S = 2
 #: Retry-After for a client over its long-poll cap: one of its polls ends soon.
 POLLS_RETRY_AFTER_S = 1
-
-
-class UnsupportedMediaType(InvalidInput):
-    """Raised when a request's Content-Type is not one that its model takes."""
-
-
-class InvalidJson(InvalidInput):
-    """Raised when a request body is not valid JSON."""
-
-
-class TooManyInputs(InputTooLarge):
-    """Raised when a batch submission holds more inputs than one request may."""
 
 
 class AdmissionUnknown(BackendUnavailable):
@@ -70,64 +46,14 @@ class AdmissionUnknown(BackendUnavailable):
         self.batch = batch
 
 
-class BodyTooLarge(InputTooLarge):
-    """Raised when a request body is over the limit of what it may carry (web/bodies.py)."""
-
-
-class BodyTimeout(CarpoolError):
-    """Raised when a request body does not arrive within its time limit (web/bodies.py)."""
-
-
-class TooManyJsonValues(InputTooLarge):
-    """Raised when a JSON body holds more values than any input needs."""
-
-
-class TooManyPolls(CarpoolError):
-    """Raised when a client already holds as many long-polls as one process allows it."""
-
-
-class JobNotFound(CarpoolError):
-    """Raised when a job id is malformed, unknown, or its record has expired."""
-
-
-class Unauthorized(CarpoolError):
-    """Raised when the server has API keys and a request brings none or an unknown one."""
-
-
-#: First match wins, so a subclass comes before its base.
-_RULES: tuple[tuple[type[CarpoolError], int, str], ...] = (
-    (UnsupportedMediaType, 415, "unsupported_media_type"),
-    (InvalidJson, 400, "invalid_json"),
-    (TooManyInputs, 413, "too_many_inputs"),
-    (BodyTooLarge, 413, "body_too_large"),
-    (TooManyJsonValues, 413, "too_many_json_values"),
-    (BodyTimeout, 408, "body_timeout"),
-    (TooManyPolls, 429, "too_many_polls"),
-    (InputTooLarge, 413, "input_too_large"),
-    (InvalidInput, 400, "invalid_input"),
-    (UnknownModel, 404, "unknown_model"),
-    (JobNotFound, 404, "not_found"),
-    (Unauthorized, 401, "unauthorized"),
-    (IdempotencyConflict, 422, "idempotency_conflict"),
-    (NotCancellable, 409, "not_cancellable"),
-    (WaitTooLong, 429, "wait_too_long"),
-    (OverShare, 429, "over_share"),
-    (BinFull, 429, "bin_full"),
-    (BudgetFull, 429, "budget_full"),
-    (ModelRefused, 503, "model_unavailable"),
-    (BackendUnavailable, 503, "backend_unavailable"),
-)
-
 #: Codes for werkzeug's own errors whose class name reads badly as a code.
 _HTTP_CODES = {413: "body_too_large", 415: "unsupported_media_type"}
 
 
 def status_and_code(exc: CarpoolError) -> tuple[int, str]:
-    """The HTTP status and error code that answer ``exc``."""
-    for cls, status, code in _RULES:
-        if isinstance(exc, cls):
-            return status, code
-    return 500, "internal_error"  # ConfigError and the like: the server's fault
+    """The HTTP status and error code that answer ``exc`` (web/refusals.py)."""
+    row = refusal_of(exc)
+    return row.status, row.code
 
 
 def error_body(code: str, message: str, exc: Exception | None = None) -> dict[str, Any]:

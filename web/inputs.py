@@ -1,13 +1,14 @@
 """Submissions, parsed and validated before anything touches Redis.
 
-A model's ``measure`` decides what its input looks like and which bin it goes to:
+A model's kind names its input form (carpool/core/kinds.py), which decides what
+its input looks like; its ``measure`` decides which bin it goes to:
 
-- ``size`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
-- ``pixels`` (image models): an image file, or ``{"image_b64": "..."}`` in JSON;
-- ``tokens`` (text models): ``{"text": "..."}``, measured by a pluggable counter
-  (``register_measure``); by default ``carpool.core.tokens.count_tokens``, the same
-  WordPiece tokenizer (no torch) the worker pads with, so a text lands in the bin
-  the worker computes it in.
+- ``sized`` (the synthetic model): ``{"value": <any JSON>, "size": <int >= 0>}``;
+- ``image`` (image models, by pixels): an image file, or ``{"image_b64": "..."}``;
+- ``text`` (text models, by tokens): ``{"text": "..."}``, measured by a pluggable
+  counter (``register_measure``); by default ``carpool.core.tokens.count_tokens``,
+  the same WordPiece tokenizer (no torch) the worker pads with, so a text lands in
+  the bin the worker computes it in.
 
 A ``kind = "python"`` model (a user's own handler) instead takes whatever its
 ``input_schema`` allows, measured by ``measure_field`` (``web.custom``).
@@ -29,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
-from carpool.core.catalogue import PYTHON_KIND, BinSpec, Catalogue, ModelSpec
+from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
 from web import custom
-from web.errors import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
+from web.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 #: JSON values (commas, opening brackets) in one request body: what a batch of
@@ -167,7 +169,7 @@ def submission_from_file(
     if "model" not in fields:
         raise InvalidInput("name the model: a 'model' form field, or ?model= for a raw body")
     spec = catalogue.get(fields["model"])
-    if spec.measure != "pixels":
+    if kind_of(spec).input_form != "image":
         raise UnsupportedMediaType(
             f"model {spec.name!r} takes a JSON body (application/json), not a file"
         )
@@ -191,27 +193,20 @@ def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
 
 
 def prepare(spec: ModelSpec, raw: Any) -> Prepared:
-    """Validate one JSON input for ``spec`` and pick its bin."""
-    if spec.kind == PYTHON_KIND:
-        return _prepare_custom(spec, raw)
-    if spec.measure == "size":
-        return _prepare_sized(spec, raw)
-    if spec.measure == "pixels":
-        return _prepare_image_json(spec, raw)
-    if spec.measure in _TEXT_MEASURES:
-        return _prepare_text(spec, raw)
-    # The catalogue allows only known measures: reaching here is the server's fault (500).
-    raise ConfigError(f"model {spec.name!r}: no input reader for measure {spec.measure!r}")
+    """Validate one JSON input for ``spec`` and pick its bin (its kind's input form:
+    carpool/core/kinds.py)."""
+    return _READERS[kind_of(spec).input_form](spec, raw)
 
 
 def input_limits(spec: ModelSpec) -> dict[str, Any]:
     """What /models shows of a model's input limits."""
     limits: dict[str, Any] = {"max_input_bytes": spec.max_input_bytes}
-    if spec.measure == "pixels":
+    form = kind_of(spec).input_form
+    if form == "image":
         image = ImageLimits.from_options(spec.options)
         limits.update(max_side=image.max_side, max_pixels=image.max_pixels,
                       formats=list(ALLOWED_FORMATS))
-    elif spec.measure in _TEXT_MEASURES:
+    elif form == "text":
         limits["max_chars"] = _max_chars(spec)
     return limits
 
@@ -231,6 +226,9 @@ def _prepare_sized(spec: ModelSpec, raw: Any) -> Prepared:
 
 
 def _prepare_text(spec: ModelSpec, raw: Any) -> Prepared:
+    counter = _TEXT_MEASURES.get(spec.measure)
+    if counter is None:  # a text model binned by a measure no counter was registered for
+        raise ConfigError(f"model {spec.name!r}: no text counter for measure {spec.measure!r}")
     doc = _object(raw, "input", required={"text"}, allowed={"text"})
     text = doc["text"]
     if not isinstance(text, str) or not text:
@@ -243,7 +241,7 @@ def _prepare_text(spec: ModelSpec, raw: Any) -> Prepared:
         raise InvalidInput(f"input.text holds the control character U+{ord(bad):04X} at "
                            f"position {text.index(bad)}; only tab and line breaks are allowed")
     input_json = _encode(spec, {"text": text})
-    return Prepared(input_json, spec.bin_for(_TEXT_MEASURES[spec.measure](spec, text)))
+    return Prepared(input_json, spec.bin_for(counter(spec, text)))
 
 
 def _prepare_image_json(spec: ModelSpec, raw: Any) -> Prepared:
@@ -359,3 +357,10 @@ def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:
 
 def _max_chars(spec: ModelSpec) -> int:
     return int(spec.options.get("max_chars", DEFAULT_MAX_CHARS))
+
+
+#: One reader per input form (carpool.core.kinds.INPUT_FORMS).
+_READERS: dict[str, Callable[[ModelSpec, Any], Prepared]] = {
+    "sized": _prepare_sized, "image": _prepare_image_json, "text": _prepare_text,
+    "custom": _prepare_custom,
+}

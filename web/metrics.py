@@ -6,7 +6,7 @@ maps every name to Triton's):
 - ``carpool_jobs_submitted_total{model,bin}``: each job newly queued (a 202). A
   repeated idempotency key queues nothing and counts nothing.
 - ``carpool_jobs_rejected_total{model,reason}``: each job refused, by a closed
-  set of reasons (``REASONS``); a ``/submit/batch`` item refused alone counts
+  set of reasons (``REASONS``, web/refusals.py); a ``/submit/batch`` item refused alone counts
   once, a request refused as a whole before its items were read counts once.
   ``model`` is "" when the request named no model of the catalogue: a label
   never takes a value a client made up.
@@ -39,42 +39,20 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import Catalogue
-from carpool.core.errors import (
-    BackendUnavailable,
-    BinFull,
-    BudgetFull,
-    ConfigError,
-    IdempotencyConflict,
-    InputTooLarge,
-    InvalidInput,
-    OverShare,
-    UnknownModel,
-    WaitTooLong,
-)
+from carpool.core.errors import BackendUnavailable, CarpoolError, ConfigError, UnknownModel
 from carpool.core.jobs import Admitted
-from web.errors import BodyTimeout, Unauthorized
+from web.refusals import (
+    HTTP_OTHER_REASON,
+    HTTP_TOO_LARGE_REASON,
+    INTERNAL,
+    REASONS,
+    Unauthorized,
+    refusal_of,
+)
 
 log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: Why a job was refused: first match wins, so a subclass comes before its base.
-_REASONS: tuple[tuple[type[Exception], str], ...] = (
-    (WaitTooLong, "wait_too_long"),
-    (OverShare, "over_share"),
-    (BinFull, "bin_full"),
-    (BudgetFull, "budget_full"),
-    (BackendUnavailable, "unavailable"),
-    (UnknownModel, "unknown_model"),
-    (InputTooLarge, "too_large"),
-    (RequestEntityTooLarge, "too_large"),
-    (IdempotencyConflict, "conflict"),
-    (InvalidInput, "invalid"),
-    (BodyTimeout, "invalid"),
-    (HTTPException, "invalid"),  # werkzeug's own 4xx, e.g. a malformed multipart body
-)
-#: Every value the ``reason`` label takes; "error" is anything else carpool refused.
-REASONS = ("wait_too_long", "over_share", "bin_full", "budget_full", "unavailable",
-           "unknown_model", "too_large", "conflict", "invalid", "error")
 BIN_LABELS = ("model", "bin")
 HTTP_LABELS = ("route", "method", "status")
 #: Methods a label may name; any other (a client may send any token) counts as "other".
@@ -84,10 +62,13 @@ HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
                   10.0, 30.0, 60.0)
 
 def rejection_reason(exc: Exception) -> str:
-    for cls, reason in _REASONS:
-        if isinstance(exc, cls):
-            return reason
-    return "error"
+    """The ``reason`` label for ``exc`` (web/refusals.py's table)."""
+    if isinstance(exc, CarpoolError):
+        return refusal_of(exc).reason
+    if isinstance(exc, HTTPException):  # werkzeug's own 4xx, e.g. a malformed multipart body
+        return (HTTP_TOO_LARGE_REASON if isinstance(exc, RequestEntityTooLarge)
+                else HTTP_OTHER_REASON)
+    return INTERNAL.reason
 
 
 #: The routes whose refusals count as rejected jobs (``count_refused_request``).

@@ -11,32 +11,25 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
-from carpool.backend.queue import AdmitRequest
-from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
+from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
+from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from web import inputs
 from web.auth import check_owner, request_owner
 from web.bodies import read_body
-from web.errors import (
-    AdmissionUnknown,
-    JobNotFound,
-    TooManyPolls,
-    Unauthorized,
-    UnsupportedMediaType,
-    error_body,
-    retry_after_s,
-    status_and_code,
-)
+from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
+from web.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
 from web.state import WebState, current_state
 from web.waiters import await_final_after, wait_for_final
 from web.waiting_for import waiting_for
@@ -121,7 +114,7 @@ def _admit_batch(
     ``watch``, each job is watched before it is admitted.
     """
     items: list[dict[str, Any]] = []
-    valid: list[tuple[BinSpec, str, str]] = []
+    valid: list[AdmitJob] = []
     places: list[tuple[int, threading.Event | None]] = []
     for i, raw in enumerate(batch.inputs):
         try:
@@ -133,23 +126,23 @@ def _admit_batch(
         job_id = new_job_id(batch.spec.name)
         items.append({})  # its answer, once admitted or refused
         places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
-        valid.append((prepared.bin, job_id, prepared.input_json))
+        valid.append(AdmitJob(prepared.bin, job_id, prepared.input_json))
     watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
     if not valid:
         return items, watched
     try:
-        outcomes = state.queue.admit_many(batch.spec, valid, _admit_request(state, batch.options,
-                                                                            owner))
+        outcomes = state.admissions.admit(_admit_request(state, batch.spec, tuple(valid),
+                                                         batch.options, owner))
     except BackendUnavailable as exc:
         refusing_jobs(len(valid))  # counted by the error handler, all of them
         # The first bin's admit.lua call failed: it may still run once Redis resumes,
         # so the 503 names its jobs' ids; later bins' calls were never sent.
-        first = [job_id for bin_spec, job_id, _ in valid if bin_spec.name == valid[0][0].name]
+        first = [job.id for job in valid if job.bin.name == valid[0].bin.name]
         raise AdmissionUnknown(first, exc, batch=True) from exc
     # Redis lost after a first bin's jobs were queued: the others say so, each (the
     # failed call's jobs with their ids: they may have been admitted).
     for (i, woken), outcome, job in zip(places, outcomes, valid, strict=True):
-        items[i] = _admitted_or_refused(state, batch.spec.name, outcome, job[1])
+        items[i] = _admitted_or_refused(state, batch.spec.name, outcome, job.id)
         if isinstance(outcome, Admitted):
             watched[i] = (outcome, woken)
     return items, watched
@@ -309,25 +302,19 @@ def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
 def _admit_as(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
               options: inputs.Options, owner: str, job_id: str) -> Admitted:
     idempotency_digest = options.idempotency_digest(owner)
-    if idempotency_digest is None:  # concurrent ones share admit.lua calls (web/reads.py)
-        return state.admits.admit(spec, prepared.bin, job_id, prepared.input_json,
-                                  _admit_request(state, options, owner))
-    return state.queue.admit(
-        spec, prepared.bin, job_id, prepared.input_json,
-        queued_ttl_s=state.settings.queued_ttl_s,
-        deadline_ms=options.deadline_ms,
-        priority=options.priority,
-        idempotency_digest=idempotency_digest,
-        input_digest=prepared.digest() if idempotency_digest else "",
-        owner=owner,
-        owner_weight=state.settings.api_key_weights.get(owner, 1.0),
-    )
+    job = AdmitJob(prepared.bin, job_id, prepared.input_json)
+    admit_request = _admit_request(state, spec, (job,), options, owner)
+    if idempotency_digest is not None:
+        admit_request = replace(admit_request, idempotency_digest=idempotency_digest,
+                                input_digest=prepared.digest())
+    return single_admitted(state.admissions.admit(admit_request))
 
 
-def _admit_request(state: WebState, options: inputs.Options, owner: str) -> AdmitRequest:
-    """What every job of one submission shares, as admit.lua takes it."""
-    return AdmitRequest(state.settings.queued_ttl_s, options.deadline_ms, options.priority,
-                        owner, state.settings.api_key_weights.get(owner, 1.0))
+def _admit_request(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
+                   options: inputs.Options, owner: str) -> AdmitRequest:
+    """``jobs`` with the options of their submission."""
+    return AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
+                        options.priority, owner, state.settings.api_key_weights.get(owner, 1.0))
 
 
 def _accepted(admitted: Admitted) -> dict[str, Any]:

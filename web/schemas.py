@@ -7,10 +7,12 @@ bins), and a test keeps the two in agreement on examples of every kind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
-from carpool.core.catalogue import PYTHON_KIND, ModelSpec
+from carpool.core.catalogue import ModelSpec
+from carpool.core.kinds import kind_of
 from web import inputs
 from web.images import ImageLimits
 
@@ -21,25 +23,44 @@ _JSON_SCHEMA_ONLY = frozenset({"$schema", "$id"})
 
 
 def input_schema(spec: ModelSpec) -> dict[str, Any]:
-    """The schema of one JSON ``input`` for ``spec``."""
-    if spec.kind == PYTHON_KIND and spec.input_schema is not None:
-        # The model's own (web.custom enforces the same); OpenAPI 3.0 has no $schema/$id.
-        return {k: v for k, v in spec.input_schema.items() if k not in _JSON_SCHEMA_ONLY}
-    largest = spec.bins[-1].max_size
-    if spec.measure == "size":
-        return _object({"value": {"description": "any JSON value, echoed back"},
-                        "size": {"type": "integer", "minimum": 0, "maximum": largest}})
-    if spec.measure == "pixels":
-        limits = ImageLimits.from_options(spec.options)
-        return _object({"image_b64": {
-            "type": "string", "format": "byte", "minLength": 1,
-            "maxLength": int(spec.max_input_bytes * _B64_CHARS_PER_BYTE) + 4,
-            "description": f"a JPEG, PNG or WebP file, base64; at most {limits.max_side} "
-                           f"pixels a side and {limits.max_pixels} in all"}})
+    """The schema of one JSON ``input`` for ``spec`` (its kind's input form:
+    carpool/core/kinds.py)."""
+    return _SCHEMAS[kind_of(spec).input_form](spec)
+
+
+def _custom_schema(spec: ModelSpec) -> dict[str, Any]:
+    # The model's own (web.custom enforces the same); OpenAPI 3.0 has no $schema/$id.
+    # The catalogue refuses a python model without one.
+    return {k: v for k, v in (spec.input_schema or {}).items() if k not in _JSON_SCHEMA_ONLY}
+
+
+def _sized_schema(spec: ModelSpec) -> dict[str, Any]:
+    return _object({"value": {"description": "any JSON value, echoed back"},
+                    "size": {"type": "integer", "minimum": 0,
+                             "maximum": spec.bins[-1].max_size}})
+
+
+def _image_schema(spec: ModelSpec) -> dict[str, Any]:
+    limits = ImageLimits.from_options(spec.options)
+    return _object({"image_b64": {
+        "type": "string", "format": "byte", "minLength": 1,
+        "maxLength": int(spec.max_input_bytes * _B64_CHARS_PER_BYTE) + 4,
+        "description": f"a JPEG, PNG or WebP file, base64; at most {limits.max_side} "
+                       f"pixels a side and {limits.max_pixels} in all"}})
+
+
+def _text_schema(spec: ModelSpec) -> dict[str, Any]:
     return _object({"text": {
         "type": "string", "minLength": 1, "maxLength": inputs.input_limits(spec)["max_chars"],
         "pattern": r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$",
         "description": "no control characters but tab and line breaks"}})
+
+
+#: One schema per input form (carpool.core.kinds.INPUT_FORMS).
+_SCHEMAS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
+    "sized": _sized_schema, "image": _image_schema, "text": _text_schema,
+    "custom": _custom_schema,
+}
 
 
 def submit_schema(spec: ModelSpec) -> dict[str, Any]:

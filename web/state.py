@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from flask import current_app
 
+from carpool.backend.admitting import Admissions
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
 from carpool.core.settings import Settings
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
-from web.reads import AdmitBatcher, ReadBatcher
+from web.reads import ReadBatcher
 from web.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
@@ -27,8 +28,8 @@ class WebState:
     metrics: WebMetrics
     #: Job reads of concurrent requests, sharing round trips (``GET /result``).
     reads: ReadBatcher
-    #: Admissions of concurrent ``POST /submit`` requests, sharing admit.lua calls.
-    admits: AdmitBatcher
+    #: Admission; concurrent one-job ``POST /submit`` requests share admit.lua calls.
+    admissions: Admissions
     #: Which models the live workers serve or refused (cached a few seconds).
     models: RegistryCache
     polls: PollCounter

@@ -17,21 +17,6 @@ from carpool.scheduling.rates import decayed_rate_per_ms
 DRAIN_TAU_MS = 10_000
 #: One batch right after start-up reads as a rate over at least this long.
 DRAIN_MIN_AGE_MS = 1_000
-#: Fair share starts refusing an owner over its share at this part of a bin's bound
-#: (max_depth, or the predicted-wait limit): the rest is kept for owners under theirs.
-FAIR_SHARE_NEAR = 0.8
-#: Fair queueing: an owner's virtual clock leads now by at most this many times the
-#: bin's max_queue_ms, so a tenant that flooded while the bin had room is not held
-#: back for long once others return; its queued jobs wait about max_queue_ms, so
-#: twice that keeps every one of them behind a quiet tenant's new job.
-FAIR_LEAD_QUEUE_FACTOR = 2
-#: ... and at most this long where the bin has no max_queue_ms (0: depth alone).
-FAIR_LEAD_MAX_MS = 60_000
-
-
-def fair_lead_cap_ms(max_queue_ms: int) -> int:
-    """The most an owner's virtual clock may lead now in a bin with ``max_queue_ms``."""
-    return FAIR_LEAD_QUEUE_FACTOR * max_queue_ms if max_queue_ms > 0 else FAIR_LEAD_MAX_MS
 #: Admission by predicted wait trusts a drain rate only while the bin drained within
 #: this long; after that (workers gone, scale from zero) the depth bound alone holds,
 #: so a bin that no worker serves yet still queues up to max_depth.

@@ -13,8 +13,8 @@ Messages (one per batch, or per deletion):
     done <t_done ms>\\n<batch JSON>\\n<job JSON>\\n<job JSON>...
     del <id> <id>...
 
-A job JSON holds the record's fields as strings (``view_from_hash`` reads it like
-the hash) plus ``id``. JSON never holds a raw newline, so lines frame the jobs. A
+A job JSON holds the record's fields as strings (``view_from_record`` reads it like
+a parsed record) plus ``id``. JSON never holds a raw newline, so lines frame the jobs. A
 result over ``PUSH_MAX_BYTES`` is not pushed: its poll reads Redis, as before.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from carpool.core.jobs import ClaimedJob, JobView, Outcome, view_from_hash
+from carpool.core.jobs import ClaimedJob, JobView, Outcome, view_from_record
 
 #: Largest result (or error) pushed with its completion, in bytes of JSON: every web
 #: process receives every pushed result, so big ones are read on demand instead.
@@ -67,5 +67,5 @@ def parse(message: str) -> Pushed:
         fields = json.loads(line)
         job_id = fields.pop("id")
         fields["t_done"], fields["batch"] = t_done, batch
-        views.append(view_from_hash(job_id, fields))
+        views.append(view_from_record(job_id, fields))
     return Pushed(views=tuple(views))

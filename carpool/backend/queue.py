@@ -16,38 +16,21 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from carpool.admission.admit_args import AdmitArgs
-from carpool.admission.admit_reply import admit_outcomes
-from carpool.admission.retry_after import (
-    DRAIN_MIN_AGE_MS,
-    DRAIN_STALE_MS,
-    DRAIN_TAU_MS,
-    FAIR_SHARE_NEAR,
-    fair_lead_cap_ms,
-)
-from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.admission.retry_after import DRAIN_TAU_MS
 from carpool.backend import records
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.pushed import job_blob
 from carpool.backend.wake import ShardWaiters
-from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.errors import (
-    BackendUnavailable,
-    BinFull,
-    BudgetFull,
-    IdempotencyConflict,
-    NotCancellable,
-    NotSent,
-)
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import NotCancellable
 from carpool.core.jobs import (
-    Admitted,
     BinState,
     Claim,
     ClaimedJob,
     JobView,
     Outcome,
-    view_from_hash,
+    view_from_record,
 )
 from carpool.core.settings import QUEUED_TTL_S_DEFAULT
 from carpool.core.shards import shard, shard_of_job
@@ -57,17 +40,6 @@ WAKE_LIST_CAP = 16
 #: One claim takes at most this many times max_n ids off a bin, expired ones
 #: included, so a backlog of expired jobs is cleared in bounded slices.
 CLAIM_SCAN_FACTOR = 4
-
-
-@dataclass(frozen=True)
-class AdmitRequest:
-    """What every job of one submission shares (the web's options for it)."""
-
-    queued_ttl_s: int
-    deadline_ms: int = 0  # 0: the model's default deadline
-    priority: int = 0
-    owner: str = ""
-    owner_weight: float = 1.0  # the owner's fair-share weight (the keys file)
 
 
 @dataclass(frozen=True)
@@ -139,122 +111,18 @@ def ended_ids(message: str) -> list[str]:
 
 
 class Queue:
-    """Admit, peek, claim, complete and cancel jobs; each is one Lua script call."""
+    """Peek, claim, complete and cancel jobs; each is one Lua script call (admission:
+    carpool.backend.admitting)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._admit = load_script(client, "admit")
         self._peek = load_script(client, "peek")
         self._claim = load_script(client, "claim")
         self._complete = load_script(client, "complete")
         self._cancel = load_script(client, "cancel")
         self._read = load_script(client, "read")
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
-
-    def admit(
-        self, model: ModelSpec, bin_spec: BinSpec, job_id: str, input_json: str, *,
-        queued_ttl_s: int, deadline_ms: int = 0, priority: int = 0,
-        idempotency_digest: str | None = None, input_digest: str = "", owner: str = "",
-        owner_weight: float = 1.0,
-    ) -> Admitted:
-        """Queue one job; raises ``BinFull`` at the bin's bound (checked atomically), and
-        ``WaitTooLong`` when it would start after its deadline (else max_queue_ms), and
-        ``OverShare`` near the bound when ``owner`` is over its ``owner_weight``'s share,
-        and ``BudgetFull`` when the input would pass the model's (or key's) byte budget.
-        With an ``owner``, the job sorts behind that owner's backlog by its virtual clock
-        (fair queueing between owners: docs/admission.md).
-
-        ``deadline_ms`` 0 takes the model's default deadline; where the job sorts in
-        its bin follows from its deadline and priority (carpool.admission.urgency).
-        """
-        request = AdmitRequest(queued_ttl_s, deadline_ms, priority, owner, owner_weight)
-        call = self._admit_call(model, bin_spec, [(job_id, input_json)], request,
-                                idempotency_digest, input_digest)
-        with redis_errors():
-            reply = self._admit(keys=call[0], args=call[1])
-        kind = reply[0]
-        if kind == "dup":
-            return Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)
-        if kind == "conflict":  # never name the first job: without API keys, ids are secrets
-            raise IdempotencyConflict(
-                "this idempotency key was already used for a different input (of this model); "
-                "use a new key for a new input"
-            )
-        outcome = admit_outcomes(model, bin_spec, [job_id], reply)[0]
-        if isinstance(outcome, BinFull | BudgetFull):
-            raise outcome
-        return outcome
-
-    def admit_many(
-        self, model: ModelSpec, jobs: Sequence[tuple[BinSpec, str, str]], request: AdmitRequest
-    ) -> list[Admitted | BinFull | BudgetFull | BackendUnavailable]:
-        """Queue many jobs of one model, ``(bin, id, input JSON)`` each.
-
-        One admit.lua call per bin admits that bin's jobs, in order, up to its bound:
-        one round trip for a batch of one bin. Each job's place in the answer holds
-        its ``Admitted``, its ``BinFull`` (``WaitTooLong``, ``OverShare``), ``BudgetFull``,
-        or, when Redis was lost after an earlier bin's call went through,
-        ``BackendUnavailable`` (its bin's call was sent: may run on resume) or ``NotSent``.
-        Raises ``BackendUnavailable`` when the first call failed (its jobs may run).
-        """
-        by_bin: dict[str, list[int]] = {}
-        for i, (bin_spec, _, _) in enumerate(jobs):
-            by_bin.setdefault(bin_spec.name, []).append(i)
-        out: list[Admitted | BinFull | BudgetFull | BackendUnavailable | None] = (
-            [None] * len(jobs))
-        for positions in by_bin.values():
-            bin_spec = jobs[positions[0]][0]
-            ids = [jobs[i][1] for i in positions]
-            keys, args = self._admit_call(model, bin_spec, [(jobs[i][1], jobs[i][2])
-                                                            for i in positions], request)
-            try:
-                with redis_errors():
-                    reply = self._admit(keys=keys, args=args)
-            except BackendUnavailable as exc:  # this call may still run once Redis resumes
-                if all(o is None for o in out):
-                    raise
-                not_sent = NotSent(f"{exc}; not queued (not sent to Redis)")
-                out = [exc if i in positions else not_sent if o is None else o
-                       for i, o in enumerate(out)]
-                break
-            for i, outcome in zip(positions, admit_outcomes(model, bin_spec, ids, reply),
-                                  strict=True):
-                out[i] = outcome
-        return [o for o in out if o is not None]
-
-    def _admit_call(
-        self, model: ModelSpec, bin_spec: BinSpec, jobs: Sequence[tuple[str, str]],
-        request: AdmitRequest, idempotency_digest: str | None = None, input_digest: str = "",
-    ) -> tuple[list[str], list[str | int]]:
-        """admit.lua's KEYS and ARGV for ``jobs`` (id, input JSON) of one bin."""
-        idem_key = self.keys.idempotency(model.name, idempotency_digest or "-")
-        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
-                idem_key, self.keys.stats(model.name, bin_spec.name),
-                self.keys.tenants(model.name, bin_spec.name),
-                self.keys.queued_bytes(model.name),
-                self.keys.owner_queued_bytes(model.name, request.owner or "-")]
-        deadline_ms = effective_deadline_ms(model, request.deadline_ms)
-        tag = shard(model.name)
-        head = AdmitArgs(
-            job_prefix=self.keys.job_prefix(tag), model=model.name, bin=bin_spec.name,
-            max_depth=bin_spec.max_depth, max_batch=bin_spec.max_batch,
-            queued_ttl_s=request.queued_ttl_s, idempotent=bool(idempotency_digest),
-            wake_cap=WAKE_LIST_CAP, drain_tau_ms=DRAIN_TAU_MS, deadline_ms=deadline_ms,
-            priority=request.priority,
-            sort_offset_ms=sort_offset_ms(model, deadline_ms, request.priority),
-            owner=request.owner, input_digest=input_digest if idempotency_digest else "",
-            max_queue_ms=model.max_queue_ms_of(bin_spec), drain_min_age_ms=DRAIN_MIN_AGE_MS,
-            drain_stale_ms=DRAIN_STALE_MS, owner_weight=request.owner_weight,
-            fair_share_near=FAIR_SHARE_NEAR,
-            fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
-            max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            admitted_channel=self.keys.admitted_channel)
-        for job_id, _ in jobs:
-            if shard_of_job(job_id) != tag:  # its record would land on another shard
-                raise ValueError(f"job id {job_id!r} is not one of model {model.name!r}: "
-                                 "make it with carpool.core.jobs.new_job_id(model)")
-        return keys, head.argv(jobs)
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
@@ -418,7 +286,7 @@ class Queue:
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
         """Several jobs in one round trip (``read.lua``, one call per shard), never
         their inputs, which may be large; a claimed job reads as running."""
-        return [view_from_hash(job_id, h) if h and "status" in h else None
+        return [view_from_record(job_id, h) if h and "status" in h else None
                 for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
 
     def read_records(self, job_ids: Sequence[str]) -> list[dict[str, str] | None]:

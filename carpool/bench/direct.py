@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from carpool.backend import records as job_records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids
@@ -25,7 +26,7 @@ from carpool.bench.arrivals import Arrival
 from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
 from carpool.core.errors import BinFull
-from carpool.core.jobs import new_job_id, view_from_hash
+from carpool.core.jobs import new_job_id, view_from_record
 from carpool.core.settings import Settings
 
 #: Job records read per pipelined round trip when collecting results.
@@ -85,6 +86,7 @@ def run_direct(
     thread.start()
     admitted: list[tuple[int, str, dict[str, Any], float]] = []
     rejected: list[JobRecord] = []
+    admissions = Admissions(queue.client, queue.keys)
     try:
         for seq, arrival in enumerate(arrivals):
             delay = arrival.t_s - (time.monotonic() - t0)
@@ -95,8 +97,9 @@ def run_direct(
             listener.ours.add(job_id)
             t_start = time.monotonic() - t0
             try:
-                queue.admit(spec, spec.bin_for(arrival.size), job_id, json.dumps(job_input),
-                            queued_ttl_s=settings.queued_ttl_s)
+                single_admitted(admissions.admit(AdmitRequest(
+                    spec, (AdmitJob(spec.bin_for(arrival.size), job_id, json.dumps(job_input)),),
+                    queued_ttl_s=settings.queued_ttl_s)))
             except BinFull:
                 rejected.append(JobRecord(seq, arrival.size, arrival.t_s, t_start,
                                           Outcome.REJECTED, t_final=t_start, http_status=429))
@@ -143,7 +146,7 @@ def _judge(base: JobRecord, job_input: dict[str, Any], h: dict[str, str],
         detail = ("record gone" if not h else
                   f"not finished at the deadline (its record says {h.get('status')})")
         return replace(base, detail=detail)
-    body = view_from_hash(base.job_id, h).to_json()
+    body = view_from_record(base.job_id, h).to_json()
     verdict = verify(base.job_id, job_input, body)
     admit_ms, done_ms = int(h["t_admit"]), int(h["t_done"])
     if t_final is None:  # pub/sub is at-most-once: fall back on Redis's own clock

@@ -66,6 +66,14 @@ class Client:
                 raise error
             time.sleep(delay)
 
+    def ready(self, timeout_s: float = 2.0) -> bool:
+        """Whether the server answers ``GET /readyz`` with 200 now (it reaches Redis);
+        asked once, never retried."""
+        try:
+            return self._http.get("/readyz", timeout=timeout_s).status_code == 200
+        except httpx.TransportError:
+            return False
+
     def submit(self, model: str, job_input: Any, *, wait: float = 0.0, **options: Any) -> Job:
         """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
         return Job.from_doc(self._send(submit_call(model, job_input, wait, options)))

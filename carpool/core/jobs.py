@@ -149,7 +149,7 @@ class JobView:
         return body
 
 
-def view_from_hash(job_id: str, h: dict[str, str]) -> JobView:
+def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
     """Build the client's view from a job's record, parsed (carpool/backend/records.py)."""
     status = JobStatus(h["status"])
     timings: dict[str, float] | None = None

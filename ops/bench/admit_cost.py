@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
@@ -37,14 +38,17 @@ def one_round(client: redis.Redis, spec: ModelSpec, owners: list[str], jobs: int
     q = Queue(client, Keys(f"cost{time.time_ns()}"))
     body = json.dumps({"value": 0, "size": 1})
     bin_spec = spec.bins[0]
+    admissions = Admissions(client, q.keys)
     for _ in range(10):  # a drain rate, as a worker makes one
-        q.admit(spec, bin_spec, new_job_id(spec.name), body, queued_ttl_s=600)
+        single_admitted(admissions.admit(AdmitRequest(
+            spec, (AdmitJob(bin_spec, new_job_id(spec.name), body),), queued_ttl_s=600)))
     claim = q.claim(spec, bin_spec.name, 10, lease_ms=5000, token="t", worker="w")
     q.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": 10})
     client.config_resetstat()
     for i in range(jobs):
-        q.admit(spec, bin_spec, new_job_id(spec.name), body, queued_ttl_s=600,
-                owner=owners[i % len(owners)])
+        single_admitted(admissions.admit(AdmitRequest(
+            spec, (AdmitJob(bin_spec, new_job_id(spec.name), body),), queued_ttl_s=600,
+            owner=owners[i % len(owners)])))
     stats = client.info("commandstats")
     inside = sum(v["calls"] for k, v in stats.items()
                  if k not in ("cmdstat_evalsha", "cmdstat_config", "cmdstat_info"))

@@ -3,7 +3,7 @@
     python ops/bench/appendfsync.py --jobs 3000 --clients 8
 
 For each mode it starts a private redis-server on this machine's disk, then
-admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.backend.queue):
+admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.backend.admitting):
 first from one client, one at a time (latency per admission), then from
 ``--clients`` threads at once (throughput: Redis groups the writes of one event
 loop turn into one fsync, so concurrency hides part of the cost).
@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -63,10 +64,12 @@ def admit_many(queue: Queue, n: int, value: str) -> list[float]:
     spec = load_catalogue(None).get("synthetic")
     bin_spec = spec.bins[0]
     body = json.dumps({"value": value, "size": 1})
+    admissions = Admissions(queue.client, queue.keys)
     latencies = []
     for _ in range(n):
         t0 = time.perf_counter()
-        queue.admit(spec, bin_spec, new_job_id(spec.name), body, queued_ttl_s=600)
+        single_admitted(admissions.admit(AdmitRequest(
+            spec, (AdmitJob(bin_spec, new_job_id(spec.name), body),), queued_ttl_s=600)))
         latencies.append((time.perf_counter() - t0) * 1e6)
     return latencies
 

@@ -40,6 +40,7 @@ import torch
 from preprocess import photo, stored  # this folder
 
 from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -139,7 +140,10 @@ def served(redis_url: str, s: ModelSpec, inputs: list[str], workdir: Path,
         wait_until(lambda: log.exists() and "ready." in log.read_text(), START_TIMEOUT_S,
                    f"the worker to start (see {log})", check=exited, poll_s=0.2)
         fast = s.bins[0]
-        ids = [queue.admit(s, fast, new_job_id(s.name), x, queued_ttl_s=3600).id for x in inputs]
+        admissions = Admissions(queue.client, queue.keys)
+        ids = [single_admitted(admissions.admit(AdmitRequest(
+            s, (AdmitJob(fast, new_job_id(s.name), x),), queued_ttl_s=3600))).id
+               for x in inputs]
         wait_until(lambda: all((v := queue.get(i)) is not None and v.status.is_final
                                for i in ids), DRAIN_TIMEOUT_S, "the backlog to drain",
                    poll_s=0.5)

@@ -36,6 +36,7 @@ from typing import Any
 import redis
 import requests
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -43,11 +44,6 @@ from carpool.core.catalogue import builtin_models
 from carpool.core.jobs import Outcome, new_job_id
 from carpool.stack.localstack import web_command, worker_command
 from carpool.stack.redis_local import free_port, start_redis
-
-try:
-    from carpool.backend.queue import AdmitRequest
-except ImportError:  # the queue before batched admission (for the "before" run)
-    AdmitRequest = None  # type: ignore[assignment,misc]
 
 #: The checkout this script belongs to (a before/after comparison runs two).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -222,14 +218,10 @@ def script_phases(queue: Queue, jobs: int) -> list[tuple[str, Callable[[], None]
     claims: list[Any] = []
 
     def admit() -> None:
-        many = getattr(queue, "admit_many", None)
+        admissions = Admissions(queue.client, queue.keys)
         for _ in range(0, jobs, CHUNK):
-            if many is not None:
-                many(spec, [(small, new_job_id(spec.name), body) for _ in range(CHUNK)],
-                     AdmitRequest(3600))
-            else:
-                for _ in range(CHUNK):
-                    queue.admit(spec, small, _job_id(spec.name), body, queued_ttl_s=3600)
+            admissions.admit(AdmitRequest(spec, tuple(
+                AdmitJob(small, new_job_id(spec.name), body) for _ in range(CHUNK)), 3600))
 
     def claim() -> None:
         for k in range(jobs // BATCH):

@@ -3,13 +3,16 @@ so a worker that serves only `synthetic` starts without loading torch."""
 
 from __future__ import annotations
 
-from carpool.core.catalogue import PYTHON_KIND, ModelSpec
+import importlib
+
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError
+from carpool.core.kinds import KINDS, kind_of
 from carpool.core.settings import Settings
 from worker.handlers.base import ModelHandler
 
 #: Kinds whose handlers run torch models (and so want the torch executor).
-TORCH_KINDS = frozenset({"image", "text", PYTHON_KIND})
+TORCH_KINDS = frozenset(k.name for k in KINDS.values() if k.torch)
 
 
 def resolve_device(setting: str) -> str:
@@ -24,26 +27,12 @@ def resolve_device(setting: str) -> str:
 
 
 def make_handler(spec: ModelSpec, settings: Settings) -> ModelHandler:
-    """The handler that serves ``spec``, not yet loaded."""
-    if spec.kind == "synthetic":
-        from worker.handlers.synthetic import SyntheticHandler
-
-        return SyntheticHandler(spec, settings.synthetic_cost_ms, settings.synthetic_poison,
-                                call_log=settings.synthetic_call_log)
-    if spec.kind == "image":
-        from worker.handlers.image import ImageHandler
-
-        return ImageHandler(spec, resolve_device(settings.executor.device))
-    if spec.kind == "text":
-        from worker.handlers.text import TextHandler
-
-        return TextHandler(spec, resolve_device(settings.executor.device))
-    if spec.kind == PYTHON_KIND:
-        from worker.handlers.python import PythonModel
-        from worker.handlers.tuning import HandlerContext
-
-        return PythonModel(spec, HandlerContext.of(spec, resolve_device(settings.executor.device)))
-    raise ConfigError(f"model {spec.name!r}: no handler for kind {spec.kind!r}")
+    """The handler that serves ``spec``, not yet loaded: its kind's ``handler``
+    (carpool/core/kinds.py), imported now."""
+    module, _, function = kind_of(spec).handler.partition(":")
+    factory = getattr(importlib.import_module(module), function)
+    handler: ModelHandler = factory(spec, settings)
+    return handler
 
 
 __all__ = ["TORCH_KINDS", "ModelHandler", "make_handler", "resolve_device"]

@@ -21,6 +21,7 @@ import torchvision
 
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import ConfigError
+from carpool.core.settings import Settings
 from worker.handlers.imaging import ImageGeometry, decode, image_bytes
 from worker.handlers.torchload import load_module
 from worker.handlers.tuning import HandlerContext
@@ -110,3 +111,10 @@ class ImageHandler:
                        for s, i in zip(row_s, row_i, strict=True)]}
             for row_s, row_i in zip(scores, indices, strict=True)
         ]
+
+
+def handler_for(spec: ModelSpec, settings: Settings) -> ImageHandler:
+    """The handler for a ``kind = "image"`` model (carpool/core/kinds.py)."""
+    from worker.handlers import resolve_device
+
+    return ImageHandler(spec, resolve_device(settings.executor.device))

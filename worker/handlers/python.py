@@ -16,6 +16,7 @@ from typing import Any
 
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import ConfigError
+from carpool.core.settings import Settings
 from worker.handlers.tuning import HandlerContext
 
 #: What a handler class must define (worker.handlers.base.ModelHandler).
@@ -68,3 +69,10 @@ class PythonModel:
     def postprocess(self, output: Any, n: int) -> list[Any]:
         results = self.handler.postprocess(output, n)
         return list(results)
+
+
+def handler_for(spec: ModelSpec, settings: Settings) -> PythonModel:
+    """The handler for a ``kind = "python"`` model: the user's class (carpool/core/kinds.py)."""
+    from worker.handlers import resolve_device
+
+    return PythonModel(spec, HandlerContext.of(spec, resolve_device(settings.executor.device)))

@@ -11,6 +11,7 @@ from typing import Any
 
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import InvalidInput
+from carpool.core.settings import Settings
 from carpool.core.synthetic import batch_cost_s, expected_result
 
 #: TEST ONLY: with ``CARPOOL_SYNTHETIC_POISON=1``, this input value kills the worker
@@ -61,3 +62,9 @@ class SyntheticHandler:
 
     def postprocess(self, output: list[dict[str, Any]], n: int) -> list[Any]:
         return list(output)
+
+
+def handler_for(spec: ModelSpec, settings: Settings) -> SyntheticHandler:
+    """The handler for a ``kind = "synthetic"`` model (carpool/core/kinds.py)."""
+    return SyntheticHandler(spec, settings.synthetic_cost_ms, settings.synthetic_poison,
+                            call_log=settings.synthetic_call_log)

@@ -23,6 +23,7 @@ import torch
 
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import ConfigError, InvalidInput
+from carpool.core.settings import Settings
 from carpool.core.tokens import Encoded, WordPiece, tokenizer_for
 from worker.handlers.tuning import HandlerContext
 
@@ -127,3 +128,10 @@ class TextHandler:
         truncated = output["truncated"].tolist()
         return [{"embedding": v, "dim": len(v), "tokens": t, "truncated": bool(c)}
                 for v, t, c in zip(vectors, tokens, truncated, strict=True)]
+
+
+def handler_for(spec: ModelSpec, settings: Settings) -> TextHandler:
+    """The handler for a ``kind = "text"`` model (carpool/core/kinds.py)."""
+    from worker.handlers import resolve_device
+
+    return TextHandler(spec, resolve_device(settings.executor.device))

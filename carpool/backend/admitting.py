@@ -1,0 +1,193 @@
+"""Admission: the one way to queue jobs (``Admissions.admit``), one admit.lua call per bin.
+
+A request names its model, its jobs (bin, id, input JSON each) and what they share
+(the submission's options). Each job's place in the answer holds its ``Admitted``
+or why it was refused; with ``coalesce`` (the web), concurrent one-job requests to
+one bin with the same options share one admit.lua call (carpool/backend/coalescing.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis
+
+from carpool.admission.admit_args import AdmitArgs
+from carpool.admission.admit_reply import admit_outcomes
+from carpool.admission.fair_share import FAIR_SHARE_NEAR, fair_lead_cap_ms
+from carpool.admission.retry_after import DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, DRAIN_TAU_MS
+from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
+from carpool.backend.coalescing import Coalescer
+from carpool.backend.connection import load_script, redis_errors
+from carpool.backend.keys import Keys
+from carpool.backend.queue import WAKE_LIST_CAP
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.errors import (
+    BackendUnavailable,
+    BinFull,
+    BudgetFull,
+    IdempotencyConflict,
+    NotSent,
+)
+from carpool.core.jobs import Admitted
+from carpool.core.shards import shard, shard_of_job
+
+#: One job's place in an admission's answer: queued, refused (``BinFull`` covers
+#: ``WaitTooLong`` and ``OverShare``), or unknown/not sent when Redis was lost midway.
+AdmitOutcome = Admitted | BinFull | BudgetFull | BackendUnavailable
+
+
+@dataclass(frozen=True)
+class AdmitJob:
+    """One job to queue: its bin, its id (``carpool.core.jobs.new_job_id``), its input."""
+
+    bin: BinSpec
+    id: str
+    input_json: str
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """Jobs of one model and what they share (the web's options for one submission)."""
+
+    model: ModelSpec
+    jobs: tuple[AdmitJob, ...]
+    queued_ttl_s: int
+    deadline_ms: int = 0  # 0: the model's default deadline
+    priority: int = 0
+    owner: str = ""
+    owner_weight: float = 1.0  # the owner's fair-share weight (the keys file)
+    #: With an idempotency key (one job only): a repeat answers the first job.
+    idempotency_digest: str | None = None
+    input_digest: str = ""  # the input's digest, told apart under one idempotency key
+
+
+#: What one-job requests must share to go in one admit.lua call: the model and bin
+#: (the script's keys) and the options (its per-call arguments).
+_CoalesceKey = tuple[str, str, int, int, int, str, float]
+
+
+class Admissions:
+    """Admit jobs: ``admit`` is the only entry point (docs/admission.md)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, coalesce: bool = False) -> None:
+        self.client = client
+        self.keys = keys
+        self._admit = load_script(client, "admit")
+        self.calls: Coalescer[_CoalesceKey, AdmitRequest, AdmitOutcome] | None = (
+            Coalescer(lambda _, requests: self._uncoalesced(_merged(requests)))
+            if coalesce else None)
+
+    def admit(self, request: AdmitRequest) -> list[AdmitOutcome]:
+        """Queue ``request.jobs``; one outcome per job, in order.
+
+        One admit.lua call per bin admits that bin's jobs, in order, up to its bound
+        (checked atomically): ``BinFull`` at the depth bound, ``WaitTooLong`` when a job
+        would start after its deadline (else max_queue_ms), ``OverShare`` near the bound
+        when the owner is over its weight's share, ``BudgetFull`` past the model's (or
+        key's) byte budget. With an owner, jobs sort behind that owner's backlog by its
+        virtual clock (fair queueing); where a job sorts in its bin follows from its
+        deadline and priority (carpool.admission.urgency).
+
+        When Redis is lost after an earlier bin's call went through, the failed call's
+        jobs hold ``BackendUnavailable`` (sent: may run on resume), later ones
+        ``NotSent``. Raises ``BackendUnavailable`` when the first call failed (its jobs
+        may run), ``IdempotencyConflict`` when the idempotency key was used for another
+        input.
+        """
+        if self.calls is not None and len(request.jobs) == 1 and not request.idempotency_digest:
+            job = request.jobs[0]
+            key = (request.model.name, job.bin.name, request.queued_ttl_s, request.deadline_ms,
+                   request.priority, request.owner, request.owner_weight)
+            try:
+                return [self.calls.call(key, request)]
+            except (BinFull, BudgetFull) as refused:  # this job's own answer, not the call's
+                return [refused]
+        return self._uncoalesced(request)
+
+    def _uncoalesced(self, request: AdmitRequest) -> list[AdmitOutcome]:
+        if request.idempotency_digest and len(request.jobs) != 1:
+            raise ValueError("an idempotency key admits one job")
+        model, jobs = request.model, request.jobs
+        by_bin: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_bin.setdefault(job.bin.name, []).append(i)
+        out: list[AdmitOutcome | None] = [None] * len(jobs)
+        for positions in by_bin.values():
+            bin_spec = jobs[positions[0]].bin
+            ids = [jobs[i].id for i in positions]
+            keys, args = self._call(request, bin_spec, [jobs[i] for i in positions])
+            try:
+                with redis_errors():
+                    reply = self._admit(keys=keys, args=args)
+            except BackendUnavailable as exc:  # this call may still run once Redis resumes
+                if all(o is None for o in out):
+                    raise
+                not_sent = NotSent(f"{exc}; not queued (not sent to Redis)")
+                out = [exc if i in positions else not_sent if o is None else o
+                       for i, o in enumerate(out)]
+                break
+            for i, outcome in zip(positions, _outcomes(model, bin_spec, ids, reply),
+                                  strict=True):
+                out[i] = outcome
+        return [o for o in out if o is not None]
+
+    def _call(self, request: AdmitRequest, bin_spec: BinSpec, jobs: Sequence[AdmitJob],
+              ) -> tuple[list[str], list[str | int]]:
+        """admit.lua's KEYS and ARGV for ``jobs`` of one bin."""
+        model, idempotent = request.model, bool(request.idempotency_digest)
+        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
+                self.keys.idempotency(model.name, request.idempotency_digest or "-"),
+                self.keys.stats(model.name, bin_spec.name),
+                self.keys.tenants(model.name, bin_spec.name),
+                self.keys.queued_bytes(model.name),
+                self.keys.owner_queued_bytes(model.name, request.owner or "-")]
+        deadline_ms = effective_deadline_ms(model, request.deadline_ms)
+        tag = shard(model.name)
+        head = AdmitArgs(
+            job_prefix=self.keys.job_prefix(tag), model=model.name, bin=bin_spec.name,
+            max_depth=bin_spec.max_depth, max_batch=bin_spec.max_batch,
+            queued_ttl_s=request.queued_ttl_s, idempotent=idempotent,
+            wake_cap=WAKE_LIST_CAP, drain_tau_ms=DRAIN_TAU_MS, deadline_ms=deadline_ms,
+            priority=request.priority,
+            sort_offset_ms=sort_offset_ms(model, deadline_ms, request.priority),
+            owner=request.owner, input_digest=request.input_digest if idempotent else "",
+            max_queue_ms=model.max_queue_ms_of(bin_spec), drain_min_age_ms=DRAIN_MIN_AGE_MS,
+            drain_stale_ms=DRAIN_STALE_MS, owner_weight=request.owner_weight,
+            fair_share_near=FAIR_SHARE_NEAR,
+            fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
+            max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
+            admitted_channel=self.keys.admitted_channel)
+        for job in jobs:
+            if shard_of_job(job.id) != tag:  # its record would land on another shard
+                raise ValueError(f"job id {job.id!r} is not one of model {model.name!r}: "
+                                 "make it with carpool.core.jobs.new_job_id(model)")
+        return keys, head.argv([(job.id, job.input_json) for job in jobs])
+
+
+def _merged(requests: list[AdmitRequest]) -> AdmitRequest:
+    """Coalesced one-job requests (equal but for their job) as one request."""
+    return replace(requests[0], jobs=tuple(job for r in requests for job in r.jobs))
+
+
+def _outcomes(model: ModelSpec, bin_spec: BinSpec, ids: list[str], reply: Sequence[Any]
+              ) -> list[Admitted | BinFull | BudgetFull]:
+    """admit.lua's reply per job; an idempotent call's (one job) may name the first job."""
+    if reply[0] == "dup":
+        return [Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)]
+    if reply[0] == "conflict":  # never name the first job: without API keys, ids are secrets
+        raise IdempotencyConflict(
+            "this idempotency key was already used for a different input (of this model); "
+            "use a new key for a new input"
+        )
+    return admit_outcomes(model, bin_spec, ids, reply)
+
+
+def single_admitted(outcomes: Sequence[AdmitOutcome]) -> Admitted:
+    """A one-job admission's ``Admitted``; raises its refusal (``BinFull``, ...)."""
+    (outcome,) = outcomes
+    if not isinstance(outcome, Admitted):
+        raise outcome
+    return outcome

@@ -1,0 +1,114 @@
+"""Refusals: one table from each error a request may end in to its HTTP status, its
+error code, and the ``reason`` label of ``carpool_jobs_rejected_total``.
+
+``web/errors.py`` answers with the status and code, ``web/metrics.py`` counts the
+reason; both read ``REFUSALS``, so a new refusal is one row. The web's own error
+classes are defined here, beside their rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carpool.core.errors import (
+    BackendUnavailable,
+    BinFull,
+    BudgetFull,
+    CarpoolError,
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidInput,
+    ModelRefused,
+    NotCancellable,
+    OverShare,
+    UnknownModel,
+    WaitTooLong,
+)
+
+
+class UnsupportedMediaType(InvalidInput):
+    """Raised when a request's Content-Type is not one that its model takes."""
+
+
+class InvalidJson(InvalidInput):
+    """Raised when a request body is not valid JSON."""
+
+
+class TooManyInputs(InputTooLarge):
+    """Raised when a batch submission holds more inputs than one request may."""
+
+
+class BodyTooLarge(InputTooLarge):
+    """Raised when a request body is over the limit of what it may carry (web/bodies.py)."""
+
+
+class BodyTimeout(CarpoolError):
+    """Raised when a request body does not arrive within its time limit (web/bodies.py)."""
+
+
+class TooManyJsonValues(InputTooLarge):
+    """Raised when a JSON body holds more values than any input needs."""
+
+
+class TooManyPolls(CarpoolError):
+    """Raised when a client already holds as many long-polls as one process allows it."""
+
+
+class JobNotFound(CarpoolError):
+    """Raised when a job id is malformed, unknown, or its record has expired."""
+
+
+class Unauthorized(CarpoolError):
+    """Raised when the server has API keys and a request brings none or an unknown one."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How one error class answers: HTTP ``status``, error ``code``, metric ``reason``."""
+
+    error: type[CarpoolError]
+    status: int
+    code: str
+    #: The job-rejection reason; "error" where it is none of the job's doing to name.
+    reason: str
+
+
+#: First match wins, so a subclass comes before its base.
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(UnsupportedMediaType, 415, "unsupported_media_type", "invalid"),
+    Refusal(InvalidJson, 400, "invalid_json", "invalid"),
+    Refusal(TooManyInputs, 413, "too_many_inputs", "too_large"),
+    Refusal(BodyTooLarge, 413, "body_too_large", "too_large"),
+    Refusal(TooManyJsonValues, 413, "too_many_json_values", "too_large"),
+    Refusal(BodyTimeout, 408, "body_timeout", "invalid"),
+    Refusal(TooManyPolls, 429, "too_many_polls", "error"),
+    Refusal(InputTooLarge, 413, "input_too_large", "too_large"),
+    Refusal(InvalidInput, 400, "invalid_input", "invalid"),
+    Refusal(UnknownModel, 404, "unknown_model", "unknown_model"),
+    Refusal(JobNotFound, 404, "not_found", "error"),
+    Refusal(Unauthorized, 401, "unauthorized", "error"),
+    Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
+    Refusal(NotCancellable, 409, "not_cancellable", "error"),
+    Refusal(WaitTooLong, 429, "wait_too_long", "wait_too_long"),
+    Refusal(OverShare, 429, "over_share", "over_share"),
+    Refusal(BinFull, 429, "bin_full", "bin_full"),
+    Refusal(BudgetFull, 429, "budget_full", "budget_full"),
+    Refusal(ModelRefused, 503, "model_unavailable", "error"),
+    Refusal(BackendUnavailable, 503, "backend_unavailable", "unavailable"),
+)
+#: Any other carpool error (ConfigError and the like): the server's fault.
+INTERNAL = Refusal(CarpoolError, 500, "internal_error", "error")
+#: werkzeug's own errors (not carpool's): a body over MAX_CONTENT_LENGTH, a malformed
+#: multipart body; web/errors.py answers them with their own status.
+HTTP_TOO_LARGE_REASON, HTTP_OTHER_REASON = "too_large", "invalid"
+#: Every value the ``reason`` label takes.
+REASONS: tuple[str, ...] = tuple(dict.fromkeys(
+    [*(r.reason for r in REFUSALS), INTERNAL.reason, HTTP_TOO_LARGE_REASON, HTTP_OTHER_REASON]))
+
+
+def refusal_of(exc: CarpoolError) -> Refusal:
+    """The row that answers ``exc``."""
+    for row in REFUSALS:
+        if isinstance(exc, row.error):
+            return row
+    return INTERNAL
