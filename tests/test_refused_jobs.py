@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.backend.refusals import RefusedJobs
@@ -26,9 +27,11 @@ SPEC = load_catalogue(None).get("synthetic")
 
 
 def admit(queue: Queue, n: int, **extra: str) -> list[str]:
-    return [queue.admit(SPEC, SPEC.bins[0], new_job_id(SPEC.name),
-                        json.dumps({"value": i, "size": 1}), queued_ttl_s=600, **extra).id
-            for i in range(n)]
+    admissions = Admissions(queue.client, queue.keys)
+    return [single_admitted(admissions.admit(AdmitRequest(
+        SPEC, (AdmitJob(SPEC.bins[0], new_job_id(SPEC.name), json.dumps({"value": i, "size": 1})),),
+        queued_ttl_s=600, **extra))).id  # type: ignore[arg-type]
+        for i in range(n)]
 
 
 class FakeClock:
