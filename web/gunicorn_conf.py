@@ -125,12 +125,15 @@ control_socket_disable = True
 
 
 def post_worker_init(worker: Any) -> None:
-    """Check Redis's persistence and eviction settings before this worker serves.
+    """Check Redis's persistence and eviction settings before this worker serves, and
+    start its lag monitor (web/shedding.py).
 
     Here, not in the master: the master must not import redis before a gevent worker
     has monkey-patched. A refusal (CARPOOL_REQUIRE_DURABLE=1) raises before the worker
     counts as booted, and gunicorn halts with "Worker failed to boot".
     """
     from web.app import check_redis_durability
+    from web.shedding import start_lag_monitor
 
     check_redis_durability(worker.wsgi)
+    start_lag_monitor(worker.wsgi)  # this worker's event-loop lag, for shedding

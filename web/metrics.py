@@ -14,6 +14,8 @@ maps every name to Triton's):
   ``carpool_http_request_duration_seconds{route,method,status}``: every HTTP
   request, by its route's pattern (``/result/<job_id>``, never the id; "unmatched"
   for a path no route has) — a long-poll's time includes its wait.
+- ``carpool_web_shed_total{reason}``: each admitting request answered 503
+  ``overloaded`` before it ran (web/shedding.py); it counts nowhere else.
 
 Under gunicorn each worker process counts into its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
@@ -49,6 +51,7 @@ from web.refusals import (
     Unauthorized,
     refusal_of,
 )
+from web.shedding import SHED_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +189,10 @@ class WebMetrics:
                                        "Time to answer an HTTP request (a long-poll's wait "
                                        "included).", HTTP_LABELS, buckets=HTTP_BUCKETS_S,
                                        registry=own)
+        self.shed = Counter("carpool_web_shed_total", "Admitting requests answered 503 "
+                            "overloaded before they ran, by why.", ("reason",), registry=own)
+        for reason in SHED_REASONS:
+            self.shed.labels(reason)
         scan = [b.max_batch for spec in catalogue for b in spec.bins]
         self.registry.register(BinGauges(queue, bins, scan))
 
@@ -204,6 +211,9 @@ class WebMetrics:
 
     def count_rejected(self, model: str, exc: Exception, jobs: int = 1) -> None:
         self.rejected.labels(model, rejection_reason(exc)).inc(jobs)
+
+    def count_shed(self, reason: str) -> None:
+        self.shed.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -46,7 +46,9 @@ _ERROR_TEXT = {
            "(too_many_polls); see Retry-After",
     "503": "Redis is unreachable, loading or full (see Retry-After; during a submit the body "
            "carries the id the job may have been admitted under); or, at submit, every live "
-           "worker refused the model (code model_unavailable, with the reason)",
+           "worker refused the model (code model_unavailable, with the reason); or, at "
+           "submit, the web itself is overloaded and answered before reading the request "
+           "(code overloaded, Retry-After: 1)",
 }
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,

@@ -115,6 +115,10 @@ class Settings:
     #: Long-polls one client (address, or API key when keys are on) may hold open in
     #: one web process at once; more answer 429 (web/polls.py).
     max_polls_per_client: int = 1000
+    #: A submit that waited longer than this inside the web before it was handled
+    #: (event-loop lag, or a proxy's X-Request-Start) answers 503 overloaded at once
+    #: (web/shedding.py); 0: never shed.
+    web_max_queue_ms: int = 300
     #: When set, ``GET /metrics`` on the web needs ``Authorization: Bearer <token>``;
     #: "": open (queue depths and rejection counts are then public).
     metrics_token: str = ""
@@ -320,6 +324,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         body_timeout_s=float(_int(env, "CARPOOL_BODY_TIMEOUT_S", 10, minimum=1)),
         body_min_rate_bytes_per_s=_int(env, "CARPOOL_BODY_MIN_RATE", 32 << 10, minimum=1),
         max_polls_per_client=_int(env, "CARPOOL_MAX_POLLS_PER_CLIENT", 1000, minimum=1),
+        web_max_queue_ms=_int(env, "CARPOOL_WEB_MAX_QUEUE_MS", 300),
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         claim_ahead=_flag(env, "CARPOOL_CLAIM_AHEAD", True),

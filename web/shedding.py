@@ -1,0 +1,196 @@
+"""Load shedding: a submit that already waited too long inside the web answers 503 at once.
+
+When the web's own CPU is the bottleneck, requests wait inside the process before
+any route runs (under gevent, as ready greenlets behind the ones already running).
+Admission by predicted wait (carpool.admission) never sees that wait, so a flood is
+queued in the web instead of refused. Here, in front of Flask, an admitting request
+(``admits_work``) is answered ``503 overloaded`` with ``Retry-After`` when
+
+- the event loop is late (``LagMonitor``: a greenlet per worker process that sleeps
+  ``LAG_INTERVAL_S`` and records how late it woke) by more than the bound, or
+- a front proxy's ``X-Request-Start`` says the request started longer ago than that.
+
+The answer is made before the body is read, JSON parsed or Redis asked, from bytes
+prepared here: a shed costs a small part of a submit (docs/benchmarks.md). Reads,
+DELETE, /healthz, /readyz and /metrics are never shed: they admit no work, and an
+overloaded web must still say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flask import Flask
+
+#: How often the lag monitor wakes: short enough to see a stall of the bound's
+#: size, long enough that its own wake-ups cost nothing (tens of µs, 40 a second).
+LAG_INTERVAL_S = 0.025
+#: The remembered lag halves this often once the loop is on time again, so one
+#: stall sheds for about a second, and a lasting overload (late at every wake-up)
+#: sheds for as long as it lasts.
+LAG_HALF_LIFE_S = 0.5
+#: Retry-After of a shed: the lag that caused it decays within about a second.
+RETRY_AFTER_S = 1
+SHED_CODE = "overloaded"
+#: Why a request was shed: the ``reason`` label of ``carpool_web_shed_total``.
+REASON_LAG = "event_loop_lag"
+REASON_REQUEST_START = "request_start"
+SHED_REASONS = (REASON_LAG, REASON_REQUEST_START)
+#: Exact paths that admit jobs; any POST under a versioned API prefix does too.
+SHED_PATHS = frozenset({"/submit", "/submit/batch"})
+SHED_PREFIXES = ("/v1/", "/v2/")
+EXTENSION = "carpool.shedding"
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+def admits_work(method: str, path: str) -> bool:
+    """True for the requests that may be shed: those that queue jobs."""
+    return method == "POST" and (path in SHED_PATHS or path.startswith(SHED_PREFIXES))
+
+
+def request_start_s(header: str | None) -> float | None:
+    """Seconds since the epoch from ``X-Request-Start``, or None when absent or unreadable.
+
+    Takes ``t=<value>`` (nginx: ``t=${msec}``) or a bare value, in seconds,
+    milliseconds (Heroku) or microseconds, told apart by size as APM agents do:
+    today is about 1.8e9 s, 1.8e12 ms, 1.8e15 µs.
+    """
+    if not header:
+        return None
+    raw = header.strip().removeprefix("t=")
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    if value > 1e14:
+        return value / 1e6
+    if value > 1e11:
+        return value / 1e3
+    return value
+
+
+class LagMonitor:
+    """How late this process's event loop is: a decayed peak of the monitor's lateness.
+
+    ``run`` sleeps ``interval_s`` again and again; a wake-up ``x`` seconds after it
+    was due means every ready greenlet waited about that long too. ``lag_s`` is the
+    largest lateness seen, halved every ``half_life_s`` since, or the lateness of
+    the sleep still under way if that is more: a request handled right after a
+    stall sees it even when it runs before the monitor's own wake-up.
+    """
+
+    def __init__(self, interval_s: float = LAG_INTERVAL_S,
+                 half_life_s: float = LAG_HALF_LIFE_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.interval_s = interval_s
+        self.half_life_s = half_life_s
+        self._clock = clock
+        self._sleep = sleep
+        self._peak_s = 0.0
+        self._peak_at = clock()
+        self._sleeping_since: float | None = None
+
+    def woke(self, slept_at: float, now: float) -> None:
+        """Record a wake-up at ``now`` from a sleep of ``interval_s`` begun at ``slept_at``."""
+        late_s = max(0.0, now - slept_at - self.interval_s)
+        self._peak_s = max(late_s, self._decayed(now))
+        self._peak_at = now
+
+    def lag_s(self, now: float | None = None) -> float:
+        now = self._clock() if now is None else now
+        since = self._sleeping_since
+        overdue_s = 0.0 if since is None else max(0.0, now - since - self.interval_s)
+        return max(self._decayed(now), overdue_s)
+
+    def _decayed(self, now: float) -> float:
+        return float(self._peak_s * 0.5 ** (max(0.0, now - self._peak_at) / self.half_life_s))
+
+    def step(self) -> None:
+        """One sleep and its wake-up."""
+        # time.sleep looked up here, not bound at import: gunicorn imports web modules
+        # before gevent patches time.sleep, and an unpatched sleep would stop the loop.
+        sleep = self._sleep or time.sleep
+        slept_at = self._clock()
+        self._sleeping_since = slept_at
+        sleep(self.interval_s)
+        self.woke(slept_at, self._clock())
+
+    def run(self) -> None:
+        while True:
+            self.step()
+
+    def start(self) -> None:
+        """Run in the background: under gevent's patched threading, a greenlet."""
+        threading.Thread(target=self.run, name="carpool-lag-monitor", daemon=True).start()
+
+
+def _shed_body(max_queue_ms: int) -> bytes:
+    message = (f"the web is overloaded: this request waited over {max_queue_ms} ms before "
+               f"it was handled, so nothing was queued; retry after {RETRY_AFTER_S} s")
+    return json.dumps({"error": {"code": SHED_CODE, "message": message}}).encode()
+
+
+class Shedder:
+    """WSGI middleware in front of the Flask app: sheds admitting requests that waited."""
+
+    def __init__(self, app: WsgiApp, max_queue_ms: int, monitor: LagMonitor,
+                 on_shed: Callable[[str], None],
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.app = app
+        self.max_queue_s = max_queue_ms / 1000.0
+        self.monitor = monitor
+        self.on_shed = on_shed
+        self._wall_clock = wall_clock
+        self._body = _shed_body(max_queue_ms)
+        self._headers = [("Content-Type", "application/json"),
+                         ("Content-Length", str(len(self._body))),
+                         ("Retry-After", str(RETRY_AFTER_S))]
+
+    def reason(self, environ: dict[str, Any]) -> str | None:
+        """Why this request is to be shed, or None to serve it."""
+        if self.max_queue_s <= 0 or not admits_work(environ.get("REQUEST_METHOD", ""),
+                                                    environ.get("PATH_INFO", "")):
+            return None
+        if self.monitor.lag_s() > self.max_queue_s:
+            return REASON_LAG
+        started = request_start_s(environ.get("HTTP_X_REQUEST_START"))
+        if started is not None and self._wall_clock() - started > self.max_queue_s:
+            return REASON_REQUEST_START
+        return None
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        why = self.reason(environ)
+        if why is None:
+            return self.app(environ, start_response)
+        self.on_shed(why)
+        start_response("503 Service Unavailable", list(self._headers))
+        return [self._body]
+
+
+def install(app: Flask, max_queue_ms: int, on_shed: Callable[[str], None]) -> Shedder:
+    """Put a ``Shedder`` in front of ``app``; its lag monitor waits for ``start_lag_monitor``."""
+    shedder = Shedder(app.wsgi_app, max_queue_ms, LagMonitor(), on_shed)
+    app.wsgi_app = shedder  # type: ignore[method-assign]  # Flask's way to add middleware
+    app.extensions[EXTENSION] = shedder
+    return shedder
+
+
+def start_lag_monitor(app: Flask) -> None:
+    """Start ``app``'s lag monitor, in a gunicorn worker once gevent has patched.
+
+    Not in ``create_app``: the Flask test client and tools build apps that serve no
+    event loop, and the master process serves none either.
+    """
+    shedder = app.extensions.get(EXTENSION)
+    if isinstance(shedder, Shedder) and shedder.max_queue_s > 0:
+        shedder.monitor.start()
