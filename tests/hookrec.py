@@ -10,7 +10,7 @@ from worker.loop.hooks import BatchReport
 
 class Recorder:
     """Each hook call as ``(hook, claim, report)``; hook is "claimed", "expired",
-    "finished", "failed", "unanswered" or "unneeded"; report is None but for "finished".
+    "finished" or "failed"; report is None but for "finished".
     ``on_idle``, which has no claim, is counted apart (``idles``)."""
 
     def __init__(self) -> None:
@@ -33,12 +33,6 @@ class Recorder:
 
     def on_failed(self, claim: Claim) -> None:
         self._add("failed", claim)
-
-    def on_unanswered(self, claim: Claim) -> None:
-        self._add("unanswered", claim)
-
-    def on_unneeded(self, claim: Claim) -> None:
-        self._add("unneeded", claim)
 
     def on_idle(self) -> None:
         with self._lock:

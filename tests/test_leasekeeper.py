@@ -9,12 +9,11 @@ from carpool.backend.audit import snapshot
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import load_catalogue
-from carpool.core.jobs import Claim, JobStatus
+from carpool.core.jobs import JobStatus
 from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
 from tests.test_leases import MAX_ATTEMPTS, bin_ids
 from tests.test_queue_scripts import admit, synthetic
-from worker.loop.hooks import BatchReport
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 
@@ -46,22 +45,18 @@ def lease_deadline(queue: Queue, job: str) -> float | None:
     return None if deadline is None else float(deadline)
 
 
-def report_for(claim: Claim) -> BatchReport:
-    return BatchReport(claim.model, claim.bin, len(claim.jobs), 0, 0, 0.1, 1.0, [0])
-
-
 def test_keeper_renews_the_claims_in_hand_and_forgets_finished_ones(
         queue: Queue, leases: Leases, worker_settings: Settings) -> None:
     spec = synthetic()
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=0, token="t", worker="w")  # lapsed
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper.on_claimed(claim)
+    keeper.hold(claim)
     keeper.tick()  # renews first, then reaps: the lease survives
     deadline = lease_deadline(queue, job)
     assert deadline is not None and deadline >= claim.now_ms + LEASE_MS
-    keeper.on_finished(claim, report_for(claim))
-    assert keeper.hand_back(refund_attempt=True) == 0  # forgotten: nothing left to hand back
+    keeper.finished(claim)
+    assert keeper.hand_back_all(refund_attempt=True) == 0  # forgotten: nothing left to hand back
 
 
 def test_keeper_hands_back_a_batch_that_ended_without_completing(
@@ -70,8 +65,8 @@ def test_keeper_hands_back_a_batch_that_ended_without_completing(
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper.on_claimed(claim)
-    keeper.on_failed(claim)
+    keeper.hold(claim)
+    assert keeper.hand_back(claim, refund_attempt=False) == 1
     assert bin_ids(queue) == [job]
     record = records.read(queue.client, queue.keys.job(job)) or {}
     assert record.get("attempts") == "1"  # still counted
@@ -84,7 +79,7 @@ def test_keeper_lets_a_batch_over_max_batch_ms_lapse(
     claim = queue.claim(spec, "small", 8, lease_ms=0, token="t", worker="w")
     clock = FakeClock()
     keeper = LeaseKeeper(leases, worker_settings, clock=clock)
-    keeper.on_claimed(claim)
+    keeper.hold(claim)
     clock.now_s += worker_settings.max_batch_ms / 1000.0 + 1
     keeper.tick()
     assert bin_ids(queue) == [job]  # not renewed: reaped in the same tick
@@ -123,10 +118,10 @@ def test_keeper_hand_back_releases_every_claim_in_hand(
     jobs = [admit(queue, spec, value=i) for i in range(3)]
     claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
     keeper = LeaseKeeper(leases, worker_settings)
-    keeper.on_claimed(claim)
-    assert keeper.hand_back(refund_attempt=True) == 3
+    keeper.hold(claim)
+    assert keeper.hand_back_all(refund_attempt=True) == 3
     assert bin_ids(queue) == jobs
-    assert keeper.hand_back(refund_attempt=True) == 0  # none left in hand
+    assert keeper.hand_back_all(refund_attempt=True) == 0  # none left in hand
 
 
 def test_isolation_runs_the_first_suspect_alone_and_hands_back_the_rest(

@@ -157,8 +157,10 @@ def test_a_zombie_cannot_complete_a_job_reclaimed_by_another_worker(
     zombie = queue.claim(spec, "small", 8, lease_ms=0, token="zombie", worker="w1")
     leases.reap(MAX_ATTEMPTS)
     second = queue.claim(spec, "small", 8, lease_ms=60_000, token="second", worker="w2")
-    assert queue.complete(spec, second, [Outcome(job, result="second")], {"size": 1}) == [True]
-    assert queue.complete(spec, zombie, [Outcome(job, result="zombie")], {"size": 1}) == [False]
+    assert queue.complete(
+        spec, second, [Outcome(job, result="second")], {"size": 1}).written == [True]
+    assert queue.complete(
+        spec, zombie, [Outcome(job, result="zombie")], {"size": 1}).written == [False]
     view = queue.get(job)
     assert view is not None and view.result == "second"
 
@@ -254,12 +256,12 @@ def test_a_claim_holds_one_lease_for_all_its_jobs_until_its_last_job_ends(
     assert leases.release("big", ids[:2], refund_attempt=True) == [True, True]
     assert leases.renew("big", ids, 60_000) == [False, False] + [True] * 4
     outcomes = [Outcome(i, result={"ok": 1}) for i in ids[2:]]
-    assert queue.complete(spec, running, outcomes[:3], {"size": 3}) == [True] * 3
+    assert queue.complete(spec, running, outcomes[:3], {"size": 3}).written == [True] * 3
     assert queue.client.zrange(queue.keys.leases(tag), 0, -1) == ["big"]  # one job left
-    assert queue.complete(spec, running, outcomes[3:], {"size": 1}) == [True]
+    assert queue.complete(spec, running, outcomes[3:], {"size": 1}).written == [True]
     assert queue.client.zcard(queue.keys.leases(tag)) == 0
     assert not queue.client.exists(queue.keys.claim(tag, "big"))
-    assert queue.complete(spec, running, outcomes[3:], {"size": 1}) == [False]  # once only
+    assert queue.complete(spec, running, outcomes[3:], {"size": 1}).written == [False]  # once only
     assert_one_place(queue, admitted)
 
 
@@ -273,7 +275,7 @@ def test_a_record_gone_while_claimed_is_not_written_back_as_a_partial_record(
     claimed = queue.claim(spec, "small", 3, lease_ms=60_000, token="gone", worker="w")
     queue.client.delete(queue.keys.job(ids[1]))
     outcomes = [Outcome(i, result=i) for i in ids]
-    assert queue.complete(spec, claimed, outcomes, {"size": 3}) == [True, False, True]
+    assert queue.complete(spec, claimed, outcomes, {"size": 3}).written == [True, False, True]
     assert not queue.client.exists(queue.keys.job(ids[1]))
     assert [v.status if v else None for v in queue.get_many(ids)] == [
         JobStatus.DONE, None, JobStatus.DONE]

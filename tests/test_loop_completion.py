@@ -94,7 +94,7 @@ def test_a_claim_whose_reply_was_lost_is_handed_back_with_its_attempt_refunded(
         ids = admit_jobs(queue, spec, range(3))
         keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings)
         loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(spec, (0, 0))},
-                         "w-test", hooks=[keeper])
+                         "w-test", keeper=keeper)
         # A claim on an empty bin loads claim.lua, as a running worker has it loaded.
         assert not queue.claim(spec, "medium", 1, lease_ms=1000, token="warm", worker="w").jobs
         server.signal(signal.SIGSTOP)

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 
 import worker.loop.loop
-from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.catalogue import BinSpec
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
 from carpool.core.settings import load_settings
 from tests.conftest import make_env
@@ -39,12 +39,6 @@ class StubQueue:
                            self.oldest_admit_ms if i == 0 else None)
                   for i, (m, b) in enumerate(bins)]
         return NOW_MS, states
-
-    def peek_and_claim(self, model: ModelSpec, bins: Sequence[str], scan: Sequence[int],
-                       ahead: object) -> tuple[int, list[BinState], None]:
-        """A peek that never claims ahead (tests/test_claim_ahead.py tests that)."""
-        now_ms, states = self.peek([(model.name, b) for b in bins], scan)
-        return now_ms, states, None
 
     def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:
         self.waits.append(self.heard.idles)

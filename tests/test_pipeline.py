@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+import worker.loop.loop
 from carpool.backend import records
 from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, load_catalogue
-from carpool.core.jobs import ClaimedJob, JobStatus, Outcome, new_job_id
+from carpool.core.errors import BackendUnavailable
+from carpool.core.jobs import BinState, ClaimedJob, JobStatus, Outcome, new_job_id
 from carpool.core.settings import Settings, load_settings
 from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
@@ -37,10 +39,11 @@ def admit_small(queue: Queue, n: int) -> list[str]:
 
 def serve_until_final(loop: BatchLoop, queue: Queue, ids: list[str]) -> None:
     """Step the loop until every job has ended (a bounded number of steps), then drain."""
+    peeked = None
     for _ in range(50):
         if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
             break
-        loop.step()
+        peeked = loop.step(peeked)  # as BatchLoop._run: a completion's states go on
     else:
         pytest.fail("jobs did not finish")
     loop.drain()
@@ -153,25 +156,28 @@ def test_a_worker_serving_one_model_decides_between_batches_without_a_peek(
     assert len(peeks) <= 3, f"{len(peeks)} peeks for {loop.batches} batches"
 
 
-def test_states_a_completion_answered_are_dropped_when_the_step_fails_after_it(
-        settings: Settings, queue: Queue) -> None:
-    """A step that completes a batch and then fails (here: the suspect's submit) is
-    followed by _run's back-off, so the next decision must peek, not reuse them."""
-    executor = PipelinedExecutor(depth=2, preprocess_threads=1)
-    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (1, 0))},
-                     "w-test", executor=executor)
-    admit_small(queue, 1)
-    loop.scheduler.tune("synthetic", "small", max_wait_ms=0)  # go at once
-    loop.step()  # batch 1 in flight (depth 2: not finished yet)
-    suspect = admit_small(queue, 1)[0]
-    records.update(queue.client, queue.keys.job(suspect), attempts=1)  # claimed as a retry
+def test_the_states_a_completion_answered_go_to_the_next_step_only_unless_it_failed(
+        settings: Settings, queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that fails is followed by _run's back-off, so the next decision must peek:
+    _run hands it no states."""
+    monkeypatch.setattr(worker.loop.loop, "BACKOFF_MIN_S", 0.001)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
+                     "w-test")
+    answered = (1, [BinState("synthetic", "small", 0, None)])
+    given: list[Any] = []
+    answers: list[Any] = [answered, RuntimeError("the executor refused the batch"), None,
+                          answered, BackendUnavailable("Redis is away"), None]
 
-    def failing_submit(*_: Any, **__: Any) -> Any:
-        raise RuntimeError("the executor refused the batch")
+    def step(peeked: Any = None) -> Any:
+        given.append(peeked)
+        answer = answers[len(given) - 1]
+        if len(given) == len(answers):
+            loop.stop()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    executor.submit = failing_submit  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
-        loop.step()  # claims the suspect, completes batch 1 first, then fails
-    executor.close()
-    assert loop.batches == 2
-    assert loop._peeked is None
+    loop.step = step  # type: ignore[method-assign]
+    loop._run()
+    assert given == [None, answered, None, None, answered, None]
+    loop.executor.close()

@@ -56,7 +56,7 @@ def test_a_batch_pushes_exactly_the_views_a_read_would_give_of_the_jobs_it_wrote
     outcomes = [Outcome(ids[0], result={"label": "cat", "p": 0.5}),
                 Outcome(ids[1], error="bad input: not an image\nsecond line"),
                 Outcome(ids[2], result=[1, 2]), Outcome(ids[3], result="late")]
-    assert queue.complete(synthetic(), claim, outcomes, {"size": 4}) == [True] * 3 + [False]
+    assert queue.complete(synthetic(), claim, outcomes, {"size": 4}).written == [True] * 3 + [False]
     message = next_message(results)
     assert message is not None
     pushed = parse(message)
@@ -70,7 +70,7 @@ def test_a_result_over_the_push_limit_is_left_to_be_read(
     monkeypatch.setattr(carpool.backend.pushed, "PUSH_MAX_BYTES", 20)
     ids, claim = run_batch(queue, 2, "t2")
     outcomes = [Outcome(ids[0], result="x" * 30), Outcome(ids[1], result=1)]
-    assert queue.complete(synthetic(), claim, outcomes, {"size": 2}) == [True, True]
+    assert queue.complete(synthetic(), claim, outcomes, {"size": 2}).written == [True, True]
     message = next_message(results)
     assert message is not None
     assert [v.id for v in parse(message).views] == [ids[1]]

@@ -102,8 +102,10 @@ def test_a_result_is_written_once(queue: Queue) -> None:
     spec = synthetic()
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
-    assert queue.complete(spec, claim, [Outcome(job, result="first")], {"size": 1}) == [True]
-    assert queue.complete(spec, claim, [Outcome(job, result="second")], {"size": 1}) == [False]
+    assert queue.complete(
+        spec, claim, [Outcome(job, result="first")], {"size": 1}).written == [True]
+    assert queue.complete(
+        spec, claim, [Outcome(job, result="second")], {"size": 1}).written == [False]
     view = queue.get(job)
     assert view is not None and view.status is JobStatus.DONE and view.result == "first"
 
@@ -113,7 +115,7 @@ def test_a_claim_with_another_token_cannot_write(queue: Queue) -> None:
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="mine", worker="w")
     zombie = replace(claim, token="someone-else")
-    assert queue.complete(spec, zombie, [Outcome(job, result="x")], {"size": 1}) == [False]
+    assert queue.complete(spec, zombie, [Outcome(job, result="x")], {"size": 1}).written == [False]
     assert queue.get(job).status is JobStatus.RUNNING  # type: ignore[union-attr]
 
 
@@ -122,7 +124,7 @@ def test_failed_outcome_records_the_error_and_the_rest_complete(queue: Queue) ->
     a, b = admit(queue, spec), admit(queue, spec)
     claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w")
     outs = [Outcome(a, error="bad input"), Outcome(b, result={"ok": 1})]
-    assert queue.complete(spec, claim, outs, {"size": 2}) == [True, True]
+    assert queue.complete(spec, claim, outs, {"size": 2}).written == [True, True]
     va, vb = queue.get(a), queue.get(b)
     assert va is not None and va.status is JobStatus.FAILED and va.error == "bad input"
     assert vb is not None and vb.status is JobStatus.DONE and vb.result == {"ok": 1}
@@ -265,15 +267,15 @@ def test_a_completion_answers_the_same_bin_states_as_a_peek_after_it(queue: Queu
         admit(queue, spec, value=value)
     admit(queue, spec, size=500, deadline_ms=9000)  # the large bin
     claim = queue.claim(spec, "small", 4, lease_ms=5000, token="t", worker="w")
-    done = queue.complete_and_peek(spec, claim, [Outcome(j.id, result={}) for j in claim.jobs],
-                                   {"size": 4, "bin": "small", "worker": "w"},
-                                   peek=["small", "large"], scan=[4, 4])
+    done = queue.complete(spec, claim, [Outcome(j.id, result={}) for j in claim.jobs],
+                          {"size": 4, "bin": "small", "worker": "w"},
+                          peek=["small", "large"], scan=[4, 4])
     now_ms, states = queue.peek([("synthetic", "small"), ("synthetic", "large")], scan=[4, 4])
     assert done.written == [True] * 4
     assert done.states == states
     assert [s.depth for s in states] == [2, 1] and states[1].earliest_deadline_ms
     assert claim.now_ms <= done.now_ms <= now_ms
-    assert queue.complete_and_peek(spec, claim, [], {}).states is None  # none asked
+    assert queue.complete(spec, claim, [], {}).states is None  # none asked
 
 
 def test_a_completion_asked_to_peek_without_each_bins_scan_writes_nothing(
@@ -282,8 +284,8 @@ def test_a_completion_asked_to_peek_without_each_bins_scan_writes_nothing(
     job = admit(queue, spec)
     claim = queue.claim(spec, "small", 1, lease_ms=5000, token="t", worker="w")
     with pytest.raises(ValueError, match="one max_batch per bin"):
-        queue.complete_and_peek(spec, claim, [Outcome(job, result={})], {},
-                                peek=["small", "large"], scan=[32])
+        queue.complete(spec, claim, [Outcome(job, result={})], {},
+                       peek=["small", "large"], scan=[32])
     assert queue.get(job).status == JobStatus.RUNNING  # type: ignore[union-attr]
 
 
@@ -423,23 +425,6 @@ def test_an_id_of_another_models_shard_is_refused_before_any_write(queue: Queue)
             spec, (AdmitJob(spec.bins[0], foreign, "{}"),), queued_ttl_s=TTL_S)))
     assert queue.client.zcard(queue.keys.bin("synthetic", "small")) == 0
 
-
-
-def test_admit_args_are_named_and_ordered_as_the_scripts_header_says() -> None:
-    import re
-    from dataclasses import fields
-    from importlib.resources import files
-
-    from carpool.admission.admit_args import FIRST_JOB, AdmitArgs
-
-    source = files("carpool.backend").joinpath("lua", "admit.lua").read_text()
-    lines = source.splitlines()
-    header = "\n".join(lines[:next(i for i, line in enumerate(lines)
-                                   if not line.startswith("--"))])
-    named = {int(n): name for n, name in re.findall(r"ARGV\[(\d+)\]\s+(\w+)", header)}
-    assert named == {i: f.name for i, f in enumerate(fields(AdmitArgs), start=1)}
-    assert f"ARGV[{FIRST_JOB}..] per job" in header
-    assert re.search(rf"^local FIRST_JOB = {FIRST_JOB}$", source, re.M)
 
 
 def test_admit_publishes_the_ids_it_queued_and_nothing_when_it_queues_none(

@@ -155,7 +155,7 @@ def test_an_outcome_without_its_claims_admission_fields_is_refused_and_reaped_la
     jobs, claim = admit_and_claim(queue, spec, 2, 2)
     blank = replace(claim, jobs=(claim.jobs[0], replace(claim.jobs[1], admission="")))
     written = queue.complete(spec, blank, [Outcome(j, result={}) for j in jobs],
-                             {"size": 2, "bin": spec.bins[0].name, "worker": "w"})
+                             {"size": 2, "bin": spec.bins[0].name, "worker": "w"}).written
     assert written == [True, False]
     held = queue.client.hkeys(queue.keys.claim(shard_of_job(jobs[1]), "t"))
     assert jobs[1] in held  # still the claim's: its lease lapses and the reaper returns it

@@ -1,20 +1,28 @@
 """admit.lua's arguments, named in one place.
 
 ``AdmitArgs`` holds ARGV[1..23] in the script's order, each field named as the
-script's header names that position (``tests/test_queue_scripts.py`` reads the
-header and checks both, and that the jobs start where the script looks for
-them); the jobs' (id, input JSON) pairs follow them.
+script's header names that position (carpool/core/script_args.py's mechanism, as
+for every script; ``tests/test_script_args.py`` checks the header); the jobs'
+(id, input JSON) pairs follow them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from carpool.core.script_args import Arg, ScriptArgs, argv
 
 
 @dataclass(frozen=True)
-class AdmitArgs:
+class AdmitArgs(ScriptArgs):
     """One admit.lua call's arguments before its jobs, in ARGV order."""
+
+    SCRIPT: ClassVar[str] = "admit"
+    KEYS: ClassVar[tuple[str, ...]] = ("bin", "wake", "idem", "stats", "tenants", "bytes",
+                                       "owner_bytes")
+    REST: ClassVar[tuple[str, ...]] = ("jobs",)
 
     job_prefix: str
     model: str
@@ -40,22 +48,10 @@ class AdmitArgs:
     key_queued_bytes: int
     admitted_channel: str
 
-    def argv(self, jobs: Sequence[tuple[str, str]]) -> list[str | int]:
+    def argv(self, jobs: Sequence[tuple[str, str]]) -> list[Arg]:
         """The script's ARGV: these values (as Redis reads them), then each job's id and
         input."""
-        out: list[str | int] = [_arg(v) for v in astuple(self)]
-        for job_id, input_json in jobs:
-            out += [job_id, input_json]
-        return out
-
-
-def _arg(value: object) -> str | int:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float):
-        return f"{value:g}"
-    assert isinstance(value, str | int)
-    return value
+        return argv(self, (v for job in jobs for v in job))
 
 
 #: ARGV's position of the first job's id (1-based, as in Lua).

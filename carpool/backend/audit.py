@@ -17,9 +17,11 @@ from typing import Any
 
 import redis
 
+from carpool.backend.args import AuditArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.core.jobs import JobStatus
+from carpool.core.script_args import argv, keys_of
 from carpool.core.shards import shard
 
 
@@ -46,9 +48,10 @@ def snapshot(client: redis.Redis, keys: Keys, models: Iterable[str]) -> Snapshot
     raw_jobs: list[Any] = []
     for tag in sorted({shard(m) for m in models}):
         with redis_errors():
-            reply: Any = script(keys=[keys.leases(tag)],
-                                args=[keys.bin_pattern(tag), keys.job_pattern(tag),
-                                      keys.job_prefix(tag), keys.claim_prefix(tag)])
+            reply: Any = script(
+                keys=keys_of(AuditArgs, leases=keys.leases(tag)),
+                args=argv(AuditArgs(keys.bin_pattern(tag), keys.job_pattern(tag),
+                                    keys.job_prefix(tag), keys.claim_prefix(tag))))
         raw_bins += reply[0]
         raw_leases += reply[1]
         raw_jobs += reply[2]

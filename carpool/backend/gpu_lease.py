@@ -15,8 +15,10 @@ from typing import cast
 
 import redis
 
+from carpool.backend.args import GpuClaimArgs, GpuReleaseArgs, GpuRenewArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
+from carpool.core.script_args import argv, keys_of
 
 #: Tokens kept in the GPU free list; each wakes one waiting worker, so a few suffice.
 FREE_LIST_CAP = 16
@@ -43,20 +45,23 @@ class GpuLeases:
     def claim(self, uuids: Sequence[str], holder: str, lease_ms: int) -> ClaimAnswer:
         """Lease the first free GPU of ``uuids`` (or one ``holder`` holds already)."""
         with redis_errors():
-            index, wait_ms = self._claim(keys=[self.keys.gpu(u) for u in uuids],
-                                         args=[holder, lease_ms])
+            index, wait_ms = self._claim(
+                keys=keys_of(GpuClaimArgs, gpus=[self.keys.gpu(u) for u in uuids]),
+                args=argv(GpuClaimArgs(holder, lease_ms)))
         return ClaimAnswer(uuids[int(index) - 1] if int(index) else None, int(wait_ms))
 
     def renew(self, uuid: str, holder: str, lease_ms: int) -> str:
         """"renewed", "retaken" (had lapsed, was free), or the name of its new holder."""
         with redis_errors():
-            return str(self._renew(keys=[self.keys.gpu(uuid)], args=[holder, lease_ms]))
+            return str(self._renew(keys=keys_of(GpuRenewArgs, gpu=self.keys.gpu(uuid)),
+                                   args=argv(GpuRenewArgs(holder, lease_ms))))
 
     def release(self, uuid: str, holder: str) -> bool:
         """Free the GPU and wake one waiting worker; False when it was not ``holder``'s."""
         with redis_errors():
-            done = self._release(keys=[self.keys.gpu(uuid), self.keys.gpu_free],
-                                 args=[holder, uuid, FREE_LIST_CAP])
+            done = self._release(
+                keys=keys_of(GpuReleaseArgs, gpu=self.keys.gpu(uuid), free=self.keys.gpu_free),
+                args=argv(GpuReleaseArgs(holder, uuid, FREE_LIST_CAP)))
         return bool(done)
 
     def holders(self, uuids: Sequence[str]) -> dict[str, str | None]:

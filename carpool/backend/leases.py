@@ -13,10 +13,12 @@ from typing import cast
 
 import redis
 
+from carpool.backend.args import ReapArgs, ReleaseArgs, RenewArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.queue import WAKE_LIST_CAP
 from carpool.core.catalogue import DEFAULT_RESULT_TTL_S, Catalogue
+from carpool.core.script_args import argv, keys_of
 from carpool.core.shards import shard, shard_of_job
 
 #: Jobs one reap call takes back at most (whole claims, at least one); the rest wait
@@ -70,10 +72,11 @@ class Leases:
         """Extend the lease of each id still held under ``token``; False where it was lost."""
         held = [False] * len(ids)
         for tag, positions in _by_shard(ids).items():
-            args: list[str | int] = [token, lease_ms, *(ids[i] for i in positions)]
             with redis_errors():
-                reply = self._renew(keys=[self.keys.leases(tag), self.keys.claim(tag, token)],
-                                    args=args)
+                reply = self._renew(
+                    keys=keys_of(RenewArgs, leases=self.keys.leases(tag),
+                              claim=self.keys.claim(tag, token)),
+                    args=argv(RenewArgs(token, lease_ms), (ids[i] for i in positions)))
             for i, x in zip(positions, reply[1:], strict=True):
                 held[i] = bool(x)
         return held
@@ -83,13 +86,16 @@ class Leases:
         per shard: requeue each at the front of its bin, or fail it."""
         total = ReapReport(0, 0, 0, 0)
         for tag in self._shards:  # one call per shard: a script touches one shard only
-            args: list[str | int] = [
-                limit, max_attempts, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
-                self.keys.wake_prefix(tag), self.keys.done_channel, DEAD_LIST_CAP,
-                WAKE_LIST_CAP, DEFAULT_RESULT_TTL_S, self.keys.claim_prefix(tag), *self._ttls,
-            ]
+            args = ReapArgs(
+                batch=limit, max_attempts=max_attempts, job_prefix=self.keys.job_prefix(tag),
+                bin_prefix=self.keys.bin_prefix(tag), wake_prefix=self.keys.wake_prefix(tag),
+                done_channel=self.keys.done_channel, dead_cap=DEAD_LIST_CAP,
+                wake_cap=WAKE_LIST_CAP, result_ttl_s=DEFAULT_RESULT_TTL_S,
+                claim_prefix=self.keys.claim_prefix(tag))
             with redis_errors():
-                reply = self._reap(keys=[self.keys.leases(tag), self.keys.dead(tag)], args=args)
+                reply = self._reap(keys=keys_of(ReapArgs, leases=self.keys.leases(tag),
+                                             dead=self.keys.dead(tag)),
+                                   args=argv(args, self._ttls))
             now_ms, requeued, failed, dropped = (int(x) for x in reply)
             total = ReapReport(max(total.now_ms, now_ms), total.requeued + requeued,
                                total.failed + failed, total.dropped + dropped)
@@ -99,12 +105,13 @@ class Leases:
         """Hand the ids still held under ``token`` back to the front of their bin."""
         back = [False] * len(ids)
         for tag, positions in _by_shard(ids).items():
-            args: list[str | int] = [token, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
-                                     self.keys.wake_prefix(tag), WAKE_LIST_CAP,
-                                     "1" if refund_attempt else "0", *(ids[i] for i in positions)]
+            args = ReleaseArgs(token, self.keys.job_prefix(tag), self.keys.bin_prefix(tag),
+                               self.keys.wake_prefix(tag), WAKE_LIST_CAP, refund_attempt)
             with redis_errors():
-                reply = self._release(keys=[self.keys.leases(tag), self.keys.claim(tag, token)],
-                                      args=args)
+                reply = self._release(
+                    keys=keys_of(ReleaseArgs, leases=self.keys.leases(tag),
+                              claim=self.keys.claim(tag, token)),
+                    args=argv(args, (ids[i] for i in positions)))
             for i, x in zip(positions, reply, strict=True):
                 back[i] = bool(x)
         return back

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -18,20 +17,23 @@ from redis.exceptions import NoScriptError
 
 from carpool.admission.retry_after import DRAIN_TAU_MS
 from carpool.backend import records
+from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, ReadArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
-from carpool.backend.pushed import job_blob
+from carpool.backend.replies import Completed, bin_states, claim_reply, completion_args
 from carpool.backend.wake import ShardWaiters
 from carpool.core.catalogue import ModelSpec
-from carpool.core.errors import NotCancellable
+from carpool.core.errors import (
+    NotCancellable,
+)
 from carpool.core.jobs import (
     BinState,
     Claim,
-    ClaimedJob,
     JobView,
     Outcome,
     view_from_record,
 )
+from carpool.core.script_args import Arg, argv, keys_of
 from carpool.core.settings import QUEUED_TTL_S_DEFAULT
 from carpool.core.shards import shard, shard_of_job
 
@@ -42,68 +44,6 @@ WAKE_LIST_CAP = 16
 CLAIM_SCAN_FACTOR = 4
 
 
-@dataclass(frozen=True)
-class ClaimAhead:
-    """A worker's request to claim its next batch in the same script call as a peek or
-    a completion of the bins it serves (``carpool/backend/lua/claim_batch.lua``): under
-    ``token``, up to ``max_n[i]`` jobs of the i-th bin peeked (0: never that bin), and
-    only when that is the batch the worker's own decision is sure to take."""
-
-    token: str
-    lease_ms: int
-    worker: str
-    queued_ttl_s: int
-    max_n: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Completed:
-    """What ``complete_and_peek`` answers: per job, written or refused; and, when bins
-    were peeked, Redis time (ms) and their states, as ``peek`` returns them, and the
-    batch claimed ahead when one was asked for and claimed."""
-
-    written: list[bool]
-    now_ms: int = 0
-    states: list[BinState] | None = None
-    ahead: Claim | None = None
-
-
-def _claimed_job(job_id: str, record: str, now_ms: int) -> ClaimedJob:
-    """A job as claim.lua hands it out: its id and its queued record, whole. This claim
-    is one more run: claim.lua counted it in the claim hash the same way."""
-    attempts, admission, input_json = records.claimed(record)
-    t_admit_ms, owner = records.admission_fields(admission)
-    return ClaimedJob(job_id, input_json, now_ms if t_admit_ms is None else t_admit_ms,
-                      attempts + 1, owner, admission)
-
-
-def _claim_reply(model: str, bin_name: str, token: str, now_ms: int,
-                 reply: Sequence[Any]) -> Claim:
-    """claim_batch.lua's answer, ``expired, id, record, id, record, ...``, as a Claim."""
-    jobs = tuple(_claimed_job(str(reply[i]), str(reply[i + 1]), now_ms)
-                 for i in range(1, len(reply), 2))
-    return Claim(model, bin_name, token, now_ms, jobs, expired=int(reply[0]))
-
-
-def _ahead_claim(model: str, bins: Sequence[str], token: str, now_ms: int,
-                 reply: Sequence[Any]) -> Claim | None:
-    """claim_ahead's answer (after the bin states): the bin's index, from 1, then a
-    claim's answer; or 0 alone when it claimed nothing."""
-    if not reply or int(reply[0]) == 0:
-        return None
-    return _claim_reply(model, bins[int(reply[0]) - 1], token, now_ms, reply[1:])
-
-
-def _bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[BinState]:
-    """peek_bins.lua's four numbers per bin, as ``BinState``s."""
-    states = []
-    for k, bin_name in enumerate(bins):
-        depth, oldest, earliest, admitted = (int(x) for x in reply[4 * k: 4 * k + 4])
-        states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
-                               earliest if earliest > 0 else None, admitted))
-    return states
-
-
 def ended_ids(message: str) -> list[str]:
     """The job ids of one message on the done channel (one batch's, space-separated), or
     on the admitted channel (one admit.lua call's, the same way)."""
@@ -111,8 +51,8 @@ def ended_ids(message: str) -> list[str]:
 
 
 class Queue:
-    """Peek, claim, complete and cancel jobs; each is one Lua script call (admission:
-    carpool.backend.admitting)."""
+    """Peek, claim, complete and cancel jobs; each is one Lua script call. Admission is
+    carpool/backend/admitting.py's."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
@@ -138,14 +78,14 @@ class Queue:
         now_ms = 0
         states: list[BinState | None] = [None] * len(bins)
         for model, positions in by_model.items():  # a script touches one shard's keys only
-            keys = ([self.keys.bin(model, bins[i][1]) for i in positions]
-                    + [self.keys.stats(model, bins[i][1]) for i in positions])
+            names = [bins[i][1] for i in positions]
+            keys = keys_of(PeekArgs, bins=[self.keys.bin(model, b) for b in names],
+                           stats=[self.keys.stats(model, b) for b in names])
             with redis_errors():
-                reply = self._peek(keys=keys, args=[self.keys.job_prefix(shard(model)), "",
-                                                    *(scan[i] for i in positions)])
+                reply = self._peek(keys=keys, args=argv(PeekArgs(self.keys.job_prefix(
+                    shard(model))), (scan[i] for i in positions)))
             now_ms = max(now_ms, int(reply[0]))
-            for i, state in zip(positions, _bin_states(model, [bins[i][1] for i in positions],
-                                                       reply[1:]), strict=True):
+            for i, state in zip(positions, bin_states(model, names, reply[1:]), strict=True):
                 states[i] = state
         return now_ms, [st for st in states if st is not None]
 
@@ -158,123 +98,54 @@ class Queue:
         Jobs whose deadline passed, or queued longer than ``queued_ttl_s``, end "expired"
         instead (``Claim.expired`` counts them)."""
         tag = shard(model.name)
-        keys = [self.keys.bin(model.name, bin_name), self.keys.leases(tag),
-                self.keys.queued_bytes(model.name), self.keys.claim(tag, token)]
-        args: list[str | int] = [max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
-                self.keys.done_channel, model.result_ttl_s, max_n * CLAIM_SCAN_FACTOR,
-                queued_ttl_s]
+        keys = keys_of(ClaimArgs, bin=self.keys.bin(model.name, bin_name),
+                       leases=self.keys.leases(tag), bytes=self.keys.queued_bytes(model.name),
+                       claim=self.keys.claim(tag, token))
+        args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
+                         self.keys.done_channel, model.result_ttl_s,
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s)
         with redis_errors():
-            reply = self._claim(keys=keys, args=args)
-        return _claim_reply(model.name, bin_name, token, int(reply[0]), reply[1:])
-
-    def _ahead_args(self, model: ModelSpec, ahead: ClaimAhead | None) -> tuple[str, list[str]]:
-        """A request to claim ahead as the scripts take it (claim_batch.lua), and the
-        keys it adds after the leases zset: the model's byte budget, its claim hash."""
-        if ahead is None:
-            return "", []
-        request = "\t".join(str(v) for v in (
-            ahead.token, ahead.lease_ms, ahead.worker, ahead.queued_ttl_s,
-            self.keys.done_channel, model.result_ttl_s, CLAIM_SCAN_FACTOR, *ahead.max_n))
-        return request, [self.keys.queued_bytes(model.name),
-                         self.keys.claim(shard(model.name), ahead.token)]
-
-    def peek_and_claim(
-        self, model: ModelSpec, bins: Sequence[str], scan: Sequence[int], ahead: ClaimAhead,
-    ) -> tuple[int, list[BinState], Claim | None]:
-        """``peek`` of one model's ``bins`` and, in the same script call, the batch
-        ``ahead`` asks for, when it is one the worker's decision is sure to take
-        (``ClaimAhead``; the states are those before it)."""
-        if not len(bins) == len(scan) == len(ahead.max_n):
-            raise ValueError(f"one max_batch and one max_n per bin: {len(bins)} bins, "
-                             f"{len(scan)} and {len(ahead.max_n)} given")
-        tag = shard(model.name)
-        request, more = self._ahead_args(model, ahead)
-        keys = [*(self.keys.bin(model.name, b) for b in bins),
-                *(self.keys.stats(model.name, b) for b in bins), self.keys.leases(tag), *more]
-        with redis_errors():
-            reply = self._peek(keys=keys, args=[self.keys.job_prefix(tag), request, *scan])
-        now_ms = int(reply[0])
-        states = _bin_states(model.name, bins, reply[1:])
-        return now_ms, states, _ahead_claim(model.name, bins, ahead.token, now_ms,
-                                            reply[1 + 4 * len(bins):])
+            reply = self._claim(keys=keys, args=argv(args))
+        return claim_reply(model.name, bin_name, token, reply)
 
     def complete(
-        self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome], batch: dict[str, Any]
-    ) -> list[bool]:
-        """Write each outcome once; False where the lease was lost (the write is refused)."""
-        return self.complete_and_peek(model, claim, outcomes, batch).written
-
-    def complete_and_peek(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
         batch: dict[str, Any], peek: Sequence[str] = (), scan: Sequence[int] = (),
-        ahead: ClaimAhead | None = None,
     ) -> Completed:
-        """``complete``, and then, in the same script call, the state of the model's bins
-        named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
-        worker decides its next batch from, without a round trip of its own; and, with
-        ``ahead``, that batch claimed when it is sure (``peek_and_claim``)."""
-        if len(scan) != len(peek):  # complete.lua counts bins by KEYS, scans from ARGV's end
+        """Write each outcome once (``Completed.written``: False where the lease was lost,
+        the write refused); and then, in the same script call, the state of the model's
+        bins named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
+        worker decides its next batch from, without a round trip of its own."""
+        if len(scan) != len(peek):
             raise ValueError(f"one max_batch per bin peeked: {len(peek)} bins, "
                              f"{len(scan)} given")
-        if ahead is not None and len(ahead.max_n) != len(peek):
-            raise ValueError(f"one max_n per bin peeked: {len(peek)} bins, "
-                             f"{len(ahead.max_n)} given")
         tag = shard(model.name)
-        per_job: list[Any] = []
-        lines: list[str] = []  # the pushed views, one argument: the script keeps it whole
-        claimed = {j.id: j for j in claim.jobs}
-        strangers = [o.id for o in outcomes if o.id not in claimed]
-        if strangers:  # complete.lua writes a record from what its claim handed out
-            raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
         batch_json = json.dumps(batch)
-        for o in outcomes:
-            timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
-                                  "inference": round(o.inference_ms, 3)})
-            payload = (o.error or "") if o.failed else json.dumps(o.result)
-            job = claimed[o.id]
-            blob = job_blob(job, claim.now_ms, o, payload, timings, model.name)
-            if blob:
-                lines.append(blob)
-            # The ended record, built from what the claim answered (complete.lua adds
-            # t_done): the script writes it without reading the queued one.
-            head, tail = ("", "")
-            if job.admission:
-                head, tail = records.ended_parts("failed" if o.failed else "done",
-                                                 job.attempts, job.admission, claim.now_ms,
-                                                 timings, batch_json, payload)
-            per_job += [o.id, len(blob.encode()), head, tail]
-        request, more = self._ahead_args(model, ahead if peek else None)
-        args: list[Any] = [claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
-                           model.result_ttl_s, batch_json, DRAIN_TAU_MS,
-                           self.keys.results_channel, "\n".join(lines), request, *per_job,
-                           *scan]
-        keys = [self.keys.leases(tag), self.keys.stats(model.name, claim.bin),
-                self.keys.claim(tag, claim.token),
-                *(self.keys.bin(model.name, b) for b in peek),
-                *(self.keys.stats(model.name, b) for b in peek), *more]
+        per_job, pushed = completion_args(model.name, claim, outcomes, batch_json)
+        args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
+                            model.result_ttl_s, batch_json, DRAIN_TAU_MS,
+                            self.keys.results_channel, pushed, len(outcomes))
+        keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
+                       stats=self.keys.stats(model.name, claim.bin),
+                       claim=self.keys.claim(tag, claim.token),
+                       bins=[self.keys.bin(model.name, b) for b in peek],
+                       bin_stats=[self.keys.stats(model.name, b) for b in peek])
         with redis_errors():
-            reply = self._complete(keys=keys, args=args)
+            reply = self._complete(keys=keys, args=argv(args, per_job, scan))
         n = len(outcomes)
         written = [bool(x) for x in reply[:n]]
         if not peek:
             return Completed(written)
-        now_ms, at = int(reply[n]), n + 1 + 4 * len(peek)
-        ahead_claim = None
-        if request and ahead is not None:
-            ahead_claim = _ahead_claim(model.name, peek, ahead.token, now_ms, reply[at:])
-        return Completed(written, now_ms, _bin_states(model.name, peek, reply[n + 1:at]),
-                         ahead_claim)
+        return Completed(written, int(reply[n]), bin_states(model.name, peek, reply[n + 1:]))
 
     def cancel(self, job_id: str, result_ttl_s: int) -> str:
         """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
+        tag = shard_of_job(job_id)
+        args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
+                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel)
         with redis_errors():
-            reply = str(self._cancel(
-                keys=[self.keys.job(job_id)],
-                args=[job_id, self.keys.bin_prefix(shard_of_job(job_id)),
-                      self.keys.done_channel, result_ttl_s,
-                      self.keys.bytes_prefix(shard_of_job(job_id)),
-                      self.keys.results_channel],
-            ))
+            reply = str(self._cancel(keys=keys_of(CancelArgs, job=self.keys.job(job_id)),
+                                     args=argv(args)))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
         return reply
@@ -296,8 +167,8 @@ class Queue:
         by_shard: dict[str, list[int]] = {}
         for i, job_id in enumerate(job_ids):
             by_shard.setdefault(shard_of_job(job_id), []).append(i)
-        calls = [([self.keys.job(job_ids[i]) for i in idx],
-                  [self.keys.bin_prefix(tag), self.keys.job_prefix(tag)])
+        calls = [(keys_of(ReadArgs, jobs=[self.keys.job(job_ids[i]) for i in idx]),
+                  argv(ReadArgs(self.keys.bin_prefix(tag), self.keys.job_prefix(tag))))
                  for tag, idx in by_shard.items()]
         with redis_errors():
             replies = self._read_calls(calls)
@@ -307,7 +178,7 @@ class Queue:
                 out[i] = records.parse(str(row)) if row is not None else None
         return out
 
-    def _read_calls(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+    def _read_calls(self, calls: list[tuple[list[str], list[Arg]]]) -> list[Any]:
         """``read.lua`` once per (keys, args): one call alone; several (jobs of several
         shards) in one pipelined round trip, except on a cluster, where each goes to
         its own shard's master."""
@@ -319,7 +190,7 @@ class Queue:
             self._read.sha = self.client.script_load(self._read.script)
             return self._pipelined_reads(calls)
 
-    def _pipelined_reads(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
+    def _pipelined_reads(self, calls: list[tuple[list[str], list[Arg]]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.evalsha(self._read.sha, len(keys), *keys, *args)

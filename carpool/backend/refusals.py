@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import redis
 
+from carpool.backend.args import FailQueuedArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.registry import Availability
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import MODEL_UNAVAILABLE
+from carpool.core.script_args import argv, keys_of
 from carpool.core.shards import shard
 
 #: Jobs ended per script call: bounds how long one call holds Redis.
@@ -49,10 +51,11 @@ class RefusedJobs:
             while True:
                 with redis_errors():
                     n, dropped = self._fail(
-                        keys=[self.keys.bin(spec.name, b.name),
-                              self.keys.queued_bytes(spec.name)],
-                        args=[self.keys.job_prefix(shard(spec.name)), self.keys.done_channel,
-                              spec.result_ttl_s, message, FAIL_BATCH])
+                        keys=keys_of(FailQueuedArgs, bin=self.keys.bin(spec.name, b.name),
+                                     bytes=self.keys.queued_bytes(spec.name)),
+                        args=argv(FailQueuedArgs(self.keys.job_prefix(shard(spec.name)),
+                                                 self.keys.done_channel, spec.result_ttl_s,
+                                                 message, FAIL_BATCH)))
                 ended += int(n)
                 if int(n) + int(dropped) < FAIL_BATCH:
                     break

@@ -21,9 +21,11 @@ from typing import Any, cast
 
 import redis
 
+from carpool.backend.args import HeartbeatArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.core.errors import BackendUnavailable, ModelRefused
+from carpool.core.script_args import argv, keys_of
 
 #: A worker renews its entry this often...
 HEARTBEAT_S = 5.0
@@ -79,12 +81,14 @@ class Registry:
                 ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
         doc = json.dumps({"served": list(served), "refused": dict(refused)})
         with redis_errors():
-            self._heartbeat(keys=[self.keys.workers], args=[worker, ttl_ms, doc])
+            self._heartbeat(keys=keys_of(HeartbeatArgs, workers=self.keys.workers),
+                            args=argv(HeartbeatArgs(worker, ttl_ms, doc)))
 
     def withdraw(self, worker: str) -> None:
         """Drop the worker's entry at once (a clean stop)."""
         with redis_errors():
-            self._heartbeat(keys=[self.keys.workers], args=[worker, 0, "{}"])
+            self._heartbeat(keys=keys_of(HeartbeatArgs, workers=self.keys.workers),
+                            args=argv(HeartbeatArgs(worker, 0, "{}")))
 
     def live(self) -> list[WorkerModels]:
         """The entries that have not lapsed, on Redis's clock."""

@@ -128,10 +128,6 @@ class Settings:
     #: Workers leave early when waiting for a fuller batch does not pay
     #: (docs/scheduling.md); off: every bin is a fixed window of max_wait_ms.
     adaptive_batching: bool = True
-    #: A worker that serves one model claims its next batch in the same script call
-    #: as its completion or its peek, when that batch is a full one it is sure to take
-    #: (docs/architecture.md, "Claiming ahead"); off: a claim is a call of its own.
-    claim_ahead: bool = True
     #: TEST ONLY: the synthetic model appends each batch's input values here, one
     #: JSON line per model call, so tests can see exactly what reached the model.
     synthetic_call_log: str = ""
@@ -327,7 +323,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         web_max_queue_ms=_int(env, "CARPOOL_WEB_MAX_QUEUE_MS", 300),
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
-        claim_ahead=_flag(env, "CARPOOL_CLAIM_AHEAD", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),
     )
     check_consistency(settings)

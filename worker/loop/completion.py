@@ -8,8 +8,8 @@ retry of a write that did go through the first time is refused, never doubled.
 
 The worker gives up on a batch only when it is asked to stop (after one more try),
 or when the batch has run past ``CARPOOL_MAX_BATCH_MS`` (the lease keeper no longer
-renews it then). A batch given up on is reported as ended without completing: the
-lease keeper hands its jobs back, or, with Redis away, lets the lease lapse.
+renews it then). The loop hands a batch given up on back through its lease keeper,
+or, with Redis away, lets the lease lapse.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from carpool.backend.queue import ClaimAhead, Completed, Queue
+from carpool.backend.queue import Queue
+from carpool.backend.replies import Completed
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable, CarpoolError
 from carpool.core.jobs import Claim, Outcome
@@ -56,29 +57,19 @@ class CompletionWriter:
     clock: Callable[[], float] = time.perf_counter
     #: Tries that failed and were retried (each outage adds its count; for metrics/tests).
     retries: int = field(default=0, init=False)
-    #: Tokens of batches asked for ahead by a try whose reply was lost: they may hold
-    #: jobs (``take_unanswered`` hands them to the loop, which reports them).
-    _unanswered: list[str] = field(default_factory=list, init=False)
 
     def write(self, spec: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
               batch: dict[str, Any], started_s: float, peek: Sequence[str] = (),
-              scan: Sequence[int] = (), ahead: ClaimAhead | None = None) -> Completed:
+              scan: Sequence[int] = ()) -> Completed:
         """Per job: True written, False refused (lease lost); with ``peek``, the state
-        of those bins of the model right after (``Queue.complete_and_peek``), and with
-        ``ahead`` the next batch claimed ahead, asked for by the first try only. Raises
+        of those bins of the model right after (``Queue.complete``). Raises
         ``GaveUp``."""
         backoff_s = RETRY_MIN_S
         first_failure_s: float | None = None
         while True:
             try:
-                done = self.queue.complete_and_peek(spec, claim, outcomes, batch, peek, scan,
-                                                    ahead)
-            except BaseException as exc:
-                if ahead is not None:  # it may have run: its token may hold jobs
-                    self._unanswered.append(ahead.token)
-                    ahead = None
-                if not isinstance(exc, BackendUnavailable):
-                    raise
+                done = self.queue.complete(spec, claim, outcomes, batch, peek, scan)
+            except BackendUnavailable as exc:
                 now_s = self.clock()
                 if first_failure_s is None:
                     first_failure_s = now_s
@@ -96,11 +87,6 @@ class CompletionWriter:
                 log.warning("results of %s written after Redis was away %.1f s", claim.token,
                             self.clock() - first_failure_s)
             return done
-
-    def take_unanswered(self) -> list[str]:
-        """The tokens of batches asked for ahead whose reply was lost, since last asked."""
-        tokens, self._unanswered = self._unanswered, []
-        return tokens
 
     def _count_lost_replies(self, claim: Claim, written: list[bool]) -> list[bool]:
         """A try whose reply was lost (a timeout, a dropped connection) may have written

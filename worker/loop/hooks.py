@@ -1,10 +1,11 @@
 """What the batch loop tells the rest of the worker: named hooks, one per event.
 
 Like dramatiq's middleware, each listener implements the hooks it needs on a
-subclass of ``Hooks`` (whose hooks do nothing): Flower events, metrics and lease
-keeping hook in here. The loop calls them in order, on its own thread, and logs
-(never raises) what a hook raises: monitoring must never fail a batch. The
-loop's own scheduler is not a hook: the loop feeds it directly.
+subclass of ``Hooks`` (whose hooks do nothing): Flower events and metrics hook in
+here. Hooks are monitoring only: the loop calls them in order, on its own thread,
+and logs (never raises) what a hook raises, so a hook may fail without effect on
+any job. What jobs depend on is no hook: the loop feeds its scheduler directly and
+calls its lease keeper by name (worker/loop/leasekeeper.py).
 """
 
 from __future__ import annotations
@@ -57,16 +58,8 @@ class BatchHooks(Protocol):
 
     def on_failed(self, claim: Claim) -> None:
         """The batch ended without its results written (Redis lost mid-write, a bug):
-        its jobs should go back to their bin."""
-
-    def on_unanswered(self, claim: Claim) -> None:
-        """A claim whose reply never came (``claim.jobs`` is empty): it may have leased
-        jobs to ``claim.token`` all the same."""
-
-    def on_unneeded(self, claim: Claim) -> None:
-        """A batch claimed ahead (with a completion or a peek) that the loop will not
-        run after all: its jobs should go back to their bin, the attempt refunded (they
-        never reached a model)."""
+        the loop has handed its jobs back (or, with Redis away, left its lease to
+        lapse)."""
 
     def on_idle(self) -> None:
         """The loop is about to block on Redis until a job arrives: no batch in flight
@@ -89,12 +82,6 @@ class Hooks:
         return None
 
     def on_failed(self, claim: Claim) -> None:
-        return None
-
-    def on_unanswered(self, claim: Claim) -> None:
-        return None
-
-    def on_unneeded(self, claim: Claim) -> None:
         return None
 
     def on_idle(self) -> None:

@@ -1,10 +1,13 @@
 """Keeping leases: renew the ones in hand, reap the expired ones, hand them back at stop.
 
-``LeaseKeeper`` hooks into ``BatchLoop`` (worker/loop/hooks.py): it learns each claim
-when its batch starts and forgets it when it ends. Its own thread wakes every third
-of a lease and (1) renews every claim in hand, so a long batch keeps its jobs,
-and (2) runs the reaper once, so jobs of dead workers go back to their bins.
-Every worker runs one; reap.lua is atomic, so any number may reap at once.
+``LeaseKeeper`` is a collaborator of ``BatchLoop``, which calls it by name (not a hook:
+hooks are monitoring, and what they raise is swallowed): ``hold`` when a batch
+starts, ``finished`` when its results are written, ``hand_back`` when it ends
+without them, ``reply_lost`` when a claim's reply never came. Its own thread wakes
+every third of a lease and (1) renews every claim in hand, so a long batch keeps its
+jobs, (2) hands back the jobs of claims whose reply was lost, once found, and (3)
+runs the reaper once, so jobs of dead workers go back to their bins. Every worker
+runs one; reap.lua is atomic, so any number may reap at once.
 
 A job therefore waits at most ``lease_ms + lease_tick_ms`` after its worker
 died before it is back at the front of its bin (if any worker is alive).
@@ -17,12 +20,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from carpool.backend.leases import REAP_BATCH, Leases
 from carpool.core.errors import BackendUnavailable
 from carpool.core.jobs import Claim
 from carpool.core.settings import Settings
-from worker.loop.hooks import BatchReport, Hooks
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,40 @@ class Held:
     since_s: float
 
 
-class LeaseKeeper(Hooks):
+class LeaseHolder(Protocol):
+    """What the batch loop tells whoever keeps its leases, by name."""
+
+    def hold(self, claim: Claim) -> None:
+        """The claim's batch starts: keep its lease until ``finished`` or ``hand_back``."""
+
+    def finished(self, claim: Claim) -> None:
+        """The claim's results are written (complete.lua ended its lease)."""
+
+    def hand_back(self, claim: Claim, *, refund_attempt: bool) -> int:
+        """Hand the claim's jobs back to the front of their bin now; how many went."""
+
+    def reply_lost(self, token: str) -> None:
+        """A call that may have leased jobs to ``token`` lost its reply: find them by
+        token once Redis answers and hand them back, attempt refunded."""
+
+
+class NoLeaseKeeper:
+    """A ``LeaseHolder`` that keeps nothing: leases lapse (a loop in a test)."""
+
+    def hold(self, claim: Claim) -> None:
+        return None
+
+    def finished(self, claim: Claim) -> None:
+        return None
+
+    def hand_back(self, claim: Claim, *, refund_attempt: bool) -> int:
+        return 0
+
+    def reply_lost(self, token: str) -> None:
+        return None
+
+
+class LeaseKeeper:
     """Renews the claims in hand and reaps expired leases, from one thread."""
 
     def __init__(self, leases: Leases, settings: Settings,
@@ -60,37 +96,28 @@ class LeaseKeeper(Hooks):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # -- hooks ----------------------------------------------------------------------
+    # -- what the loop tells it ------------------------------------------------------
 
-    def on_unanswered(self, claim: Claim) -> None:
-        with self._lock:
-            self._unanswered[claim.token] = self.clock()
-
-    def on_claimed(self, claim: Claim) -> None:
+    def hold(self, claim: Claim) -> None:
         with self._lock:
             self._held[claim.token] = Held(claim, self.clock())
 
-    def on_finished(self, claim: Claim, report: BatchReport) -> None:
+    def finished(self, claim: Claim) -> None:
         with self._lock:
             self._held.pop(claim.token, None)
 
-    def on_unneeded(self, claim: Claim) -> None:
-        # Claimed ahead and not run: back now, the attempt refunded. With Redis away,
-        # looked for by token on the next ticks, as a claim whose reply was lost.
-        try:
-            self.leases.release(claim.token, [j.id for j in claim.jobs], refund_attempt=True)
-        except BackendUnavailable as exc:
-            log.warning("could not hand back %s (%s); retrying on the next tick",
-                        claim.token, exc)
-            self.on_unanswered(claim)
-
-    def on_failed(self, claim: Claim) -> None:
+    def hand_back(self, claim: Claim, *, refund_attempt: bool) -> int:
+        """Release the claim's jobs to the front of their bin now rather than after the
+        lease; ``refund_attempt`` when they never reached a model. A claim no longer
+        held (over CARPOOL_MAX_BATCH_MS: ``renew_all`` let it go), or Redis away: its
+        lease lapses instead, and the reaper takes the jobs back."""
         with self._lock:
             held = self._held.pop(claim.token, None)
-        if held is not None:
-            # The batch ended without completing (Redis lost mid-write, a bug): hand
-            # its jobs back now rather than after the lease; the attempt stays counted.
-            self._release(held.claim, refund_attempt=False)
+        return 0 if held is None else self._release(claim, refund_attempt=refund_attempt)
+
+    def reply_lost(self, token: str) -> None:
+        with self._lock:
+            self._unanswered[token] = self.clock()
 
     # -- the thread -----------------------------------------------------------------
 
@@ -177,7 +204,7 @@ class LeaseKeeper(Hooks):
 
     # -- hand-back ------------------------------------------------------------------
 
-    def hand_back(self, *, refund_attempt: bool) -> int:
+    def hand_back_all(self, *, refund_attempt: bool) -> int:
         """Release every claim in hand to the front of its bin; how many jobs went back."""
         with self._lock:
             held, self._held = list(self._held.values()), {}

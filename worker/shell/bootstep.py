@@ -145,7 +145,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              hooks=[self.keeper, self.events],
+                              hooks=[self.events], keeper=self.keeper,
                               claim_filters=[SuspectIsolation(leases)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
@@ -210,7 +210,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         overran = self.thread.is_alive()
         # Overran: the batch was running, so its attempt stays counted. Otherwise only
         # claims that never reached the model can be left: their attempt is refunded.
-        back = self.keeper.hand_back(refund_attempt=not overran)
+        back = self.keeper.hand_back_all(refund_attempt=not overran)
         if not overran:
             self.loop.executor.close()  # its threads are idle once the loop has ended
         if overran:

@@ -9,16 +9,19 @@
 -- jobs. The first job refused ends the call (every later one would be refused for the
 -- same reason), and the jobs before it are queued.
 --
--- KEYS[1]  bin zset      {p.s}:q:<model>:<bin>   ids scored by urgency (µs), most urgent first
--- KEYS[2]  wake list     {p.s}:wake:<model>      a token wakes one blocked worker
--- KEYS[3]  idempotency   {p.s}:idem:<model>:<k>  read/written only when ARGV[7] == "1"
--- KEYS[4]  stats hash    {p.s}:stats:<model>:<bin>  admitted += jobs admitted; drain rate
---                        read when full, when the predicted wait is checked, or owned
--- KEYS[5]  tenants hash  {p.s}:tenants:<model>:<bin>  owner -> "count as-of-ms weight
+-- KEYS[1]  bin           {p.s}:q:<model>:<bin> zset: ids scored by urgency (µs), most
+--                        urgent first
+-- KEYS[2]  wake          {p.s}:wake:<model> list: a token wakes one blocked worker
+-- KEYS[3]  idem          {p.s}:idem:<model>:<k>: read/written only when ARGV[7] == "1"
+-- KEYS[4]  stats         {p.s}:stats:<model>:<bin> hash: admitted += jobs admitted; drain
+--                        rate read when full, when the predicted wait is checked, or owned
+-- KEYS[5]  tenants       {p.s}:tenants:<model>:<bin> hash: owner -> "count as-of-ms weight
 --                        clock", when owned
--- KEYS[6]  bytes hash    {p.s}:bytes:<model>  the model's byte budget (carpool/admission/budget.py)
--- KEYS[7]  bytes hash    {p.s}:bytes:<model>:<owner>  the API key's (read when owned)
--- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (a test checks the two agree):
+-- KEYS[6]  bytes         {p.s}:bytes:<model> hash: the model's byte budget
+--                        (carpool/admission/budget.py)
+-- KEYS[7]  owner_bytes   {p.s}:bytes:<model>:<owner> hash: the API key's (read when owned)
+-- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (one test checks
+-- every script's header against its Python arguments):
 -- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, created here; same
 --                            slot)
 -- ARGV[2]  model             ARGV[3] bin          ARGV[4] max_depth    ARGV[5] max_batch
@@ -43,7 +46,7 @@
 -- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
 -- ARGV[23] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
 --                            message per call that admits any (web/waiters.py)
--- ARGV[24..] per job, 2 values: id, input (JSON)
+-- ARGV[24..] jobs      per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:

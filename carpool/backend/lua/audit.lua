@@ -2,9 +2,11 @@
 -- invariant checker (tests, and an operator chasing a stuck job). Uses KEYS: it
 -- walks the whole keyspace of this node, so run it on test data or rarely.
 --
--- KEYS[1]  leases  {p.s}:leases
--- ARGV[1]  glob of every bin zset "{p.s}:q:*"   ARGV[2] glob of every job record "{p.s}:job:*"
--- ARGV[3]  job key prefix "{p.s}:job:"     ARGV[4] claim key prefix "{p.s}:claim:"
+-- KEYS[1]  leases        {p.s}:leases
+-- ARGV[1]  bin_glob      glob of every bin zset "{p.s}:q:*"
+-- ARGV[2]  job_glob      glob of every job record "{p.s}:job:*"
+-- ARGV[3]  job_prefix    "{p.s}:job:"
+-- ARGV[4]  claim_prefix  "{p.s}:claim:"
 --
 -- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
 -- entry, most urgent first; a zset holds an id once, so a duplicate can only be across

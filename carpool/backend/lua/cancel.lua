@@ -1,12 +1,16 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
--- KEYS[1]  job record {p.s}:job:<id> (carpool/backend/records.py)
--- ARGV[1]  id   ARGV[2] bin key prefix "{p.s}:q:" (the bin zset is <prefix><model>:<bin>,
---          read from the record; same slot)   ARGV[3] done channel   ARGV[4] result_ttl_s
--- ARGV[5]  byte-budget key prefix "{p.s}:bytes:" (same slot): a cancelled input leaves
---          its model's (and its API key's) budget, as in claim.lua
--- ARGV[6]  results channel: a deleted job's id is published there ("del <id>"), so no
---          web process answers from a result it was pushed (carpool/backend/pushed.py)
+-- KEYS[1]  job              the job record {p.s}:job:<id> (carpool/backend/records.py)
+-- ARGV[1]  id
+-- ARGV[2]  bin_prefix       "{p.s}:q:" (the bin zset is <prefix><model>:<bin>, read from
+--                           the record; same slot)
+-- ARGV[3]  done_channel
+-- ARGV[4]  result_ttl_s
+-- ARGV[5]  bytes_prefix     "{p.s}:bytes:" (same slot): a cancelled input leaves its
+--                           model's (and its API key's) byte budget, as in claim.lua
+-- ARGV[6]  results_channel  a deleted job's id is published there ("del <id>"), so no
+--                           web process answers from a result it was pushed
+--                           (carpool/backend/pushed.py)
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.

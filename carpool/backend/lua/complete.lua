@@ -1,31 +1,30 @@
 -- complete.lua: write the results of one batch, once, and wake their waiters.
 --
--- KEYS[1]  leases  {p.s}:leases
--- KEYS[2]  stats   {p.s}:stats:<model>:<bin>  drained += jobs written; the drain rate and
---                                             the busy time behind it (busy_c)
--- KEYS[3]  claim   {p.s}:claim:<token> (claim.lua)
--- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
--- ARGV[3]  done channel                 ARGV[4] result_ttl_s
--- ARGV[5]  batch JSON {"size","bin","worker"}
--- ARGV[6]  drain-rate time constant, ms (carpool/admission/retry_after.py)
--- ARGV[7]  results channel (carpool/backend/pushed.py)
--- ARGV[8]  the jobs' pushed views (carpool/backend/pushed.py): one JSON line each, "\n" between,
---          those not pushed left out
--- ARGV[9]  a request to claim the next batch ahead (claim_batch.lua's claim_ahead), ""
---          for none: a worker that serves only the bins peeked below claims its next
---          batch here when it is a full one, without a round trip of its own
--- then per job, 4 values: id, the byte length of its line in ARGV[8] (0: not pushed),
---   and its ended record but for t_done, in two parts (carpool/backend/records.py's
---   `ended_parts`): the head up to t_claim, built by the worker from the admission
---   fields and the attempt count the claim handed out, and the rest from the timings
---   on, payload included (the result JSON when done, the error message when failed);
---   the record written is head .. t_done .. rest, t_done Redis's clock
--- KEYS[4..3+n], KEYS[4+n..3+2n] (optional) bin zsets and their stats hashes of this
---   model to peek after the write, as peek.lua does; then the last n ARGV are their
---   max_batch: the worker decides its next batch from this reply, without a peek's
---   round trip of its own
--- KEYS[4+2n], KEYS[5+2n] with a request to claim ahead only: the model's byte-budget
---   hash and the claim hash of the request's token (the leases zset is KEYS[1])
+-- KEYS[1]  leases           {p.s}:leases
+-- KEYS[2]  stats            {p.s}:stats:<model>:<bin>  drained += jobs written; the drain
+--                           rate and the busy time behind it (busy_c)
+-- KEYS[3]  claim            {p.s}:claim:<token> (claim.lua)
+-- KEYS[4..3+n]    bins      (optional) bin zsets of this model to peek after the write,
+--                           as peek.lua does: the worker decides its next batch from this
+--                           reply, without a peek's round trip of its own
+-- KEYS[4+n..3+2n] bin_stats their stats hashes
+-- ARGV[1]  token            lease token of the claim
+-- ARGV[2]  job_prefix       "{p.s}:job:"
+-- ARGV[3]  done_channel
+-- ARGV[4]  result_ttl_s
+-- ARGV[5]  batch_json       {"size","bin","worker"}
+-- ARGV[6]  drain_tau_ms     drain-rate time constant (carpool/admission/retry_after.py)
+-- ARGV[7]  results_channel  (carpool/backend/pushed.py)
+-- ARGV[8]  pushed           the jobs' pushed views (carpool/backend/pushed.py): one JSON
+--                           line each, "\n" between, those not pushed left out
+-- ARGV[9]  jobs             j, the number of jobs that follow
+-- ARGV[10..9+4j] per_job    4 values per job: id, the byte length of its line in
+--   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
+--   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
+--   worker from the admission fields and the attempt count the claim handed out, and
+--   the rest from the timings on, payload included (the result JSON when done, the error
+--   message when failed); the record written is head .. t_done .. rest (Redis's clock)
+-- ARGV[10+4j..] scans       the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -38,18 +37,15 @@
 -- Returns one integer per job: 1 written, 0 refused (the claim no longer holds it: the
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
--- states (peek_bins.lua), as they are after the write and before any claim; with a
--- request to claim ahead, then what claim_ahead appends.
+-- states (peek_bins.lua), as they are after the write and before any claim.
 --#include record
 --#include peek_bins
 --#include leave_claim
---#include claim_batch
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local ahead = ARGV[9] ~= ""
-local npeek = (#KEYS - 3 - (ahead and 2 or 0)) / 2
-local jobs_end = #ARGV - npeek  -- the last per-job argument
+local npeek = (#KEYS - 3) / 2
+local jobs_end = 9 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -144,11 +140,6 @@ if npeek > 0 then
   end
   out[#out + 1] = now_ms
   local scans = {unpack(ARGV, jobs_end + 1)}
-  local first = #out + 1
   peek_bins(bins, stats, scans, ARGV[2], now_ms, out)
-  if ahead then
-    claim_ahead(ARGV[9], {KEYS[1], KEYS[4 + 2 * npeek], KEYS[5 + 2 * npeek]}, bins, scans,
-      first, ARGV[2], now_ms, now_s, out)
-  end
 end
 return out

@@ -4,12 +4,16 @@
 -- once: a job leaves its bin by one ZREM, so exactly one call ends it, and a job a
 -- claim took first (no longer in the bin) is left to its claim.
 --
--- KEYS[1]  bin zset        {p.s}:q:<model>:<bin>
--- KEYS[2]  byte budget     {p.s}:bytes:<model> (its API keys' hashes are "<KEYS[2]>:<owner>",
---                          same slot): a failed input leaves the budget, as in cancel.lua
--- ARGV[1]  job key prefix "{p.s}:job:"     ARGV[2] done channel
--- ARGV[3]  result_ttl_s                    ARGV[4] the error message (the record's payload)
--- ARGV[5]  most jobs ended per call (the caller calls again while it returns that many)
+-- KEYS[1]  bin              {p.s}:q:<model>:<bin>
+-- KEYS[2]  bytes            {p.s}:bytes:<model> (its API keys' hashes are
+--                           "<KEYS[2]>:<owner>", same slot): a failed input leaves the
+--                           budget, as in cancel.lua
+-- ARGV[1]  job_prefix       "{p.s}:job:"
+-- ARGV[2]  done_channel
+-- ARGV[3]  result_ttl_s
+-- ARGV[4]  message          the error message (the record's payload)
+-- ARGV[5]  max_n            most jobs ended per call (the caller calls again while it
+--                           returns that many)
 --
 -- Each job's record ends as reap.lua writes a failure: "failed", its attempts, its
 -- admission fields kept, no claim time, t_done now, no timings, no batch, the message

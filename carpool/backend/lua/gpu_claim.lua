@@ -1,9 +1,9 @@
 -- gpu_claim.lua: give one worker one free GPU, under a lease.
 --
--- KEYS[i]  GPU lease   {p}:gpu:<uuid_i>  string: the holder's name, expiring with
---          the lease; one key per candidate GPU, in the order to try them
+-- KEYS[1..n]  gpus    GPU leases {p}:gpu:<uuid_i>, strings: the holder's name, expiring
+--                      with the lease; one key per candidate GPU, in the order to try them
 -- ARGV[1]  holder      the worker's node name (unique per worker, stable across a
---          restart of the same container)
+--                      restart of the same container)
 -- ARGV[2]  lease_ms
 --
 -- Returns {i, 0} when the GPU of KEYS[i] is now this holder's, or {0, wait_ms}

@@ -1,8 +1,10 @@
 -- gpu_release.lua: hand a GPU back and wake one worker waiting for a GPU.
 --
--- KEYS[1]  GPU lease  {p}:gpu:<uuid>
--- KEYS[2]  free list  {p}:gpu-free   a token wakes one waiting worker (capped)
--- ARGV[1]  holder     ARGV[2] uuid (the token)   ARGV[3] free list cap
+-- KEYS[1]  gpu        the GPU lease {p}:gpu:<uuid>
+-- KEYS[2]  free       the free list {p}:gpu-free: a token wakes one waiting worker (capped)
+-- ARGV[1]  holder
+-- ARGV[2]  uuid       the token pushed
+-- ARGV[3]  free_cap   the free list's cap
 --
 -- Returns 1 when released, 0 when the GPU was not this holder's (its lease had
 -- lapsed): a late release never frees a GPU that another worker now holds.

@@ -1,7 +1,8 @@
 -- gpu_renew.lua: extend a worker's lease on its GPU.
 --
--- KEYS[1]  GPU lease {p}:gpu:<uuid>
--- ARGV[1]  holder    ARGV[2] lease_ms
+-- KEYS[1]  gpu       the GPU lease {p}:gpu:<uuid>
+-- ARGV[1]  holder
+-- ARGV[2]  lease_ms
 --
 -- Returns "renewed" (still this holder's), "retaken" (the lease had lapsed and
 -- nobody took the GPU: it is this holder's again), or the name of the worker

@@ -1,8 +1,8 @@
 -- read.lua: job records as GET /result reads them, never an input.
 --
--- KEYS[1..n]  job records {p.s}:job:<id> of one shard (carpool/backend/records.py)
--- ARGV[1]     bin key prefix "{p.s}:q:" (a bin is <prefix><model>:<bin>; same slot)
--- ARGV[2]     job key prefix "{p.s}:job:" (a key is <prefix><id>)
+-- KEYS[1..n]  jobs        job records {p.s}:job:<id> of one shard (carpool/backend/records.py)
+-- ARGV[1]     bin_prefix  "{p.s}:q:" (a bin is <prefix><model>:<bin>; same slot)
+-- ARGV[2]     job_prefix  "{p.s}:job:" (a key is <prefix><id>)
 --
 -- Returns per key: its record; a queued one cut at the end of its head (its input,
 -- which may be a large image, stays in Redis), and saying "running" when its job is

@@ -2,15 +2,19 @@
 -- or was killed), atomically, so several workers may run it at once: each expired
 -- claim is taken back by exactly one call.
 --
--- KEYS[1]  leases     {p.s}:leases  zset lease token -> lease deadline (ms)
--- KEYS[2]  dead list  {p.s}:dead    ids failed here, newest first, capped
--- ARGV[1]  most jobs taken back per call (whole claims: at least one)
+-- KEYS[1]  leases        {p.s}:leases  zset lease token -> lease deadline (ms)
+-- KEYS[2]  dead          {p.s}:dead    ids failed here, newest first, capped
+-- ARGV[1]  batch         most jobs taken back per call (whole claims: at least one)
 -- ARGV[2]  max_attempts
--- ARGV[3]  job key prefix "{p.s}:job:"            ARGV[4] bin key prefix "{p.s}:q:"
--- ARGV[5]  wake key prefix "{p.s}:wake:"          ARGV[6] done channel
--- ARGV[7]  dead list cap                        ARGV[8] wake list cap
--- ARGV[9]  result_ttl_s for a model not listed  ARGV[10] claim key prefix "{p.s}:claim:"
--- ARGV[11..] pairs: model, result_ttl_s
+-- ARGV[3]  job_prefix    "{p.s}:job:"
+-- ARGV[4]  bin_prefix    "{p.s}:q:"
+-- ARGV[5]  wake_prefix   "{p.s}:wake:"
+-- ARGV[6]  done_channel
+-- ARGV[7]  dead_cap      the dead list's cap
+-- ARGV[8]  wake_cap      a wake list's cap
+-- ARGV[9]  result_ttl_s  for a model not listed below
+-- ARGV[10] claim_prefix  "{p.s}:claim:"
+-- ARGV[11..] ttls        pairs: model, result_ttl_s
 --
 -- Each expired claim's hash (claim.lua) names the jobs it still held, with their attempt
 -- counts. A job under max_attempts goes back into its bin zset under the score admit.lua

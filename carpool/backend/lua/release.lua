@@ -4,13 +4,16 @@
 -- the bin's most urgent jobs, so they are at its front again, in claim order (a record
 -- without a score goes to the very front).
 --
--- KEYS[1]  leases  {p.s}:leases
--- KEYS[2]  claim   {p.s}:claim:<token> (claim.lua)
--- ARGV[1]  lease token of the claim     ARGV[2] job key prefix "{p.s}:job:"
--- ARGV[3]  bin key prefix "{p.s}:q:"      ARGV[4] wake key prefix "{p.s}:wake:"
--- ARGV[5]  wake list cap                ARGV[6] "1": refund the attempt the claim counted
---          (the job never reached the model), "0": keep it counted
--- ARGV[7..] ids, in claim order
+-- KEYS[1]  leases       {p.s}:leases
+-- KEYS[2]  claim        {p.s}:claim:<token> (claim.lua)
+-- ARGV[1]  token        lease token of the claim
+-- ARGV[2]  job_prefix   "{p.s}:job:"
+-- ARGV[3]  bin_prefix   "{p.s}:q:"
+-- ARGV[4]  wake_prefix  "{p.s}:wake:"
+-- ARGV[5]  wake_cap     a wake list's cap
+-- ARGV[6]  refund       "1": refund the attempt the claim counted (the job never reached
+--                       the model), "0": keep it counted
+-- ARGV[7..] ids         in claim order
 --
 -- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
 --#include leave_claim

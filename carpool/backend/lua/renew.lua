@@ -1,9 +1,10 @@
 -- renew.lua: push back the lease deadline of one claim, for all the jobs it still holds.
 --
--- KEYS[1]  leases  {p.s}:leases  zset lease token -> lease deadline (ms)
--- KEYS[2]  claim   {p.s}:claim:<token> (claim.lua)
--- ARGV[1]  lease token of the claim   ARGV[2] lease_ms
--- ARGV[3..] the claim's job ids
+-- KEYS[1]  leases    {p.s}:leases  zset lease token -> lease deadline (ms)
+-- KEYS[2]  claim     {p.s}:claim:<token> (claim.lua)
+-- ARGV[1]  token     lease token of the claim
+-- ARGV[2]  lease_ms
+-- ARGV[3..] ids      the claim's job ids
 --
 -- Returns {now_ms, held_1, held_2, ...}: 1 renewed, 0 no longer this claim's (reaped,
 -- finished, or handed back), in the order of the ids. One lease per claim: the cost

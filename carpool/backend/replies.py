@@ -1,0 +1,79 @@
+"""The queue scripts' replies as typed values, and complete.lua's per-job arguments:
+the parsing and building that carpool/backend/queue.py's methods share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from carpool.backend import records
+from carpool.backend.pushed import job_blob
+from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What ``Queue.complete`` answers: per job, written or refused; and, when bins were
+    peeked, Redis time (ms) and their states, as ``Queue.peek`` returns them."""
+
+    written: list[bool]
+    now_ms: int = 0
+    states: list[BinState] | None = None
+
+
+def claimed_job(job_id: str, record: str, now_ms: int) -> ClaimedJob:
+    """A job as claim.lua hands it out: its id and its queued record, whole. This claim
+    is one more run: claim.lua counted it in the claim hash the same way."""
+    attempts, admission, input_json = records.claimed(record)
+    t_admit_ms, owner = records.admission_fields(admission)
+    return ClaimedJob(job_id, input_json, now_ms if t_admit_ms is None else t_admit_ms,
+                      attempts + 1, owner, admission)
+
+
+def claim_reply(model: str, bin_name: str, token: str, reply: Sequence[Any]) -> Claim:
+    """claim.lua's answer, ``now_ms, expired, id, record, id, record, ...``, as a Claim."""
+    now_ms = int(reply[0])
+    jobs = tuple(claimed_job(str(reply[i]), str(reply[i + 1]), now_ms)
+                 for i in range(2, len(reply), 2))
+    return Claim(model, bin_name, token, now_ms, jobs, expired=int(reply[1]))
+
+
+def bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[BinState]:
+    """peek_bins.lua's four numbers per bin, as ``BinState``s."""
+    states = []
+    for k, bin_name in enumerate(bins):
+        depth, oldest, earliest, admitted = (int(x) for x in reply[4 * k: 4 * k + 4])
+        states.append(BinState(model, bin_name, depth, oldest if oldest >= 0 else None,
+                               earliest if earliest > 0 else None, admitted))
+    return states
+
+
+def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
+                    batch_json: str) -> tuple[list[Any], str]:
+    """complete.lua's ``per_job`` run (4 values per outcome) and its ``pushed`` views, one
+    argument: the script keeps it whole."""
+    per_job: list[Any] = []
+    lines: list[str] = []
+    claimed = {j.id: j for j in claim.jobs}
+    strangers = [o.id for o in outcomes if o.id not in claimed]
+    if strangers:  # complete.lua writes a record from what its claim handed out
+        raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
+    for o in outcomes:
+        timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
+                              "inference": round(o.inference_ms, 3)})
+        payload = (o.error or "") if o.failed else json.dumps(o.result)
+        job = claimed[o.id]
+        blob = job_blob(job, claim.now_ms, o, payload, timings, model)
+        if blob:
+            lines.append(blob)
+        # The ended record, built from what the claim answered (complete.lua adds
+        # t_done): the script writes it without reading the queued one.
+        head, tail = ("", "")
+        if job.admission:
+            head, tail = records.ended_parts("failed" if o.failed else "done",
+                                             job.attempts, job.admission, claim.now_ms,
+                                             timings, batch_json, payload)
+        per_job += [o.id, len(blob.encode()), head, tail]
+    return per_job, "\n".join(lines)
