@@ -25,7 +25,7 @@ from tests.procs import (
     wait_until,
     worker_command,
 )
-from worker.device.device import gpu as gpu_module
+from worker.device import gpu as gpu_module
 from worker.device.gpu import Gpu, GpuClaim, discover_gpus, make_visible, verify_visible
 
 GPUS = discover_gpus(["GPU-aaaa", "GPU-bbbb", "GPU-cccc"])
