@@ -12,7 +12,6 @@ from carpool.admission.retry_after import FAIR_SHARE_NEAR
 from carpool.backend.queue import Queue
 from carpool.client import Client, Overloaded, RetryPolicy
 from carpool.core.catalogue import load_catalogue
-from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.redis.test_admission import drain
 from tests.support.procs import start_web
@@ -101,11 +100,3 @@ def test_the_quiet_keys_new_job_sorts_ahead_of_the_flooding_keys_backlog(
     # requests went through gunicorn) sort ahead of the quiet key's job.
     assert order.index(mine) <= 6, order.index(mine)
     assert [j for j in order if j != mine] == backlog
-
-
-def test_a_weight_in_the_keys_file_is_read(tmp_path: Path) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(f"{FLOOD} weight=3\n{QUIET}\n")
-    settings = load_settings({"CARPOOL_API_KEYS_FILE": str(keys)})
-    assert settings.api_key_weights == {api_key_digest(FLOOD): 3.0}
-    assert settings.api_key_digests == {api_key_digest(FLOOD), api_key_digest(QUIET)}

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import redis
@@ -16,17 +12,10 @@ import redis
 from carpool.backend.connection import connect
 from carpool.backend.gpu_lease import GpuLeases
 from carpool.backend.keys import Keys
-from carpool.core.errors import ConfigError
-from tests.conftest import make_env
 from tests.support.procs import (
-    STOP_TIMEOUT_S,
-    WORKER_START_TIMEOUT_S,
-    running,
     wait_until,
-    worker_command,
 )
-from worker.device import gpu as gpu_module
-from worker.device.gpu import Gpu, GpuClaim, discover_gpus, make_visible, verify_visible
+from worker.device.gpu import Gpu, GpuClaim, discover_gpus
 
 GPUS = discover_gpus(["GPU-aaaa", "GPU-bbbb", "GPU-cccc"])
 #: Long enough that only a release, never a lapse, can free a GPU within a test.
@@ -121,65 +110,3 @@ def test_a_late_release_never_frees_a_gpu_another_worker_holds(leases: GpuLeases
     assert not leases.release(uuid, "before@host")
     assert leases.renew(uuid, "before@host", LONG_LEASE_MS) == "now@host"
     assert leases.holders([uuid]) == {uuid: "now@host"}
-
-
-def test_the_claimed_gpu_alone_is_made_visible_to_cuda() -> None:
-    environ = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
-    make_visible(GPUS[2], environ)
-    assert environ == {"CUDA_VISIBLE_DEVICES": "GPU-cccc"}
-
-
-def test_without_nvidia_smi_the_claim_fails_at_start_with_what_to_set(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_module, "NVIDIA_SMI", ("carpool-no-such-nvidia-smi",))
-    with pytest.raises(ConfigError, match="CARPOOL_GPU_DEVICES"):
-        discover_gpus()
-
-
-@pytest.mark.e2e
-def test_a_worker_with_no_free_gpu_waits_says_so_and_stops_on_sigterm(
-        leases: GpuLeases, redis_url: str, key_prefix: str, tmp_path: Path) -> None:
-    gpu = f"GPU-{key_prefix}"
-    assert leases.claim([gpu], "busy@elsewhere", LONG_LEASE_MS).uuid == gpu
-    log_path = tmp_path / "worker.log"
-    env = make_env(redis_url, key_prefix, CARPOOL_MODELS="synthetic", CARPOOL_GPU_CLAIM="1",
-                   CARPOOL_GPU_DEVICES=gpu, CARPOOL_WORKER_METRICS_PORT="0")
-    cmd = [*worker_command("waiting@carpool-test"), "--logfile", str(log_path)]
-
-    def waiting() -> bool:
-        return log_path.exists() and "waiting for a free GPU" in log_path.read_text()
-
-    with running(cmd, env, waiting, "celery", WORKER_START_TIMEOUT_S) as proc:
-        assert f"{gpu} by busy@elsewhere" in log_path.read_text()
-        assert "ready." not in log_path.read_text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(STOP_TIMEOUT_S) == 0
-    assert leases.holders([gpu]) == {gpu: "busy@elsewhere"}
-
-
-class CudaSees:
-    """What a process's ``torch.cuda`` would report: these device UUIDs (no "GPU-")."""
-
-    def __init__(self, *uuids: str) -> None:
-        self.uuids = uuids
-
-    def device_count(self) -> int:
-        return len(self.uuids)
-
-    def get_device_properties(self, device: int) -> Any:
-        return SimpleNamespace(uuid=self.uuids[device])
-
-
-def test_a_process_that_sees_exactly_the_claimed_gpu_passes_the_check() -> None:
-    verify_visible(GPUS[1], CudaSees("bbbb"))
-
-
-@pytest.mark.parametrize(("sees", "why"), [
-    (("aaaa", "bbbb", "cccc"), "sees 3 devices"),
-    (("aaaa",), "device 0 is GPU-aaaa"),
-    ((), "sees 0 devices"),
-])
-def test_a_process_that_enumerated_cuda_before_the_claim_refuses_to_start(
-        sees: tuple[str, ...], why: str) -> None:
-    with pytest.raises(ConfigError, match=why):
-        verify_visible(GPUS[1], CudaSees(*sees))

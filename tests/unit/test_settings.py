@@ -6,7 +6,7 @@ import pytest
 
 from carpool.core.catalogue import load_catalogue
 from carpool.core.errors import ConfigError, InputTooLarge
-from carpool.core.settings import load_settings
+from carpool.core.settings import api_key_digest, load_settings
 
 
 def test_synthetic_sizes_land_in_the_smallest_bin_that_holds_them() -> None:
@@ -102,3 +102,15 @@ def test_adaptive_batching_is_on_unless_turned_off_with_0() -> None:
     assert load_settings({"CARPOOL_ADAPTIVE_BATCHING": "0"}).adaptive_batching is False
     with pytest.raises(ConfigError, match="CARPOOL_ADAPTIVE_BATCHING"):
         load_settings({"CARPOOL_ADAPTIVE_BATCHING": "off"})
+
+
+#: Two API keys, as an operator's keys file names them.
+FLOOD, QUIET = "flood-key-0123456789abcdef", "quiet-key-0123456789abcdef"
+
+
+def test_a_weight_in_the_keys_file_is_read(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{FLOOD} weight=3\n{QUIET}\n")
+    settings = load_settings({"CARPOOL_API_KEYS_FILE": str(keys)})
+    assert settings.api_key_weights == {api_key_digest(FLOOD): 3.0}
+    assert settings.api_key_digests == {api_key_digest(FLOOD), api_key_digest(QUIET)}

@@ -1,7 +1,8 @@
-"""The torch executor's GPU path on a simulated CUDA device (tests/simcuda.py):
+"""The torch executor's GPU path on a simulated CUDA device (tests/support/simcuda.py):
 copy/compute overlap read from the recorded order of copies, waits and kernels,
-out-of-memory recovery, the periodic cache emptying, the memory cap the loop
-claims with, and batch sizes padded to the warmed-up ladder."""
+out-of-memory recovery, the periodic cache emptying, and batch sizes padded to the
+warmed-up ladder. The memory cap the loop claims with, against Redis:
+tests/redis/test_torch_executor_simgpu.py."""
 
 from __future__ import annotations
 
@@ -13,15 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.jobs import ClaimedJob, JobStatus, new_job_id
-from carpool.core.settings import ExecutorSettings, Settings
-from tests.support.hookrec import Recorder
+from carpool.core.jobs import ClaimedJob
+from carpool.core.settings import ExecutorSettings
 from tests.support.simcuda import MIB, SimCuda, SimHandler
 from worker.executors.ladder import rungs
 from worker.executors.torch_executor import TorchExecutor
-from worker.loop.loop import BatchLoop
 
 torch.set_num_threads(1)
 #: A bound on any wait here; reaching it is a failure, not a timing.
@@ -157,25 +155,3 @@ def test_every_batch_size_runs_padded_to_a_rung_of_the_ladder_and_results_are_cu
     ran = {k[3] for k in sim.ops("kernel")}
     assert ran <= set(rungs(12)), ran  # what warm-up runs: cuDNN never autotunes mid-serving
     assert sim.hazards == []
-
-
-def test_the_loop_claims_no_more_than_the_memory_guards_cap(
-        settings: Settings, queue: Queue) -> None:
-    sim = SimCuda(1 << 30)
-    handler = SimHandler(sim, SPEC)
-    ex = executor(sim)
-    ex.guard.on_out_of_memory(KEY, 4)  # capped at 2 for the next CLEAN_BATCHES batches
-    heard = Recorder()
-    loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
-                     hooks=[heard], executor=ex)
-    ids = [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
-           for x in range(8)]
-    for _ in range(100):  # bounded: each step claims, completes or waits <= 1 s
-        if all((v := queue.get(i)) is not None and v.status.is_final for i in ids):
-            break
-        loop.step()
-    loop.drain()
-    ex.close()
-    views = [queue.get(i) for i in ids]
-    assert [v.status for v in views if v] == [JobStatus.DONE] * 8
-    assert [r.size for r in heard.reports()] == [2, 2, 2, 2]

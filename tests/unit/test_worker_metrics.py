@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import json
 
-import redis
 from prometheus_client import generate_latest
 
-from carpool.backend import records
-from carpool.backend.queue import Queue
 from carpool.core.catalogue import load_catalogue
-from carpool.core.jobs import Claim, ClaimedJob, Outcome, new_job_id
-from carpool.core.settings import Settings
+from carpool.core.jobs import Claim, ClaimedJob, Outcome
 from carpool.scheduling.batching import Limits
-from tests.support.deployfiles import load_metrics
-from tests.support.procs import wait_until
 from tests.support.promtext import Scrape
-from web.metrics import WebMetrics
 from worker.executors.pipelined import PipelinedExecutor
-from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
 from worker.loop.hooks import BatchReport
-from worker.loop.loop import BatchLoop
 from worker.observe.metrics import GpuMemory, WorkerMetrics
 
 SPEC = load_catalogue(None).get("synthetic")
@@ -124,42 +115,3 @@ def test_gpu_memory_is_absent_on_the_cpu_and_labelled_by_gpu_uuid_on_a_gpu() -> 
     assert s.series("carpool_gpu_memory_free_bytes") == [{"gpu": "GPU-0000"}]
     assert s.value("carpool_gpu_memory_used_bytes", gpu="GPU-0000") == 3 << 30
     assert s.value("carpool_gpu_memory_reserved_bytes", gpu="GPU-0000") == 2 << 30
-
-
-def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
-        queue: Queue, settings: Settings) -> None:
-    executor = PipelinedExecutor()
-    m = metrics([GPU], executor)
-    run_batch_of_three(m)
-    collate_sizes(executor, [16, 48, 32])  # padding waste appears once a batch has measured it
-    executor.close()
-    web = WebMetrics(queue, settings.catalogue)
-    web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
-    emitted = {**read(m).families, **Scrape(web.render().decode()).families}
-    listed = load_metrics()
-    assert set(emitted) == set(listed)
-    for name, metric in listed.items():
-        assert (emitted[name].type, emitted[name].labels) == (metric.type, set(metric.labels)), name
-
-
-def test_the_loop_counts_jobs_that_claim_found_expired(
-        queue: Queue, settings: Settings, client: redis.Redis) -> None:
-    spec = settings.catalogue.get("synthetic")
-    late, on_time = new_job_id(spec.name), new_job_id(spec.name)
-    for job_id in (late, on_time):
-        queue.admit(spec, spec.bins[0], job_id, '{"value": 1, "size": 1}', queued_ttl_s=60,
-                    deadline_ms=60_000)
-    records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
-    handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
-    loop = BatchLoop(settings, queue, handlers, "w")
-    m = WorkerMetrics(handlers, limits=lambda: loop.limits)
-    loop.hooks.append(m)
-
-    def drained() -> bool:
-        loop.step()
-        return read(m).value("carpool_jobs_completed_total") == 1
-
-    wait_until(drained, 10, "the on-time job to complete")
-    s = read(m)
-    assert s.value("carpool_jobs_expired_total", **SMALL) == 1
-    assert s.value("carpool_batch_size_sum", **SMALL) == 1
