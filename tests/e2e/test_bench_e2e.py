@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from carpool.bench.cli import main
 from carpool.bench.records import read_jsonl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.e2e
 def test_a_short_sweep_on_a_real_stack_writes_every_report_file(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -15,8 +15,6 @@ from tests.support.procs import log_says, start_worker, wait_until
 from tests.support.redisproc import RedisProc, private_redis
 from worker.celery_app import CELERY_QUEUE
 
-pytestmark = pytest.mark.e2e
-
 #: Celery's default queue: what another application's `send_task` lands in.
 FOREIGN_QUEUE = "celery"
 NODE = "w1@carpool-queues"

@@ -27,8 +27,6 @@ from tests.support.procs import WORKER_START_TIMEOUT_S, start_web, start_worker,
 from tests.support.redisproc import RedisProc, close_cluster_client, private_cluster, private_redis
 from web.waiters import Notifier
 
-pytestmark = pytest.mark.e2e
-
 #: Four models; their shard tags hash to four different slots (checked below).
 MODELS = ("alpha", "bravo", "charlie", "delta")
 CATALOGUE = "".join(f"""

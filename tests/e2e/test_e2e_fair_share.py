@@ -16,8 +16,6 @@ from tests.conftest import make_env
 from tests.redis.test_admission import drain
 from tests.support.procs import start_web
 
-pytestmark = pytest.mark.e2e
-
 FLOOD, QUIET = "flood-key-0123456789abcdef", "quiet-key-0123456789abcdef"
 DEPTH = 20
 #: A model no worker serves, bounded by depth alone (max_queue_ms = 0).

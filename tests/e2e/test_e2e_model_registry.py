@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 import torch
 import torchvision
@@ -20,8 +19,6 @@ from carpool.backend.registry import Registry
 from tests.conftest import make_env
 from tests.support.images import image_file
 from tests.support.procs import start_web, start_worker, wait_until
-
-pytestmark = pytest.mark.e2e
 
 #: The snippet a refusal advises: "set [models.X.options] weights = "..." in CARPOOL_CONFIG".
 ADVICE = re.compile(r'set (\[models\.resnet18\.options\]) (weights = "[^"]+") in CARPOOL_CONFIG')

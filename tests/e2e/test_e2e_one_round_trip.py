@@ -23,8 +23,6 @@ from carpool.core.synthetic import expected_result
 from tests.conftest import TINY_TOML, make_env
 from tests.support.procs import start_web, start_worker
 
-pytestmark = pytest.mark.e2e
-
 #: A bound against hanging, far above a synthetic batch (a few ms).
 WAIT_S = 30
 #: A model no worker serves whose jobs may wait 1 s: the test makes its drain rate.

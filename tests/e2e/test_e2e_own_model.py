@@ -23,7 +23,6 @@ from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
 from tests.support.procs import REPO_ROOT, start_web, start_worker
 
-pytestmark = pytest.mark.e2e
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

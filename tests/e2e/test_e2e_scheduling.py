@@ -28,8 +28,6 @@ from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
 from tests.support.procs import start_web, start_worker, wait_until
 
-pytestmark = pytest.mark.e2e
-
 #: A second model whose two bins differ only in depth, for Retry-After.
 LANE_TOML = """
 [models.lane]

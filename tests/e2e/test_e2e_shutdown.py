@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 import signal
 
-import pytest
-
 from carpool.backend.queue import Queue
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.settings import Settings
 from tests.conftest import make_env
 from tests.support.procs import start_worker, wait_until
-
-pytestmark = pytest.mark.e2e
 
 #: One batch takes this long, so SIGTERM surely lands while it runs.
 SLOW_BATCH_MS = 2000

@@ -16,8 +16,6 @@ from carpool.core.synthetic import expected_result
 from tests.conftest import TINY_TOML, make_env
 from tests.support.procs import start_web, start_worker
 
-pytestmark = pytest.mark.e2e
-
 #: Sizes that land in the synthetic model's three bins.
 SIZES = (10, 100, 500)
 JOBS, CLIENTS = 2000, 32

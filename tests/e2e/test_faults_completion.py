@@ -38,8 +38,6 @@ from tests.support.faults import (
 from tests.support.procs import log_says, start_worker, wait_until
 from tests.support.redisproc import RedisProc, private_redis
 
-pytestmark = pytest.mark.e2e
-
 JOBS = 300
 LEASE_MS = 3000
 #: AOF fsync policies: with "always" every acknowledged write is on disk, so a kill -9

@@ -28,8 +28,6 @@ from tests.support.procs import REPO_ROOT, log_says, start_web, start_worker, wa
 from tests.support.redisproc import RedisProc, private_redis
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, jpeg, png, png_claiming
 
-pytestmark = pytest.mark.e2e
-
 #: Cases per API operation in the fuzz run; a few hundred requests in all.
 FUZZ_EXAMPLES = 40
 FUZZ_SEED = 20261129

@@ -33,8 +33,6 @@ from tests.support.procs import (
 )
 from tests.support.redisproc import RedisProc, private_redis
 
-pytestmark = pytest.mark.e2e
-
 #: A model no worker serves, so its one bin stays full once filled.
 FLOOD_TOML = """
 [models.flood]

@@ -30,8 +30,6 @@ from tests.support.redisproc import RedisProc, private_redis, redis_servers
 from tests.support.webtools import web_client
 from web.app import check_redis_durability
 
-pytestmark = pytest.mark.e2e
-
 PASSWORD = "test-password-0123456789abcdef"
 DURABLE = ("--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory", "256mb",
            "--maxmemory-policy", "noeviction")

@@ -38,8 +38,6 @@ from tests.support.procs import WORKER_START_TIMEOUT_S, log_says, start_worker, 
 from tests.support.redisproc import RedisProc, private_redis
 from worker.handlers.synthetic import POISON_EXIT_STATUS, POISON_VALUE
 
-pytestmark = pytest.mark.e2e
-
 LEASE_MS = 1500
 TICK_S = LEASE_MS / 3 / 1000
 #: A batch that takes this long is surely still running when the signal lands.

@@ -19,8 +19,6 @@ from tests.conftest import make_env
 from tests.support.commands import argv
 from tests.support.procs import answers, free_port, running, start_worker, wait_until
 
-pytestmark = pytest.mark.e2e
-
 #: Tornado, Celery and Flower's first broker connection: a few seconds here.
 FLOWER_START_TIMEOUT_S = 60.0
 #: Bound on Flower seeing the events and the inspect replies of a worker already up.

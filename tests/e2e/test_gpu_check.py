@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 DRY_RUN_TIMEOUT_S = 280
 
 
-@pytest.mark.e2e
 @pytest.mark.timeout(DRY_RUN_TIMEOUT_S + 20)
 def test_the_gpu_check_dry_run_writes_every_section_to_its_json(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check"

@@ -21,8 +21,6 @@ from tests.support.deployfiles import load_metrics
 from tests.support.procs import REPO_ROOT, free_port, start_web, start_worker, wait_until
 from tests.support.promtext import scrape
 
-pytestmark = pytest.mark.e2e
-
 #: Sizes in the synthetic model's small and medium bins.
 SIZES = (10, 100)
 JOBS, CLIENTS = 200, 8

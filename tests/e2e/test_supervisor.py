@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import requests
 
 from carpool.stack.supervisor import Child, Supervisor
@@ -100,7 +99,6 @@ def done(base: str, job_id: str) -> bool:
     return bool(view["status"] == "done")
 
 
-@pytest.mark.e2e
 def test_a_worker_killed_under_carpool_up_is_replaced_and_every_job_completes(
         tmp_path: Path) -> None:
     port, out = free_port(), tmp_path / "up.out"
@@ -128,7 +126,6 @@ def test_a_worker_killed_under_carpool_up_is_replaced_and_every_job_completes(
     assert "worker0 was killed by signal 9; restarting in" in out.read_text()
 
 
-@pytest.mark.e2e
 def test_carpool_up_demo_names_the_child_that_died_and_quotes_why(tmp_path: Path) -> None:
     with private_redis() as redis_server:
         proc = subprocess.run(
@@ -143,7 +140,6 @@ def test_carpool_up_demo_names_the_child_that_died_and_quotes_why(tmp_path: Path
     assert "5th exit within 60 s: stopping (crash loop)" in proc.stderr
 
 
-@pytest.mark.e2e
 def test_a_worker_whose_metrics_port_is_taken_serves_without_it_and_says_so(
         redis_url: str, key_prefix: str, tmp_path: Path) -> None:
     from tests.conftest import make_env

@@ -79,7 +79,6 @@ def parse(answer: bytes) -> tuple[int, Any]:
     return int(head.split()[1]), json.loads(body)
 
 
-@pytest.mark.e2e
 def test_thousand_long_polls_wait_while_new_submits_are_answered(
     enough_fds: None, redis_url: str, key_prefix: str, queue: Queue, client: redis.Redis
 ) -> None:
