@@ -10,7 +10,6 @@ the test runs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -19,8 +18,9 @@ from carpool.admission.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull, OverShare, WaitTooLong
-from carpool.core.jobs import Outcome, new_job_id
+from carpool.core.jobs import Outcome
 from carpool.core.shards import shard
+from tests.support.jobs import admit
 
 TTL_S = 60
 #: Jobs drained to make a rate: about 10 jobs/s.
@@ -31,12 +31,6 @@ def spec_with(max_queue_ms: int, max_depth: int = 1000, max_batch: int = 2) -> M
     spec = load_catalogue(None).get("synthetic")
     bins = tuple(replace(b, max_depth=max_depth, max_batch=max_batch) for b in spec.bins)
     return replace(spec, bins=bins, max_queue_ms=max_queue_ms)
-
-
-def admit(q: Queue, spec: ModelSpec, **kw: object) -> str:
-    body = json.dumps({"value": 0, "size": 1})
-    return q.admit(spec, spec.bins[0], new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                   **kw).id  # type: ignore[arg-type]
 
 
 def drain(q: Queue, spec: ModelSpec, n: int = DRAINED, batch_ms: int = 1000) -> None:

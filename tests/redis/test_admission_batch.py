@@ -15,7 +15,8 @@ from carpool.backend.queue import AdmitRequest, Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BinFull, OverShare, WaitTooLong
 from carpool.core.jobs import Admitted, new_job_id
-from tests.redis.test_admission import ALICE, BOB, DRAINED, TTL_S, admit, drain, spec_with
+from tests.redis.test_admission import ALICE, BOB, DRAINED, TTL_S, drain, spec_with
+from tests.support.jobs import admit
 
 NEAR = int(FAIR_SHARE_NEAR * 100)
 

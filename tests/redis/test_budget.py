@@ -16,11 +16,13 @@ from carpool.backend.queue import AdmitRequest, Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BudgetFull
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from tests.support.jobs import admit
 from tests.support.redisproc import private_redis
 
 TTL_S = 60
 #: One input's stored JSON: {"size":1,"value":"xxx..."} with this many x's.
 VALUE_CHARS = 1000
+VALUE = "x" * VALUE_CHARS
 BUDGET_BYTES = 10 * VALUE_CHARS
 
 
@@ -29,16 +31,11 @@ def spec(per_key: int = 0) -> ModelSpec:
                    max_queued_bytes_per_key=per_key)
 
 
-def admit(q: Queue, s: ModelSpec, owner: str = "") -> str:
-    body = json.dumps({"value": "x" * VALUE_CHARS, "size": 1})
-    return q.admit(s, s.bin_for(1), new_job_id(s.name), body, queued_ttl_s=TTL_S, owner=owner).id
-
-
 def fill(q: Queue, s: ModelSpec, owner: str = "") -> list[str]:
     ids = []
     with pytest.raises(BudgetFull):
         while True:
-            ids.append(admit(q, s, owner))
+            ids.append(admit(q, s, value=VALUE, owner=owner))
     return ids
 
 
@@ -89,7 +86,7 @@ def test_inputs_queued_past_the_ttl_still_count_until_their_claim_ends_them(
         t_admit = int((records.read(client, key) or {}).get("t_admit", 0))
         records.update(client, key, t_admit=t_admit - (TTL_S + 1) * 1000)
     with pytest.raises(BudgetFull):
-        admit(queue, s)
+        admit(queue, s, value=VALUE)
     claim = queue.claim(s, "small", len(ids), lease_ms=10_000, token="t", worker="w",
                         queued_ttl_s=TTL_S)
     assert (claim.jobs, claim.expired) == ((), len(ids))
@@ -102,10 +99,10 @@ def test_a_requeued_input_never_takes_the_count_below_zero(
         queue: Queue, client: redis.Redis) -> None:
     s = spec()
     leases = Leases(client, queue.keys, load_catalogue(None))
-    first = admit(queue, s)
+    first = admit(queue, s, value=VALUE)
     queue.claim(s, "small", 1, lease_ms=10_000, token="a", worker="w")
     leases.release("a", [first], refund_attempt=True)  # back in its bin, not counted again
-    admit(queue, s)
+    admit(queue, s, value=VALUE)
     claim = queue.claim(s, "small", 2, lease_ms=10_000, token="b", worker="w")
     assert len(claim.jobs) == 2  # two inputs out of a count of one: 0, not below
     assert not client.exists(queue.keys.queued_bytes(s.name))

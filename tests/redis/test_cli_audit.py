@@ -8,7 +8,7 @@ from carpool.backend.keys import shard
 from carpool.backend.queue import Queue
 from carpool.cli import main
 from tests.conftest import make_env
-from tests.redis.test_queue_scripts import admit, synthetic
+from tests.support.jobs import admit, synthetic
 
 
 @pytest.fixture

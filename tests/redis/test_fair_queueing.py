@@ -16,8 +16,9 @@ from carpool.admission.urgency import sort_offset_ms
 from carpool.backend import records
 from carpool.backend.queue import Queue
 from carpool.core.errors import OverShare, WaitTooLong
-from tests.redis.test_admission import admit, drain, fill_until_refused, spec_with
+from tests.redis.test_admission import drain, fill_until_refused, spec_with
 from tests.redis.test_admission_batch import admit_many, split
+from tests.support.jobs import admit
 
 ALICE, BOB = "a" * 64, "b" * 64
 #: Alice's backlog: ~1.5 s of her virtual clock at ~10 jobs/s.

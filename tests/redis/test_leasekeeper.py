@@ -13,7 +13,7 @@ from carpool.core.jobs import Claim, JobStatus
 from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
 from tests.redis.test_leases import MAX_ATTEMPTS, bin_ids
-from tests.redis.test_queue_scripts import admit, synthetic
+from tests.support.jobs import admit, synthetic
 from worker.loop.hooks import BatchReport
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper

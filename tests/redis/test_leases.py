@@ -18,7 +18,7 @@ from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.jobs import JobStatus, Outcome
-from tests.redis.test_queue_scripts import admit, synthetic
+from tests.support.jobs import admit, synthetic
 
 MAX_ATTEMPTS = 3
 

@@ -16,8 +16,8 @@ from carpool.backend.pushed import parse
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import load_catalogue
 from carpool.core.jobs import Claim, JobStatus, Outcome
-from tests.redis.test_queue_scripts import admit, synthetic
 from tests.redis.test_web_waiters import listener_ids
+from tests.support.jobs import admit, synthetic
 from tests.support.procs import wait_until
 from web.pushed_views import PushedViews, max_age_for
 from web.reads import ReadBatcher

@@ -12,24 +12,12 @@ from carpool.backend import records
 from carpool.backend.connection import connect
 from carpool.backend.keys import shard_of_job
 from carpool.backend.queue import AdmitRequest, Queue, ended_ids
-from carpool.core.catalogue import ModelSpec, load_catalogue
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from tests.support.jobs import admit, synthetic
 
 TTL_S = 60
-
-
-def synthetic(max_depth: int = 5000, max_batch: int = 32) -> ModelSpec:
-    spec = load_catalogue(None).get("synthetic")
-    bins = tuple(replace(b, max_depth=max_depth, max_batch=min(max_batch, max_depth))
-                 for b in spec.bins)
-    return replace(spec, bins=bins)
-
-
-def admit(q: Queue, spec: ModelSpec, size: int = 1, value: object = 0, **kw: object) -> str:
-    body = json.dumps({"value": value, "size": size})
-    return q.admit(spec, spec.bin_for(size), new_job_id(spec.name), body, queued_ttl_s=TTL_S,
-                   **kw).id  # type: ignore[arg-type]
 
 
 def test_depth_bound_is_exact_under_concurrent_admits(queue: Queue, redis_url: str) -> None:

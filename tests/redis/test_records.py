@@ -13,12 +13,9 @@ from carpool.backend.keys import shard_of_job
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.jobs import Claim, JobStatus, Outcome, new_job_id
+from tests.support.jobs import synthetic
 
 TTL_S = 3600
-
-
-def synthetic() -> ModelSpec:
-    return load_catalogue(None).get("synthetic")
 
 
 def admit_and_claim(queue: Queue, spec: ModelSpec, admitted: int,

@@ -14,9 +14,10 @@ import torch
 
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
-from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.jobs import JobStatus
 from carpool.core.settings import ExecutorSettings, Settings
 from tests.support.hookrec import Recorder
+from tests.support.jobs import admit
 from worker.device.memory import MemoryGuard
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.synthetic import SyntheticHandler
@@ -71,9 +72,9 @@ class TinyHandler:
         return [{"y": float(v)} for v in output[:, 0]]
 
 
-def admit(queue: Queue, xs: Sequence[Any]) -> list[str]:
-    return [queue.admit(SPEC, BIN, new_job_id(SPEC.name), json.dumps({"x": x}), queued_ttl_s=60).id
-            for x in xs]
+def admit_each(queue: Queue, xs: Sequence[Any]) -> list[str]:
+    """One job per x, its input ``{"x": x}``."""
+    return [admit(queue, SPEC, body=json.dumps({"x": x})) for x in xs]
 
 
 def make_loop(settings: Settings, queue: Queue, handler: TinyHandler,
@@ -104,7 +105,7 @@ def test_every_job_gets_its_own_result_in_order_through_the_pipeline(
         settings: Settings, queue: Queue) -> None:
     handler = TinyHandler()
     loop, executor = make_loop(settings, queue, handler)
-    ids = admit(queue, range(10))
+    ids = admit_each(queue, range(10))
     serve_until_done(loop, queue, ids)
     executor.close()
     assert results(queue, ids) == [(JobStatus.DONE, {"y": 2.0 * x + 1}) for x in range(10)]
@@ -126,7 +127,7 @@ def test_batch_n_plus_1_is_claimed_and_preprocessed_while_batch_n_computes(
         return item
 
     handler.preprocess = preprocess_then_release  # type: ignore[method-assign]
-    ids = admit(queue, range(8))
+    ids = admit_each(queue, range(8))
     # Batch 1's forward waits until batch 2 was preprocessed: without the pipeline
     # that never happens, and the bounded wait ends unreleased.
     serve_until_done(loop, queue, ids)
@@ -140,7 +141,7 @@ def test_hooks_hear_claimed_and_finished_for_every_claim_in_order(
     heard = Recorder()
     loop, executor = make_loop(settings, queue, TinyHandler())
     loop.hooks.append(heard)
-    ids = admit(queue, range(9))
+    ids = admit_each(queue, range(9))
     serve_until_done(loop, queue, ids)
     executor.close()
     tokens = heard.tokens("claimed")
@@ -153,7 +154,7 @@ def test_hooks_hear_claimed_and_finished_for_every_claim_in_order(
 def test_a_poison_input_fails_alone_and_a_bad_input_fails_in_preprocessing(
         settings: Settings, queue: Queue) -> None:
     loop, executor = make_loop(settings, queue, TinyHandler())
-    ids = admit(queue, [0, 1, "poison", 3, "bad", 5])
+    ids = admit_each(queue, [0, 1, "poison", 3, "bad", 5])
     serve_until_done(loop, queue, ids)
     executor.close()
     got = results(queue, ids)
@@ -170,7 +171,7 @@ def test_out_of_memory_splits_the_batch_and_shrinks_the_bins_limit(
     handler.oom_over = 1
     guard = MemoryGuard(None)
     loop, executor = make_loop(settings, queue, handler, guard)
-    ids = admit(queue, range(4))
+    ids = admit_each(queue, range(4))
     serve_until_done(loop, queue, ids)
     executor.close()
     assert results(queue, ids) == [(JobStatus.DONE, {"y": 2.0 * x + 1}) for x in range(4)]

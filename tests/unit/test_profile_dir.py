@@ -15,7 +15,7 @@ from worker.handlers.synthetic import SyntheticHandler
 from worker.observe.calibrate import prepare
 
 
-def synthetic() -> SyntheticHandler:
+def synthetic_handler() -> SyntheticHandler:
     return SyntheticHandler(load_settings({}).catalogue.get("synthetic"), (0.0, 0.0))
 
 
@@ -27,7 +27,7 @@ def test_an_unwritable_profile_folder_warns_and_the_worker_serves_on(
     executor = TorchExecutor(settings, "cpu")
     try:
         with caplog.at_level(logging.WARNING, logger="worker.observe.profile"):
-            profile = prepare(executor, synthetic(), settings)
+            profile = prepare(executor, synthetic_handler(), settings)
     finally:
         executor.close()
     assert profile is not None and profile.bins["small"].points  # calibrated, kept in memory
