@@ -91,7 +91,7 @@ def test_a_full_bin_answers_429_with_retry_after(stack: str) -> None:
         r = submit(s, stack, {"value": 9, "size": 1}, model="tiny")
         assert r.status_code == 429
         assert int(r.headers["Retry-After"]) >= 1
-        assert r.json()["error"]["code"]
+        assert r.json()["error"]["code"] == "bin_full"  # its depth bound, not another refusal
 
 
 def test_unknown_id_is_404_and_invalid_input_is_400(stack: str) -> None:

@@ -18,7 +18,7 @@ from carpool.admission.retry_after import DRAIN_STALE_MS, FAIR_SHARE_NEAR
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull, OverShare, WaitTooLong
-from carpool.core.jobs import Outcome
+from carpool.core.jobs import JobStatus, Outcome
 from carpool.core.shards import shard
 from tests.support.jobs import admit
 
@@ -41,6 +41,11 @@ def drain(q: Queue, spec: ModelSpec, n: int = DRAINED, batch_ms: int = 1000) -> 
     # The batch ran batch_ms: its claim (the claim hash holds the claim time).
     q.client.hset(q.keys.claim(shard(spec.name), "t"), "t", claim.now_ms - batch_ms)
     q.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": n})
+
+
+def queued(q: Queue, job_id: str) -> bool:
+    view = q.get(job_id)
+    return view is not None and view.status is JobStatus.QUEUED
 
 
 def fill_until_refused(q: Queue, spec: ModelSpec, **kw: object) -> tuple[int, BinFull]:
@@ -71,7 +76,12 @@ def test_a_job_with_its_own_deadline_is_measured_against_it(queue: Queue) -> Non
     fill_until_refused(queue, spec)
     # A 60 s deadline is longer than the predicted wait: admitted although a job
     # without a deadline was just refused.
-    admit(queue, spec, deadline_ms=60_000)
+    assert queued(queue, admit(queue, spec, deadline_ms=60_000))
+    # Jobs with a 3 s deadline are refused once they would start later than 3 s, not 1 s.
+    admitted, exc = fill_until_refused(queue, spec, deadline_ms=3000)
+    assert isinstance(exc, WaitTooLong)
+    assert exc.limit_ms == 3000 and exc.predicted_ms > 3000
+    assert admitted > 2 * DRAINED  # more than max_queue_ms's 1 s lets in (see above)
 
 
 def test_a_job_that_sorts_ahead_counts_only_the_jobs_ahead_of_it(queue: Queue) -> None:
@@ -79,7 +89,11 @@ def test_a_job_that_sorts_ahead_counts_only_the_jobs_ahead_of_it(queue: Queue) -
     drain(queue, spec)
     fill_until_refused(queue, spec)
     # Priority 9 sorts before every queued priority-0 job: nothing is ahead of it.
-    admit(queue, spec, priority=9)
+    assert queued(queue, admit(queue, spec, priority=9))
+    # More of them until one is refused: only the priority-9 jobs before it were counted.
+    admitted, exc = fill_until_refused(queue, spec, priority=9)
+    assert isinstance(exc, WaitTooLong)
+    assert exc.depth == 1 + admitted
 
 
 def test_a_burst_after_a_quiet_spell_is_judged_by_how_fast_workers_drain_when_busy(
@@ -165,7 +179,10 @@ def test_a_heavier_weight_is_a_larger_share(queue: Queue) -> None:
     for _ in range(NEAR):
         admit(queue, spec, owner=ALICE, owner_weight=99)
     admit(queue, spec, owner=BOB)
-    admit(queue, spec, owner=ALICE, owner_weight=99)  # 81/82 of the jobs, 99/100 share
+    with pytest.raises(OverShare):  # at weight 1 the same job would be over a 1/2 share
+        admit(queue, spec, owner=ALICE)
+    job = admit(queue, spec, owner=ALICE, owner_weight=99)  # 81/82 of the jobs, 99/100 share
+    assert queued(queue, job)
 
 
 def test_without_owners_there_is_no_share(queue: Queue) -> None:

@@ -12,6 +12,7 @@ from flask.testing import FlaskClient
 
 from carpool.backend import records
 from carpool.backend.keys import Keys
+from carpool.core.catalogue import load_catalogue
 from tests.support.procs import free_port
 from tests.support.webtools import app_state, web_client, web_settings
 from web.inputs import MAX_BATCH_INPUTS
@@ -66,8 +67,15 @@ def test_batch_over_the_input_bound_answers_413(http: FlaskClient) -> None:
      ({"model": "nope", "inputs": [item(1)]}, 404)],
     ids=["empty", "not-a-list", "idempotency-key", "bad-deadline", "unknown-model"],
 )
-def test_malformed_batch_is_refused_whole(http: FlaskClient, body: Any, status: int) -> None:
-    assert http.post(BATCH, json=body).status_code == status
+def test_malformed_batch_is_refused_whole(http: FlaskClient, client: redis.Redis, keys: Keys,
+                                          body: Any, status: int) -> None:
+    resp = http.post(BATCH, json=body)
+    assert resp.status_code == status
+    answer = resp.get_json()
+    assert "jobs" not in answer and answer["error"]["code"]  # one error for the whole batch
+    # Not one input admitted, the well-formed ones neither.
+    bins = [keys.bin("synthetic", b.name) for b in load_catalogue(None).get("synthetic").bins]
+    assert [client.zcard(b) for b in bins] == [0] * len(bins)
 
 
 def test_batch_refuses_an_idempotency_key_header(http: FlaskClient) -> None:

@@ -3,6 +3,7 @@ start; the knee; `carpool calibrate` prints the table and writes a PNG."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from carpool.cli import main
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.settings import ExecutorSettings, load_settings
+from tests.support.procs import REPO_ROOT
 from tests.support.simcuda import MIB, SimCuda, SimHandler
 from worker.executors.ladder import rungs
 from worker.executors.torch_executor import TorchExecutor
@@ -186,6 +188,17 @@ def test_a_probe_failure_not_typed_as_out_of_memory_costs_a_smaller_ceiling_not_
     assert executor.guard.limit(SIM_KEY, 8) == 2
 
 
-def test_the_docs_name_largest_fit_as_the_ceiling() -> None:
-    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
-    assert "largest batch that ran (`largest_fit`)" in text
+def test_the_docs_name_largest_fit_as_the_ceiling(tmp_path: Path) -> None:
+    """The name the docs give the guard's ceiling is the profile field it is set from,
+    as an operator reads it in CARPOOL_PROFILE_DIR."""
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SIM_SPEC, bytes_per_item=10 * MIB)  # fits 6 rows, not 8
+    executor = sim_executor(sim)
+    prepare(executor, handler,
+            ExecutorSettings(device="cuda", profile_dir=tmp_path, calibrate="auto"))
+    executor.close()
+    [saved] = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert saved["bins"]["only"]["largest_fit"] == executor.guard.ceilings[SIM_KEY] == 4
+    docs = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    calibration = next(p for p in docs.split("\n\n") if p.startswith("**Calibration**"))
+    assert "ceiling" in calibration and "`largest_fit`" in calibration
