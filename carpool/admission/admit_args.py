@@ -1,7 +1,7 @@
 """admit.lua's arguments, named in one place.
 
 ``AdmitArgs`` holds ARGV[1..23] in the script's order, each field named as the
-script's header names that position (``tests/test_queue_scripts.py`` reads the
+script's header names that position (``tests/redis/test_queue_scripts.py`` reads the
 header and checks both, and that the jobs start where the script looks for
 them); the jobs' (id, input JSON) pairs follow them.
 """

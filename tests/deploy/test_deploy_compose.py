@@ -1,7 +1,7 @@
 """Compose files and images, checked offline: the compose spec first, then what it lets through.
 
 Process command lines are compared with carpool/stack/commands.toml, which the end-to-end
-tests also start their processes from (tests/commands.py).
+tests also start their processes from (tests/support/commands.py).
 """
 
 from __future__ import annotations

@@ -359,7 +359,7 @@ def test_completions_keep_a_drain_rate_and_retry_after_grows_with_depth(queue: Q
     assert stats["drained"] == "30" and float(stats["rate_c"]) > 29
     answers = []
     for depth in (60, 240):
-        # The depth bound's answer: admission by predicted wait off (tests/test_admission.py).
+        # The depth bound's answer: admission by predicted wait off (tests/redis/test_admission.py).
         bounded = replace(synthetic(max_depth=depth, max_batch=1), max_queue_ms=0)
         while True:
             try:

@@ -1,4 +1,4 @@
-"""Readers for the deploy files, shared by the tests/test_deploy_*.py modules.
+"""Readers for the deploy files, shared by the tests/deploy/test_deploy_*.py modules.
 
 Parsing only, no assertions about carpool: compose YAML (with Compose's
 ``!reset`` tag and override merging), Dockerfiles, Kubernetes multi-document
@@ -261,7 +261,7 @@ def rule_exprs(groups: list[dict[str, Any]]) -> list[str]:
     return [rule["expr"] for group in groups for rule in group["rules"]]
 
 
-# --- shared by the tests/test_deploy_*.py modules -------------------------------------
+# --- shared by the tests/deploy/test_deploy_*.py modules -------------------------------------
 
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
 COMPOSE = ROOT / "docker-compose.yml"

@@ -1,4 +1,4 @@
-"""Helpers shared by the fault scenarios (tests/test_faults_*.py).
+"""Helpers shared by the fault scenarios (tests/e2e/test_faults_*.py).
 
 - ``DoneCounter`` counts every publication of a finished id on the done channel:
   each job must end exactly once, so each id must be published exactly once.

@@ -128,7 +128,7 @@ def test_a_torch_worker_seeds_each_bins_cost_model_from_its_calibration_profile(
     assert all(s.a_ms >= 0 and s.b_ms >= 0 and s.ms(4) > 0 for s in seeds.values())
 
 
-# -- on a simulated GPU (tests/simcuda.py) ---------------------------------------------
+# -- on a simulated GPU (tests/support/simcuda.py) ---------------------------------------------
 SIM_BIN = BinSpec("only", max_size=10, max_batch=8, max_wait_ms=0, max_depth=100)
 SIM_SPEC = ModelSpec("sim", "sim", "size", (SIM_BIN,))
 SIM_KEY = ("sim", "only")

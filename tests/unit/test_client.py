@@ -1,5 +1,5 @@
 """carpool.client's own logic (errors, retries, map's bookkeeping) against scripted
-answers from httpx's MockTransport; the real stack is tests/test_e2e_one_round_trip.py."""
+answers from httpx's MockTransport; the real stack is tests/e2e/test_e2e_one_round_trip.py."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ class StubQueue:
 
     def peek_and_claim(self, model: ModelSpec, bins: Sequence[str], scan: Sequence[int],
                        ahead: object) -> tuple[int, list[BinState], None]:
-        """A peek that never claims ahead (tests/test_claim_ahead.py tests that)."""
+        """A peek that never claims ahead (tests/redis/test_claim_ahead.py tests that)."""
         now_ms, states = self.peek([(model.name, b) for b in bins], scan)
         return now_ms, states, None
 
