@@ -173,7 +173,7 @@ class Pixels:
 
 
 def simulated(capacity_bytes: int) -> Accelerator:
-    from tests.simcuda import SimCuda
+    from tests.support.simcuda import SimCuda
 
     return SimCuda(capacity_bytes)
 
