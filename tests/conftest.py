@@ -1,10 +1,16 @@
-"""Shared fixtures: a real Redis, with a fresh key prefix per test so tests never collide."""
+"""Shared fixtures: a real Redis, with a fresh key prefix per test so tests never collide.
+
+The folder a test lives in says what it needs: ``unit/`` nothing (no Redis, no
+process), ``redis/`` a real Redis, ``e2e/`` real gunicorn / Celery / carpool
+processes (each marked ``e2e`` here, so ``-m "not e2e"`` leaves them out),
+``deploy/`` the compose, Kubernetes and monitoring files. Helpers: ``support/``."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,6 +34,22 @@ max_depth = 3
 """
 #: The Redis the tests use; CI starts one here when none runs.
 REDIS_URL = os.environ.get("CARPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+TESTS = Path(__file__).resolve().parent
+#: The folders a test file may live in, by what its tests need.
+KINDS = ("unit", "redis", "e2e", "deploy")
+
+
+def kind_of(path: Path) -> str | None:
+    """The folder under tests/ that ``path`` lies in, if it is one of ``KINDS``
+    (None for tests/ itself and for support/)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in KINDS else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if kind_of(item.path) == "e2e":
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture
@@ -41,7 +63,10 @@ def key_prefix() -> str:
 
 
 @pytest.fixture
-def client(redis_url: str, key_prefix: str) -> Iterator[redis.Redis]:
+def client(request: pytest.FixtureRequest, redis_url: str,
+           key_prefix: str) -> Iterator[redis.Redis]:
+    if kind_of(request.path) == "unit":
+        pytest.fail("a test under tests/unit asked for Redis: it belongs in tests/redis")
     c = connect(redis_url)
     try:
         c.ping()

@@ -2,7 +2,7 @@
 
 ``GET /openapi.json`` serves it; each model's input schema comes from
 ``web.schemas``. A schemathesis run against real gunicorn fuzzes every operation
-from this document (tests/test_faults_input.py).
+from this document (tests/e2e/test_faults_input.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``AdmitArgs`` holds ARGV[1..23] in the script's order, each field named as the
 script's header names that position (carpool/core/script_args.py's mechanism, as
-for every script; ``tests/test_script_args.py`` checks the header); the jobs'
+for every script; ``tests/unit/test_script_args.py`` checks the header); the jobs'
 (id, input JSON) pairs follow them.
 """
 

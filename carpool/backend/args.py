@@ -2,7 +2,7 @@
 
 The fields are the script's fixed ARGV in order, named as its header names them;
 ``KEYS`` and ``REST`` name its keys and its runs of ARGV after the fields
-(carpool/core/script_args.py; ``tests/test_script_args.py`` checks each against its
+(carpool/core/script_args.py; ``tests/unit/test_script_args.py`` checks each against its
 script's header). admit.lua's are admission's ``AdmitArgs``.
 """
 

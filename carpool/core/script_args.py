@@ -4,7 +4,7 @@ Each script called from Python has one frozen dataclass, a ``ScriptArgs``, whose
 fields are its fixed ARGV in order, named as the script's header names them;
 ``KEYS`` names its keys in order (a name ending in ``*`` is a run of keys, one per
 bin or job) and ``REST`` the runs of ARGV after the fields. ``argv`` and
-``keys_of`` turn them into the lists a call sends. ``tests/test_script_args.py``
+``keys_of`` turn them into the lists a call sends. ``tests/unit/test_script_args.py``
 reads every script's header and checks these names against it, in order.
 
 It lives in the core, not beside the scripts in ``carpool.backend``: admission's

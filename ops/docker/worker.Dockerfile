@@ -7,7 +7,7 @@
 # against its CUDA runtime and cuDNN, so the ~5 GB torch install is a base layer
 # pulled once and shared by every rebuild, not a download on each build. Its
 # torch version must equal the `torch==` pin of pyproject's worker extra
-# (tests/test_deploy_compose.py checks the default tag); the constraint below then
+# (tests/deploy/test_deploy_compose.py checks the default tag); the constraint below then
 # holds pip to the torch it finds, so a mismatch fails the build loudly instead of
 # quietly downloading a second torch. torchvision, when the base lacks the pinned
 # one, is a small download built for that same torch.

@@ -17,7 +17,7 @@
 
 Every section goes to ``OUT/check.json`` (a failed section records its error and
 the others still run). ``--dry-run`` runs the same code on the CPU in miniature —
-a tiny crop, a few jobs, and the simulated CUDA device of ``tests/simcuda.py`` for
+a tiny crop, a few jobs, and the simulated CUDA device of ``tests/support/simcuda.py`` for
 the overlap (its "timestamps" count operations, not milliseconds) and the
 out-of-memory sections — so the script is tested where there is no GPU.
 """
@@ -173,7 +173,7 @@ class Pixels:
 
 
 def simulated(capacity_bytes: int) -> Accelerator:
-    from tests.simcuda import SimCuda
+    from tests.support.simcuda import SimCuda
 
     return SimCuda(capacity_bytes)
 

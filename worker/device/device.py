@@ -2,7 +2,7 @@
 one small interface.
 
 ``CudaDevice`` is ``torch.cuda`` on one device. Tests pass a simulated device
-(``tests/simcuda.py``) with the same methods: an allocator with a capacity, a
+(``tests/support/simcuda.py``) with the same methods: an allocator with a capacity, a
 ``mem_get_info`` that reflects what is held, and streams and events that record
 the order of copies, waits and kernels, so the GPU path runs, and is checked, on
 a machine without a GPU. On the CPU there is no accelerator at all (``None``):

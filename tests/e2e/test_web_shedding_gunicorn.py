@@ -1,0 +1,111 @@
+"""Real gunicorn sheds a submit that waited in it: by X-Request-Start, and after its
+worker's event loop stalled (SIGSTOP), as the lag monitor saw it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import requests
+
+from carpool.stack.waiting import wait_until
+from tests.conftest import make_env
+from tests.support.procs import start_web
+from tests.support.promtext import Scrape
+
+SUBMIT = {"model": "synthetic", "input": {"value": "v", "size": 1}}
+TIMEOUT_S = 10.0
+#: How long the worker is stopped: well past the lag test's bound.
+STALL_S = 1.5
+LAG_BOUND_MS = 300
+#: The X-Request-Start test's bound: far above any lag a busy test machine causes,
+#: so only the stamp decides.
+STAMP_BOUND_MS = 5000
+
+
+def shed_count(base_url: str, reason: str) -> float:
+    text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
+    return Scrape(text).value("carpool_web_shed_total", reason=reason)
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()]
+
+
+def gunicorn_worker(base_url: str) -> int:
+    """The one worker process of the gunicorn that serves ``base_url``."""
+    port = base_url.rsplit(":", 1)[1]
+    masters = [pid for pid in children(os.getpid())
+               if f"127.0.0.1:{port}" in Path(f"/proc/{pid}/environ").read_bytes().decode(
+                   errors="replace")]
+    assert len(masters) == 1, masters
+    workers = children(masters[0])
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def raw_submit(port: int) -> socket.socket:
+    """A socket that has sent a whole submit; the kernel holds it if nobody reads."""
+    body = json.dumps(SUBMIT).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    s.sendall(b"POST /submit HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+              b"Content-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    out = bytearray()
+    while chunk := s.recv(65536):
+        out += chunk
+    return bytes(out)
+
+
+def test_gunicorn_sheds_a_submit_by_its_proxy_start_time(redis_url: str,
+                                                          key_prefix: str) -> None:
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_MAX_QUEUE_MS=str(STAMP_BOUND_MS))
+    with start_web(env) as base_url:
+        old = {"X-Request-Start": f"t={int((time.time() - 60) * 1e6)}"}  # µs, a minute ago
+        resp = requests.post(f"{base_url}/submit", json=SUBMIT, headers=old, timeout=TIMEOUT_S)
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "overloaded"
+        assert resp.headers["Retry-After"] == "1"
+        assert shed_count(base_url, "request_start") == 1
+        fresh = {"X-Request-Start": f"t={time.time():.3f}"}  # seconds, now
+        resp = requests.post(f"{base_url}/submit", json=SUBMIT, headers=fresh, timeout=TIMEOUT_S)
+        assert resp.status_code == 202, resp.text
+        assert requests.get(f"{base_url}/healthz", headers=old, timeout=TIMEOUT_S).ok
+        assert shed_count(base_url, "request_start") == 1
+
+
+def test_gunicorn_sheds_a_submit_that_waited_out_a_stalled_event_loop(
+        redis_url: str, key_prefix: str) -> None:
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
+    with start_web(env) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
+        worker = gunicorn_worker(base_url)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            waiting = raw_submit(port)  # arrives while the loop cannot run
+            time.sleep(STALL_S)  # the stall itself, not a wait for work
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        with waiting:
+            head, _, body = read_all(waiting).partition(b"\r\n\r\n")
+        assert head.split()[1] == b"503", head
+        assert b"\r\nRetry-After: 1\r\n" in head + b"\r\n"
+        assert json.loads(body)["error"]["code"] == "overloaded"
+        assert shed_count(base_url, "event_loop_lag") == 1
+
+        def served() -> bool:  # the lag decays once the loop is on time again
+            resp = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
+            assert resp.status_code in (202, 503), resp.text
+            return resp.status_code == 202
+
+        wait_until(served, TIMEOUT_S, "a submit served after the stall")

@@ -1,0 +1,69 @@
+"""Worker metrics read against a real Redis: every listed metric emitted by web and
+worker together, and the loop counting the jobs its claim found expired."""
+
+from __future__ import annotations
+
+import redis
+
+from carpool.backend import records
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.queue import Queue
+from carpool.core.jobs import new_job_id
+from carpool.core.settings import Settings
+from tests.support.deployfiles import load_metrics
+from tests.support.procs import wait_until
+from tests.support.promtext import Scrape
+from tests.unit.test_worker_metrics import (
+    GPU,
+    SMALL,
+    collate_sizes,
+    metrics,
+    read,
+    run_batch_of_three,
+)
+from web.metrics import WebMetrics
+from worker.executors.pipelined import PipelinedExecutor
+from worker.handlers.base import ModelHandler
+from worker.handlers.synthetic import SyntheticHandler
+from worker.loop.loop import BatchLoop
+from worker.observe.metrics import WorkerMetrics
+
+
+def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
+        queue: Queue, settings: Settings) -> None:
+    executor = PipelinedExecutor()
+    m = metrics([GPU], executor)
+    run_batch_of_three(m)
+    collate_sizes(executor, [16, 48, 32])  # padding waste appears once a batch has measured it
+    executor.close()
+    web = WebMetrics(queue, settings.catalogue)
+    web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
+    emitted = {**read(m).families, **Scrape(web.render().decode()).families}
+    listed = load_metrics()
+    assert set(emitted) == set(listed)
+    for name, metric in listed.items():
+        assert (emitted[name].type, emitted[name].labels) == (metric.type, set(metric.labels)), name
+
+
+def test_the_loop_counts_jobs_that_claim_found_expired(
+        queue: Queue, settings: Settings, client: redis.Redis) -> None:
+    spec = settings.catalogue.get("synthetic")
+    late, on_time = new_job_id(spec.name), new_job_id(spec.name)
+    for job_id in (late, on_time):
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
+            queued_ttl_s=60, deadline_ms=60_000)))
+    records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
+    handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
+    loop = BatchLoop(settings, queue, handlers, "w")
+    m = WorkerMetrics(handlers, limits=lambda: loop.limits)
+    loop.hooks.append(m)
+
+    def drained() -> bool:
+        loop.step()
+        return read(m).value("carpool_jobs_completed_total") == 1
+
+    wait_until(drained, 10, "the on-time job to complete")
+    s = read(m)
+    assert s.value("carpool_jobs_expired_total", **SMALL) == 1
+    assert s.value("carpool_batch_size_sum", **SMALL) == 1

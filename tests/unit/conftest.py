@@ -1,0 +1,17 @@
+"""Unit tests need no Redis: a connection opened by one, through any fixture or
+object, fails the test with where it belongs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis.connection
+
+
+@pytest.fixture(autouse=True)
+def no_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: redis.connection.AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        pytest.fail("a test under tests/unit connected to Redis: it belongs in tests/redis")
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "connect", refuse)

@@ -1,0 +1,157 @@
+"""The torch executor's GPU path on a simulated CUDA device (tests/support/simcuda.py):
+copy/compute overlap read from the recorded order of copies, waits and kernels,
+out-of-memory recovery, the periodic cache emptying, and batch sizes padded to the
+warmed-up ladder. The memory cap the loop claims with, against Redis:
+tests/redis/test_torch_executor_simgpu.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.jobs import ClaimedJob
+from carpool.core.settings import ExecutorSettings
+from tests.support.simcuda import MIB, SimCuda, SimHandler
+from worker.executors.ladder import rungs
+from worker.executors.torch_executor import TorchExecutor
+
+torch.set_num_threads(1)
+#: A bound on any wait here; reaching it is a failure, not a timing.
+TIMEOUT_S = 30.0
+BIN = BinSpec("only", max_size=10, max_batch=4, max_wait_ms=0, max_depth=100)
+SPEC = ModelSpec("sim", "sim", "size", (BIN,))
+KEY = ("sim", "only")
+
+
+def jobs(xs: Sequence[float], start: int = 0) -> list[ClaimedJob]:
+    return [ClaimedJob(f"j{start + i}", json.dumps({"x": x}), admit_ms=0, attempts=1)
+            for i, x in enumerate(xs)]
+
+
+def executor(sim: SimCuda, **settings: Any) -> TorchExecutor:
+    opts: dict[str, Any] = {"device": "cuda", "torch_threads": 0, "empty_cache_every": 0,
+                            **settings}
+    return TorchExecutor(ExecutorSettings(**opts), sim)
+
+
+def ys(outcomes: Sequence[Any]) -> list[Any]:
+    return [o.result for o in outcomes]
+
+
+def index(log: list[tuple[Any, ...]], match: Any) -> int:
+    """Where the first entry ``match`` accepts is in the log."""
+    return next(i for i, e in enumerate(log) if match(e))
+
+
+def test_batch_2_is_copied_in_before_batch_1_computes_and_each_kernel_waits_for_its_copy(
+) -> None:
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SPEC)
+    handler.gate = threading.Event()  # batch 1's forward waits until batch 2 is submitted
+    ex = executor(sim)
+    first = ex.submit(handler, BIN, jobs([1.0, 2.0]))
+    second = ex.submit(handler, BIN, jobs([3.0, 4.0], start=2))
+    handler.gate.set()
+    outs = [f.result(TIMEOUT_S) for f in (first, second)]
+    ex.close()
+    assert ys(outs[0]) == [{"y": 3.0}, {"y": 5.0}] and ys(outs[1]) == [{"y": 7.0}, {"y": 9.0}]
+    assert handler.gate_opened == [True], "submit did not return before batch 1 computed"
+    log = sim.log
+    copies = sim.ops("h2d")
+    kernels = sim.ops("kernel")
+    assert [c[2] for c in copies] == [1, 2] and [k[4] for k in kernels] == [1, 2]
+    copy_stream, compute_stream = copies[0][1], kernels[0][1]
+    assert copy_stream != compute_stream
+    # The overlap: batch 2's copy was issued before batch 1's kernel.
+    assert index(log, lambda e: e[:3] == ("h2d", copy_stream, 2)) < index(
+        log, lambda e: e[0] == "kernel")
+    # Each kernel's stream first waited for an event recorded after its batch's copy.
+    recorded = {e[2]: i for i, e in enumerate(log) if e[:2] == ("record", copy_stream)}
+    for copy, kernel in zip(copies, kernels, strict=True):
+        waits = [i for i, e in enumerate(log[:log.index(kernel)])
+                 if e[:2] == ("wait", compute_stream) and recorded[e[2]] > log.index(copy)]
+        assert waits, (copy, kernel, log)
+    assert sim.hazards == []
+
+
+def test_out_of_memory_empties_the_cache_before_the_halves_run_and_caps_the_bin() -> None:
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SPEC, bytes_per_item=20 * MIB)  # 4 rows: 80 MiB; 2: 40
+    ex = executor(sim)
+    outs = ex.submit(handler, BIN, jobs([1.0, 2.0, 3.0, 4.0])).result(TIMEOUT_S)
+    ex.close()
+    assert ys(outs) == [{"y": 2.0 * x + 1} for x in (1, 2, 3, 4)]
+    log = sim.log
+    oom = index(log, lambda e: e[0] == "oom")
+    first_half = index(log, lambda e: e[0] == "kernel")
+    assert [k[3] for k in sim.ops("kernel")] == [2, 2]
+    assert oom < index(log, lambda e: e == ("empty_cache",)) < first_half
+    assert ex.guard.cap(KEY) == 2 and ex.stats.oom_splits == 1
+
+
+def test_the_cache_is_emptied_every_n_batches_between_batches_only() -> None:
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SPEC)
+    ex = executor(sim, empty_cache_every=2)
+    for k in range(4):
+        ex.submit(handler, BIN, jobs([float(k)] * 2, start=2 * k)).result(TIMEOUT_S)
+    ex.close()
+    marks = [e[0] for e in sim.log if e[0] in ("kernel", "empty_cache")]
+    assert marks == ["kernel", "kernel", "empty_cache", "kernel", "kernel", "empty_cache"]
+    assert ex.guard.empty_cache_calls == 2
+
+
+def test_a_batch_staged_before_an_out_of_memory_error_is_split_before_it_runs() -> None:
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SPEC, bytes_per_item=20 * MIB)
+    handler.gate = threading.Event()
+    ex = executor(sim)
+    first = ex.submit(handler, BIN, jobs([1.0] * 4))
+    second = ex.submit(handler, BIN, jobs([2.0] * 4, start=4))  # staged at 4, as claimed
+    handler.gate.set()
+    outs = [f.result(TIMEOUT_S) for f in (first, second)]
+    ex.close()
+    assert handler.gate_opened == [True]
+    assert ys(outs[1]) == [{"y": 5.0}] * 4
+    assert [k[3] for k in sim.ops("kernel")] == [2, 2, 2, 2]
+    assert len(sim.ops("oom")) == 1, "the staged batch met a second out-of-memory error"
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+])
+def test_allocation_failures_of_cublas_and_cudnn_shrink_the_bin_like_out_of_memory(
+        message: str) -> None:
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SPEC)
+    handler.fail_over, handler.failure = 2, RuntimeError(message)
+    ex = executor(sim)
+    outs = ex.submit(handler, BIN, jobs([1.0, 2.0, 3.0, 4.0])).result(TIMEOUT_S)
+    ex.close()
+    assert ys(outs) == [{"y": 2.0 * x + 1} for x in (1, 2, 3, 4)]
+    assert ex.stats.oom_splits == 1 and ex.stats.error_splits == 0
+    assert ex.guard.cap(KEY) == 2
+    assert sim.ops("empty_cache") == [("empty_cache",)]
+
+
+def test_every_batch_size_runs_padded_to_a_rung_of_the_ladder_and_results_are_cut_back(
+) -> None:
+    big = BinSpec("big", max_size=10, max_batch=12, max_wait_ms=0, max_depth=100)
+    spec = ModelSpec("sim", "sim", "size", (big,))
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, spec)
+    ex = executor(sim)
+    for n in range(1, 13):
+        outs = ex.submit(handler, big, jobs([float(n)] * n)).result(TIMEOUT_S)
+        assert ys(outs) == [{"y": 2.0 * n + 1}] * n
+    ex.close()
+    ran = {k[3] for k in sim.ops("kernel")}
+    assert ran <= set(rungs(12)), ran  # what warm-up runs: cuDNN never autotunes mid-serving
+    assert sim.hazards == []
