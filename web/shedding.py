@@ -31,9 +31,10 @@ from flask import Flask
 #: size, long enough that its own wake-ups cost nothing (tens of µs, 40 a second).
 LAG_INTERVAL_S = 0.025
 #: The remembered lag halves this often once the loop is on time again, so one
-#: stall sheds for about a second, and a lasting overload (late at every wake-up)
-#: sheds for as long as it lasts.
-LAG_HALF_LIFE_S = 0.5
+#: stall sheds the requests that waited it out and a few tenths of a second more
+#: (one slow request must not shed the next second's), and a lasting overload (late
+#: at every wake-up) sheds for as long as it lasts.
+LAG_HALF_LIFE_S = 0.1
 #: Retry-After of a shed: the lag that caused it decays within about a second.
 RETRY_AFTER_S = 1
 SHED_CODE = "overloaded"
