@@ -21,7 +21,7 @@ class AdmitArgs(ScriptArgs):
 
     SCRIPT: ClassVar[str] = "admit"
     KEYS: ClassVar[tuple[str, ...]] = ("bin", "wake", "idem", "stats", "tenants", "bytes",
-                                       "owner_bytes")
+                                       "owner_bytes", "model_stats", "other_bins*")
     REST: ClassVar[tuple[str, ...]] = ("jobs",)
 
     job_prefix: str

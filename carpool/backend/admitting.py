@@ -32,6 +32,7 @@ from carpool.core.errors import (
     NotSent,
 )
 from carpool.core.jobs import Admitted
+from carpool.core.script_args import keys_of
 from carpool.core.shards import shard, shard_of_job
 
 #: One job's place in an admission's answer: queued, refused (``BinFull`` covers
@@ -138,12 +139,19 @@ class Admissions:
               ) -> tuple[list[str], list[str | int]]:
         """admit.lua's KEYS and ARGV for ``jobs`` of one bin."""
         model, idempotent = request.model, bool(request.idempotency_digest)
-        keys = [self.keys.bin(model.name, bin_spec.name), self.keys.wake(model.name),
-                self.keys.idempotency(model.name, request.idempotency_digest or "-"),
-                self.keys.stats(model.name, bin_spec.name),
-                self.keys.tenants(model.name, bin_spec.name),
-                self.keys.queued_bytes(model.name),
-                self.keys.owner_queued_bytes(model.name, request.owner or "-")]
+        keys = keys_of(
+            AdmitArgs, bin=self.keys.bin(model.name, bin_spec.name),
+            wake=self.keys.wake(model.name),
+            idem=self.keys.idempotency(model.name, request.idempotency_digest or "-"),
+            stats=self.keys.stats(model.name, bin_spec.name),
+            tenants=self.keys.tenants(model.name, bin_spec.name),
+            bytes=self.keys.queued_bytes(model.name),
+            owner_bytes=self.keys.owner_queued_bytes(model.name, request.owner or "-"),
+            model_stats=self.keys.model_stats(model.name),
+            # Their jobs that sort ahead of this one run first: one worker serves
+            # every bin of its model (admit.lua's predicted wait).
+            other_bins=[self.keys.bin(model.name, b.name) for b in model.bins
+                        if b.name != bin_spec.name])
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         tag = shard(model.name)
         head = AdmitArgs(

@@ -22,6 +22,9 @@ leases) has a tag of its own, ``{p}``.
                                     last_batch_ms, and the drain rate as rate_c (decayed
                                     count), rate_t, rate_t0 (for Retry-After), and the
                                     workers' busy speed as busy_c (decayed count), busy_ms
+    {p.s}:mstats:<model>      hash  the same drain rate and busy time over all the model's
+                                    bins (rate_c, rate_t, rate_t0, busy_c): the pace of
+                                    the predicted wait (admit.lua)
     {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
                                     virtual clock (µs)": fair share and fair queueing
     {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the
@@ -104,6 +107,10 @@ class Keys:
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"
+
+    def model_stats(self, model: str) -> str:
+        """The model's drain rate and busy time over all its bins (admit.lua's pace)."""
+        return f"{self._tag(shard(model))}:mstats:{model}"
 
     def tenants(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"

@@ -94,7 +94,12 @@ class HttpDriver:
             return JobRecord(seq, arrival.size, arrival.t_s, t_start, outcome,
                              http_status=status, **more)
 
-        payload = json.dumps({"model": self.opts.model, "input": job_input}).encode()
+        request: dict[str, Any] = {"model": self.opts.model, "input": job_input}
+        if arrival.deadline_ms:
+            request["deadline_ms"] = arrival.deadline_ms
+        if arrival.priority:
+            request["priority"] = arrival.priority
+        payload = json.dumps(request).encode()
         try:
             answer = await self.submit.request("POST", "/submit", payload)
         except (OSError, ConnectionClosed) as exc:

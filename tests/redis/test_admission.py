@@ -117,11 +117,11 @@ def test_with_no_drain_rate_the_depth_bound_alone_holds(queue: Queue) -> None:
 def test_a_stale_drain_rate_falls_back_to_the_depth_bound(queue: Queue) -> None:
     spec = spec_with(max_queue_ms=1000, max_depth=50)
     drain(queue, spec)
-    # The last drain long ago: no worker serves this bin now (scale from zero).
-    stats = queue.keys.stats(spec.name, "small")
-    last = int(queue.client.hget(stats, "rate_t"))  # type: ignore[arg-type]
-    queue.client.hset(stats, mapping={"rate_t": last - DRAIN_STALE_MS - 1000,
-                                      "rate_t0": last - DRAIN_STALE_MS - 2000})
+    # The last drain long ago: no worker serves this model now (scale from zero).
+    for stats in (queue.keys.stats(spec.name, "small"), queue.keys.model_stats(spec.name)):
+        last = int(queue.client.hget(stats, "rate_t"))  # type: ignore[arg-type]
+        queue.client.hset(stats, mapping={"rate_t": last - DRAIN_STALE_MS - 1000,
+                                          "rate_t0": last - DRAIN_STALE_MS - 2000})
     admitted, exc = fill_until_refused(queue, spec)
     assert admitted == 50 and not isinstance(exc, WaitTooLong)
 

@@ -20,6 +20,10 @@
 -- KEYS[6]  bytes         {p.s}:bytes:<model> hash: the model's byte budget
 --                        (carpool/admission/budget.py)
 -- KEYS[7]  owner_bytes   {p.s}:bytes:<model>:<owner> hash: the API key's (read when owned)
+-- KEYS[8]  model_stats   {p.s}:mstats:<model> hash: the model's drain rate and busy time
+--                        over all its bins (complete.lua): the pace of the predicted wait
+-- KEYS[9..] other_bins   the model's other bins' zsets: their jobs that sort ahead of a
+--                        job run before it too (one worker serves every bin of its model)
 -- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (one test checks
 -- every script's header against its Python arguments):
 -- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, created here; same
@@ -55,8 +59,9 @@
 --         max_depth: the bin's drain counter decayed to now and the time since its first
 --         drain (-1: never drained), for Retry-After;
 --         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
---         refused by predicted wait (`ahead` jobs sort before it, drained at that rate),
---         or its owner's turn comes after its deadline (`ahead` is that lead in jobs);
+--         refused by predicted wait (`ahead` jobs of the model sort before it, drained
+--         at the model's pace), or its owner's turn comes after its deadline (`ahead` is
+--         that lead in jobs, at the bin's rate);
 --         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
 --         owner is over its share (by `excess` jobs);
 --         {"over", admitted, depth_after, "model" | "key", held_bytes, budget_bytes}:
@@ -146,12 +151,12 @@ local limit_ms = tonumber(ARGV[10])
 if limit_ms <= 0 then limit_ms = tonumber(ARGV[15]) end
 local owned = ARGV[13] ~= ""
 
--- The bin's drain rate, read once per call: past the first batch, for the predicted
--- wait and, with an owner, for its virtual clock. None recent (cold start, scale from
--- zero): depth alone. Job i is timed (judged with the rate) when depth + i is past
+-- The bin's drain rate, read once per call past the first batch, with an owner: for
+-- its virtual clock (fair share). None recent (cold start, scale from zero): depth
+-- alone. Job i is timed (its owner's clock moves at the rate) when depth + i is past
 -- the first batch, as if admitted alone.
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
-if depth + n - 1 >= max_batch and (limit_ms > 0 or owned) then
+if depth + n - 1 >= max_batch and owned then
   local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0", "busy_c")
   if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[17]) then
     local tau = tonumber(ARGV[9])
@@ -165,6 +170,41 @@ if depth + n - 1 >= max_batch and (limit_ms > 0 or owned) then
   end
 end
 local rate_s = drain and string.format("%.6f", drain[3] * 1000)
+
+-- >>> the model's pace (docs/admission.md, "Refusing by predicted wait") >>>
+-- One worker serves every bin of its model, so a job's wait is the model's work ahead
+-- of it at the model's pace, never its own bin's alone: a bin's own rates count only
+-- the time its worker spends on it. The pace is the model's drain rate (jobs written
+-- per ms, all bins, all workers) once its workers were busy nearly all the time
+-- (BUSY_SATURATED of the window: the drain is then what they can do, the host's
+-- load, the other bins and every overhead included); before, the larger of that and
+-- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
+-- is not judged by the arrivals of the quiet spell. None recent: depth alone.
+local BUSY_SATURATED = 0.9
+local pace = nil  -- jobs/ms
+if limit_ms > 0 then
+  local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c")
+  if ms[3] and now_ms - tonumber(ms[2]) <= tonumber(ARGV[17]) then
+    local tau_ms = tonumber(ARGV[9])
+    local age_ms = math.max(now_ms - tonumber(ms[3]), tonumber(ARGV[16]))
+    local window_ms = tau_ms * (1 - math.exp(-age_ms / tau_ms))
+    local decay = math.exp(-(now_ms - tonumber(ms[2])) / tau_ms)
+    local written, busy_ms = tonumber(ms[1]), tonumber(ms[4] or 0)
+    pace = written * decay / window_ms
+    if busy_ms * decay < BUSY_SATURATED * window_ms then
+      pace = math.max(pace, written / math.max(1, busy_ms))
+    end
+  end
+end
+local pace_s = pace and string.format("%.6f", pace * 1000)
+-- The jobs of the model that sort before score_us, in every bin: they run first.
+local function model_ahead(score_us)
+  local bound = string.format("(%.0f", score_us)
+  local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", bound)
+  for k = 9, #KEYS do ahead = ahead + redis.call("ZCOUNT", KEYS[k], "-inf", bound) end
+  return ahead
+end
+-- <<< the model's pace <<<
 
 -- >>> fair share between tenants (docs/admission.md): the owner's state >>>
 -- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)", read
@@ -232,25 +272,25 @@ for i = 0, n - 1 do
   -- <<< fair share between tenants <<<
 
   -- >>> admission by predicted wait (docs/admission.md) >>>
-  -- Refuse a job whose predicted start (the jobs that sort ahead of it over the bin's
-  -- measured drain rate) is later than its deadline, else than max_queue_ms. Within
-  -- the first batch, or with no recent drain: depth alone. The jobs ahead of the
-  -- call's score are counted once per call, again only for a job fair queueing moved;
-  -- the call's i earlier jobs sort ahead of job i as well.
-  if timed and limit_ms > 0 then
+  -- Refuse a job whose predicted start (the model's jobs that sort ahead of it, in
+  -- every bin, over the model's pace) is later than its deadline, else than
+  -- max_queue_ms. With fewer than a batch ahead (it leaves with the next batch), or
+  -- with no recent pace: depth alone. The jobs ahead of the call's score are counted
+  -- once per call, again only for a job fair queueing moved; the call's i earlier
+  -- jobs sort ahead of job i as well.
+  if pace then
     local ahead
     if sort_us == base_us then
-      ahead0 = ahead0 or redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", base_us))
+      ahead0 = ahead0 or model_ahead(base_us)
       ahead = ahead0 + i
     else
       if sort_us ~= counted_us then
-        counted_us = sort_us
-        counted = redis.call("ZCOUNT", KEYS[1], "-inf", string.format("(%.0f", sort_us))
+        counted_us, counted = sort_us, model_ahead(sort_us)
       end
       ahead = counted + i
     end
-    if ahead * 1.0 > limit_ms * drain[3] then
-      refusal = {"late", ahead, rate_s}
+    if ahead >= max_batch and ahead * 1.0 > limit_ms * pace then
+      refusal = {"late", ahead, pace_s}
       n = i
       break
     end

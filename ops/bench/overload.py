@@ -1,0 +1,198 @@
+"""Overload on a model with many bins: goodput, timeouts and refusals, old code against new.
+
+    python ops/bench/overload.py --roots /path/to/old,. --factors 1.5,3 --out overload.json
+
+For each checkout in ``--roots`` (each runs its own web and worker: ``python -m`` from
+that root imports that root's code), each offered load in ``--factors`` (× the
+model's offline rate) and each deadline setting in ``--deadlines`` (0: none), this
+starts a private redis-server, the web under gunicorn and one Celery worker serving
+the synthetic model, then drives it open-loop: Poisson arrivals with a mix of sizes
+(so the model's bins compete for one worker), each job submitted then long-polled,
+its client giving up ``--client-timeout-s`` after its arrival. The same arrivals go
+to every run.
+
+The synthetic model sleeps a + b·n ms per batch of n whatever the bin, so its
+offline rate is exact: per bin ``max_batch / (a + b·max_batch)`` jobs/s, and for a
+mix the jobs-weighted harmonic mean of those (each job costs its bin's share of a
+full batch). Goodput is the jobs answered ``done`` within the client's timeout per
+second, from the first arrival to the last such answer (under overload the worker is
+busy throughout), over that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import redis
+import requests
+
+from carpool.backend.keys import Keys
+from carpool.bench.arrivals import Arrival, poisson_times
+from carpool.bench.client import HttpOptions, run_http
+from carpool.bench.records import JobRecord, Outcome
+from carpool.bench.workload import SizeMix, new_nonce
+from carpool.core.catalogue import builtin_models
+from carpool.core.settings import load_settings
+from carpool.stack.localstack import web_command, worker_command
+from carpool.stack.redis_local import free_port, start_redis
+
+#: Bound on starting a stack; a start that needs longer is broken, not slow.
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    root: str
+    factor: float
+    deadline_ms: int
+    offered: int
+    done_in_time: int
+    timed_out: int
+    refused_429: int
+    refused_503: int
+    errors: int
+    goodput_per_s: float
+    offline_per_s: float
+
+    @property
+    def goodput_ratio(self) -> float:
+        return self.goodput_per_s / self.offline_per_s
+
+
+def offline_rate_per_s(mix: SizeMix, cost_ms: tuple[float, float]) -> float:
+    """The synthetic model's offline rate on ``mix``: full batches of each job's bin."""
+    spec = builtin_models()["synthetic"]
+    a_ms, b_ms = cost_ms
+    total = sum(mix.weights)
+    ms_per_job = 0.0
+    for size, weight in zip(mix.sizes, mix.weights, strict=True):
+        n = spec.bin_for(size).max_batch
+        ms_per_job += weight / total * (a_ms + b_ms * n) / n
+    return 1000.0 / ms_per_job
+
+
+def _wait_ok(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)  # a process just started tells nobody when it listens
+    raise TimeoutError(f"{url} did not answer")
+
+
+def _worker_serving(redis_url: str) -> bool:
+    """Whether a worker has registered what it serves (its models are loaded)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return bool(client.hlen(Keys(load_settings({}).key_prefix).workers))
+    finally:
+        client.close()
+
+
+def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
+            factor: float, deadline_ms: int, offline_per_s: float) -> RunResult:
+    tmp = Path(tempfile.mkdtemp(prefix="carpool-overload-"))
+    server = start_redis(tmp / "redis")
+    port = free_port()
+    a_ms, b_ms = args.cost_ms
+    env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
+               CARPOOL_SYNTHETIC_COST_MS=f"{a_ms:g},{b_ms:g}", CARPOOL_MODELS="synthetic",
+               CARPOOL_WORKER_METRICS_PORT="0", PYTHONPATH=str(root))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(tmp / "procs.log", "ab") as logs:
+            for cmd in (web_command(), worker_command(0)):
+                procs.append(subprocess.Popen(cmd, env=env, stdout=logs, cwd=root,
+                                              stderr=subprocess.STDOUT))
+        _wait_ok(f"http://127.0.0.1:{port}/healthz", procs[0])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _worker_serving(server.url):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no worker registered")
+            time.sleep(0.2)  # the worker loads and registers: no event to block on here
+        opts = HttpOptions(base_url=f"http://127.0.0.1:{port}",
+                           client_timeout_s=args.client_timeout_s,
+                           grace_s=args.client_timeout_s + 5)
+        records = run_http(arrivals, opts, new_nonce())
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.stop()
+    return summarise(str(root), factor, deadline_ms, records, args, offline_per_s)
+
+
+def summarise(root: str, factor: float, deadline_ms: int, records: Sequence[JobRecord],
+              args: argparse.Namespace, offline_per_s: float) -> RunResult:
+    in_time = [r for r in records if r.outcome is Outcome.OK]
+    # Over the span the worker had work: from the first arrival to the last answer in
+    # time (under overload it is busy throughout), not over the arrivals alone.
+    span_s = max((r.t_final or 0.0 for r in in_time), default=0.0) - min(
+        (r.t_sched for r in records), default=0.0)
+    return RunResult(
+        root=root, factor=factor, deadline_ms=deadline_ms, offered=len(records),
+        done_in_time=len(in_time),
+        timed_out=sum(r.outcome is Outcome.TIMEOUT for r in records),
+        refused_429=sum(r.outcome is Outcome.REJECTED for r in records),
+        refused_503=sum(r.outcome is Outcome.ERROR and r.http_status == 503 for r in records),
+        errors=sum(r.outcome is Outcome.ERROR and r.http_status != 503 for r in records),
+        goodput_per_s=round(len(in_time) / span_s, 1) if span_s > 0 else 0.0,
+        offline_per_s=round(offline_per_s, 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--roots", default=".", help="comma-separated checkouts to compare")
+    ap.add_argument("--factors", default="1.5,3", help="offered load, × the offline rate")
+    ap.add_argument("--deadlines", default="0,10000", help="deadline_ms per job (0: none)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals")
+    ap.add_argument("--sizes", default="16:0.6,200:0.3,800:0.1",
+                    help="size mix: the synthetic model's bins small/medium/large")
+    ap.add_argument("--cost-ms", type=lambda s: tuple(float(x) for x in s.split(",")),
+                    default=(100.0, 10.0), help="synthetic a,b: a + b·n ms per batch")
+    ap.add_argument("--client-timeout-s", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    mix = SizeMix.parse(args.sizes)
+    offline = offline_rate_per_s(mix, args.cost_ms)
+    results: list[RunResult] = []
+    for factor in (float(f) for f in args.factors.split(",")):
+        rng = random.Random(args.seed)
+        times = poisson_times(factor * offline, args.duration, args.seed)
+        sizes = [mix.draw(rng) for _ in times]
+        for deadline_ms in (int(d) for d in args.deadlines.split(",")):
+            arrivals = [Arrival(t, size, deadline_ms=deadline_ms)
+                        for t, size in zip(times, sizes, strict=True)]
+            for root in (Path(r).resolve() for r in args.roots.split(",")):
+                result = run_one(root, arrivals, args, factor, deadline_ms, offline)
+                results.append(result)
+                print(json.dumps({**asdict(result),
+                                  "goodput_ratio": round(result.goodput_ratio, 3)}),
+                      flush=True)
+    if args.out:
+        args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

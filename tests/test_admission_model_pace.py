@@ -1,0 +1,118 @@
+"""Admission by predicted wait across a model's bins (admit.lua), on a real redis-server.
+
+One worker serves every bin of its model, so a job's predicted start counts the
+model's jobs ahead of it in every bin, at the model's pace (complete.lua sums the
+drain and busy time of all the model's bins). A drain is made the way workers make
+it, as in test_admission.py: jobs claimed and completed, the claim time set back by
+the batch's run time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.queue import Queue
+from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
+from carpool.core.errors import BinFull, WaitTooLong
+from carpool.core.jobs import Outcome, new_job_id
+from carpool.core.shards import shard
+
+TTL_S = 60
+#: Jobs drained to make a pace: about 10 jobs/s.
+DRAINED = 10
+
+
+def spec_with(max_queue_ms: int, max_batch: int = 2) -> ModelSpec:
+    spec = load_catalogue(None).get("synthetic")
+    bins = tuple(replace(b, max_depth=1000, max_batch=max_batch) for b in spec.bins)
+    return replace(spec, bins=bins, max_queue_ms=max_queue_ms)
+
+
+def admit(q: Queue, spec: ModelSpec, bin_spec: BinSpec, **kw: object) -> str:
+    body = json.dumps({"value": 0, "size": 1})
+    return single_admitted(Admissions(q.client, q.keys).admit(AdmitRequest(
+        spec, (AdmitJob(bin_spec, new_job_id(spec.name), body),),
+        queued_ttl_s=TTL_S, **kw))).id  # type: ignore[arg-type]
+
+
+def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
+          batch_ms: int = 1000) -> None:
+    for _ in range(n):
+        admit(q, spec, bin_spec)
+    token = f"t-{bin_spec.name}"
+    claim = q.claim(spec, bin_spec.name, n, lease_ms=5000, token=token, worker="w")
+    assert len(claim.jobs) == n
+    q.client.hset(q.keys.claim(shard(spec.name), token), "t", claim.now_ms - batch_ms)
+    q.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": n})
+
+
+def fill_until_refused(q: Queue, spec: ModelSpec, bin_spec: BinSpec,
+                       **kw: object) -> tuple[int, BinFull]:
+    for admitted in range(bin_spec.max_depth + 1):
+        try:
+            admit(q, spec, bin_spec, **kw)
+        except BinFull as exc:
+            return admitted, exc
+    raise AssertionError("never refused")
+
+
+def test_jobs_waiting_in_the_models_other_bins_count_against_a_new_jobs_wait(
+    queue: Queue,
+) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small, medium = spec.bins[0], spec.bins[1]
+    drain(queue, spec, small)
+    # The medium bin fills to about a second of the model's work ...
+    admitted, exc = fill_until_refused(queue, spec, medium)
+    assert isinstance(exc, WaitTooLong) and admitted >= 2
+    # ... so a job into the empty small bin would wait behind it: refused, though its
+    # own bin holds nothing (a per-bin rule admits it: less than a batch is queued).
+    with pytest.raises(WaitTooLong) as refused:
+        admit(queue, spec, small)
+    assert refused.value.predicted_ms > 1000
+
+
+def test_the_pace_is_summed_over_the_models_bins(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small, medium = spec.bins[0], spec.bins[1]
+    drain(queue, spec, small)
+    drain(queue, spec, medium)
+    model_stats = queue.keys.model_stats(spec.name)
+    stats = queue.client.hgetall(model_stats)
+    assert float(stats["rate_c"]) == pytest.approx(2 * DRAINED, rel=0.01)
+    assert float(stats["busy_c"]) == pytest.approx(2000, rel=0.05)
+    # One worker ran the two 1 s batches one after the other: the first drain was 2 s
+    # ago. Each bin alone drained 10 jobs per second of its own batches, but the model
+    # drained 20 in 2 s: about 10 jobs/s in all, so a second of wait is about 10 jobs
+    # across both bins, not 10 in each.
+    first_ms = int(stats["rate_t"]) - 2000
+    for key in (model_stats, *(queue.keys.stats(spec.name, b.name) for b in (small, medium))):
+        queue.client.hset(key, "rate_t0", first_ms)
+    first, _ = fill_until_refused(queue, spec, small)
+    second, _ = fill_until_refused(queue, spec, medium)
+    assert first + second <= DRAINED + 4
+
+
+def test_a_job_that_sorts_ahead_counts_no_later_job_of_another_bin(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small, medium = spec.bins[0], spec.bins[1]
+    drain(queue, spec, small)
+    fill_until_refused(queue, spec, medium)
+    # Priority 9 sorts before every queued priority-0 job, in its bin and in the others.
+    admit(queue, spec, small, priority=9)
+
+
+def test_with_no_pace_yet_a_bin_takes_jobs_up_to_its_depth_whatever_the_other_bins_hold(
+    queue: Queue,
+) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small, medium = spec.bins[0], spec.bins[1]
+    for _ in range(50):  # no worker has drained the model yet: depth alone
+        admit(queue, spec, medium)
+    for _ in range(50):
+        admit(queue, spec, small)
+    assert queue.client.zcard(queue.keys.bin(spec.name, small.name)) == 50
