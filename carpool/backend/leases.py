@@ -67,6 +67,7 @@ class Leases:
         self._renew = load_script(client, "renew")
         self._reap = load_script(client, "reap")
         self._release = load_script(client, "release")
+        self._reclaim = load_script(client, "reclaim")
 
     def renew(self, token: str, ids: Sequence[str], lease_ms: int) -> list[bool]:
         """Extend the lease of each id still held under ``token``; False where it was lost."""
@@ -115,6 +116,17 @@ class Leases:
             for i, x in zip(positions, reply, strict=True):
                 back[i] = bool(x)
         return back
+
+    def end_leases_of(self, worker: str) -> int:
+        """End now the leases of every claim made under ``worker``'s name (its tokens
+        start ``<worker>:``): a worker starting under that name knows its predecessor
+        dead. The next reap takes their jobs back. How many claims were ended."""
+        ended = 0
+        for tag in self._shards:
+            with redis_errors():
+                ended += int(self._reclaim(keys=[self.keys.leases(tag)],
+                                           args=[f"{worker}:"]))
+        return ended
 
     def leased_to(self, token: str) -> list[str]:
         """The ids leased under ``token``: a claim whose reply was lost. Its claim hash
