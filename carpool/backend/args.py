@@ -45,7 +45,7 @@ class PeekArgs(ScriptArgs):
 @dataclass(frozen=True)
 class CompleteArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "complete"
-    KEYS: ClassVar[_K] = ("leases", "stats", "claim", "bins*", "bin_stats*")
+    KEYS: ClassVar[_K] = ("leases", "stats", "claim", "model_stats", "bins*", "bin_stats*")
     REST: ClassVar[_K] = ("per_job", "scans")
 
     token: str
@@ -57,6 +57,7 @@ class CompleteArgs(ScriptArgs):
     results_channel: str
     pushed: str
     jobs: int
+    late: int
 
 
 @dataclass(frozen=True)

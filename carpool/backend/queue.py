@@ -20,7 +20,13 @@ from carpool.backend import records
 from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, ReadArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
-from carpool.backend.replies import Completed, bin_states, claim_reply, completion_args
+from carpool.backend.replies import (
+    Completed,
+    bin_states,
+    claim_reply,
+    completion_args,
+    started_late,
+)
 from carpool.backend.wake import ShardWaiters
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
@@ -124,10 +130,12 @@ class Queue:
         per_job, pushed = completion_args(model.name, claim, outcomes, batch_json)
         args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
-                            self.keys.results_channel, pushed, len(outcomes))
+                            self.keys.results_channel, pushed, len(outcomes),
+                            started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin))))
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),
+                       model_stats=self.keys.model_stats(model.name),
                        bins=[self.keys.bin(model.name, b) for b in peek],
                        bin_stats=[self.keys.stats(model.name, b) for b in peek])
         with redis_errors():

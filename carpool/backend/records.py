@@ -105,6 +105,13 @@ def admission_fields(admission: str) -> tuple[int | None, str]:
     return (int(t_admit) if t_admit else None), owner
 
 
+def admission_deadline_ms(admission: str) -> int | None:
+    """The job's absolute ``deadline`` (ms) out of its record's admission fields; None
+    when it has none (or no fields were handed out)."""
+    parts = admission.split("\t", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1] else None
+
+
 def ended_parts(status: str, attempts: int, admission: str, t_claim_ms: int, timings: str,
                 batch: str, payload: str) -> tuple[str, str]:
     """An ended record but for ``t_done``, in two parts: ``complete.lua`` writes

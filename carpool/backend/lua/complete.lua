@@ -4,10 +4,12 @@
 -- KEYS[2]  stats            {p.s}:stats:<model>:<bin>  drained += jobs written; the drain
 --                           rate and the busy time behind it (busy_c)
 -- KEYS[3]  claim            {p.s}:claim:<token> (claim.lua)
--- KEYS[4..3+n]    bins      (optional) bin zsets of this model to peek after the write,
+-- KEYS[4]  model_stats      {p.s}:mstats:<model>  the same drain and busy time summed over
+--                           all the model's bins, and late_c: admit.lua's pace
+-- KEYS[5..4+n]    bins      (optional) bin zsets of this model to peek after the write,
 --                           as peek.lua does: the worker decides its next batch from this
 --                           reply, without a peek's round trip of its own
--- KEYS[4+n..3+2n] bin_stats their stats hashes
+-- KEYS[5+n..4+2n] bin_stats their stats hashes
 -- ARGV[1]  token            lease token of the claim
 -- ARGV[2]  job_prefix       "{p.s}:job:"
 -- ARGV[3]  done_channel
@@ -18,13 +20,16 @@
 -- ARGV[8]  pushed           the jobs' pushed views (carpool/backend/pushed.py): one JSON
 --                           line each, "\n" between, those not pushed left out
 -- ARGV[9]  jobs             j, the number of jobs that follow
--- ARGV[10..9+4j] per_job    4 values per job: id, the byte length of its line in
+-- ARGV[10] late             the claim's jobs that started later than their wait allowed
+--                           (their deadline, else max_queue_ms) or expired at the claim:
+--                           late_c, decayed as rate_c, corrects admit.lua's pace
+-- ARGV[11..10+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
 --   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
 --   worker from the admission fields and the attempt count the claim handed out, and
 --   the rest from the timings on, payload included (the result JSON when done, the error
 --   message when failed); the record written is head .. t_done .. rest (Redis's clock)
--- ARGV[10+4j..] scans       the max_batch of each bin peeked, in KEYS' order
+-- ARGV[11+4j..] scans      the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -44,8 +49,9 @@
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local npeek = (#KEYS - 3) / 2
-local jobs_end = 9 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
+local FIRST_JOB = 11  -- ARGV index of the first job's id
+local npeek = (#KEYS - 4) / 2
+local jobs_end = FIRST_JOB - 1 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -53,15 +59,15 @@ local now_s = string.format("%d", now_ms)  -- once: a number argument is formatt
 local out = {}
 local ours = {}  -- ARGV index of each job the claim still holds
 local asked = {"t"}  -- the claim's time, then its jobs
-for i = 10, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
+for i = FIRST_JOB, jobs_end, STRIDE do asked[#asked + 1] = ARGV[i] end
 local held = redis.call("HMGET", KEYS[3], unpack(asked))
 local claimed_ms = tonumber(held[1])  -- when this batch was claimed: its busy time ends now
 for k = 2, #held do
   -- Held, and handed back with the record its claim handed out (an outcome without it
   -- is refused, and its job stays in the claim: the reaper returns it).
-  if held[k] and ARGV[10 + (k - 2) * STRIDE + 2] ~= "" then
+  if held[k] and ARGV[FIRST_JOB + (k - 2) * STRIDE + 2] ~= "" then
     out[#out + 1] = 1
-    ours[#ours + 1] = 10 + (k - 2) * STRIDE
+    ours[#ours + 1] = FIRST_JOB + (k - 2) * STRIDE
   else
     out[#out + 1] = 0
   end
@@ -87,7 +93,7 @@ for _, i in ipairs(ours) do
   if set then
     kept[#kept + 1] = i
   else
-    out[(i - 10) / STRIDE + 1] = 0
+    out[(i - FIRST_JOB) / STRIDE + 1] = 0
   end
 end
 ours = kept
@@ -103,7 +109,7 @@ if written > 0 then
   if written < #out and pushed ~= "" then  -- only the lines of the jobs written
     local mine, lines, at = {}, {}, 1
     for _, i in ipairs(ours) do mine[i] = true end
-    for i = 10, jobs_end, STRIDE do
+    for i = FIRST_JOB, jobs_end, STRIDE do
       local len = tonumber(ARGV[i + 1])
       if len > 0 then
         if mine[i] then lines[#lines + 1] = string.sub(pushed, at, at + len - 1) end
@@ -120,23 +126,29 @@ if written > 0 then
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/admission/retry_after.py turns it into jobs/s: the sum over all workers.
   -- busy_c, decayed alike, sums claim-to-completion ms: rate_c / busy_c is how fast
-  -- the workers drain while busy, whatever the load (admit.lua's predicted wait).
-  local st = redis.call("HMGET", KEYS[2], "rate_c", "rate_t", "rate_t0", "busy_c")
-  local c, busy = 0, 0
-  if st[1] then
-    local decay = math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[6]))
-    c, busy = tonumber(st[1]) * decay, tonumber(st[4] or 0) * decay
+  -- the workers drain while busy, whatever the load. The model's hash (KEYS[4]) sums
+  -- both over all its bins, with late_c: admit.lua's pace for the predicted wait.
+  local busy_ms = math.max(1, now_ms - (claimed_ms or now_ms))
+  local tau_ms = tonumber(ARGV[6])
+  for _, key in ipairs({KEYS[2], KEYS[4]}) do
+    local st = redis.call("HMGET", key, "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
+    local c, busy, late, decay = 0, 0, 0, 1
+    if st[1] then
+      decay = math.exp(-(now_ms - tonumber(st[2])) / tau_ms)
+      c, busy, late = tonumber(st[1]) * decay, tonumber(st[4] or 0) * decay,
+        tonumber(st[5] or 0) * decay
+    end
+    redis.call("HSET", key, "last_batch_ms", now_ms, "rate_t", now_ms,
+      "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms,
+      "busy_c", string.format("%.3f", busy + busy_ms),
+      "late_c", string.format("%.6f", late + tonumber(ARGV[10])))
   end
-  busy = busy + math.max(1, now_ms - (claimed_ms or now_ms))
   redis.call("HINCRBY", KEYS[2], "drained", written)
-  redis.call("HSET", KEYS[2], "last_batch_ms", now_ms, "rate_t", now_ms,
-    "rate_c", string.format("%.6f", c + written), "rate_t0", st[3] or now_ms,
-    "busy_c", string.format("%.3f", busy))
 end
 if npeek > 0 then
   local bins, stats = {}, {}
   for i = 1, npeek do
-    bins[i], stats[i] = KEYS[3 + i], KEYS[3 + npeek + i]
+    bins[i], stats[i] = KEYS[4 + i], KEYS[4 + npeek + i]
   end
   out[#out + 1] = now_ms
   local scans = {unpack(ARGV, jobs_end + 1)}
