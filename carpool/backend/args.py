@@ -119,6 +119,14 @@ class ReleaseArgs(ScriptArgs):
 
 
 @dataclass(frozen=True)
+class ReclaimArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "reclaim"
+    KEYS: ClassVar[_K] = ("leases",)
+
+    token_prefix: str
+
+
+@dataclass(frozen=True)
 class ReapArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "reap"
     KEYS: ClassVar[_K] = ("leases", "dead")
@@ -189,4 +197,4 @@ class GpuReleaseArgs(ScriptArgs):
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
-    GpuReleaseArgs, FailQueuedArgs)
+    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs)

@@ -7,13 +7,14 @@ what happens in between. Like ``carpool.backend.queue``, every Redis error becom
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import redis
 
-from carpool.backend.args import ReapArgs, ReleaseArgs, RenewArgs
+from carpool.backend.args import ReapArgs, ReclaimArgs, ReleaseArgs, RenewArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.queue import WAKE_LIST_CAP
@@ -43,6 +44,17 @@ class ReapReport:
     def reclaimed(self) -> int:
         """Leases taken back from workers that stopped renewing them."""
         return self.requeued + self.failed
+
+
+def token_prefix(worker: str) -> str:
+    """What every claim token ``worker`` makes starts with (``claim_token``)."""
+    return f"{worker}:"
+
+
+def claim_token(worker: str, seq: int) -> str:
+    """A claim's lease token: the worker's name (a worker restarted under it ends its
+    predecessor's leases by it: ``Leases.end_leases_of``), a random part, a count."""
+    return f"{token_prefix(worker)}{uuid.uuid4().hex[:8]}:{seq}"
 
 
 def _by_shard(ids: Sequence[str]) -> dict[str, list[int]]:
@@ -119,13 +131,13 @@ class Leases:
 
     def end_leases_of(self, worker: str) -> int:
         """End now the leases of every claim made under ``worker``'s name (its tokens
-        start ``<worker>:``): a worker starting under that name knows its predecessor
-        dead. The next reap takes their jobs back. How many claims were ended."""
+        start with ``token_prefix(worker)``): a worker starting under that name knows its
+        predecessor dead. The next reap takes their jobs back. How many claims ended."""
         ended = 0
         for tag in self._shards:
             with redis_errors():
-                ended += int(self._reclaim(keys=[self.keys.leases(tag)],
-                                           args=[f"{worker}:"]))
+                ended += int(self._reclaim(keys=keys_of(ReclaimArgs, leases=self.keys.leases(tag)),
+                                           args=argv(ReclaimArgs(token_prefix(worker)))))
         return ended
 
     def leased_to(self, token: str) -> list[str]:

@@ -130,6 +130,26 @@ def test_killed_worker_jobs_complete_exactly_once_within_the_lease_plus_a_bound(
            lease_ms=LEASE_MS, recovery_s=recovery_s)
 
 
+def test_a_worker_restarted_under_its_name_takes_its_claims_back_and_reruns_the_batch_whole(
+        server: RedisProc, fq: Queue, spec: ModelSpec, key_prefix: str) -> None:
+    # A lease far longer than this test may wait: only the restarted worker ending its
+    # predecessor's leases at start can bring the jobs back in time.
+    long_lease = {"CARPOOL_LEASE_MS": str(600_000)}
+    values: list[object] = list(range(8))
+    ids = admit_jobs(fq, spec, values)
+    with start_worker({**env_for(server, key_prefix, SLOW), **long_lease}, "w1@restart") as w1:
+        wait_until(lambda: held_by(fq, ids, "w1@restart"), 30, "w1 to hold the batch")
+        w1.send_signal(signal.SIGKILL)
+        w1.wait(10)
+    with start_worker({**env_for(server, key_prefix, FAST), **long_lease}, "w1@restart"):
+        wait_until(lambda: all_final(fq, ids), RECOVERY_SLACK_S,
+                   "the restarted worker to finish its predecessor's batch")
+    assert set(check_results(fq, ids, values)) == {"w1@restart"}
+    assert all(attempts(fq, i) == 2 for i in ids)
+    # Retried whole once: the dead worker's batch ran again as one batch, not one by one.
+    assert {(v.batch or {}).get("size") for v in map(fq.get, ids) if v} == {8}
+
+
 def test_frozen_worker_past_its_lease_cannot_overwrite_the_second_workers_results(
         server: RedisProc, fq: Queue, spec: ModelSpec, key_prefix: str,
         tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from carpool.backend import records
 from carpool.backend.audit import snapshot
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
-from carpool.core.catalogue import load_catalogue
+from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.jobs import JobStatus
 from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
@@ -124,17 +124,42 @@ def test_keeper_hand_back_releases_every_claim_in_hand(
     assert keeper.hand_back_all(refund_attempt=True) == 0  # none left in hand
 
 
-def test_isolation_runs_the_first_suspect_alone_and_hands_back_the_rest(
+def lose(queue: Queue, leases: Leases, spec: ModelSpec, token: str) -> None:
+    """The bin's head job is claimed by a worker that dies: its lease lapses, reaped."""
+    queue.claim(spec, "small", 1, lease_ms=0, token=token, worker="w")
+    leases.reap(MAX_ATTEMPTS)
+
+
+def test_a_batch_whose_worker_died_once_is_retried_whole(
         queue: Queue, leases: Leases) -> None:
     spec = synthetic()
     a, b, c = (admit(queue, spec, value=i) for i in range(3))
-    queue.claim(spec, "small", 1, lease_ms=0, token="lost", worker="w")  # a is lost once
-    leases.reap(MAX_ATTEMPTS)
+    lose(queue, leases, spec, "lost")
     claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
     assert [(j.id, j.attempts) for j in claim.jobs] == [(a, 2), (b, 1), (c, 1)]
-    narrowed = SuspectIsolation(leases)(claim)
+    assert SuspectIsolation(leases, MAX_ATTEMPTS)(claim) == claim
+
+
+def test_isolation_runs_a_job_that_lost_its_worker_twice_alone_and_hands_back_the_rest(
+        queue: Queue, leases: Leases) -> None:
+    spec = synthetic()
+    a, b, c = (admit(queue, spec, value=i) for i in range(3))
+    lose(queue, leases, spec, "lost")
+    lose(queue, leases, spec, "lost-again")
+    claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
+    assert [(j.id, j.attempts) for j in claim.jobs] == [(a, 3), (b, 1), (c, 1)]
+    narrowed = SuspectIsolation(leases, MAX_ATTEMPTS)(claim)
     assert [j.id for j in narrowed.jobs] == [a]
     assert bin_ids(queue) == [b, c]
     again = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t2", worker="w")
     assert [j.attempts for j in again.jobs] == [1, 1]  # their attempt was refunded
-    assert SuspectIsolation(leases)(again) == again  # no suspect: the batch runs whole
+    assert SuspectIsolation(leases, MAX_ATTEMPTS)(again) == again  # no suspect: whole
+
+
+def test_with_two_attempts_a_jobs_last_attempt_runs_alone(
+        queue: Queue, leases: Leases) -> None:
+    spec = synthetic()
+    a, b = (admit(queue, spec, value=i) for i in range(2))
+    lose(queue, leases, spec, "lost")
+    claim = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t", worker="w")
+    assert [j.id for j in SuspectIsolation(leases, max_attempts=2)(claim).jobs] == [a]

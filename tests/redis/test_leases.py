@@ -14,7 +14,7 @@ from carpool.backend import records
 from carpool.backend.audit import snapshot, violations
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys, shard
-from carpool.backend.leases import Leases
+from carpool.backend.leases import Leases, claim_token
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.jobs import JobStatus, Outcome
@@ -292,3 +292,18 @@ def test_the_audit_finds_a_job_held_by_two_claims(queue: Queue) -> None:
     queue.client.zadd(queue.keys.leases(tag), {"two": 1})
     assert violations(snapshot(queue.client, queue.keys, ["synthetic"]), [job]) == [
         f"{job}: held by more than one claim"]
+
+
+def test_a_worker_restarted_under_a_name_ends_only_that_names_leases(
+        queue: Queue, leases: Leases) -> None:
+    spec = synthetic()
+    mine = [admit(queue, spec, value=i) for i in range(2)]
+    queue.claim(spec, "small", 2, lease_ms=600_000, token=claim_token("w1@h", 1), worker="w1@h")
+    theirs = [admit(queue, spec, value=i) for i in range(2, 4)]
+    queue.claim(spec, "small", 2, lease_ms=600_000, token=claim_token("w10@h", 1),
+                worker="w10@h")
+    assert leases.end_leases_of("w1@h") == 1
+    leases.reap(MAX_ATTEMPTS)
+    assert bin_ids(queue) == mine  # back at the front, the other worker's still held
+    assert leases.end_leases_of("w1@h") == 0
+    assert all(j not in bin_ids(queue) for j in theirs)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 
+from carpool.backend.leases import claim_token
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable
@@ -208,7 +208,7 @@ class BatchLoop:
 
     def _token(self) -> str:
         self._seq += 1
-        return f"{self.worker_name}:{uuid.uuid4().hex[:8]}:{self._seq}"
+        return claim_token(self.worker_name, self._seq)
 
     def claim(self, go: Go) -> Claim:
         """Lease the batch ``go`` decided, sized by the executor's limit. A claim whose

@@ -146,7 +146,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
                               hooks=[self.events], keeper=self.keeper,
-                              claim_filters=[SuspectIsolation(leases)],
+                              claim_filters=[SuspectIsolation(leases, settings.max_attempts)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
         # `<counter>_created` series would double the series count for a timestamp
@@ -156,6 +156,13 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         loop.hooks.append(self.metrics)
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        # A worker under this name that held claims is dead (this process holds the
+        # name now): end its leases, so the keeper's first reap takes its jobs back
+        # at once instead of when the leases run out.
+        ended = leases.end_leases_of(loop.worker_name)
+        if ended:
+            log.warning("%d claims of a dead worker named %s ended: their jobs go back to "
+                        "their bins now", ended, loop.worker_name)
         self.keeper.start()
         registry = Registry(client, keys)
         watch = RefusalWatch(registry, RefusedJobs(client, keys), settings.catalogue,

@@ -180,10 +180,14 @@ local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 -- load, the other bins and every overhead included); before, the larger of that and
 -- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
 -- is not judged by the arrivals of the quiet spell. None recent: depth alone.
-local BUSY_SATURATED = 0.9
+-- It corrects itself: the jobs that started later than their wait allowed (late_c,
+-- counted by the worker at each completion, expired ones included) were let in by a
+-- pace that was too fast, so the pace slows by the part of the model's recent jobs
+-- they are (at most to MIN_ON_TIME of itself), and recovers as they stop.
+local BUSY_SATURATED, MIN_ON_TIME = 0.9, 0.25
 local pace = nil  -- jobs/ms
 if limit_ms > 0 then
-  local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c")
+  local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
   if ms[3] and now_ms - tonumber(ms[2]) <= tonumber(ARGV[17]) then
     local tau_ms = tonumber(ARGV[9])
     local age_ms = math.max(now_ms - tonumber(ms[3]), tonumber(ARGV[16]))
@@ -194,6 +198,9 @@ if limit_ms > 0 then
     if busy_ms * decay < BUSY_SATURATED * window_ms then
       pace = math.max(pace, written / math.max(1, busy_ms))
     end
+    -- Decayed alike, so their ratio needs no decay.
+    local late = tonumber(ms[5] or 0)
+    pace = pace * math.max(MIN_ON_TIME, 1 - late / math.max(1, written + late))
   end
 end
 local pace_s = pace and string.format("%.6f", pace * 1000)

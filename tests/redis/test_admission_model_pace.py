@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 
+from carpool.backend import records
 from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
@@ -40,9 +41,14 @@ def admit(q: Queue, spec: ModelSpec, bin_spec: BinSpec, **kw: object) -> str:
 
 
 def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
-          batch_ms: int = 1000) -> None:
-    for _ in range(n):
-        admit(q, spec, bin_spec)
+          batch_ms: int = 1000, waited_ms: int = 0) -> None:
+    """``n`` jobs admitted, claimed as one batch that ran ``batch_ms``, completed; each
+    admitted ``waited_ms`` before the claim (on Redis's clock)."""
+    ids = [admit(q, spec, bin_spec) for _ in range(n)]
+    if waited_ms:
+        now_ms = int(q.client.time()[0]) * 1000
+        for job_id in ids:
+            records.update(q.client, q.keys.job(job_id), t_admit=now_ms - waited_ms)
     token = f"t-{bin_spec.name}"
     claim = q.claim(spec, bin_spec.name, n, lease_ms=5000, token=token, worker="w")
     assert len(claim.jobs) == n
@@ -116,3 +122,17 @@ def test_with_no_pace_yet_a_bin_takes_jobs_up_to_its_depth_whatever_the_other_bi
     for _ in range(50):
         admit(queue, spec, small)
     assert queue.client.zcard(queue.keys.bin(spec.name, small.name)) == 50
+
+
+def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small = spec.bins[0]
+    # The same drain as above, but every job of it waited 5 s, past its 1 s bound:
+    # the pace that let them in was too fast.
+    drain(queue, spec, small, waited_ms=5000)
+    stats = queue.client.hgetall(queue.keys.model_stats(spec.name))
+    assert float(stats["late_c"]) == pytest.approx(DRAINED, rel=0.01)
+    # Half of the recent jobs started late: about half the ~10 jobs a second holds.
+    admitted, exc = fill_until_refused(queue, spec, small)
+    assert isinstance(exc, WaitTooLong)
+    assert admitted <= DRAINED // 2 + 2
