@@ -117,6 +117,7 @@ class Queue:
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
         batch: dict[str, Any], peek: Sequence[str] = (), scan: Sequence[int] = (),
+        ran_ms: int = 0,
     ) -> Completed:
         """Write each outcome once (``Completed.written``: False where the lease was lost,
         the write refused); and then, in the same script call, the state of the model's
@@ -131,7 +132,8 @@ class Queue:
         args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                             self.keys.results_channel, pushed, len(outcomes),
-                            started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin))))
+                            started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
+                                         ran_ms))
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),

@@ -79,15 +79,17 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
     return per_job, "\n".join(lines)
 
 
-def started_late(claim: Claim, max_queue_ms: int) -> int:
-    """The claim's jobs that started later than their wait allowed: past their deadline,
-    else queued longer than ``max_queue_ms`` (0: no bound), and those it expired. Each
-    is a job the admission's predicted wait let in too early: complete.lua counts them
-    (late_c), and admit.lua slows its pace by the part of the model's jobs they are."""
+def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:
+    """The claim's jobs that were late: with a deadline, those whose batch ended after
+    it (claimed at ``claim.now_ms``, run ``ran_ms``); without one, those queued longer
+    than ``max_queue_ms`` (0: no bound); and those the claim expired. Each is a job the
+    admission's predicted wait let in too early: complete.lua counts them (late_c), and
+    admit.lua slows its pace by the part of the model's jobs they are."""
     late = claim.expired
     for job in claim.jobs:
         deadline_ms = records.admission_deadline_ms(job.admission)
-        if deadline_ms is None and max_queue_ms > 0:
-            deadline_ms = job.admit_ms + max_queue_ms
-        late += deadline_ms is not None and claim.now_ms > deadline_ms
+        if deadline_ms is not None:
+            late += claim.now_ms + ran_ms > deadline_ms
+        elif max_queue_ms > 0:
+            late += claim.now_ms > job.admit_ms + max_queue_ms
     return late

@@ -136,3 +136,14 @@ def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Qu
     admitted, exc = fill_until_refused(queue, spec, small)
     assert isinstance(exc, WaitTooLong)
     assert admitted <= DRAINED // 2 + 2
+
+
+def test_a_job_with_a_deadline_must_be_predicted_to_end_by_it_its_own_batch_included(
+        queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=0, max_batch=4)
+    small = spec.bins[0]
+    drain(queue, spec, small)  # ~10 jobs/s
+    # 1 s of deadline holds ~10 jobs' work: the jobs ahead and a batch of its own (4).
+    admitted, exc = fill_until_refused(queue, spec, small, deadline_ms=1000)
+    assert isinstance(exc, WaitTooLong)
+    assert admitted <= DRAINED - 4 + 2

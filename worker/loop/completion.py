@@ -68,7 +68,9 @@ class CompletionWriter:
         first_failure_s: float | None = None
         while True:
             try:
-                done = self.queue.complete(spec, claim, outcomes, batch, peek, scan)
+                ran_ms = round((self.clock() - started_s) * 1000)
+                done = self.queue.complete(spec, claim, outcomes, batch, peek, scan,
+                                           ran_ms=ran_ms)
             except BackendUnavailable as exc:
                 now_s = self.clock()
                 if first_failure_s is None:

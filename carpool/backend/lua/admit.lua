@@ -181,10 +181,13 @@ local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 -- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
 -- is not judged by the arrivals of the quiet spell. None recent: depth alone.
 -- It corrects itself: the jobs that started later than their wait allowed (late_c,
--- counted by the worker at each completion, expired ones included) were let in by a
--- pace that was too fast, so the pace slows by the part of the model's recent jobs
--- they are (at most to MIN_ON_TIME of itself), and recovers as they stop.
-local BUSY_SATURATED, MIN_ON_TIME = 0.9, 0.25
+-- counted by the worker at each completion: past their deadline at their batch's end,
+-- else queued past max_queue_ms, or expired) were let in by a pace that was too fast,
+-- so the pace slows by LATE_GAIN times the part of the model's recent jobs they are
+-- (at most to MIN_ON_TIME of itself), and recovers as they stop.
+-- LATE_GAIN: a late job weighs this many on time, so the pace settles where about
+-- 1 % of jobs are late, not where every fourth one is.
+local BUSY_SATURATED, MIN_ON_TIME, LATE_GAIN = 0.9, 0.25, 4
 local pace = nil  -- jobs/ms
 if limit_ms > 0 then
   local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
@@ -200,7 +203,7 @@ if limit_ms > 0 then
     end
     -- Decayed alike, so their ratio needs no decay.
     local late = tonumber(ms[5] or 0)
-    pace = pace * math.max(MIN_ON_TIME, 1 - late / math.max(1, written + late))
+    pace = pace * math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
   end
 end
 local pace_s = pace and string.format("%.6f", pace * 1000)
@@ -279,12 +282,13 @@ for i = 0, n - 1 do
   -- <<< fair share between tenants <<<
 
   -- >>> admission by predicted wait (docs/admission.md) >>>
-  -- Refuse a job whose predicted start (the model's jobs that sort ahead of it, in
-  -- every bin, over the model's pace) is later than its deadline, else than
-  -- max_queue_ms. With fewer than a batch ahead (it leaves with the next batch), or
-  -- with no recent pace: depth alone. The jobs ahead of the call's score are counted
-  -- once per call, again only for a job fair queueing moved; the call's i earlier
-  -- jobs sort ahead of job i as well.
+  -- Refuse a job whose predicted end (the model's jobs that sort ahead of it, in
+  -- every bin, and a batch of its own, over the model's pace) is later than its
+  -- deadline, or whose predicted start (the same without its batch) is later than
+  -- max_queue_ms when it has none. With fewer than a batch ahead (it leaves with the
+  -- next batch), or with no recent pace: depth alone. The jobs ahead of the call's
+  -- score are counted once per call, again only for a job fair queueing moved; the
+  -- call's i earlier jobs sort ahead of job i as well.
   if pace then
     local ahead
     if sort_us == base_us then
@@ -296,8 +300,10 @@ for i = 0, n - 1 do
       end
       ahead = counted + i
     end
-    if ahead >= max_batch and ahead * 1.0 > limit_ms * pace then
-      refusal = {"late", ahead, pace_s}
+    local to_end = ahead
+    if dl_us > 0 then to_end = ahead + max_batch end  -- a deadline is for the result
+    if ahead >= max_batch and to_end * 1.0 > limit_ms * pace then
+      refusal = {"late", to_end, pace_s}
       n = i
       break
     end

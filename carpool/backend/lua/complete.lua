@@ -20,8 +20,8 @@
 -- ARGV[8]  pushed           the jobs' pushed views (carpool/backend/pushed.py): one JSON
 --                           line each, "\n" between, those not pushed left out
 -- ARGV[9]  jobs             j, the number of jobs that follow
--- ARGV[10] late             the claim's jobs that started later than their wait allowed
---                           (their deadline, else max_queue_ms) or expired at the claim:
+-- ARGV[10] late             the claim's jobs that were late (past their deadline at the
+--                           batch's end, else queued past max_queue_ms) or it expired:
 --                           late_c, decayed as rate_c, corrects admit.lua's pace
 -- ARGV[11..10+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
