@@ -5,7 +5,7 @@
 A private redis-server (so INFO commandstats counts only this run). Each round
 makes a drain rate the way a worker does (claim, complete), so admission runs its
 predicted-wait check and, with keys, fair queueing; then admits ``--jobs`` jobs
-straight through ``Queue.admit`` (no HTTP) and reads ``EVALSHA``'s µs per call.
+straight through ``Admissions.admit`` (no HTTP) and reads ``EVALSHA``'s µs per call.
 """
 
 from __future__ import annotations

@@ -59,9 +59,11 @@
 --         max_depth: the bin's drain counter decayed to now and the time since its first
 --         drain (-1: never drained), for Retry-After;
 --         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
---         refused by predicted wait (`ahead` jobs of the model sort before it, drained
---         at the model's pace), or its owner's turn comes after its deadline (`ahead` is
---         that lead in jobs, at the bin's rate);
+--         refused by predicted wait (`ahead` jobs of the model sort before it, its own
+--         batch included when it has a deadline, drained at the model's pace; limit_ms
+--         the wait it was allowed: max_queue_ms, or 90 % of its deadline), or its
+--         owner's turn comes after its deadline (`ahead` is that lead in jobs, at the
+--         bin's rate);
 --         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
 --         owner is over its share (by `excess` jobs);
 --         {"over", admitted, depth_after, "model" | "key", held_bytes, budget_bytes}:
@@ -187,7 +189,7 @@ local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 -- (at most to MIN_ON_TIME of itself), and recovers as they stop.
 -- LATE_GAIN: a late job weighs this many on time, so the pace settles where about
 -- 1 % of jobs are late, not where every fourth one is.
-local BUSY_SATURATED, MIN_ON_TIME, LATE_GAIN = 0.9, 0.25, 4
+local BUSY_SATURATED, MIN_ON_TIME, LATE_GAIN, DEADLINE_SHARE = 0.9, 0.25, 4, 0.9
 local pace = nil  -- jobs/ms
 if limit_ms > 0 then
   local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
@@ -300,10 +302,13 @@ for i = 0, n - 1 do
       end
       ahead = counted + i
     end
-    local to_end = ahead
-    if dl_us > 0 then to_end = ahead + max_batch end  -- a deadline is for the result
-    if ahead >= max_batch and to_end * 1.0 > limit_ms * pace then
-      refusal = {"late", to_end, pace_s}
+    -- A deadline is for the result: its own batch counts, and the end must come
+    -- DEADLINE_SHARE of the way to it, leaving the rest to the prediction's noise and
+    -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
+    local to_end, allowed_ms = ahead, limit_ms
+    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, limit_ms * DEADLINE_SHARE end
+    if ahead >= max_batch and to_end * 1.0 > allowed_ms * pace then
+      refusal = {"late", to_end, pace_s, string.format("%d", allowed_ms)}
       n = i
       break
     end
@@ -416,7 +421,7 @@ if refusal and refusal[1] == "share" then
   return {"share", n, after, "0", -1, refusal[2]}
 end
 if refusal then
-  return {"late", n, after, refusal[2], refusal[3], limit_ms}
+  return {"late", n, after, refusal[2], refusal[3], refusal[4] or limit_ms}
 end
 if over then  -- byte budget: the bound let the job through, its input did not fit
   return {"over", n, after, over[1], over[2], over[3]}
