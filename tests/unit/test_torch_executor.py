@@ -125,7 +125,7 @@ def test_a_batch_staged_before_an_out_of_memory_error_is_split_before_it_runs() 
 
 @pytest.mark.parametrize("message", [
     "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
 ])
 def test_allocation_failures_of_cublas_and_cudnn_shrink_the_bin_like_out_of_memory(
         message: str) -> None:

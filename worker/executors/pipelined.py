@@ -85,6 +85,9 @@ class PipelinedExecutor:
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:
         return self.guard.limit((model, bin_name), max_batch)
 
+    def view_limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        return self.guard.view((model, bin_name), max_batch)
+
     def collate(self, handler: ModelHandler, items: Sequence[Any], bin_spec: BinSpec) -> Any:
         """``items`` in the bin's shape; the share that is padding is counted."""
         batch = handler.collate(items, bin_spec)

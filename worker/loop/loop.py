@@ -17,6 +17,7 @@ monitoring only (worker/loop/hooks.py).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from carpool.backend.leases import claim_token
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
-from carpool.core.errors import BackendUnavailable
+from carpool.core.errors import BackendUnavailable, DeviceLost
 from carpool.core.jobs import BinState, Claim, Outcome
 from carpool.core.settings import Settings
 from carpool.scheduling.batching import Cost, Go, Limits, Wait
@@ -61,6 +62,19 @@ class _Flight:
     outcomes: Future[list[Outcome]]
 
 
+#: The exit status of a worker whose CUDA context was lost (EX_SOFTWARE): its
+#: supervisor (`carpool up`, compose, Kubernetes) starts a fresh process.
+EXIT_DEVICE_LOST = 70
+
+
+def exit_process(exc: DeviceLost) -> None:
+    """End the whole process at once: Celery's ping, the healthcheck and the GPU lease
+    would otherwise stay green while every batch fails. Leases were handed back."""
+    log.critical("%s: the worker exits (status %d) to be restarted", exc, EXIT_DEVICE_LOST)
+    logging.shutdown()
+    os._exit(EXIT_DEVICE_LOST)
+
+
 @dataclass
 class BatchLoop:
     """Serves every bin of ``handlers``' models from one thread of a Celery worker."""
@@ -85,6 +99,9 @@ class BatchLoop:
     cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
     #: Limits, cost models and the decision; Celery remote control retunes it.
     scheduler: Scheduler = field(init=False)
+    #: Called once the CUDA context is lost and every batch in hand was handed back;
+    #: the default ends the process (tests record it instead).
+    on_device_lost: Callable[[DeviceLost], None] = exit_process
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
     batches: int = 0
@@ -116,9 +133,9 @@ class BatchLoop:
 
     def live_limits(self) -> dict[tuple[str, str], Limits]:
         """Each bin's limits as the next claim will see them: the executor's memory cap
-        applied too (``BatchExecutor.limit``, as a claim is sized). Metrics and Flower
-        show these."""
-        return {key: replace(lim, max_batch=self.executor.limit(*key, lim.max_batch))
+        applied too, read-only (``BatchExecutor.view_limit``: a scrape must not move
+        the memory guard). Metrics and Flower show these."""
+        return {key: replace(lim, max_batch=self.executor.view_limit(*key, lim.max_batch))
                 for key, lim in self.limits.items()}
 
     def stop(self) -> None:
@@ -140,6 +157,10 @@ class BatchLoop:
             try:
                 peeked = self.step(peeked)
                 backoff_s = BACKOFF_MIN_S
+            except DeviceLost as exc:
+                self._hand_back_in_flight()
+                self.on_device_lost(exc)
+                return
             except (BackendUnavailable, GaveUp) as exc:
                 peeked = None  # a back-off follows: states answered before it are stale
                 log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
@@ -151,6 +172,17 @@ class BatchLoop:
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
         self.drain()
+
+    def _hand_back_in_flight(self) -> None:
+        """Every batch still in flight goes back unrun-or-not, its attempt counted:
+        the one that raised may hold the input that broke the device, and suspect
+        isolation runs a retried job alone."""
+        while self._in_flight:
+            flight = self._in_flight.popleft()
+            try:
+                self._failed(flight.claim)
+            except Exception:  # noqa: BLE001 — its lease lapses and the jobs come back
+                log.exception("handing back a batch after the device was lost failed")
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
