@@ -155,3 +155,32 @@ def test_every_batch_size_runs_padded_to_a_rung_of_the_ladder_and_results_are_cu
     ran = {k[3] for k in sim.ops("kernel")}
     assert ran <= set(rungs(12)), ran  # what warm-up runs: cuDNN never autotunes mid-serving
     assert sim.hazards == []
+
+
+def test_a_memory_cap_between_rungs_is_snapped_down_to_a_warmed_up_rung() -> None:
+    ex = executor(SimCuda(1 << 30))
+    ex.guard.on_out_of_memory(("sim", "big"), 80)  # a learned ceiling of 40
+    assert ex.guard.cap(("sim", "big")) == 40
+    assert ex.limit("sim", "big", 64) == 32 and ex.view_limit("sim", "big", 64) == 32
+    assert ex.limit("sim", "big", 64) in rungs(64)
+    ex.close()
+
+
+def test_metrics_reading_the_limits_never_move_the_memory_guard() -> None:
+    from carpool.core.settings import load_settings
+    from tests.conftest import make_env
+    from tests.support.simcuda import SimHandler as Handler
+    from worker.loop.loop import BatchLoop
+
+    sim = SimCuda(1 << 30)
+    sim.external_bytes = sim.capacity_bytes - 16 * MIB  # a dip: far below the watermark
+    ex = executor(sim)
+    settings = load_settings(make_env("redis://127.0.0.1:1/0", "unused"))
+    spec = settings.catalogue.get("synthetic")
+    loop = BatchLoop(settings, None, {"synthetic": Handler(sim, spec)}, "w",  # type: ignore[arg-type]
+                     executor=ex)
+    before = {k: v.max_batch for k, v in loop.live_limits().items()}
+    for _ in range(4):  # four Prometheus scrapes during the dip
+        assert {k: v.max_batch for k, v in loop.live_limits().items()} == before
+    assert ex.guard.shrinks_total == 0 and ex.guard.memory_caps == {}
+    ex.close()
