@@ -184,3 +184,45 @@ def test_metrics_reading_the_limits_never_move_the_memory_guard() -> None:
         assert {k: v.max_batch for k, v in loop.live_limits().items()} == before
     assert ex.guard.shrinks_total == 0 and ex.guard.memory_caps == {}
     ex.close()
+
+
+class ThreadNoting(SimHandler):
+    """Notes the thread of every forward pass, and whether an exception is being handled
+    when the executor frees memory."""
+
+    threads: list[str]
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.threads.append(threading.current_thread().name)
+        return super().forward(batch)
+
+
+def test_warm_up_and_calibration_run_on_the_compute_thread_that_serves() -> None:
+    from worker.observe.calibrate import calibrate, warm_up
+
+    sim = SimCuda(1 << 30)
+    handler = ThreadNoting(sim, SPEC)
+    handler.threads = []
+    ex = executor(sim)
+    calibrate(ex, handler, reps=1, sizes=[1, 2])
+    warm_up(ex, handler)
+    ex.submit(handler, BIN, jobs([1.0])).result(TIMEOUT_S)
+    ex.close()
+    assert handler.threads and set(handler.threads) == {handler.threads[-1]}, handler.threads
+    assert handler.threads[-1].startswith("carpool-compute")
+
+
+def test_calibration_frees_memory_after_the_failed_probes_except_block() -> None:
+    import sys
+
+    from worker.observe.calibrate import calibrate
+
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SPEC, bytes_per_item=20 * MIB)  # batch 4 runs out of memory
+    ex = executor(sim)
+    handling: list[bool] = []
+    ex.release = lambda: handling.append(sys.exc_info()[0] is not None)  # type: ignore[method-assign]
+    profile = calibrate(ex, handler, reps=1, sizes=[1, 2, 4])
+    ex.close()
+    assert profile.bins["only"].out_of_memory_at == 4
+    assert handling == [False], "released inside the except block: its frames still pinned"

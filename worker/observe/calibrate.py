@@ -76,7 +76,13 @@ def shape_of(handler: ModelHandler, bin_spec: BinSpec) -> str:
 
 def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
                reps: int) -> float:
-    """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out."""
+    """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out,
+    on the executor's compute thread (where serving runs them)."""
+    return executor.on_compute(lambda: _time_batch(executor, handler, bin_spec, n, reps))
+
+
+def _time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
+                reps: int) -> float:
     items = [_example(handler, bin_spec)] * n
     times = []
     with torch.inference_mode():
@@ -106,15 +112,19 @@ def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinS
     RuntimeErrors): it costs the bin a smaller ceiling, never the worker's start."""
     profile = BinProfile(bin_spec.name, shape_of(handler, bin_spec))
     for n in sizes:
+        failed = False
         try:
             ms = time_batch(executor, handler, bin_spec, n, reps)
         except Exception as exc:  # noqa: BLE001 — any failure ends the probe at this size
+            failed = True
             profile.out_of_memory_at = n
             level = logging.INFO if is_out_of_memory(exc) else logging.WARNING
             log.log(level, "calibrate %s/%s: batch %d failed (%s: %s); ceiling %d",
                     handler.spec.name, bin_spec.name, n, type(exc).__name__, exc,
                     max(1, profile.largest_fit))
-            del exc  # its frames hold the failed batch's tensors
+        if failed:
+            # Outside the except block: its traceback (the failed pass's frames and
+            # tensors) is gone only once the block has ended (PyTorch's FAQ).
             executor.release()
             break
         profile.points.append(Point(n, round(ms, 3)))
@@ -154,14 +164,16 @@ def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
         for n in sizes:
             if (shape, n) in done:
                 continue
+            failed = False
             try:
                 time_batch(executor, handler, b, n, reps=0)
             except Exception as exc:  # noqa: BLE001 — a smaller ceiling, not a failed start
                 if n == 1:
                     raise
+                failed = True
                 log.warning("warm-up of %s/%s failed at batch %d (%s: %s): capped at %d",
                             key[0], key[1], n, type(exc).__name__, exc, done_below(done, shape, n))
-                del exc
+            if failed:  # outside the except block, as in calibrate_bin
                 executor.release()
                 executor.guard.set_ceiling(key, done_below(done, shape, n))
                 break
