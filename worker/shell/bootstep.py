@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import MAX_BLOCK_S, BatchLoop
 from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
-from worker.observe.metrics import MetricsServer, WorkerMetrics
+from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
 from worker.shell.refusals import RefusalWatch
@@ -107,6 +108,24 @@ def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
     return executor, seeds
 
 
+def require_solo_pool(pool_cls: Any) -> None:
+    """Refuse any pool but ``solo``: the batch loop, its CUDA context and its leases live
+    in this one process. A forking pool (prefork, the default) forks children after
+    the bootstep has initialised CUDA, which CUDA does not survive, and runs a second
+    consumer of this worker's control queue beside the loop."""
+    name = getattr(pool_cls, "__module__", None) or str(pool_cls)
+    if name.rsplit(".", 1)[-1] != "solo":
+        raise ConfigError(f"a carpool worker runs under --pool solo, not {name}: start it "
+                          "as `carpool up` and the images do (carpool/stack/commands.toml)")
+
+
+def gpu_memory_reader(executor: BatchExecutor) -> Callable[[], list[GpuMemory]]:
+    """The metrics' GPU memory reader, bound to the executor's device only."""
+    device = getattr(executor, "device", None)
+    index = device.index if device is not None and device.type == "cuda" else None
+    return lambda: torch_gpu_memory(index)
+
+
 class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Owns one BatchLoop and its thread for the life of the worker."""
 
@@ -125,6 +144,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.presence: Presence | None = None
 
     def start(self, parent: Any) -> None:
+        require_solo_pool(getattr(parent, "pool_cls", "solo"))
         settings = self.settings = load_settings()
         hostname = parent.hostname
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
@@ -152,7 +172,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         # `<counter>_created` series would double the series count for a timestamp
         # that Prometheus does not use; this process exports nothing else.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
-        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats)
+        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats,
+                                     gpu_memory=gpu_memory_reader(executor))
         loop.hooks.append(self.metrics)
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
