@@ -54,6 +54,11 @@ class SimStream:
         self.sim.note("wait", self.name, event.id)
         event.complete()
 
+    def synchronize(self) -> None:
+        """Block the host until this stream's work is done: its downloads land."""
+        self.sim.note("stream_sync", self.name)
+        self.sim.land(self.name)
+
 
 @dataclass(eq=False)
 class SimEvent:
@@ -75,6 +80,7 @@ class SimEvent:
     def complete(self) -> None:
         if self.stream is not None:
             self.sim.run_copies(self.stream, self.upto)
+            self.sim.land(self.stream.name)
 
     def synchronize(self) -> None:
         self.complete()
@@ -113,6 +119,8 @@ class SimCuda:
         self.default_stream = SimStream(self, "default")
         self._streams: dict[int, SimStream] = {id(self.default_stream): self.default_stream}
         self._stream_names = itertools.count(1)
+        #: Per stream name: non_blocking downloads (host tensor, its value) not landed.
+        self._landing: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         #: Called as each copy is issued (a test holds a staging thread there).
         self.copy_hook: Callable[[], None] | None = None
 
@@ -189,6 +197,21 @@ class SimCuda:
         with self._lock:
             for stream in list(self._streams.values()):
                 self.run_copies(stream, self.issued(stream))
+                self.land(stream.name)
+
+    def land(self, stream_name: str) -> None:
+        """The downloads issued on a stream arrive in their host tensors."""
+        with self._lock, torch.inference_mode():
+            for host, value in self._landing.pop(stream_name, []):
+                host.copy_(value)
+
+    def download_async(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.to("cpu", non_blocking=True)`` on the current stream: the host tensor
+        holds NaN until that stream is synchronised (or an event after it is)."""
+        host = torch.full_like(t, float("nan"))
+        with self._lock:
+            self._landing.setdefault(self.current().name, []).append((host, t.clone()))
+        return host
 
     def new_stream(self) -> SimStream:
         stream = SimStream(self, f"s{next(self._stream_names)}")

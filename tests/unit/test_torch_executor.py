@@ -226,3 +226,18 @@ def test_calibration_frees_memory_after_the_failed_probes_except_block() -> None
     ex.close()
     assert profile.bins["only"].out_of_memory_at == 4
     assert handling == [False], "released inside the except block: its frames still pinned"
+
+
+class DownloadsAsync(SimHandler):
+    """Returns its output as a non_blocking device-to-host copy, as a handler may."""
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.sim.download_async(super().forward(batch))
+
+
+def test_a_non_blocking_copy_to_the_host_has_landed_before_postprocess_reads_it() -> None:
+    sim = SimCuda(1 << 30)
+    ex = executor(sim)
+    outs = ex.submit(DownloadsAsync(sim, SPEC), BIN, jobs([1.0, 2.0])).result(TIMEOUT_S)
+    ex.close()
+    assert ys(outs) == [{"y": 3.0}, {"y": 5.0}]

@@ -147,6 +147,9 @@ class TorchExecutor(PipelinedExecutor):
             self._mark("compute_start", self.compute_stream)
             output = handler.forward(batch)
             self._mark("compute_end", self.compute_stream)
+            # A handler may return a non_blocking device-to-host copy: a CPU tensor that
+            # is still being written. The stream is done before any host read of it.
+            self.compute_stream.synchronize()
             return to_host(output, self.gpu)
 
     def inference_context(self) -> contextlib.AbstractContextManager[Any]:
