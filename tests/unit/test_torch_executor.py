@@ -241,3 +241,17 @@ def test_a_non_blocking_copy_to_the_host_has_landed_before_postprocess_reads_it(
     outs = ex.submit(DownloadsAsync(sim, SPEC), BIN, jobs([1.0, 2.0])).result(TIMEOUT_S)
     ex.close()
     assert ys(outs) == [{"y": 3.0}, {"y": 5.0}]
+
+
+def test_a_sticky_cuda_error_in_calibration_fails_the_start_instead_of_capping_the_bin(
+) -> None:
+    from worker.observe.calibrate import calibrate
+
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SPEC)
+    handler.fail_over = 1
+    handler.failure = RuntimeError("CUDA error: an illegal memory access was encountered")
+    ex = executor(sim)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        calibrate(ex, handler, reps=1, sizes=[1, 2, 4])
+    ex.close()

@@ -158,7 +158,7 @@ class BatchLoop:
                 peeked = self.step(peeked)
                 backoff_s = BACKOFF_MIN_S
             except DeviceLost as exc:
-                self._hand_back_in_flight()
+                self._abandon_in_flight()
                 self.on_device_lost(exc)
                 return
             except (BackendUnavailable, GaveUp) as exc:
@@ -173,16 +173,19 @@ class BatchLoop:
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
         self.drain()
 
-    def _hand_back_in_flight(self) -> None:
-        """Every batch still in flight goes back unrun-or-not, its attempt counted:
-        the one that raised may hold the input that broke the device, and suspect
-        isolation runs a retried job alone."""
-        while self._in_flight:
-            flight = self._in_flight.popleft()
-            try:
-                self._failed(flight.claim)
-            except Exception:  # noqa: BLE001 — its lease lapses and the jobs come back
-                log.exception("handing back a batch after the device was lost failed")
+    def _abandon_in_flight(self) -> None:
+        """Every claim in hand goes back as a dead worker's does (its lease ended now,
+        then reaped), the attempt counted: the batch that raised may hold the input that
+        broke the device; suspect isolation runs it alone on a retry, and ``max_attempts``
+        fails it. A plain hand-back would return it forever."""
+        claims = [f.claim for f in self._in_flight]
+        self._in_flight.clear()
+        try:
+            self.keeper.abandon_all(self.worker_name)
+        except Exception:  # noqa: BLE001 — the leases lapse and the reaper takes them back
+            log.exception("ending the leases after the device was lost failed")
+        for claim in claims:
+            call_hooks(self.hooks, lambda h, c=claim: h.on_failed(c))
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
@@ -310,6 +313,9 @@ class BatchLoop:
         raise."""
         try:
             return self._complete(flight)
+        except DeviceLost:
+            self._in_flight.appendleft(flight)  # abandoned with the rest (_abandon_in_flight)
+            raise
         except BaseException as exc:
             if isinstance(exc, GaveUp):
                 log.warning("%s: its jobs go back to their bin (or their lease lapses)", exc)

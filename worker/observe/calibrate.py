@@ -5,7 +5,8 @@ Calibration runs every distinct bin shape at a ladder of batch sizes (1, 2, 4,
 ``PROBE_FACTOR`` × max_batch, to find the largest batch that fits), through the
 same staging and forward path that serves jobs, and keeps the median time of
 each. A worker reuses a profile from ``CARPOOL_PROFILE_DIR`` at its next start.
-A probe that fails (out of memory, or any other error) ends there: the bin's
+A probe that fails (out of memory, or any other error but a sticky CUDA error,
+which fails the start: the context is lost) ends there: the bin's
 ceiling in the memory guard is the largest batch that ran (``largest_fit``),
 applied before warm-up, so a ``max_batch`` that does not fit never stops a
 worker from starting. Warm-up then runs each bin shape once more (on a GPU at
@@ -33,7 +34,7 @@ from carpool.core.catalogue import BinSpec
 from carpool.core.settings import ExecutorSettings
 from worker.device.tensors import map_tensors
 from worker.executors.ladder import rungs
-from worker.executors.runner import is_out_of_memory
+from worker.executors.runner import is_out_of_memory, is_sticky
 from worker.executors.staging import to_host
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.base import ModelHandler
@@ -116,6 +117,8 @@ def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinS
         try:
             ms = time_batch(executor, handler, bin_spec, n, reps)
         except Exception as exc:  # noqa: BLE001 — any failure ends the probe at this size
+            if is_sticky(exc):
+                raise  # the CUDA context is lost: no ceiling makes this worker usable
             failed = True
             profile.out_of_memory_at = n
             level = logging.INFO if is_out_of_memory(exc) else logging.WARNING
@@ -168,7 +171,7 @@ def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
             try:
                 time_batch(executor, handler, b, n, reps=0)
             except Exception as exc:  # noqa: BLE001 — a smaller ceiling, not a failed start
-                if n == 1:
+                if n == 1 or is_sticky(exc):
                     raise
                 failed = True
                 log.warning("warm-up of %s/%s failed at batch %d (%s: %s): capped at %d",
