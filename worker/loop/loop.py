@@ -185,7 +185,10 @@ class BatchLoop:
         except Exception:  # noqa: BLE001 — the leases lapse and the reaper takes them back
             log.exception("ending the leases after the device was lost failed")
         for claim in claims:
-            call_hooks(self.hooks, lambda h, c=claim: h.on_failed(c))
+            self._tell_failed(claim)
+
+    def _tell_failed(self, claim: Claim) -> None:
+        call_hooks(self.hooks, lambda h: h.on_failed(claim))
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
