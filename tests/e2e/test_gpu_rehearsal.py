@@ -61,3 +61,18 @@ def test_the_gpu_check_dry_run_passes_on_the_gpu_image_interpreter(tmp_path: Pat
     assert report["bench"]["configured"]["done"] == report["bench"]["configured"]["jobs"]
     log = (out / "gpu-tests.log").read_text()
     assert "3 skipped" in log and "needs CUDA" in log, log
+
+
+@pytest.mark.timeout(REHEARSAL_TIMEOUT_S)
+def test_the_gpu_tests_load_and_skip_on_that_interpreter_without_a_redis_client(
+        tmp_path: Path) -> None:
+    """No wheelhouse on the path at all: the conftests import no Redis until a fixture
+    asks for it (pytest-timeout is absent too, so its ini key is only a warning)."""
+    env = {"PATH": bare_path(tmp_path), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                           "-W", "ignore::pytest.PytestConfigWarning", "-m", "gpu",
+                           "tests/unit/test_torch_executor_cuda.py"],
+                          capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=REHEARSAL_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 skipped" in proc.stdout and "needs CUDA" in proc.stdout, proc.stdout
