@@ -17,6 +17,10 @@
   A copy whose buffer was refilled before it ran, or a kernel that reads a batch
   whose copy has not run, is recorded in ``hazards``: a test asserts it is empty.
 
+* **Downloads**: ``download_async`` is a ``non_blocking`` device-to-host copy; its
+  host tensor holds NaN until its stream is synchronised (``SimStream.synchronize``,
+  an event after it, or ``synchronize``).
+
 Tensors stay on the CPU; a test handler calls ``kernel`` in its forward pass
 to say it computes (on the current stream) and how much memory it needs.
 """

@@ -116,3 +116,22 @@ def test_a_scrape_reads_the_memory_of_the_executors_gpu_only(
     for _ in range(3):
         assert [g.gpu for g in read()] == ["GPU-0002"]
     assert asked == [2, 2, 2]
+
+
+def test_a_lost_device_releases_the_gpu_lease_before_the_worker_exits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from carpool.core.errors import DeviceLost
+    from worker.loop import loop as loop_module
+    from worker.shell.bootstep import BatchLoopStep
+
+    order: list[str] = []
+
+    class Claimed:
+        def release(self) -> None:
+            order.append("gpu released")
+
+    monkeypatch.setattr(loop_module, "exit_process", lambda exc: order.append("exit"))
+    step = BatchLoopStep.__new__(BatchLoopStep)
+    step.gpu = Claimed()  # type: ignore[assignment]
+    step._device_lost(DeviceLost("the CUDA context is lost"))
+    assert order == ["gpu released", "exit"]

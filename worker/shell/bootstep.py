@@ -27,13 +27,14 @@ from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.backend.refusals import RefusedJobs
 from carpool.backend.registry import Registry
-from carpool.core.errors import ConfigError
+from carpool.core.errors import ConfigError, DeviceLost
 from carpool.core.settings import Settings, load_settings
 from carpool.scheduling.batching import Cost
 from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
+from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import MAX_BLOCK_S, BatchLoop
@@ -169,6 +170,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                               claim_filters=[SuspectIsolation(leases, settings.max_attempts)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
+        loop.on_device_lost = self._device_lost
         # `<counter>_created` series would double the series count for a timestamp
         # that Prometheus does not use; this process exports nothing else.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -201,6 +203,16 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
         log.info("carpool batch loop started for models %s", ", ".join(handlers))
+
+    def _device_lost(self, exc: DeviceLost) -> None:
+        """The CUDA context is lost (the loop ended its leases): free the GPU's lease
+        for the replica that replaces this process, then exit at once."""
+        if self.gpu is not None:
+            try:
+                self.gpu.release()
+            except Exception:  # noqa: BLE001 — the lease lapses instead
+                log.exception("releasing the GPU after the device was lost failed")
+        loop_module.exit_process(exc)
 
     def _run(self) -> None:
         assert self.loop is not None
