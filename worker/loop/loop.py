@@ -69,7 +69,8 @@ EXIT_DEVICE_LOST = 70
 
 def exit_process(exc: DeviceLost) -> None:
     """End the whole process at once: Celery's ping, the healthcheck and the GPU lease
-    would otherwise stay green while every batch fails. Leases were handed back."""
+    would otherwise stay green while every batch fails. Its leases were ended and
+    reaped first (``BatchLoop._abandon_in_flight``)."""
     log.critical("%s: the worker exits (status %d) to be restarted", exc, EXIT_DEVICE_LOST)
     logging.shutdown()
     os._exit(EXIT_DEVICE_LOST)
@@ -99,7 +100,7 @@ class BatchLoop:
     cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
     #: Limits, cost models and the decision; Celery remote control retunes it.
     scheduler: Scheduler = field(init=False)
-    #: Called once the CUDA context is lost and every batch in hand was handed back;
+    #: Called once the CUDA context is lost and every lease in hand was ended and reaped;
     #: the default ends the process (tests record it instead).
     on_device_lost: Callable[[DeviceLost], None] = exit_process
     _stop: threading.Event = field(default_factory=threading.Event)
