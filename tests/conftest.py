@@ -3,7 +3,10 @@
 The folder a test lives in says what it needs: ``unit/`` nothing (no Redis, no
 process), ``redis/`` a real Redis, ``e2e/`` real gunicorn / Celery / carpool
 processes (each marked ``e2e`` here, so ``-m "not e2e"`` leaves them out),
-``deploy/`` the compose, Kubernetes and monitoring files. Helpers: ``support/``."""
+``deploy/`` the compose, Kubernetes and monitoring files. Helpers: ``support/``.
+
+Nothing here imports Redis until a fixture asks for it: the ``gpu`` tests run on
+the GPU machine's image, which may have no Redis client (``ops/gpu/check.sh``)."""
 
 from __future__ import annotations
 
@@ -11,14 +14,17 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
 
-from carpool.backend.connection import connect
-from carpool.backend.keys import Keys
-from carpool.backend.queue import Queue
 from carpool.core.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    import redis
+
+    from carpool.backend.keys import Keys
+    from carpool.backend.queue import Queue
 
 #: A model no worker serves, with a tiny bin: it stays full once filled.
 TINY_TOML = """
@@ -65,6 +71,11 @@ def key_prefix() -> str:
 @pytest.fixture
 def client(request: pytest.FixtureRequest, redis_url: str,
            key_prefix: str) -> Iterator[redis.Redis]:
+    import redis
+
+    from carpool.backend.connection import connect
+    from carpool.backend.keys import Keys
+
     if kind_of(request.path) == "unit":
         pytest.fail("a test under tests/unit asked for Redis: it belongs in tests/redis")
     c = connect(redis_url)
@@ -82,11 +93,15 @@ def client(request: pytest.FixtureRequest, redis_url: str,
 
 @pytest.fixture
 def keys(key_prefix: str) -> Keys:
+    from carpool.backend.keys import Keys
+
     return Keys(key_prefix)
 
 
 @pytest.fixture
 def queue(client: redis.Redis, keys: Keys) -> Queue:
+    from carpool.backend.queue import Queue
+
     return Queue(client, keys)
 
 

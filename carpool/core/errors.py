@@ -108,3 +108,8 @@ class HandlerContractError(CarpoolError):
 
 class MissingExtra(CarpoolError):
     """Raised when a command needs a package of an optional extra that is not installed."""
+
+
+class DeviceLost(CarpoolError):
+    """Raised when a sticky CUDA error (a device-side assert, an illegal address) has
+    corrupted the process's CUDA context: every later call fails, so the worker exits."""

@@ -47,12 +47,13 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import ExecutorSettings
-from carpool.stack.commands import argv
+from carpool.stack.commands import python_argv
 from carpool.stack.waiting import wait_until
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler
 
-WORKER_ARGV = [*argv("worker", node="bench@%h"), "--loglevel", "INFO"]
+# `python -m celery` by this interpreter: the GPU image has no `celery` on PATH.
+WORKER_ARGV = [*python_argv("worker", node="bench@%h"), "--loglevel", "INFO"]
 OPTIONS = {"arch": "resnet18", "weights": "random", "labels": "imagenet", "top_k": 5}
 START_TIMEOUT_S, DRAIN_TIMEOUT_S = 120.0, 600.0
 #: Intra-op threads on the CPU: a worker shares its cores (see docs/benchmarks.md).

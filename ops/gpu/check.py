@@ -5,18 +5,23 @@
 1. **device**: name, memory, torch and CUDA versions.
 2. **calibrate**: resnet50 (random weights) through ``worker.observe.calibrate`` at
    1, 2, 4, … 256: the latency table, the knee, and where it ran out of memory.
-3. **bench**: ``ops/bench/real_models.py`` on the GPU: offline best batch, served
-   at that batch, served per job (a private ``redis-server`` and a real Celery
-   worker).
-4. **overlap**: two resnet50 batches back to back through ``TorchExecutor``, the
+3. **overlap**: two resnet50 batches back to back through ``TorchExecutor``, the
    copy and compute of each read from CUDA event timestamps: how much of batch
    2's copy ran while batch 1 computed.
-5. **oom**: a handler that takes a share of free memory per item, batches of 8
+4. **oom**: a handler that takes a share of free memory per item, batches of 8
    sized by the memory guard as the loop sizes its claims: a real out-of-memory
    error, the split, the guard's cap, and 40 batches later how many more it met.
+   The allocator's cache is emptied first, so what the earlier sections cached
+   does not count as taken.
+5. **bench**: ``ops/bench/real_models.py`` on the GPU: offline best batch, served
+   at that batch, served per job (a private ``redis-server`` and a real Celery
+   worker). The slowest, so it runs last: an overrun loses only its figures.
 
-Every section goes to ``OUT/check.json`` (a failed section records its error and
-the others still run). ``--dry-run`` runs the same code on the CPU in miniature —
+Each section has a time box (``SECTION_BUDGET_S``); one that overruns records a
+timeout as its error. Every section goes to ``OUT/check.json`` (a failed section
+records its error and the others still run). Nothing here imports Redis before
+the bench section needs it: on the GPU machine the Redis client comes from the
+wheelhouse (``ops/gpu/check.sh``). ``--dry-run`` runs the same code on the CPU in miniature —
 a tiny crop, a few jobs, and the simulated CUDA device of ``tests/support/simcuda.py`` for
 the overlap (its "timestamps" count operations, not milliseconds) and the
 out-of-memory sections — so the script is tested where there is no GPU.
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +52,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "ops" / "bench")]
 from carpool.core.catalogue import BinSpec, ModelSpec  # noqa: E402
 from carpool.core.jobs import ClaimedJob  # noqa: E402
 from carpool.core.settings import ExecutorSettings  # noqa: E402
-from carpool.stack.redis_local import answers  # noqa: E402
 from carpool.stack.waiting import wait_until  # noqa: E402
 from worker.device.device import Accelerator  # noqa: E402
 from worker.executors.torch_executor import TorchExecutor  # noqa: E402
@@ -60,6 +65,13 @@ RESNET50 = {"arch": "resnet50", "weights": "random", "num_classes": 1000}
 OOM_SHARE = 0.3
 OOM_BATCHES = 40
 REDIS_START_TIMEOUT_S = 10.0
+#: Each section's time box in seconds (the real run's; they add up to 200 s, inside
+#: check.sh's CHECK_S). The dry run's sections take seconds.
+SECTION_BUDGET_S = {"device": 10, "calibrate": 60, "overlap": 20, "oom": 30, "bench": 80}
+
+
+class SectionTimeout(Exception):
+    """Raised in a section that ran past its time box."""
 
 
 def dry(args: argparse.Namespace) -> bool:
@@ -115,6 +127,8 @@ def redis_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen([str(binary), "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--dir", str(workdir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    from carpool.stack.redis_local import answers  # imports redis: only this section
 
     url = f"redis://127.0.0.1:{port}/0"
     try:  # a server we just started: no event to wait on
@@ -248,6 +262,8 @@ class MemoryHog:
 
 
 def oom_section(args: argparse.Namespace) -> dict[str, Any]:
+    if not dry(args):
+        torch.cuda.empty_cache()  # what calibrate and overlap cached is not "taken"
     gpu: Accelerator | str = simulated(1 << 30) if dry(args) else "cuda"
     executor = TorchExecutor(ExecutorSettings(device="cuda", torch_threads=0), gpu)
     assert executor.gpu is not None
@@ -273,8 +289,26 @@ def oom_section(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "device": device_section, "calibrate": calibrate_section, "bench": bench_section,
-    "overlap": overlap_section, "oom": oom_section}
+    "device": device_section, "calibrate": calibrate_section, "overlap": overlap_section,
+    "oom": oom_section, "bench": bench_section}
+
+
+def _overran(signum: int, frame: Any) -> None:
+    raise SectionTimeout("ran past its time box")
+
+
+def run_section(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One section within its time box (SIGALRM: sections run on the main thread)."""
+    budget_s = SECTION_BUDGET_S[name]
+    previous = signal.signal(signal.SIGALRM, _overran)
+    signal.setitimer(signal.ITIMER_REAL, budget_s)
+    try:
+        result = SECTIONS[name](args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    result["budget_s"] = budget_s
+    return result
 
 
 def main() -> int:
@@ -292,7 +326,7 @@ def main() -> int:
     for name in args.only.split(","):
         t0 = time.perf_counter()
         try:
-            results[name] = SECTIONS[name](args)
+            results[name] = run_section(name, args)
         except Exception as exc:  # noqa: BLE001 — one failed section must not hide the others
             ok = False
             results[name] = {"error": f"{type(exc).__name__}: {exc}",

@@ -37,7 +37,8 @@ from tests.support.faults import (
 )
 from tests.support.procs import WORKER_START_TIMEOUT_S, log_says, start_worker, wait_until
 from tests.support.redisproc import RedisProc, private_redis
-from worker.handlers.synthetic import POISON_EXIT_STATUS, POISON_VALUE
+from worker.handlers.synthetic import DEVICE_ASSERT_VALUE, POISON_EXIT_STATUS, POISON_VALUE
+from worker.loop.loop import EXIT_DEVICE_LOST
 
 LEASE_MS = 1500
 TICK_S = LEASE_MS / 3 / 1000
@@ -213,6 +214,39 @@ def test_poison_input_is_retried_up_to_max_attempts_then_fails_and_its_batch_com
     assert_one_place(fq.client, fq.keys, ids)
     record("poison input kills its worker (os._exit) in a batch of 8", jobs=8, crashes=crashes,
            poison_status="failed", others_done=7, total_s=clock.s())
+
+
+def test_a_sticky_cuda_error_hands_the_batch_back_ends_the_worker_and_fails_its_input_alone(
+        server: RedisProc, fq: Queue, spec: ModelSpec, key_prefix: str,
+        tmp_path: Path) -> None:
+    values: list[object] = [0, 1, 2, DEVICE_ASSERT_VALUE, 4, 5, 6, 7]
+    ids = admit_jobs(fq, spec, values)
+    bad = ids[3]
+    # A lease far longer than the test: jobs come back only because they were handed back.
+    env = make_env(server.url, key_prefix, CARPOOL_LEASE_MS="600000",
+                   CARPOOL_SYNTHETIC_COST_MS=FAST, CARPOOL_MODELS="synthetic",
+                   CARPOOL_SYNTHETIC_POISON="1", CARPOOL_MAX_ATTEMPTS="2")
+    exits = []
+    for start in range(4):  # 2 exits, then one worker that finishes
+        log = tmp_path / f"w{start}.log"
+        proc = spawn_worker(env, f"w{start}@sticky", log)
+        try:
+            wait_until(lambda p=proc: p.poll() is not None or all_final(fq, ids),  # type: ignore[misc]
+                       RECOVERY_SLACK_S, "the worker to exit or every job to end")
+            if proc.poll() is None:
+                break
+            exits.append(proc.returncode)
+            assert log_says(log, "the CUDA context is lost"), log.read_text()[-2000:]
+            if start == 0:  # no innocent job failed for it: the batch went back whole
+                assert all(s is not JobStatus.FAILED for s in statuses(fq, ids).values())
+        finally:
+            stop_process(proc)
+    assert exits == [EXIT_DEVICE_LOST, EXIT_DEVICE_LOST]
+    view = fq.get(bad)
+    assert view is not None and view.status is JobStatus.FAILED
+    others = [i for i in ids if i != bad]
+    check_results(fq, others, [v for v in values if v != DEVICE_ASSERT_VALUE])
+    assert_one_place(fq.client, fq.keys, ids)
 
 
 def test_sigterm_past_the_grace_period_hands_the_batch_back_and_nothing_is_stuck(

@@ -9,8 +9,17 @@
   ``empty_cache`` is appended to ``log`` in the order issued. A copy is
   asynchronous: it runs only when an event recorded after it is synchronised or
   waited on by a stream (or on ``synchronize``), reading its pinned buffer then.
+* **Cross-stream lifetimes**: each device block is tagged with the stream it was
+  allocated on and the streams whose kernels read it. A block freed while another
+  stream used it, with no ``record_stream`` for that stream, goes back to its
+  stream's pool at once, as CUDA's caching allocator does: the next copy on that
+  stream reuses it before the reader has passed, and that is a hazard.
   A copy whose buffer was refilled before it ran, or a kernel that reads a batch
   whose copy has not run, is recorded in ``hazards``: a test asserts it is empty.
+
+* **Downloads**: ``download_async`` is a ``non_blocking`` device-to-host copy; its
+  host tensor holds NaN until its stream is synchronised (``SimStream.synchronize``,
+  an event after it, or ``synchronize``).
 
 Tensors stay on the CPU; a test handler calls ``kernel`` in its forward pass
 to say it computes (on the current stream) and how much memory it needs.
@@ -49,6 +58,11 @@ class SimStream:
         self.sim.note("wait", self.name, event.id)
         event.complete()
 
+    def synchronize(self) -> None:
+        """Block the host until this stream's work is done: its downloads land."""
+        self.sim.note("stream_sync", self.name)
+        self.sim.land(self.name)
+
 
 @dataclass(eq=False)
 class SimEvent:
@@ -70,6 +84,7 @@ class SimEvent:
     def complete(self) -> None:
         if self.stream is not None:
             self.sim.run_copies(self.stream, self.upto)
+            self.sim.land(self.stream.name)
 
     def synchronize(self) -> None:
         self.complete()
@@ -100,9 +115,16 @@ class SimCuda:
         #: Device tensors (by data_ptr) whose copy has not run yet.
         self._unwritten: dict[int, SimCopy] = {}
         self._tags: dict[int, int] = {}
+        #: Per live device block (data_ptr): its stream, the streams that read it and
+        #: those ``record_stream`` told of.
+        self._blocks: dict[int, tuple[SimStream, set[str], set[str]]] = {}
+        #: Per stream name: blocks freed while another stream may still read them.
+        self._unsafe_free: dict[str, list[str]] = {}
         self.default_stream = SimStream(self, "default")
         self._streams: dict[int, SimStream] = {id(self.default_stream): self.default_stream}
         self._stream_names = itertools.count(1)
+        #: Per stream name: non_blocking downloads (host tensor, its value) not landed.
+        self._landing: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         #: Called as each copy is issued (a test holds a staging thread there).
         self.copy_hook: Callable[[], None] | None = None
 
@@ -179,6 +201,21 @@ class SimCuda:
         with self._lock:
             for stream in list(self._streams.values()):
                 self.run_copies(stream, self.issued(stream))
+                self.land(stream.name)
+
+    def land(self, stream_name: str) -> None:
+        """The downloads issued on a stream arrive in their host tensors."""
+        with self._lock, torch.inference_mode():
+            for host, value in self._landing.pop(stream_name, []):
+                host.copy_(value)
+
+    def download_async(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.to("cpu", non_blocking=True)`` on the current stream: the host tensor
+        holds NaN until that stream is synchronised (or an event after it is)."""
+        host = torch.full_like(t, float("nan"))
+        with self._lock:
+            self._landing.setdefault(self.current().name, []).append((host, t.clone()))
+        return host
 
     def new_stream(self) -> SimStream:
         stream = SimStream(self, f"s{next(self._stream_names)}")
@@ -207,9 +244,12 @@ class SimCuda:
         nbytes = host.numel() * host.element_size()
         self.alloc(nbytes, "copy")
         dev = torch.empty_like(host)
-        weakref.finalize(dev, self.free, nbytes)
         stream = self.current()
+        weakref.finalize(dev, self._freed, dev.data_ptr(), nbytes)
         with self._lock:
+            for unsafe in self._unsafe_free.pop(stream.name, []):
+                self.hazards.append(f"copy on {stream.name} reuses {unsafe}")
+            self._blocks[dev.data_ptr()] = (stream, set(), set())
             index = self._count.get(id(stream), 0)
             self._count[id(stream)] = index + 1
             copy = SimCopy(next(self._copies), index, host, host.clone(), dev)
@@ -220,8 +260,23 @@ class SimCuda:
             self.log.append(("h2d", stream.name, copy.seq, len(host)))
         return dev
 
+    def _freed(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            block = self._blocks.pop(ptr, None)
+            if block is not None:
+                home, readers, recorded = block
+                missing = readers - recorded - {home.name}
+                if missing:
+                    self._unsafe_free.setdefault(home.name, []).append(
+                        f"a block {', '.join(sorted(missing))} may still read "
+                        "(no record_stream)")
+        self.free(nbytes)
+
     def record_stream(self, t: torch.Tensor, stream: Any) -> None:
-        return None
+        with self._lock:
+            block = self._blocks.get(t.data_ptr())
+            if block is not None:
+                block[2].add(stream.name)
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -237,6 +292,9 @@ class SimCuda:
                 self.hazards.append(f"kernel {name} on {stream.name} read copy {copy.seq} "
                                     "before it ran")
             tag = self._tags.get(batch.data_ptr())
+            block = self._blocks.get(batch.data_ptr())
+            if block is not None:
+                block[1].add(stream.name)
         scratch = bytes_per_item * len(batch)
         self.alloc(scratch, f"{name}:{len(batch)}")
         self.note("kernel", stream.name, name, len(batch), tag)

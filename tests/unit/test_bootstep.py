@@ -76,3 +76,62 @@ def test_the_limits_metrics_and_flower_read_follow_a_live_retune(settings: Setti
     assert shown["synthetic/medium"] == {"max_batch": 8, "max_wait_ms": 3, "adaptive": False,
                                          "paused": False}
     assert shown["synthetic/small"]["max_batch"] == 32
+
+
+def test_the_worker_refuses_to_start_under_a_forking_pool() -> None:
+    from celery.concurrency import get_implementation
+
+    from worker.shell.bootstep import require_solo_pool
+
+    require_solo_pool(get_implementation("solo"))
+    for pool in ("prefork", "threads"):
+        with pytest.raises(ConfigError, match="--pool solo"):
+            require_solo_pool(get_implementation(pool))
+
+
+def test_a_scrape_reads_the_memory_of_the_executors_gpu_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four GPUs visible; the executor on cuda:2: no CUDA context on the other three."""
+    import types
+
+    import torch
+
+    from worker.shell.bootstep import gpu_memory_reader
+
+    asked: list[int] = []
+
+    def mem_get_info(i: int) -> tuple[int, int]:
+        asked.append(i)
+        return 5 << 30, 8 << 30
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 1 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=f"000{i}"))
+    executor = types.SimpleNamespace(device=torch.device("cuda:2"))
+    read = gpu_memory_reader(executor)  # type: ignore[arg-type]
+    for _ in range(3):
+        assert [g.gpu for g in read()] == ["GPU-0002"]
+    assert asked == [2, 2, 2]
+
+
+def test_a_lost_device_releases_the_gpu_lease_before_the_worker_exits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from carpool.core.errors import DeviceLost
+    from worker.loop import loop as loop_module
+    from worker.shell.bootstep import BatchLoopStep
+
+    order: list[str] = []
+
+    class Claimed:
+        def release(self) -> None:
+            order.append("gpu released")
+
+    monkeypatch.setattr(loop_module, "exit_process", lambda exc: order.append("exit"))
+    step = BatchLoopStep.__new__(BatchLoopStep)
+    step.gpu = Claimed()  # type: ignore[assignment]
+    step._device_lost(DeviceLost("the CUDA context is lost"))
+    assert order == ["gpu released", "exit"]

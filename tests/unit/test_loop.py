@@ -3,6 +3,7 @@ Redis for work: not while a batch is in flight, nor while a bin fills its window
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
@@ -19,6 +20,9 @@ from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
 from worker.loop.loop import BatchLoop
+
+#: A bound on any wait here; reaching it is a failure.
+TIMEOUT_S = 10.0
 
 NOW_MS = 1_000_000
 
@@ -58,6 +62,9 @@ class NeverDone:
     stats = ExecutorStats()
 
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        return max_batch
+
+    def view_limit(self, model: str, bin_name: str, max_batch: int) -> int:
         return max_batch
 
     def submit(self, handler: ModelHandler, bin_spec: BinSpec,
@@ -116,3 +123,29 @@ def test_no_idle_while_a_bin_fills_its_batch_window(
     queue.depth, queue.oldest_admit_ms = 1, NOW_MS
     loop.step()
     assert (heard.idles, queue.waits) == (0, [0])
+
+
+class DeviceBroke(NeverDone):
+    """Every batch fails as a sticky CUDA error does."""
+
+    def submit(self, handler: ModelHandler, bin_spec: BinSpec,
+               jobs: Sequence[ClaimedJob]) -> Future[list[Outcome]]:
+        from carpool.core.errors import DeviceLost
+
+        future: Future[list[Outcome]] = Future()
+        future.set_exception(DeviceLost("the CUDA context is lost: device-side assert"))
+        return future
+
+
+def test_a_lost_device_hands_the_batch_back_and_ends_the_loop_for_a_restart(
+        loop: BatchLoop, queue: StubQueue, heard: Recorder) -> None:
+    loop.executor = DeviceBroke()
+    lost: list[Exception] = []
+    loop.on_device_lost = lost.append
+    queue.depth, queue.oldest_admit_ms = 64, NOW_MS
+    done = threading.Thread(target=loop.run, daemon=True)
+    done.start()
+    done.join(TIMEOUT_S)
+    assert not done.is_alive(), "the loop went on retrying on a lost device"
+    assert len(lost) == 1 and "device-side assert" in str(lost[0])
+    assert "failed" in heard.hooks()  # handed back, not written as failed results

@@ -13,7 +13,7 @@ from carpool.core.catalogue import BinSpec, load_catalogue
 from carpool.core.jobs import ClaimedJob, Outcome
 from carpool.core.synthetic import expected_result
 from worker.executors.pipelined import PipelinedExecutor
-from worker.executors.runner import is_out_of_memory
+from worker.executors.runner import is_out_of_memory, isolate
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
 
@@ -130,7 +130,8 @@ def test_out_of_memory_splits_the_batch_and_a_job_that_cannot_fit_alone_fails_cl
 @pytest.mark.parametrize("exc", [
     torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
     RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
-    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
+    RuntimeError("cuDNN Frontend error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
     RuntimeError("CUDA error: out of memory"),
 ])
 def test_out_of_memory_is_told_by_type_and_by_the_allocation_failures_of_cuda_libraries(
@@ -140,8 +141,55 @@ def test_out_of_memory_is_told_by_type_and_by_the_allocation_failures_of_cuda_li
 
 @pytest.mark.parametrize("exc", [
     RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    # Not an allocation failure (docs/architecture.md): split as an error, no cap.
+    RuntimeError("FIND was unable to find an engine to execute this computation"),
     ValueError("CUBLAS_STATUS_ALLOC_FAILED"),  # not what torch raises: an input's own error
     MemoryError("host memory"),
 ])
 def test_other_errors_are_not_out_of_memory(exc: BaseException) -> None:
     assert not is_out_of_memory(exc)
+
+
+class Boom(Exception):
+    """An input's failure; each instance is tracked to see when it is freed."""
+
+
+def test_a_failed_input_keeps_a_description_not_the_exception_while_the_rest_runs() -> None:
+    import gc
+    import weakref
+
+    raised: list[weakref.ref[Boom]] = []
+    alive_later: list[bool] = []
+
+    def infer(items: Any) -> list[Any]:
+        gc.collect()
+        alive_later.append(any(r() is not None for r in raised))
+        if 0 in items:
+            exc = Boom("poison")
+            raised.append(weakref.ref(exc))
+            raise exc
+        return list(items)
+
+    results = isolate(infer, [0, 1, 2, 3])
+    assert raised and alive_later[-1] is False, alive_later
+    assert results[0].description == "Boom: poison" and results[1:] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("CUDA error: device-side assert triggered"),
+    RuntimeError("CUDA error: an illegal memory access was encountered"),
+    torch.AcceleratorError("CUDA error: unspecified launch failure"),
+])
+def test_a_sticky_cuda_error_is_raised_as_device_lost_without_splitting_the_batch(
+        exc: BaseException) -> None:
+    from carpool.core.errors import DeviceLost
+
+    calls: list[int] = []
+
+    def infer(items: Any) -> list[Any]:
+        calls.append(len(items))
+        raise exc
+
+    with pytest.raises(DeviceLost, match="CUDA context is lost"):
+        isolate(infer, [1, 2, 3, 4])
+    assert calls == [4]  # no innocent half run (and failed) after it

@@ -125,7 +125,7 @@ def test_a_batch_staged_before_an_out_of_memory_error_is_split_before_it_runs() 
 
 @pytest.mark.parametrize("message", [
     "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
 ])
 def test_allocation_failures_of_cublas_and_cudnn_shrink_the_bin_like_out_of_memory(
         message: str) -> None:
@@ -155,3 +155,103 @@ def test_every_batch_size_runs_padded_to_a_rung_of_the_ladder_and_results_are_cu
     ran = {k[3] for k in sim.ops("kernel")}
     assert ran <= set(rungs(12)), ran  # what warm-up runs: cuDNN never autotunes mid-serving
     assert sim.hazards == []
+
+
+def test_a_memory_cap_between_rungs_is_snapped_down_to_a_warmed_up_rung() -> None:
+    ex = executor(SimCuda(1 << 30))
+    ex.guard.on_out_of_memory(("sim", "big"), 80)  # a learned ceiling of 40
+    assert ex.guard.cap(("sim", "big")) == 40
+    assert ex.limit("sim", "big", 64) == 32 and ex.view_limit("sim", "big", 64) == 32
+    assert ex.limit("sim", "big", 64) in rungs(64)
+    ex.close()
+
+
+def test_metrics_reading_the_limits_never_move_the_memory_guard() -> None:
+    from carpool.core.settings import load_settings
+    from tests.conftest import make_env
+    from tests.support.simcuda import SimHandler as Handler
+    from worker.loop.loop import BatchLoop
+
+    sim = SimCuda(1 << 30)
+    sim.external_bytes = sim.capacity_bytes - 16 * MIB  # a dip: far below the watermark
+    ex = executor(sim)
+    settings = load_settings(make_env("redis://127.0.0.1:1/0", "unused"))
+    spec = settings.catalogue.get("synthetic")
+    loop = BatchLoop(settings, None, {"synthetic": Handler(sim, spec)}, "w",  # type: ignore[arg-type]
+                     executor=ex)
+    before = {k: v.max_batch for k, v in loop.live_limits().items()}
+    for _ in range(4):  # four Prometheus scrapes during the dip
+        assert {k: v.max_batch for k, v in loop.live_limits().items()} == before
+    assert ex.guard.shrinks_total == 0 and ex.guard.memory_caps == {}
+    ex.close()
+
+
+class ThreadNoting(SimHandler):
+    """Notes the thread of every forward pass, and whether an exception is being handled
+    when the executor frees memory."""
+
+    threads: list[str]
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.threads.append(threading.current_thread().name)
+        return super().forward(batch)
+
+
+def test_warm_up_and_calibration_run_on_the_compute_thread_that_serves() -> None:
+    from worker.observe.calibrate import calibrate, warm_up
+
+    sim = SimCuda(1 << 30)
+    handler = ThreadNoting(sim, SPEC)
+    handler.threads = []
+    ex = executor(sim)
+    calibrate(ex, handler, reps=1, sizes=[1, 2])
+    warm_up(ex, handler)
+    ex.submit(handler, BIN, jobs([1.0])).result(TIMEOUT_S)
+    ex.close()
+    assert handler.threads and set(handler.threads) == {handler.threads[-1]}, handler.threads
+    assert handler.threads[-1].startswith("carpool-compute")
+
+
+def test_calibration_frees_memory_after_the_failed_probes_except_block() -> None:
+    import sys
+
+    from worker.observe.calibrate import calibrate
+
+    sim = SimCuda(64 * MIB)
+    handler = SimHandler(sim, SPEC, bytes_per_item=20 * MIB)  # batch 4 runs out of memory
+    ex = executor(sim)
+    handling: list[bool] = []
+    ex.release = lambda: handling.append(sys.exc_info()[0] is not None)  # type: ignore[method-assign]
+    profile = calibrate(ex, handler, reps=1, sizes=[1, 2, 4])
+    ex.close()
+    assert profile.bins["only"].out_of_memory_at == 4
+    assert handling == [False], "released inside the except block: its frames still pinned"
+
+
+class DownloadsAsync(SimHandler):
+    """Returns its output as a non_blocking device-to-host copy, as a handler may."""
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.sim.download_async(super().forward(batch))
+
+
+def test_a_non_blocking_copy_to_the_host_has_landed_before_postprocess_reads_it() -> None:
+    sim = SimCuda(1 << 30)
+    ex = executor(sim)
+    outs = ex.submit(DownloadsAsync(sim, SPEC), BIN, jobs([1.0, 2.0])).result(TIMEOUT_S)
+    ex.close()
+    assert ys(outs) == [{"y": 3.0}, {"y": 5.0}]
+
+
+def test_a_sticky_cuda_error_in_calibration_fails_the_start_instead_of_capping_the_bin(
+) -> None:
+    from worker.observe.calibrate import calibrate
+
+    sim = SimCuda(1 << 30)
+    handler = SimHandler(sim, SPEC)
+    handler.fail_over = 1
+    handler.failure = RuntimeError("CUDA error: an illegal memory access was encountered")
+    ex = executor(sim)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        calibrate(ex, handler, reps=1, sizes=[1, 2, 4])
+    ex.close()

@@ -47,7 +47,8 @@ class Accelerator(Protocol):
         """Wait for all work on the device."""
 
     def new_stream(self) -> Any:
-        """A new stream (``wait_event`` is all the worker calls on it)."""
+        """A new stream (``wait_event`` and ``synchronize`` are all the worker calls
+        on it)."""
 
     def new_event(self, timing: bool = False) -> Event:
         """A new event; ``timing`` events also give ``elapsed_time``."""

@@ -163,9 +163,19 @@ class MemoryGuard:
         """The guard's own cap on this bin's batches (None: uncapped)."""
         return self.limits.get(key)
 
+    def view(self, key: BinKey, max_batch: int) -> int:
+        """What ``limit`` would answer from the caps as they stand, read-only: no
+        memory reading, no shrink or growth. For observers (metrics scrapes,
+        ``celery inspect stats``, Flower), which run at any rate: were they to call
+        ``limit``, each scrape during a dip would halve a cap again."""
+        cap = self.limits.get(key)
+        return max_batch if cap is None else max(1, min(max_batch, cap))
+
     def limit(self, key: BinKey, max_batch: int) -> int:
         """How many jobs of this bin the next claim may take: ``max_batch`` (the
-        scheduler's cap for this claim) or the guard's cap, whichever is smaller."""
+        scheduler's cap for this claim) or the guard's cap, whichever is smaller.
+        It reads memory and moves the caps: call it for claims only (``view``
+        for the rest)."""
         reading = self.read()
         with self._lock:
             top = self._tops[key] = max(self._tops.get(key, 0), max_batch)

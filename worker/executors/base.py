@@ -31,7 +31,11 @@ class BatchExecutor(Protocol):
     stats: ExecutorStats
 
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:
-        """How many jobs the next batch of this bin may claim (≤ ``max_batch``)."""
+        """How many jobs the next batch of this bin may claim (≤ ``max_batch``); for
+        claims only: it may move the memory guard's caps."""
+
+    def view_limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        """What ``limit`` would answer now, read-only (metrics and Flower)."""
 
     def submit(self, handler: ModelHandler, bin_spec: BinSpec,
                jobs: Sequence[ClaimedJob]) -> Future[list[Outcome]]:

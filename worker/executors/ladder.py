@@ -26,6 +26,12 @@ def rungs(max_batch: int) -> list[int]:
     return sorted(sizes)
 
 
+def snap_down(n: int, limit: int) -> int:
+    """The largest rung of ``limit``'s ladder not above ``n`` (at least 1): a memory
+    cap of 40 under a ``max_batch`` of 64 serves 32, a size warm-up ran."""
+    return max((r for r in rungs(limit) if r <= n), default=1)
+
+
 def padded(n: int, limit: int) -> int:
     """The rung a batch of ``n`` runs at: the smallest rung of ``limit``'s ladder that
     holds it (``n`` itself, if it is above ``limit``)."""

@@ -15,10 +15,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from carpool.core.catalogue import BinSpec
 from carpool.core.jobs import ClaimedJob, Outcome
@@ -28,6 +28,8 @@ from worker.executors.runner import checked, is_out_of_memory, isolate, outcomes
 from worker.handlers.base import ModelHandler, SizedItems
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,6 +86,9 @@ class PipelinedExecutor:
     # -- the pipeline ----------------------------------------------------------------------
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:
         return self.guard.limit((model, bin_name), max_batch)
+
+    def view_limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        return self.guard.view((model, bin_name), max_batch)
 
     def collate(self, handler: ModelHandler, items: Sequence[Any], bin_spec: BinSpec) -> Any:
         """``items`` in the bin's shape; the share that is padding is counted."""
@@ -170,6 +175,12 @@ class PipelinedExecutor:
                 self.stats.batches += 1
             # Teaches the guard, and the periodic empty_cache, between batches only.
             self.guard.after_batch(key, ran.largest_ok, ran.out_of_memory)
+
+    def on_compute(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the compute thread, the one that serves: cuDNN's plan cache
+        and cudagraph trees are per thread, so warm-up and calibration done on any
+        other thread would leave serving to autotune every size again."""
+        return self._compute.submit(fn).result()
 
     def close(self) -> None:
         if self._preprocess is not None:

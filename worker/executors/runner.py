@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from carpool.core.errors import HandlerContractError
+from carpool.core.errors import DeviceLost, HandlerContractError
 from carpool.core.jobs import ClaimedJob, Outcome
 from worker.handlers.base import ModelHandler
 
@@ -41,16 +41,40 @@ def _describe(exc: BaseException) -> str:
 
 
 #: Allocation failures that CUDA libraries raise as a plain RuntimeError, not as
-#: torch's OutOfMemoryError: cuBLAS cannot create its handle or workspace, cuDNN
-#: cannot allocate its workspace, a kernel launch finds no memory. Each is the
-#: device being out of memory, and the batch is split and the bin shrunk for it.
+#: torch's OutOfMemoryError: cuBLAS cannot create its handle or workspace, cuDNN 9
+#: cannot allocate host or device memory (its ``CUDNN_STATUS_ALLOC_FAILED`` is a
+#: deprecated alias that cuDNN 9 never emits, and ``NOT_ENOUGH_WORKSPACE`` is gone),
+#: a kernel launch finds no memory. Each is the device being out of memory, and the
+#: batch is split and the bin shrunk for it. cuDNN's "unable to find an engine" is
+#: not among them (docs/architecture.md, "Out of memory"): it is split as an error.
 ALLOCATION_FAILURES = (
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
     "CUDA error: out of memory",
     "CUDA out of memory",
 )
+
+#: CUDA errors that corrupt the context ("sticky"): every later CUDA call in this
+#: process fails too, so splitting the batch would fail innocent jobs and the worker
+#: would fail every batch after. torch raises them as ``torch.AcceleratorError``
+#: (2.8 on) or as a RuntimeError carrying CUDA's message.
+STICKY_CUDA_ERRORS = (
+    "device-side assert triggered",
+    "an illegal memory access was encountered",
+    "illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+)
+
+
+def is_sticky(exc: BaseException) -> bool:
+    """True for an error after which this process's CUDA context is unusable."""
+    torch = sys.modules.get("torch")
+    accelerator_error = getattr(torch, "AcceleratorError", None) if torch else None
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in STICKY_CUDA_ERRORS)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -64,10 +88,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 class _Failed:
-    """Stands in a result list for an item that raised."""
+    """Stands in a result list for an item that raised: a description, never the
+    exception, whose traceback pins the failed pass's frames and tensors (device
+    memory, on a GPU) while the rest of the batch runs."""
 
     def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+        self.description = _describe(exc)
+        self.out_of_memory = is_out_of_memory(exc)
 
 
 def preprocess_all(
@@ -86,7 +113,7 @@ def preprocess_all(
     failed: list[Outcome] = []
     for job, item in zip(jobs, mapper(one, [j.input_json for j in jobs]), strict=True):
         if isinstance(item, _Failed):
-            failed.append(Outcome(job.id, error=f"preprocess failed: {_describe(item.exc)}"))
+            failed.append(Outcome(job.id, error=f"preprocess failed: {item.description}"))
         else:
             ready.append((job, item))
     return ready, failed, _ms_since(t0)
@@ -114,6 +141,8 @@ def isolate(infer_fn: InferFn, items: Sequence[Any], on_split: SplitHook | None 
     except HandlerContractError as exc:
         return [_Failed(exc)] * len(items)
     except Exception as exc:  # noqa: BLE001 — find the input that causes it
+        if is_sticky(exc):  # every later call fails too: no input is to blame yet
+            raise DeviceLost(f"the CUDA context is lost: {_describe(exc)}") from None
         if len(items) == 1:
             return [_Failed(exc)]
         if on_split is not None:
@@ -124,11 +153,11 @@ def isolate(infer_fn: InferFn, items: Sequence[Any], on_split: SplitHook | None 
     return isolate(infer_fn, items[:half], on_split) + isolate(infer_fn, items[half:], on_split)
 
 
-def failure_message(exc: BaseException) -> str:
-    if is_out_of_memory(exc):
+def failure_message(failed: _Failed) -> str:
+    if failed.out_of_memory:
         return ("inference failed: out of memory with this input alone in its batch; "
-                f"it cannot fit on this device ({_describe(exc)})")
-    return f"inference failed: {_describe(exc)}"
+                f"it cannot fit on this device ({failed.description})")
+    return f"inference failed: {failed.description}"
 
 
 def outcomes(
@@ -139,7 +168,7 @@ def outcomes(
     by_id: dict[str, Outcome] = {o.id: o for o in failed}
     for (job, _), result in zip(ready, results, strict=True):
         if isinstance(result, _Failed):
-            by_id[job.id] = Outcome(job.id, error=failure_message(result.exc),
+            by_id[job.id] = Outcome(job.id, error=failure_message(result),
                                     preprocess_ms=pre_ms)
         else:
             by_id[job.id] = Outcome(job.id, result=result, preprocess_ms=pre_ms,

@@ -34,7 +34,7 @@ from carpool.core.settings import ExecutorSettings
 from worker.device.device import Accelerator, Event, accelerator_for
 from worker.device.memory import MemoryGuard
 from worker.device.tensors import map_tensors
-from worker.executors.ladder import padded
+from worker.executors.ladder import padded, snap_down
 from worker.executors.pipelined import PipelinedExecutor
 from worker.executors.staging import Staged, Staging, to_host
 from worker.handlers.base import ModelHandler
@@ -97,11 +97,25 @@ class TorchExecutor(PipelinedExecutor):
             event.record(stream)
             self.trace.append((name, event))
 
+    def limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        """The guard's limit snapped down to a rung of the ladder (on a GPU): a cap
+        between rungs (growth in steps of 1/8, half-way ceilings) would claim, and
+        run, a size that warm-up never ran."""
+        return self._snapped(self.guard.limit((model, bin_name), max_batch), max_batch)
+
+    def view_limit(self, model: str, bin_name: str, max_batch: int) -> int:
+        return self._snapped(self.guard.view((model, bin_name), max_batch), max_batch)
+
+    def _snapped(self, n: int, max_batch: int) -> int:
+        return snap_down(n, max_batch) if self.pad_batches else n
+
     def rows_for(self, handler: ModelHandler, bin_spec: BinSpec, n: int) -> int:
-        """How many rows a batch of ``n`` runs as: its rung, within the bin's cap."""
+        """How many rows a batch of ``n`` runs as: its rung, within the bin's cap
+        (itself snapped down to a rung)."""
         if not self.pad_batches:
             return n
         cap = self.guard.cap((handler.spec.name, bin_spec.name)) or bin_spec.max_batch
+        cap = snap_down(min(cap, bin_spec.max_batch), bin_spec.max_batch)
         rung = padded(n, bin_spec.max_batch)
         return min(rung, cap) if cap >= n else n
 
@@ -133,6 +147,9 @@ class TorchExecutor(PipelinedExecutor):
             self._mark("compute_start", self.compute_stream)
             output = handler.forward(batch)
             self._mark("compute_end", self.compute_stream)
+            # A handler may return a non_blocking device-to-host copy: a CPU tensor that
+            # is still being written. The stream is done before any host read of it.
+            self.compute_stream.synchronize()
             return to_host(output, self.gpu)
 
     def inference_context(self) -> contextlib.AbstractContextManager[Any]:

@@ -19,6 +19,11 @@ from carpool.core.synthetic import batch_cost_s, expected_result
 POISON_VALUE = "__crash__"
 #: The exit status of a worker killed by the poison input.
 POISON_EXIT_STATUS = 70
+#: TEST ONLY: with ``CARPOOL_SYNTHETIC_POISON=1``, this input value makes the forward
+#: pass raise what a device-side assert raises: a sticky CUDA error, which ends the
+#: worker (``worker.loop.loop.EXIT_DEVICE_LOST``) after it hands its batches back.
+DEVICE_ASSERT_VALUE = "__device_assert__"
+DEVICE_ASSERT_MESSAGE = "CUDA error: device-side assert triggered (simulated)"
 
 
 class SyntheticHandler:
@@ -58,6 +63,8 @@ class SyntheticHandler:
             with open(self.call_log, "a") as log:  # one write per call: lines stay whole
                 log.write(json.dumps([item.get("value") for item in batch]) + "\n")
         time.sleep(batch_cost_s(len(batch), self.a_ms, self.b_ms))  # releases the GIL
+        if self.poison and any(item.get("value") == DEVICE_ASSERT_VALUE for item in batch):
+            raise RuntimeError(DEVICE_ASSERT_MESSAGE)  # test-only, see DEVICE_ASSERT_VALUE
         return [expected_result(item) for item in batch]
 
     def postprocess(self, output: list[dict[str, Any]], n: int) -> list[Any]:

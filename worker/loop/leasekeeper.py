@@ -58,6 +58,12 @@ class LeaseHolder(Protocol):
         """A call that may have leased jobs to ``token`` lost its reply: find them by
         token once Redis answers and hand them back, attempt refunded."""
 
+    def abandon_all(self, worker: str) -> int:
+        """This worker is about to die (its CUDA context is lost): end every lease it
+        holds now and reap them, as for a dead worker, so each job is back in its bin
+        at once with the attempt counted, and fails after ``max_attempts``. How many
+        claims ended."""
+
 
 class NoLeaseKeeper:
     """A ``LeaseHolder`` that keeps nothing: leases lapse (a loop in a test)."""
@@ -73,6 +79,9 @@ class NoLeaseKeeper:
 
     def reply_lost(self, token: str) -> None:
         return None
+
+    def abandon_all(self, worker: str) -> int:
+        return 0
 
 
 class LeaseKeeper:
@@ -203,6 +212,13 @@ class LeaseKeeper:
                 return
 
     # -- hand-back ------------------------------------------------------------------
+
+    def abandon_all(self, worker: str) -> int:
+        with self._lock:
+            self._held = {}
+        ended = self.leases.end_leases_of(worker)
+        self.reap()
+        return ended
 
     def hand_back_all(self, *, refund_attempt: bool) -> int:
         """Release every claim in hand to the front of its bin; how many jobs went back."""

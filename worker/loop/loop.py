@@ -17,6 +17,7 @@ monitoring only (worker/loop/hooks.py).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from carpool.backend.leases import claim_token
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
-from carpool.core.errors import BackendUnavailable
+from carpool.core.errors import BackendUnavailable, DeviceLost
 from carpool.core.jobs import BinState, Claim, Outcome
 from carpool.core.settings import Settings
 from carpool.scheduling.batching import Cost, Go, Limits, Wait
@@ -61,6 +62,20 @@ class _Flight:
     outcomes: Future[list[Outcome]]
 
 
+#: The exit status of a worker whose CUDA context was lost (EX_SOFTWARE): its
+#: supervisor (`carpool up`, compose, Kubernetes) starts a fresh process.
+EXIT_DEVICE_LOST = 70
+
+
+def exit_process(exc: DeviceLost) -> None:
+    """End the whole process at once: Celery's ping, the healthcheck and the GPU lease
+    would otherwise stay green while every batch fails. Its leases were ended and
+    reaped first (``BatchLoop._abandon_in_flight``)."""
+    log.critical("%s: the worker exits (status %d) to be restarted", exc, EXIT_DEVICE_LOST)
+    logging.shutdown()
+    os._exit(EXIT_DEVICE_LOST)
+
+
 @dataclass
 class BatchLoop:
     """Serves every bin of ``handlers``' models from one thread of a Celery worker."""
@@ -85,6 +100,9 @@ class BatchLoop:
     cost_seeds: dict[tuple[str, str], Cost] = field(default_factory=dict)
     #: Limits, cost models and the decision; Celery remote control retunes it.
     scheduler: Scheduler = field(init=False)
+    #: Called once the CUDA context is lost and every lease in hand was ended and reaped;
+    #: the default ends the process (tests record it instead).
+    on_device_lost: Callable[[DeviceLost], None] = exit_process
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
     batches: int = 0
@@ -116,9 +134,9 @@ class BatchLoop:
 
     def live_limits(self) -> dict[tuple[str, str], Limits]:
         """Each bin's limits as the next claim will see them: the executor's memory cap
-        applied too (``BatchExecutor.limit``, as a claim is sized). Metrics and Flower
-        show these."""
-        return {key: replace(lim, max_batch=self.executor.limit(*key, lim.max_batch))
+        applied too, read-only (``BatchExecutor.view_limit``: a scrape must not move
+        the memory guard). Metrics and Flower show these."""
+        return {key: replace(lim, max_batch=self.executor.view_limit(*key, lim.max_batch))
                 for key, lim in self.limits.items()}
 
     def stop(self) -> None:
@@ -140,6 +158,10 @@ class BatchLoop:
             try:
                 peeked = self.step(peeked)
                 backoff_s = BACKOFF_MIN_S
+            except DeviceLost as exc:
+                self._abandon_in_flight()
+                self.on_device_lost(exc)
+                return
             except (BackendUnavailable, GaveUp) as exc:
                 peeked = None  # a back-off follows: states answered before it are stale
                 log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
@@ -151,6 +173,23 @@ class BatchLoop:
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
         self.drain()
+
+    def _abandon_in_flight(self) -> None:
+        """Every claim in hand goes back as a dead worker's does (its lease ended now,
+        then reaped), the attempt counted: the batch that raised may hold the input that
+        broke the device; suspect isolation runs it alone on a retry, and ``max_attempts``
+        fails it. A plain hand-back would return it forever."""
+        claims = [f.claim for f in self._in_flight]
+        self._in_flight.clear()
+        try:
+            self.keeper.abandon_all(self.worker_name)
+        except Exception:  # noqa: BLE001 — the leases lapse and the reaper takes them back
+            log.exception("ending the leases after the device was lost failed")
+        for claim in claims:
+            self._tell_failed(claim)
+
+    def _tell_failed(self, claim: Claim) -> None:
+        call_hooks(self.hooks, lambda h: h.on_failed(claim))
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
@@ -278,6 +317,9 @@ class BatchLoop:
         raise."""
         try:
             return self._complete(flight)
+        except DeviceLost:
+            self._in_flight.appendleft(flight)  # abandoned with the rest (_abandon_in_flight)
+            raise
         except BaseException as exc:
             if isinstance(exc, GaveUp):
                 log.warning("%s: its jobs go back to their bin (or their lease lapses)", exc)

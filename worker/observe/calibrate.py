@@ -5,7 +5,8 @@ Calibration runs every distinct bin shape at a ladder of batch sizes (1, 2, 4,
 ``PROBE_FACTOR`` × max_batch, to find the largest batch that fits), through the
 same staging and forward path that serves jobs, and keeps the median time of
 each. A worker reuses a profile from ``CARPOOL_PROFILE_DIR`` at its next start.
-A probe that fails (out of memory, or any other error) ends there: the bin's
+A probe that fails (out of memory, or any other error but a sticky CUDA error,
+which fails the start: the context is lost) ends there: the bin's
 ceiling in the memory guard is the largest batch that ran (``largest_fit``),
 applied before warm-up, so a ``max_batch`` that does not fit never stops a
 worker from starting. Warm-up then runs each bin shape once more (on a GPU at
@@ -33,7 +34,7 @@ from carpool.core.catalogue import BinSpec
 from carpool.core.settings import ExecutorSettings
 from worker.device.tensors import map_tensors
 from worker.executors.ladder import rungs
-from worker.executors.runner import is_out_of_memory
+from worker.executors.runner import is_out_of_memory, is_sticky
 from worker.executors.staging import to_host
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.base import ModelHandler
@@ -76,7 +77,13 @@ def shape_of(handler: ModelHandler, bin_spec: BinSpec) -> str:
 
 def time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
                reps: int) -> float:
-    """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out."""
+    """Median ms of ``reps`` batches of ``n`` (after one untimed run), copy in to copy out,
+    on the executor's compute thread (where serving runs them)."""
+    return executor.on_compute(lambda: _time_batch(executor, handler, bin_spec, n, reps))
+
+
+def _time_batch(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinSpec, n: int,
+                reps: int) -> float:
     items = [_example(handler, bin_spec)] * n
     times = []
     with torch.inference_mode():
@@ -106,15 +113,21 @@ def calibrate_bin(executor: TorchExecutor, handler: ModelHandler, bin_spec: BinS
     RuntimeErrors): it costs the bin a smaller ceiling, never the worker's start."""
     profile = BinProfile(bin_spec.name, shape_of(handler, bin_spec))
     for n in sizes:
+        failed = False
         try:
             ms = time_batch(executor, handler, bin_spec, n, reps)
         except Exception as exc:  # noqa: BLE001 — any failure ends the probe at this size
+            if is_sticky(exc):
+                raise  # the CUDA context is lost: no ceiling makes this worker usable
+            failed = True
             profile.out_of_memory_at = n
             level = logging.INFO if is_out_of_memory(exc) else logging.WARNING
             log.log(level, "calibrate %s/%s: batch %d failed (%s: %s); ceiling %d",
                     handler.spec.name, bin_spec.name, n, type(exc).__name__, exc,
                     max(1, profile.largest_fit))
-            del exc  # its frames hold the failed batch's tensors
+        if failed:
+            # Outside the except block: its traceback (the failed pass's frames and
+            # tensors) is gone only once the block has ended (PyTorch's FAQ).
             executor.release()
             break
         profile.points.append(Point(n, round(ms, 3)))
@@ -154,14 +167,16 @@ def warm_up(executor: TorchExecutor, handler: ModelHandler) -> None:
         for n in sizes:
             if (shape, n) in done:
                 continue
+            failed = False
             try:
                 time_batch(executor, handler, b, n, reps=0)
             except Exception as exc:  # noqa: BLE001 — a smaller ceiling, not a failed start
-                if n == 1:
+                if n == 1 or is_sticky(exc):
                     raise
+                failed = True
                 log.warning("warm-up of %s/%s failed at batch %d (%s: %s): capped at %d",
                             key[0], key[1], n, type(exc).__name__, exc, done_below(done, shape, n))
-                del exc
+            if failed:  # outside the except block, as in calibrate_bin
                 executor.release()
                 executor.guard.set_ceiling(key, done_below(done, shape, n))
                 break

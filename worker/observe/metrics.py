@@ -65,18 +65,19 @@ class GpuMemory:
 GpuMemoryReader = Callable[[], Sequence[GpuMemory]]
 
 
-def torch_gpu_memory() -> list[GpuMemory]:
-    """What torch.cuda says; nothing until this process has initialised CUDA."""
+def torch_gpu_memory(device: int | None = None) -> list[GpuMemory]:
+    """What torch.cuda says of one device, the executor's (``device``; None: the current
+    one); nothing until this process has initialised CUDA. Only that one: a
+    ``mem_get_info`` on any other visible GPU would create a CUDA context there (some
+    hundreds of MiB of that GPU's memory, held by this process) at the first scrape."""
     torch = sys.modules.get("torch")  # never imported here: a synthetic-only worker has none
     if torch is None or not torch.cuda.is_initialized():
         return []
-    out = []
-    for i in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(i)
-        uuid = torch.cuda.get_device_properties(i).uuid
-        out.append(GpuMemory(f"GPU-{uuid}", int(total - free),
-                             int(torch.cuda.memory_reserved(i)), int(free)))
-    return out
+    i = torch.cuda.current_device() if device is None else device
+    free, total = torch.cuda.mem_get_info(i)
+    uuid = torch.cuda.get_device_properties(i).uuid
+    return [GpuMemory(f"GPU-{uuid}", int(total - free), int(torch.cuda.memory_reserved(i)),
+                      int(free))]
 
 
 class _ScrapeTimeGauges(Collector):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +27,19 @@ from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.backend.refusals import RefusedJobs
 from carpool.backend.registry import Registry
-from carpool.core.errors import ConfigError
+from carpool.core.errors import ConfigError, DeviceLost
 from carpool.core.settings import Settings, load_settings
 from carpool.scheduling.batching import Cost
 from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
+from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import MAX_BLOCK_S, BatchLoop
 from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
-from worker.observe.metrics import MetricsServer, WorkerMetrics
+from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
 from worker.shell.refusals import RefusalWatch
@@ -107,6 +109,24 @@ def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
     return executor, seeds
 
 
+def require_solo_pool(pool_cls: Any) -> None:
+    """Refuse any pool but ``solo``: the batch loop, its CUDA context and its leases live
+    in this one process. A forking pool (prefork, the default) forks children after
+    the bootstep has initialised CUDA, which CUDA does not survive, and runs a second
+    consumer of this worker's control queue beside the loop."""
+    name = getattr(pool_cls, "__module__", None) or str(pool_cls)
+    if name.rsplit(".", 1)[-1] != "solo":
+        raise ConfigError(f"a carpool worker runs under --pool solo, not {name}: start it "
+                          "as `carpool up` and the images do (carpool/stack/commands.toml)")
+
+
+def gpu_memory_reader(executor: BatchExecutor) -> Callable[[], list[GpuMemory]]:
+    """The metrics' GPU memory reader, bound to the executor's device only."""
+    device = getattr(executor, "device", None)
+    index = device.index if device is not None and device.type == "cuda" else None
+    return lambda: torch_gpu_memory(index)
+
+
 class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Owns one BatchLoop and its thread for the life of the worker."""
 
@@ -125,6 +145,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.presence: Presence | None = None
 
     def start(self, parent: Any) -> None:
+        require_solo_pool(getattr(parent, "pool_cls", "solo"))
         settings = self.settings = load_settings()
         hostname = parent.hostname
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
@@ -149,10 +170,12 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                               claim_filters=[SuspectIsolation(leases, settings.max_attempts)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
+        loop.on_device_lost = self._device_lost
         # `<counter>_created` series would double the series count for a timestamp
         # that Prometheus does not use; this process exports nothing else.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
-        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats)
+        self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats,
+                                     gpu_memory=gpu_memory_reader(executor))
         loop.hooks.append(self.metrics)
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
@@ -180,6 +203,16 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.thread = threading.Thread(target=self._run, name="carpool-batch-loop", daemon=True)
         self.thread.start()
         log.info("carpool batch loop started for models %s", ", ".join(handlers))
+
+    def _device_lost(self, exc: DeviceLost) -> None:
+        """The CUDA context is lost (the loop ended its leases): free the GPU's lease
+        for the replica that replaces this process, then exit at once."""
+        if self.gpu is not None:
+            try:
+                self.gpu.release()
+            except Exception:  # noqa: BLE001 — the lease lapses instead
+                log.exception("releasing the GPU after the device was lost failed")
+        loop_module.exit_process(exc)
 
     def _run(self) -> None:
         assert self.loop is not None
