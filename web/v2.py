@@ -43,6 +43,7 @@ from web.v2_model import (
     VERSION,
     JobOptions,
     config,
+    statistics,
     job_inputs,
     job_options,
     metadata,
@@ -128,6 +129,16 @@ def model_ready(name: str, version: str = VERSION) -> Response:
 def model_config(name: str, version: str = VERSION) -> Response:
     spec = _model(name, version)
     return jsonify(config(spec, current_state().models.availability(spec.name).served_by))
+
+
+@blueprint.get("/models/<name>/stats")
+@blueprint.get("/models/<name>/versions/<version>/stats")
+def model_stats(name: str, version: str = VERSION) -> Response:
+    """The statistics extension, as far as carpool counts: jobs ended (perf_analyzer
+    reads it around each measurement); times are carpool's own, in /metrics."""
+    spec = _model(name, version)
+    ended = current_state().queue.drained([(spec.name, b.name) for b in spec.bins])
+    return jsonify({"model_stats": [statistics(spec, sum(ended))]})
 
 
 @blueprint.post("/models/<name>/infer")

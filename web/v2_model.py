@@ -92,10 +92,26 @@ def config(spec: ModelSpec, instances: int) -> dict[str, Any]:
                 "default_timeout_microseconds": spec.default_deadline_ms * 1000,
                 "allow_timeout_override": True,
                 "max_queue_size": sum(b.max_depth for b in spec.bins)}},
+        "model_transaction_policy": {"decoupled": False},  # one response per request
         "instance_group": [{"name": spec.name, "kind": "KIND_MODEL", "count": instances}],
         "parameters": {"carpool_bins": {"string_value": bins},
                        "carpool_measure": {"string_value": spec.measure}},
     }
+
+
+def statistics(spec: ModelSpec, ended: int) -> dict[str, Any]:
+    """One model's entry of the statistics extension: the jobs its bins drained; no
+    per-phase times (0 ns), which carpool keeps in its own metrics instead."""
+    def zero(count: int = 0) -> dict[str, int]:
+        return {"count": count, "ns": 0}
+
+    return {"name": spec.name, "version": VERSION, "last_inference": 0,
+            "inference_count": ended, "execution_count": 0,
+            "inference_stats": {"success": zero(ended), "fail": zero(), "queue": zero(),
+                                "compute_input": zero(), "compute_infer": zero(),
+                                "compute_output": zero(), "cache_hit": zero(),
+                                "cache_miss": zero()},
+            "batch_stats": []}
 
 
 def job_options(spec: ModelSpec, parameters: Mapping[str, Any]) -> JobOptions:
