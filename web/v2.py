@@ -43,12 +43,12 @@ from web.v2_model import (
     VERSION,
     JobOptions,
     config,
-    statistics,
     job_inputs,
     job_options,
     metadata,
     output_data,
     requested_outputs,
+    statistics,
     tensors_of,
 )
 from web.waiters import await_final_after

@@ -99,7 +99,8 @@ _BIN_WRONG_SIZE = binary_body(binary_value(8), fp32(1.0, 2.0))
 _BIN_NAN = binary_body(binary_value(12), fp32(1.0, math.nan, 3.0))
 _TEXT_PREFIX_CUT = binary_body({"inputs": [{"name": "TEXT", "datatype": "BYTES",
                                             "shape": [1, 1],
-                                            "parameters": {"binary_data_size": 3}}]}, b"\x05\x00\x00")
+                                            "parameters": {"binary_data_size": 3}}]},
+                               b"\x05\x00\x00")
 _TEXT_NOT_UTF8 = binary_body({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1],
                                           "parameters": {"binary_data_size": 6}}]},
                              struct.pack("<I", 2) + b"\xff\xfe")
