@@ -39,7 +39,9 @@ MAX_DIMS = 9
 MAX_ELEMENTS = 1 << 22
 #: The BYTES length prefix.
 _LENGTH = struct.Struct("<I")
-REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
+#: ``model_name`` and ``model_version`` are KServe's client's (the path names the model).
+REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters", "model_name",
+                          "model_version"})
 _INPUT_KEYS = frozenset({"name", "datatype", "shape", "data", "parameters"})
 _OUTPUT_KEYS = frozenset({"name", "parameters"})
 
@@ -67,6 +69,9 @@ class InferRequest:
     inputs: tuple[Tensor, ...]
     #: None: every output, each in binary when ``parameters.binary_data_output``.
     outputs: tuple[Requested, ...] | None
+    #: What the body says of the model, if anything (the path decides; they must agree).
+    model_name: Any = None
+    model_version: Any = None
 
 
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
@@ -98,7 +103,8 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     if len(set(names)) != len(names):
         raise InvalidInput(f"an input is named twice: {names[:10]}")
     return InferRequest(request_id, parameters, tuple(inputs),
-                        _outputs(doc.get("outputs"), parameters))
+                        _outputs(doc.get("outputs"), parameters), doc.get("model_name"),
+                        doc.get("model_version"))
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

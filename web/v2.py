@@ -95,15 +95,17 @@ def server_metadata() -> Response:
                     "extensions": list(EXTENSIONS)})
 
 
+# The health answers carry the REST spec's bodies ({"live": true}), which KServe's
+# client reads; Triton answers with an empty body, and its clients read the status only.
 @blueprint.get("/health/live")
 def live() -> Response:
-    return Response(status=200)
+    return jsonify({"live": True})
 
 
 @blueprint.get("/health/ready")
 def ready() -> Response:
     current_state().queue.ping()  # BackendUnavailable answers 503
-    return Response(status=200)
+    return jsonify({"ready": True})
 
 
 @blueprint.get("/models/<name>")
@@ -119,7 +121,7 @@ def model_ready(name: str, version: str = VERSION) -> Response:
     spec = _model(name, version)
     availability = current_state().models.availability(spec.name)
     if availability.served_by:
-        return Response(status=200)
+        return jsonify({"name": spec.name, "ready": True})
     raise NotServed(f"model {spec.name!r} is not ready: {availability.state} (GET /models "
                     "says which workers refused it and why)")
 
@@ -150,6 +152,10 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
     spec = _model(name, version)
     tensors = tensors_of(spec)
     req = parse_request(request.get_data(), request.headers.get(HEADER_LENGTH))
+    if req.model_name not in (None, spec.name) or req.model_version not in (None, "", VERSION):
+        raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
+                           f"{str(req.model_version)[:20]!r}, the path {spec.name!r} version "
+                           f"{VERSION!r}: send one, or the same")
     options = job_options(spec, req.parameters)
     outputs = requested_outputs(tensors, req)
     prepared = []

@@ -5,6 +5,7 @@ resnet18 (JPEG as BYTES) and the shipped MiniLM (UTF-8 text as BYTES), on the CP
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -168,3 +169,21 @@ def test_an_overloaded_model_refuses_as_inference_server_exception_429(
     assert refused.value.status() == "429"
     assert "full" in refused.value.message()
     assert triton.is_server_ready()  # and the stack keeps serving
+
+
+@pytest.mark.skipif(not os.environ.get("CARPOOL_TEST_KSERVE_PYTHON"),
+                    reason="set CARPOOL_TEST_KSERVE_PYTHON to a Python with kserve installed "
+                           "(it pins psutil < 6, older than this venv's: keep it apart)")
+def test_kserves_rest_client_passes_the_same_smoke_test(stack: str, triton: object) -> None:
+    script = REPO_ROOT / "tests" / "support" / "kserve_smoke.py"
+    for i in range(3):  # as in the tritonclient test: tiny is full (idempotent if it is)
+        requests.post(f"{stack}/submit", json={"model": "tiny", "input": {"value": i,
+                                                                          "size": 1}}, timeout=10)
+    out = subprocess.run([os.environ["CARPOOL_TEST_KSERVE_PYTHON"], str(script), stack, "tiny"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert seen["echo_json"] == seen["echo_binary"] == [[0.5, 1.5], [2.5, -3.0]]
+    assert seen["id_json"] == "k-False" and seen["id_binary"] == "k-True"
+    assert seen["refused"] == 429 and "full" in seen["refused_body"]["error"]

@@ -117,6 +117,7 @@ CORPUS: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "no-inputs": _case(INFER, {"id": "x"}),
     "empty-inputs": _case(INFER, {"inputs": []}),
     "unknown-key": _case(INFER, {**_GOOD, "model": "synthetic"}),
+    "body-names-another-model": _case(INFER, {**_GOOD, "model_name": "minilm"}),
     "id-not-string": _case(INFER, {**_GOOD, "id": 7}),
     "input-not-object": _case(INFER, {"inputs": ["VALUE"]}),
     "no-datatype": _case(INFER, {"inputs": [{"name": "VALUE", "shape": [1, 1], "data": [1]}]}),
