@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,11 +23,13 @@ import torchvision
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.core.synthetic import checksum
-from tests.conftest import REDIS_URL, TINY_TOML, make_env
+from tests.conftest import REDIS_URL, make_env
 from tests.e2e.test_e2e_models import CATALOGUE as TINYIMG_TOML
 from tests.e2e.test_e2e_own_model import EXAMPLES, catalogue, reference_outputs
+from tests.redis.test_web_v2 import CORPUS, V2_TOML
 from tests.support.images import image_file
 from tests.support.procs import REPO_ROOT, start_web, start_worker
+from tests.support.webtools import CATALOGUE_TOML
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -47,8 +50,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp / "tiny.pth")
     (tmp / "labels.txt").write_text("cat\ndog\nowl\n")
     tensor = catalogue(tmp, weights).split("[models.sentiment]")[0]  # the tensor model only
+    # The web tests' catalogue (tiny, imgs, texts) and the corpus's own models beside them.
     (tmp / "catalogue.toml").write_text(
-        tensor + TINY_TOML + TINYIMG_TOML.format(labels=tmp / "labels.txt",
+        tensor + CATALOGUE_TOML + V2_TOML + TINYIMG_TOML.format(labels=tmp / "labels.txt",
                                                  weights=tmp / "tiny.pth"))
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     path = os.pathsep.join([str(EXAMPLES / "tensor_model"), str(REPO_ROOT),
@@ -80,6 +84,13 @@ def triton(stack: str) -> Iterator[object]:
         time.sleep(0.1)  # the worker publishes what it serves once its models loaded
     yield client
     client.close()
+
+
+def fill_tiny(base: str) -> None:
+    """Fill tiny's one bin (2 deep, and no worker serves it) until it answers 429."""
+    statuses = [requests.post(f"{base}/submit", json={"model": "tiny", "input": {
+        "value": i, "size": 1}}, timeout=10).status_code for i in range(3)]
+    assert statuses[-1] == 429 and set(statuses) <= {202, 429}, statuses
 
 
 def value_input(rows: np.ndarray, binary: bool) -> object:
@@ -159,11 +170,7 @@ def test_a_utf8_text_as_bytes_is_embedded_by_minilm(triton: object) -> None:
 
 def test_an_overloaded_model_refuses_as_inference_server_exception_429(
         stack: str, triton: object) -> None:
-    for i in range(3):  # tiny holds 3 jobs and no worker serves it: now it is full
-        r = requests.post(f"{stack}/submit", json={"model": "tiny",
-                                                   "input": {"value": i, "size": 1}},
-                          timeout=10)
-        assert r.status_code == 202, r.text
+    fill_tiny(stack)
     with pytest.raises(InferenceServerException) as refused:
         triton.infer("tiny", [value_input(np.ones((1, 1), dtype=np.float32), True)])
     assert refused.value.status() == "429"
@@ -176,9 +183,7 @@ def test_an_overloaded_model_refuses_as_inference_server_exception_429(
                            "(it pins psutil < 6, older than this venv's: keep it apart)")
 def test_kserves_rest_client_passes_the_same_smoke_test(stack: str, triton: object) -> None:
     script = REPO_ROOT / "tests" / "support" / "kserve_smoke.py"
-    for i in range(3):  # as in the tritonclient test: tiny is full (idempotent if it is)
-        requests.post(f"{stack}/submit", json={"model": "tiny", "input": {"value": i,
-                                                                          "size": 1}}, timeout=10)
+    fill_tiny(stack)
     out = subprocess.run([os.environ["CARPOOL_TEST_KSERVE_PYTHON"], str(script), stack, "tiny"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -187,3 +192,37 @@ def test_kserves_rest_client_passes_the_same_smoke_test(stack: str, triton: obje
     assert seen["echo_json"] == seen["echo_binary"] == [[0.5, 1.5], [2.5, -3.0]]
     assert seen["id_json"] == "k-False" and seen["id_binary"] == "k-True"
     assert seen["refused"] == 429 and "full" in seen["refused_body"]["error"]
+
+
+def test_the_malformed_corpus_gets_4xx_from_real_gunicorn_and_it_keeps_serving(
+        stack: str, triton: object) -> None:
+    for case, (path, body, headers, status) in sorted(CORPUS.items()):
+        r = requests.post(f"{stack}{path}", data=body, headers=headers, timeout=30)
+        assert r.status_code == status, (case, r.text)
+        assert isinstance(r.json()["error"], str), case
+    rows = np.ones((1, 2), dtype=np.float32)
+    assert triton.infer("synthetic", [value_input(rows, True)]).as_numpy("ECHO").tolist() == [
+        [1.0, 1.0]]
+
+
+def test_a_body_over_the_infer_limit_is_refused_from_its_headers_alone(stack: str) -> None:
+    host, port = stack.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v2/models/synthetic/infer HTTP/1.1\r\nHost: t\r\n"
+                  b"Inference-Header-Content-Length: 10\r\nContent-Length: 15000000\r\n\r\n")
+        raw = b""
+        while b"\r\n\r\n" not in raw or b"}" not in raw:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 413") and b'"error":"request body is' in raw
+
+
+def test_an_endless_chunked_infer_body_is_cut_at_the_limit(stack: str) -> None:
+    def endless() -> Iterator[bytes]:
+        while True:  # the server stops reading at its limit; requests then stops sending
+            yield b"[" * 65536
+
+    r = requests.post(f"{stack}/v2/models/tiny/infer", data=endless(), timeout=60)
+    assert r.status_code == 413 and "over" in r.json()["error"]
