@@ -164,7 +164,7 @@ def _input(raw: Any, i: int, binary: bytes, offset: int) -> tuple[Tensor, int]:
     if len(data) != count:
         raise InvalidInput(f"{where}: shape {list(shape)} holds {count} elements, "
                            f"data has {len(data)}")
-    return Tensor(name, datatype, shape, [_element(v, datatype, where) for v in data]), offset
+    return Tensor(name, datatype, shape, _elements(data, datatype, where)), offset
 
 
 def _shape(raw: Any, where: str) -> tuple[int, ...]:
@@ -197,6 +197,19 @@ def _walk(items: list[Any], depth: int, where: str, out: list[Any]) -> None:
             out.append(item)
         if len(out) > MAX_ELEMENTS:
             raise InvalidInput(f"{where}: data is over {MAX_ELEMENTS} elements")
+
+
+def _elements(data: list[Any], datatype: str, where: str) -> list[Any]:
+    """JSON elements checked against ``datatype``: one pass over the common cases
+    (all floats, all integers in range), else element by element for the message."""
+    kinds = {type(v) for v in data}
+    limits = _INT_RANGES.get(datatype)
+    if limits is not None and kinds <= {int} and (
+            not data or limits[0] <= min(data) and max(data) <= limits[1]):
+        return data
+    if datatype in ("FP16", "FP32", "FP64") and kinds <= {int, float}:
+        return data if kinds <= {float} else [float(v) for v in data]
+    return [_element(v, datatype, where) for v in data]
 
 
 def _element(value: Any, datatype: str, where: str) -> Any:

@@ -45,9 +45,17 @@ class JobOptions:
     deadline_ms: int  # 0: the model's default
 
 
+#: Each catalogue model's tensors, worked out once: a process serves one catalogue,
+#: whose specs live as long as it does (keyed by identity: a spec is not hashable).
+_TENSORS: dict[int, tuple[ModelSpec, ModelTensors | None]] = {}
+
+
 def tensors_of(spec: ModelSpec) -> ModelTensors:
     """``spec``'s tensors; UnknownModel (404) for a model that declares none."""
-    tensors = kind_of(spec).tensors(spec)
+    known = _TENSORS.get(id(spec))
+    if known is None or known[0] is not spec:
+        known = _TENSORS[id(spec)] = (spec, kind_of(spec).tensors(spec))
+    tensors = known[1]
     if tensors is None:
         raise UnknownModel(f"model {spec.name!r} declares no tensors, so /v2 does not serve "
                            "it: add [models.<m>.tensors] to its catalogue entry "
@@ -235,8 +243,8 @@ def output_data(declared: TensorSpec, results: Sequence[Any]
             raise ModelOutputMismatch(f"output {declared.name!r}: row {i} has shape "
                                       f"{list(shape)}, row 0 {list(row_shape)}")
         row_shape = shape
-        flat.extend(_typed(declared, v) for v in values)
-    return [len(results), *(row_shape or ())], flat
+        flat.extend(values)
+    return [len(results), *(row_shape or ())], _typed_all(declared, flat)
 
 
 def _pluck(result: Any, field: str) -> Any:
@@ -253,12 +261,25 @@ def _pluck(result: Any, field: str) -> Any:
 def _flatten(value: Any) -> tuple[tuple[int, ...], list[Any]]:
     if not isinstance(value, list):
         return (), [value]
+    if not any(isinstance(v, list) for v in value):  # a vector: the common case
+        return (len(value),), value
     parts = [_flatten(v) for v in value]
     shapes = {s for s, _ in parts}
     if len(shapes) > 1:
         raise ModelOutputMismatch("a result's array is ragged: it is no tensor")
     inner = shapes.pop() if shapes else ()
     return (len(value), *inner), [v for _, vs in parts for v in vs]
+
+
+def _typed_all(declared: TensorSpec, values: list[Any]) -> list[Any]:
+    """``values`` as the output's datatype: one pass for floats and integers, else
+    value by value (naming the first that does not fit)."""
+    kinds = {type(v) for v in values}
+    if declared.datatype.startswith(("INT", "UINT")) and kinds <= {int}:
+        return values
+    if declared.datatype.startswith("FP") and kinds <= {int, float}:
+        return values if kinds <= {float} else [float(v) for v in values]
+    return [_typed(declared, v) for v in values]
 
 
 def _typed(declared: TensorSpec, value: Any) -> Any:
