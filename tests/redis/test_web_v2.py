@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 
 from carpool.backend import records
 from carpool.backend.keys import Keys
+from carpool.backend.registry import Registry
 from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, web_client
@@ -309,3 +310,22 @@ def test_infer_needs_the_api_key_and_its_jobs_are_the_keys_own(
         (job_id,) = client.zrange(keys.bin("tiny", "only"), 0, -1)
         assert (records.read(client, keys.job(job_id)) or {})["owner"] == api_key_digest(KEY)
         assert http.get(f"/result/{job_id}").status_code == 401  # another's: no key
+
+
+def test_a_model_every_live_worker_refused_answers_503_and_is_not_ready(
+        http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    Registry(client, keys).publish("w1", [], {"synthetic": "no weights here"})
+    resp = http.post(INFER, json=_GOOD)
+    assert resp.status_code == 503 and "no weights here" in resp.get_json()["error"]
+    ready = http.get("/v2/models/synthetic/ready")
+    assert ready.status_code == 400 and "refused" in ready.get_json()["error"]
+    assert client.zcard(keys.bin("synthetic", "small")) == 0
+
+
+def test_a_served_model_is_ready_and_its_config_counts_the_workers(
+        http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    Registry(client, keys).publish("w1", ["synthetic"], {})
+    assert http.get("/v2/models/synthetic/ready").get_json() == {"name": "synthetic",
+                                                                  "ready": True}
+    cfg = http.get("/v2/models/synthetic/config").get_json()
+    assert cfg["instance_group"][0]["count"] == 1
