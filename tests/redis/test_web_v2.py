@@ -20,6 +20,7 @@ from carpool.backend.keys import Keys
 from carpool.backend.registry import Registry
 from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
+from tests.support.redisproc import private_redis
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, web_client
 
 #: A python model whose tensors are UINT8 and INT64, and a model to refuse part of a
@@ -329,3 +330,17 @@ def test_a_served_model_is_ready_and_its_config_counts_the_workers(
                                                                   "ready": True}
     cfg = http.get("/v2/models/synthetic/config").get_json()
     assert cfg["instance_group"][0]["count"] == 1
+
+
+def test_redis_lost_answers_503_with_retry_after_and_the_rows_job_ids(
+        tmp_path: Path, key_prefix: str) -> None:
+    with private_redis() as server, web_client(settings_for(server.url, key_prefix,
+                                                            tmp_path)) as http:
+        assert http.get("/v2/health/ready").status_code == 200
+        server.kill()
+        ready = http.get("/v2/health/ready")
+        assert ready.status_code == 503 and isinstance(ready.get_json()["error"], str)
+        resp = http.post(INFER, json={"inputs": [value([[1.0], [2.0]])]})
+        assert resp.status_code == 503
+        assert resp.headers["Retry-After"] == "2"
+        assert "may have been admitted" in resp.get_json()["error"]
