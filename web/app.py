@@ -14,7 +14,7 @@ from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
-from web import custom, errors, routes, shedding
+from web import custom, errors, routes, shedding, v2
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)
+    app.register_blueprint(v2.blueprint)  # the Open Inference Protocol (docs/v2.md)
     errors.register(app, on_refused=metrics.count_refused_request)
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app

@@ -66,15 +66,29 @@ class BodyLimits:
         self.multipart = min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
         self.any_image = min(cap, max(pixels, default=0))
         self.image = {s.name: min(cap, s.max_input_bytes) for s in specs}
+        #: An infer request (/v2): as many rows as the model batches, each as JSON.
+        self.infer = {s.name: min(cap, max(b.max_batch for b in s.bins) * json_limit_bytes(s))
+                      for s in specs}
 
     def for_request(self, path: str, mimetype: str, model: str | None) -> int:
         if path == "/submit/batch":
             return self.batch
+        infer_model = _infer_model(path)
+        if infer_model is not None:
+            return self.infer.get(infer_model, self.json)
         if mimetype.startswith("image/"):
             return self.image.get(model or "", self.any_image)
         if mimetype == "multipart/form-data":
             return self.multipart
         return self.json
+
+
+def _infer_model(path: str) -> str | None:
+    """The model of a /v2 infer path (``/v2/models/<m>[/versions/<v>]/infer``), else None."""
+    parts = path.split("/")
+    if len(parts) in (5, 7) and parts[:3] == ["", "v2", "models"] and parts[-1] == "infer":
+        return parts[3]
+    return None
 
 
 def read_body(settings: Settings, limits: BodyLimits) -> None:

@@ -213,6 +213,14 @@ class Queue:
                 pipe.zcard(self.keys.bin(model, bin_name))
             return [int(x) for x in pipe.execute()]
 
+    def drained(self, bins: Sequence[tuple[str, str]]) -> list[int]:
+        """Jobs each bin's workers have written (done or failed) since its stats began."""
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for model, bin_name in bins:
+                pipe.hget(self.keys.stats(model, bin_name), "drained")
+            return [int(x or 0) for x in pipe.execute()]
+
     def wait_for_work(self, models: Sequence[str], timeout_s: float) -> bool:
         """Block until a wake token arrives for one of ``models``, or ``timeout_s`` passes.
 

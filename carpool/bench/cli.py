@@ -7,6 +7,7 @@ import sys
 
 from carpool.bench import commands
 from carpool.bench.ceiling import DEFAULT_RATES
+from carpool.bench.client import PROTOCOLS
 from carpool.bench.policies import POLICIES
 from carpool.bench.sweep import DEFAULT_FRACTIONS
 from carpool.core.clihelp import HelpParser
@@ -46,6 +47,10 @@ def _common(p: argparse.ArgumentParser, transport: bool = True) -> None:
         g.add_argument("--transport", choices=("http", "redis"), default="http",
                        help="http: the whole path; redis: admit straight into Redis "
                             "(the workers alone)")
+    if transport:
+        g.add_argument("--protocol", choices=PROTOCOLS, default="poll",
+                       help="http: poll = POST /submit + GET /result?wait; wait = POST "
+                            "/submit?wait; v2 = POST /v2/models/<m>/infer (docs/v2.md)")
     g.add_argument("--policies", default="configured",
                    help=f"comma-separated, each in a fresh stack: {', '.join(POLICIES)}")
     g.add_argument("--workers", type=_ints, default=[1],

@@ -15,12 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from carpool.admission.urgency import MAX_PRIORITY
 from carpool.bench.arrivals import Arrival
 from carpool.bench.httpclient import ConnectionClosed, HttpClient
 from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
+from carpool.core.synthetic import checksum
 
 FINAL = frozenset({"done", "failed", "expired", "cancelled"})
+#: How each job travels: ``poll``, POST /submit then GET /result?wait until final;
+#: ``wait``, POST /submit?wait (one round trip); ``v2``, POST /v2/models/<m>/infer
+#: (the Open Inference Protocol, one round trip; docs/v2.md).
+PROTOCOLS = ("poll", "wait", "v2")
 #: Pause before asking again after a 5xx (e.g. 503 while Redis restarts).
 RETRY_PAUSE_S = 0.2
 
@@ -39,6 +45,7 @@ class HttpOptions:
     client_timeout_s: float = 0.0
     #: Sent as ``Authorization: Bearer`` (a tenant of a server with API keys).
     api_key: str = ""
+    protocol: str = "poll"  # one of PROTOCOLS
 
 
 class HttpDriver:
@@ -94,18 +101,27 @@ class HttpDriver:
             return JobRecord(seq, arrival.size, arrival.t_s, t_start, outcome,
                              http_status=status, **more)
 
+        if self.opts.protocol == "v2":
+            return await self._job_v2(seq, arrival, t_start)
         request: dict[str, Any] = {"model": self.opts.model, "input": job_input}
         if arrival.deadline_ms:
             request["deadline_ms"] = arrival.deadline_ms
         if arrival.priority:
             request["priority"] = arrival.priority
         payload = json.dumps(request).encode()
+        inline = self.opts.protocol == "wait"
+        path = f"/submit?wait={self.opts.poll_wait_s:g}" if inline else "/submit"
         try:
-            answer = await self.submit.request("POST", "/submit", payload)
+            answer = await self.submit.request("POST", path, payload)
         except (OSError, ConnectionClosed) as exc:
             return record(Outcome.ERROR, t_final=self.now(), detail=f"submit: {exc}")
         if answer.status == 429:
             return record(Outcome.REJECTED, 429, t_final=self.now())
+        if inline and answer.status == 200:  # the final result, inline
+            body_now: dict[str, Any] = json.loads(answer.body)
+            verdict = verify(str(body_now.get("id")), job_input, body_now)
+            return record(verdict.outcome, 200, t_final=self.now(), job_id=str(body_now["id"]),
+                          detail=verdict.detail, **batch_fields(body_now))
         if answer.status != 202:
             detail = answer.body[:200].decode("utf-8", "replace")
             return record(Outcome.ERROR, answer.status, t_final=self.now(), detail=detail)
@@ -118,6 +134,40 @@ class HttpDriver:
         verdict = verify(job_id, job_input, body)
         return record(verdict.outcome, 202, t_final=self.now(), job_id=job_id,
                       detail=verdict.detail, **batch_fields(body))
+
+    async def _job_v2(self, seq: int, arrival: Arrival, t_start: float) -> JobRecord:
+        """One infer request of one row: VALUE is ``size`` floats, the first the job's
+        sequence number, so ECHO tells a misrouted answer; CHECKSUM covers the row."""
+        row = [float(seq)] + [0.0] * (arrival.size - 1) if arrival.size else []
+        parameters: dict[str, Any] = {}
+        if arrival.deadline_ms:
+            parameters["timeout"] = arrival.deadline_ms * 1000
+        if arrival.priority:  # carpool's 9 is Triton's 1
+            parameters["priority"] = MAX_PRIORITY - arrival.priority + 1
+        request: dict[str, Any] = {"inputs": [{"name": "VALUE", "datatype": "FP32",
+                                               "shape": [1, len(row)], "data": row}]}
+        if parameters:
+            request["parameters"] = parameters
+
+        def record(outcome: Outcome, status: int = 0, detail: str = "") -> JobRecord:
+            return JobRecord(seq, arrival.size, arrival.t_s, t_start, outcome,
+                             http_status=status, t_final=self.now(), detail=detail)
+
+        try:
+            answer = await self.submit.request(
+                "POST", f"/v2/models/{self.opts.model}/infer", json.dumps(request).encode())
+        except (OSError, ConnectionClosed) as exc:
+            return record(Outcome.ERROR, detail=f"infer: {exc}")
+        if answer.status in (429, 503):
+            return record(Outcome.REJECTED, answer.status)
+        if answer.status != 200:
+            return record(Outcome.ERROR, answer.status,
+                          answer.body[:200].decode("utf-8", "replace"))
+        outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
+        expected = checksum({"value": row, "size": arrival.size})
+        if outputs.get("ECHO") != row or outputs.get("CHECKSUM") != [expected]:
+            return record(Outcome.MISROUTED, 200, f"echo {str(outputs.get('ECHO'))[:60]}")
+        return record(Outcome.OK, 200)
 
     async def _await_final(self, job_id: str) -> dict[str, Any] | None:
         """The final result body; {} when the id is unknown; None at the run's deadline."""

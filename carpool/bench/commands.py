@@ -67,7 +67,8 @@ def _targets(args: argparse.Namespace, out: Path, transport: str,
     base = TargetSpec(transport, url=args.url, redis_url=args.redis_url,
                       key_prefix=args.key_prefix, web_workers=args.web_workers,
                       cost_ms=args.cost_ms,
-                      client_timeout_s=getattr(args, "client_timeout_s", 0.0))
+                      client_timeout_s=getattr(args, "client_timeout_s", 0.0),
+                      protocol=getattr(args, "protocol", "poll"))
     model = load_settings({}).catalogue.get(SYNTHETIC)
     bin_name = model.bin_for(sizes.sizes[0]).name
     for name in [n.strip() for n in args.policies.split(",") if n.strip()]:

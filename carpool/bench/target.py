@@ -34,6 +34,7 @@ class Target:
     model: str = SYNTHETIC
     #: Each simulated client gives up this long after its job's scheduled arrival (0: never).
     client_timeout_s: float = 0.0
+    protocol: str = "poll"  # how each job travels over http (carpool.bench.client.PROTOCOLS)
 
     def drive(self, arrivals: Sequence[Arrival], nonce: str, grace_s: float,
               tick: Callable[[], None]) -> list[JobRecord]:
@@ -42,7 +43,7 @@ class Target:
             return run_direct(arrivals, self.settings, nonce, model=self.model,
                               grace_s=grace_s, tick=tick)
         opts = HttpOptions(self.base_url, model=self.model, grace_s=grace_s,
-                           client_timeout_s=self.client_timeout_s)
+                           client_timeout_s=self.client_timeout_s, protocol=self.protocol)
         return run_http(arrivals, opts, nonce, tick)
 
 
@@ -60,6 +61,7 @@ class TargetSpec:
     min_depth: int = 0
     bin_name: str = "small"
     client_timeout_s: float = 0.0
+    protocol: str = "poll"
 
 
 @contextmanager
@@ -72,7 +74,7 @@ def open_target(spec: TargetSpec, policy: Policy, workdir: Path,
         settings = load_settings({"CARPOOL_REDIS_URL": spec.redis_url,
                                   "CARPOOL_KEY_PREFIX": spec.key_prefix or "carpool"})
         yield Target("external", spec.transport, spec.url, settings,
-                     client_timeout_s=spec.client_timeout_s)
+                     client_timeout_s=spec.client_timeout_s, protocol=spec.protocol)
         return
     stack_spec = StackSpec(policy, spec.redis_url, workers=spec.workers,
                            web=spec.transport == "http", web_workers=spec.web_workers,
@@ -81,4 +83,4 @@ def open_target(spec: TargetSpec, policy: Policy, workdir: Path,
         model = stack.settings.catalogue.get(SYNTHETIC)
         limit = policy.limit_per_s(model, spec.bin_name, spec.cost_ms) * spec.workers
         yield Target(label or policy.name, spec.transport, stack.base_url, stack.settings,
-                     limit, client_timeout_s=spec.client_timeout_s)
+                     limit, client_timeout_s=spec.client_timeout_s, protocol=spec.protocol)

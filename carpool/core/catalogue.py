@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.core.errors import ConfigError, InputTooLarge, UnknownModel
+from carpool.core.tensor_specs import tensors_from
 
 #: Characters of an unknown model name quoted back in an error.
 MAX_NAME_SHOWN = 64
@@ -118,6 +119,10 @@ class ModelSpec:
     #: by (an integer is its own size; a string or an array, its length; a string of
     #: a ``tokens`` model, its token count). Unused with ``measure = "bytes"``.
     measure_field: str = ""
+    #: ``kind = "python"`` only: its tensors for the Open Inference Protocol (``/v2``):
+    #: ``inputs`` and ``outputs``, arrays of ``{name, datatype, shape, field}``
+    #: (carpool/core/tensor_specs.py); None: not served on /v2.
+    tensors: Mapping[str, Any] | None = None
     #: A job without a deadline is refused (429) when its predicted wait in its bin
     #: is longer than this (a bin may set its own); 0: the depth bound alone.
     max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
@@ -338,9 +343,10 @@ def validate(spec: ModelSpec) -> None:
 def _validate_python(spec: ModelSpec) -> None:
     where = f"model {spec.name!r}"
     if spec.kind != PYTHON_KIND:
-        if spec.handler or spec.input_schema is not None or spec.measure_field:
-            raise ConfigError(f"{where}: handler, input_schema and measure_field are for "
-                              f"kind = {PYTHON_KIND!r} models; this one is {spec.kind!r}")
+        if (spec.handler or spec.input_schema is not None or spec.measure_field
+                or spec.tensors is not None):
+            raise ConfigError(f"{where}: handler, input_schema, measure_field and tensors are "
+                              f"for kind = {PYTHON_KIND!r} models; this one is {spec.kind!r}")
         return
     module, _, attr = spec.handler.partition(":")
     if not module or not attr:
@@ -353,6 +359,8 @@ def _validate_python(spec: ModelSpec) -> None:
         raise ConfigError(f"{where}: a {PYTHON_KIND} model needs input_schema (a JSON "
                           "Schema of one input, inline or a .json file): the web checks "
                           "inputs with it, without importing the handler")
+    if spec.tensors is not None:
+        tensors_from(spec.name, spec.tensors)  # refused at start, not per request
     if spec.measure != "bytes" and not spec.measure_field:
         raise ConfigError(f"{where}: measure = {spec.measure!r} needs measure_field, the "
                           "input key the bin is chosen by (or use measure = \"bytes\")")

@@ -13,6 +13,8 @@ busy machine weighs on both alike.
     poll   POST /submit, then GET /result/<id>?wait=30 (two requests per job)
     wait   POST /submit?wait=30 (one request; 200 with the result)
     submit POST /submit alone (no result fetched): the admission path's own cost
+    v2     POST /v2/models/synthetic/infer, one row of 8 floats (the Open Inference
+           Protocol, docs/v2.md; one request; 200 with the outputs)
 
 ``--profile N`` instead profiles N in-process submits (Flask's test client, real
 Redis, no gunicorn) with cProfile and prints where the time goes.
@@ -35,7 +37,7 @@ from carpool.bench.httpclient import HttpClient
 from carpool.bench.policies import policy
 from carpool.bench.stack import Stack, StackSpec
 
-MODES = ("poll", "wait", "submit")
+MODES = ("poll", "wait", "submit", "v2")
 #: The worker's synthetic cost: far below the web's, so the web tier saturates first.
 COST_MS = (2.0, 0.05)
 #: ?wait= of every long-poll and inline wait: a bound, never reached here.
@@ -60,6 +62,14 @@ async def drive(base_url: str, mode: str, jobs: int, clients: int) -> int:
     async def client() -> None:
         nonlocal done
         for i in todo:
+            if mode == "v2":  # the same size-8 job, as one row of a tensor
+                row = [float(i)] + [0.0] * 7
+                body = json.dumps({"inputs": [{"name": "VALUE", "datatype": "FP32",
+                                               "shape": [1, 8], "data": row}]}).encode()
+                answer = await http.request("POST", "/v2/models/synthetic/infer", body)
+                done += answer.status == 200 and json.loads(answer.body)["outputs"][0][
+                    "data"] == row
+                continue
             body = json.dumps({"model": "synthetic", "input": {"value": i, "size": 8}}).encode()
             path = f"/submit?wait={WAIT_S}" if mode == "wait" else "/submit"
             answer = await http.request("POST", path, body)
@@ -102,6 +112,8 @@ def measure(args: argparse.Namespace) -> int:
         print(f"| {mode} | {reqs} | {per_job[mode]:.3f} | {ok / wall:,.0f} | {ok} |")
     if "poll" in per_job and "wait" in per_job:
         print(f"wait / poll web CPU per job: {per_job['wait'] / per_job['poll']:.2f}")
+    if "v2" in per_job and "wait" in per_job:
+        print(f"v2 / wait web CPU per job: {per_job['v2'] / per_job['wait']:.2f}")
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from carpool.bench.cli import main
 from carpool.bench.records import read_jsonl
 
@@ -31,3 +33,17 @@ def test_a_short_sweep_on_a_real_stack_writes_every_report_file(
     report = (tmp_path / "report.md").read_text()
     assert "Misrouted results: 0. Lost jobs: 0." in report
     assert "knee rule" in report
+
+
+@pytest.mark.parametrize("protocol", ["wait", "v2"])
+def test_a_short_run_through_each_one_round_trip_protocol_verifies_every_job(
+    tmp_path: Path, redis_url: str, protocol: str
+) -> None:
+    code = main(["run", "--rate", "40", "--duration", "1.5", "--grace-s", "30",
+                 "--protocol", protocol, "--cost-ms", "2,0.1", "--redis-url", redis_url,
+                 "--out", str(tmp_path)])
+    assert code == 0
+    jobs = list(read_jsonl(tmp_path / "jobs.jsonl"))
+    assert jobs and all(j["outcome"] == "ok" for j in jobs)
+    # One request per job: 200 with the answer (never the poll mode's 202).
+    assert {j["http_status"] for j in jobs} == {200}

@@ -1,0 +1,294 @@
+"""The Open Inference Protocol (KServe v2, HTTP/REST): what Triton's clients and load
+tools call, in front of the same admission as ``POST /submit`` (docs/v2.md).
+
+An infer request is one job per row, admitted in one ``Admissions.admit`` call (one
+admit.lua call per bin, each against its bin's bound), watched before admission as
+``POST /submit?wait`` is (web/waiters.py), and answered when every row has ended,
+rows in order. A refused row refuses the request: the rows admitted with it are
+cancelled, and the answer is the refusal's 429/503 with ``Retry-After``. Errors
+are the protocol's ``{"error": "<message>"}`` with carpool's status for each.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+from werkzeug.exceptions import HTTPException, NotFound
+
+import carpool
+from carpool.backend.admitting import AdmitJob, AdmitRequest
+from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import (
+    BackendUnavailable,
+    CarpoolError,
+    InvalidInput,
+    NotCancellable,
+    UnknownModel,
+)
+from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
+from web import inputs
+from web.auth import request_owner
+from web.bodies import read_body
+from web.errors import AdmissionUnknown, retry_after_s, status_and_code
+from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.polls import client_gone_check
+from web.refusals import UnsupportedMediaType
+from web.state import WebState, current_state
+from web.tensors import encode_output, parse_request
+from web.v2_model import (
+    VERSION,
+    JobOptions,
+    config,
+    job_inputs,
+    job_options,
+    metadata,
+    output_data,
+    requested_outputs,
+    statistics,
+    tensors_of,
+)
+from web.waiters import await_final_after
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("v2", __name__, url_prefix="/v2")
+#: Extensions of the protocol that carpool speaks (GET /v2).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
+#: Past a request's own deadline, how long its answer may still take to come back.
+ANSWER_GRACE_S = 1.0
+#: The header that splits a body into its JSON and its binary tensors.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class ResultTimeout(CarpoolError):
+    """Raised when an infer request's jobs have not all ended within its wait."""
+
+
+class JobFailed(CarpoolError):
+    """Raised when one of an infer request's jobs failed in the model."""
+
+
+class NotServed(InvalidInput):
+    """Raised when a model's readiness is asked and no live worker serves it."""
+
+
+@blueprint.before_request
+def read_post_body() -> None:
+    """Every POST body is read here, within its limits and time (web/bodies.py)."""
+    if request.method != "POST":
+        return
+    if request.headers.get("Content-Encoding", "identity") != "identity":
+        raise UnsupportedMediaType("a compressed request body (Content-Encoding) is not "
+                                   "accepted: send it uncompressed")
+    state = current_state()
+    read_body(state.settings, state.body_limits)
+    body_read()
+
+
+@blueprint.get("")
+def server_metadata() -> Response:
+    return jsonify({"name": "carpool", "version": carpool.__version__,
+                    "extensions": list(EXTENSIONS)})
+
+
+# The health answers carry the REST spec's bodies ({"live": true}), which KServe's
+# client reads; Triton answers with an empty body, and its clients read the status only.
+@blueprint.get("/health/live")
+def live() -> Response:
+    return jsonify({"live": True})
+
+
+@blueprint.get("/health/ready")
+def ready() -> Response:
+    current_state().queue.ping()  # BackendUnavailable answers 503
+    return jsonify({"ready": True})
+
+
+@blueprint.get("/models/<name>")
+@blueprint.get("/models/<name>/versions/<version>")
+def model_metadata(name: str, version: str = VERSION) -> Response:
+    return jsonify(metadata(_model(name, version)))
+
+
+@blueprint.get("/models/<name>/ready")
+@blueprint.get("/models/<name>/versions/<version>/ready")
+def model_ready(name: str, version: str = VERSION) -> Response:
+    """200 while a live worker serves the model; 400 otherwise, as Triton answers."""
+    spec = _model(name, version)
+    availability = current_state().models.availability(spec.name)
+    if availability.served_by:
+        return jsonify({"name": spec.name, "ready": True})
+    raise NotServed(f"model {spec.name!r} is not ready: {availability.state} (GET /models "
+                    "says which workers refused it and why)")
+
+
+@blueprint.get("/models/<name>/config")
+@blueprint.get("/models/<name>/versions/<version>/config")
+def model_config(name: str, version: str = VERSION) -> Response:
+    spec = _model(name, version)
+    return jsonify(config(spec, current_state().models.availability(spec.name).served_by))
+
+
+@blueprint.get("/models/<name>/stats")
+@blueprint.get("/models/<name>/versions/<version>/stats")
+def model_stats(name: str, version: str = VERSION) -> Response:
+    """The statistics extension, as far as carpool counts: jobs ended (perf_analyzer
+    reads it around each measurement); times are carpool's own, in /metrics."""
+    spec = _model(name, version)
+    ended = current_state().queue.drained([(spec.name, b.name) for b in spec.bins])
+    return jsonify({"model_stats": [statistics(spec, sum(ended))]})
+
+
+@blueprint.post("/models/<name>/infer")
+@blueprint.post("/models/<name>/versions/<version>/infer")
+def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, str]]:
+    state = current_state()
+    remember_model({"model": name})  # refusals count under the model it names
+    owner = request_owner(state.settings)
+    spec = _model(name, version)
+    tensors = tensors_of(spec)
+    req = parse_request(request.get_data(), request.headers.get(HEADER_LENGTH))
+    if req.model_name not in (None, spec.name) or req.model_version not in (None, "", VERSION):
+        raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
+                           f"{str(req.model_version)[:20]!r}, the path {spec.name!r} version "
+                           f"{VERSION!r}: send one, or the same")
+    options = job_options(spec, req.parameters)
+    outputs = requested_outputs(tensors, req)
+    prepared = []
+    for i, job_input in enumerate(job_inputs(spec, tensors, req)):
+        try:
+            prepared.append(inputs.prepare(spec, job_input))
+        except CarpoolError as exc:
+            exc.args = (f"row {i}: {exc}",)
+            raise
+    state.models.check(spec.name)  # 503 at once for a model every live worker refused
+    views = _run(state, spec, prepared, options, owner)
+    body: dict[str, Any] = {"model_name": spec.name, "model_version": VERSION}
+    if req.id is not None:
+        body["id"] = req.id
+    body["parameters"] = {"carpool_job_ids": [v.id for v in views]}
+    entries, parts = [], []
+    for declared, binary in outputs:
+        shape, data = output_data(declared, [v.result for v in views])
+        entry, raw = encode_output(declared.name, declared.datatype, shape, data, binary)
+        entries.append(entry)
+        parts.append(raw)
+    body["outputs"] = entries
+    if not any(parts):
+        return jsonify(body), 200, {}
+    header = jsonify(body).get_data()
+    return (Response(header + b"".join(parts), content_type="application/octet-stream"), 200,
+            {HEADER_LENGTH: str(len(header))})
+
+
+def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
+         options: JobOptions, owner: str) -> list[JobView]:
+    """Admit one job per row and wait for them all: their final views, in order."""
+    wait_s = (options.deadline_ms / 1000 + ANSWER_GRACE_S if options.deadline_ms
+              else state.settings.max_wait_s)
+    deadline = time.monotonic() + wait_s
+    jobs = tuple(AdmitJob(p.bin, new_job_id(spec.name), p.input_json) for p in prepared)
+    with ExitStack() as stack:
+        stack.enter_context(state.polls.hold(owner or request.remote_addr or ""))
+        stack.enter_context(state.metrics.long_polls.track_inprogress())
+        # Watched before they are admitted: a completion that comes at once still wakes us.
+        woken = [stack.enter_context(state.notifier.watch(job.id)) for job in jobs]
+        admitted = _admit(state, spec, jobs, options, owner)
+        gone = client_gone_check(request.environ)
+        views = [await_final_after(state.reads, event, job.id, deadline, gone)
+                 for event, job in zip(woken, admitted, strict=True)]
+    for view, job in zip(views, admitted, strict=True):
+        if view is None or not view.status.is_final:
+            raise ResultTimeout(
+                f"job {job.id} (and its request's other rows) had not ended within "
+                f"{wait_s:g} s; GET /result/<id> tells each: "
+                + ", ".join(j.id for j in admitted))
+        if view.status is not JobStatus.DONE:
+            raise _job_error(view)
+    return [v for v in views if v is not None]
+
+
+def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
+           options: JobOptions, owner: str) -> list[Admitted]:
+    """Admit every row or none: a refused row cancels those admitted with it."""
+    request_ = AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
+                            options.priority, owner,
+                            state.settings.api_key_weights.get(owner, 1.0))
+    try:
+        outcomes = state.admissions.admit(request_)
+    except BackendUnavailable as exc:
+        refusing_jobs(len(jobs))
+        raise AdmissionUnknown([job.id for job in jobs], exc, batch=True) from exc
+    admitted = [o for o in outcomes if isinstance(o, Admitted)]
+    refused = next((o for o in outcomes if not isinstance(o, Admitted)), None)
+    if refused is None:
+        for job in admitted:
+            state.metrics.count_submitted(job)
+        jobs_admitted()
+        return admitted
+    for job in admitted:  # all or nothing, as a Triton client expects of one request
+        try:
+            state.queue.cancel(job.id, spec.result_ttl_s)
+        except (NotCancellable, BackendUnavailable):  # already running: it ends on its own
+            log.info("v2: job %s of a refused request could not be cancelled", job.id)
+    refusing_jobs(len(jobs))
+    raise refused
+
+
+def _job_error(view: JobView) -> CarpoolError:
+    message = f"job {view.id} ended {view.status.value}: {view.error or 'no reason given'}"
+    if view.status is JobStatus.EXPIRED:
+        return ResultTimeout(message)
+    if view.error is not None and view.error.startswith("invalid_input"):
+        return InvalidInput(message)
+    return JobFailed(message)
+
+
+def _model(name: str, version: str) -> ModelSpec:
+    if version != VERSION:
+        raise UnknownModel(f"model {name[:64]!r} has no version {version[:20]!r}; carpool "
+                           f"serves one version of each model, {VERSION!r}")
+    return current_state().settings.catalogue.get(name)
+
+
+@blueprint.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+def unknown(rest: str) -> Response:
+    raise NotFound(f"no such endpoint /v2/{rest[:80]} (docs/v2.md lists them)")
+
+
+#: Statuses of this module's own errors (the rest: web/refusals.py's table).
+_OWN_STATUS = {ResultTimeout: 504, NotServed: 400, JobFailed: 500}
+
+
+@blueprint.errorhandler(CarpoolError)
+def carpool_error(exc: CarpoolError) -> tuple[Response, int, dict[str, str]]:
+    current_state().metrics.count_refused_request(exc)
+    status = next((s for cls, s in _OWN_STATUS.items() if isinstance(exc, cls)), None)
+    if status is None:
+        status, _ = status_and_code(exc)
+    if status >= 500 and status not in (503, 504):
+        log.warning("v2 request answered %d: %s", status, exc)
+    headers = {}
+    retry = retry_after_s(exc)
+    if retry is not None:
+        headers["Retry-After"] = str(retry)
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="carpool"'
+    return jsonify({"error": str(exc)}), status, headers
+
+
+@blueprint.errorhandler(HTTPException)
+def http_error(exc: HTTPException) -> tuple[Response, int]:
+    current_state().metrics.count_refused_request(exc)
+    return jsonify({"error": exc.description or exc.name}), exc.code or 500
+
+
+@blueprint.errorhandler(Exception)
+def unexpected(exc: Exception) -> tuple[Response, int]:
+    log.exception("v2: unhandled error", exc_info=exc)
+    return jsonify({"error": "internal error; see the server log"}), 500
+
