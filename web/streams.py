@@ -146,9 +146,10 @@ class JobStream:
         return any(job.open or job.seen != version_char(job.view) for job in self.jobs)
 
     def events(self) -> Iterator[str]:
-        yield f"retry: {RETRY_MS}\n\n"
-        for job in self.jobs:
-            yield from self._tell(job, job.view, self.clock())
+        now = self.clock()
+        # One write for the start: each chunk costs the web a send.
+        yield "".join([f"retry: {RETRY_MS}\n\n",
+                       *(e for job in self.jobs for e in self._tell(job, job.view, now))])
         try:
             yield from self._follow()
         except BackendUnavailable as exc:  # the status line is sent: say it, and end
