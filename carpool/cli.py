@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from carpool.client import ApiError, Client, Job
+from carpool.client.commands import add_commands
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
@@ -235,6 +236,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--dead", type=int, default=20,
                    help="how many dead letters (jobs failed by the reaper) to list")
     a.set_defaults(func=cmd_audit)
+    add_commands(sub, _client_options)  # status, models, cancel, watch
     for command in entry_points(group=COMMANDS_GROUP):
         command.load()(sub)  # the worker's `calibrate`, in this distribution
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",

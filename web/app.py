@@ -14,7 +14,7 @@ from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
-from web import custom, errors, routes, shedding, v2
+from web import custom, errors, routes, shedding, stream_routes, v2
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
@@ -49,7 +49,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
     notifier = Notifier(client, keys.done_channel, keys.admitted_channel, keys.results_channel,
-                        max_age_for(spec.result_ttl_s for spec in settings.catalogue))
+                        max_age_for(spec.result_ttl_s for spec in settings.catalogue),
+                        claimed_channel=keys.claimed_channel)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=notifier,
         metrics=metrics, reads=ReadBatcher(queue, notifier.pushed_view),
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)
     app.register_blueprint(v2.blueprint)  # the Open Inference Protocol (docs/v2.md)
+    app.register_blueprint(stream_routes.blueprint)
     errors.register(app, on_refused=metrics.count_refused_request)
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app

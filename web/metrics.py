@@ -176,6 +176,8 @@ class WebMetrics:
                                 ("model", "reason"), registry=own)
         self.long_polls = Gauge("carpool_web_long_polls", "Long-polls waiting now.",
                                 registry=own, multiprocess_mode="livesum")
+        self.event_streams = Gauge("carpool_web_event_streams", "Event streams open now.",
+                                   registry=own, multiprocess_mode="livesum")
         bins = [(spec.name, b.name) for spec in catalogue for b in spec.bins]
         for model, bin_name in bins:  # every series exists from the start, at zero
             self.submitted.labels(model, bin_name)

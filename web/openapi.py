@@ -11,6 +11,7 @@ from typing import Any
 
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
+from web.openapi_events import JOB_FIELDS, PREFER, event_paths
 from web.schemas import batch_schema, input_schema, submit_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -73,7 +74,7 @@ def _components(settings: Settings) -> dict[str, Any]:
             "state": {"type": "string", "enum": ["refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
-        "batch": {"type": "object"}}}
+        "batch": {"type": "object"}, **JOB_FIELDS}}
     schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}
     for spec in settings.catalogue:
         schemas[f"Input_{spec.name}"] = input_schema(spec)
@@ -100,7 +101,7 @@ def _submit(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue one job; ?wait=S answers 200 with its result if it ends within S",
         "parameters": [
-            _wait(settings),
+            _wait(settings), PREFER,
             {"name": "Idempotency-Key", "in": "header", "required": False,
              "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
             {"name": "model", "in": "query", "required": False,
@@ -130,7 +131,7 @@ def _batch(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue many jobs for one model; each input fails alone; ?wait=S answers "
                    "200 when every job ended within S",
-        "parameters": [_wait(settings)],
+        "parameters": [_wait(settings), PREFER],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
         "responses": {**_responses(("202", "one entry per input, in order", jobs),
@@ -147,7 +148,7 @@ def _result(settings: Settings) -> dict[str, Any]:
     return {
         "parameters": [_JOB_ID],
         "get": {"summary": "A job's status and result; ?wait=S long-polls",
-                "parameters": [wait],
+                "parameters": [wait, PREFER],
                 "responses": _responses(("200", "the job", {"$ref": "#/components/schemas/Job"}),
                                         "400", "401", "404", "429", "503")},
         "delete": {"summary": "Cancel a queued job, or delete a finished one",
@@ -179,6 +180,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/submit": _submit(settings),
             "/submit/batch": _batch(settings),
             "/result/{job_id}": _result(settings),
+            **event_paths(_responses, _JOB_ID),
             "/models": _plain("The catalogue with live queue depths and what the live "
                                  "workers say about each model", "503"),
             "/healthz": _plain("Liveness"),
@@ -189,7 +191,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "components": _components(settings),
     }
     if settings.api_key_digests:
-        for path in ("/submit", "/submit/batch", "/result/{job_id}"):
+        for path in ("/submit", "/submit/batch", "/result/{job_id}", "/result/{job_id}/events",
+                     "/events"):
             for op in doc["paths"][path].values():
                 if isinstance(op, dict) and "responses" in op:
                     op["security"] = [{"bearer": []}]

@@ -24,3 +24,16 @@ class ReadBatcher:
 
     def get(self, job_id: str) -> JobView | None:
         return self.pushed(job_id) or self.calls.call(None, job_id)
+
+    def get_many(self, job_ids: list[str]) -> list[JobView | None]:
+        """Several jobs: pushed views from memory, the rest in one round trip (one
+        ``read.lua`` call per shard); one job goes through ``get``, shared with others."""
+        if len(job_ids) == 1:
+            return [self.get(job_ids[0])]
+        views = [self.pushed(job_id) for job_id in job_ids]
+        unread = [i for i, view in enumerate(views) if view is None]
+        if unread:
+            for i, view in zip(unread, self.queue.get_many([job_ids[i] for i in unread]),
+                               strict=True):
+                views[i] = view
+        return views

@@ -29,8 +29,10 @@ from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_c
 from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
+from web.prefer import PREFER, applied, preferred_wait_s
 from web.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
 from web.state import WebState, current_state
+from web.streams import with_claim
 from web.waiters import await_final_after, wait_for_final
 from web.waiting_for import waiting_for
 
@@ -53,7 +55,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     """202 with the job's id; with ``?wait=S``, 200 with its result if it ends within S."""
     state = current_state()
     owner = request_owner(state.settings)
-    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s)
     sub = _read_submission(state.settings.catalogue)
     deadline = time.monotonic() + wait_s
     job_id = new_job_id(sub.spec.name)
@@ -65,14 +67,15 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         state.metrics.count_submitted(admitted)
         jobs_admitted()
         view = _final_by(state, admitted, woken, deadline)
+    headers = applied(wait_s) if prefer else {}
     if view is not None:
-        return jsonify(view.to_json()), 200, {}
+        return jsonify(view.to_json()), 200, headers
     body = _accepted(admitted)
-    return jsonify(body), 202, {"Location": body["result_url"]}
+    return jsonify(body), 202, {"Location": body["result_url"], **headers}
 
 
 @blueprint.post("/submit/batch")
-def submit_batch() -> tuple[Response, int]:
+def submit_batch() -> tuple[Response, int, dict[str, str]]:
     """One admission per input; each input fails alone, and answers in its place.
 
     With ``?wait=S``: 200 when every admitted job ended within S, each in its place as
@@ -81,7 +84,7 @@ def submit_batch() -> tuple[Response, int]:
     """
     state = current_state()
     owner = request_owner(state.settings)
-    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s)
     _require_json()
     if "Idempotency-Key" in request.headers:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
@@ -99,9 +102,10 @@ def submit_batch() -> tuple[Response, int]:
     for i, view in finals:
         if view is not None:
             jobs[i] = view.to_json()
+    headers = applied(wait_s) if prefer else {}
     if wait_s > 0 and watched and all(view is not None for _, view in finals):
-        return jsonify({"jobs": jobs}), 200
-    return jsonify({"jobs": jobs}), 202
+        return jsonify({"jobs": jobs}), 200, headers
+    return jsonify({"jobs": jobs}), 202, headers
 
 
 def _admit_batch(
@@ -180,7 +184,7 @@ def result(job_id: str) -> Response:
     state = current_state()
     owner = request_owner(state.settings)
     _require_job_id(job_id)
-    wait_s = _wait_s(request.args.get("wait"), state.settings.max_wait_s)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s)
     known = None
     if owner:  # another key's job must not make this request wait out its poll
         known = check_owner(state.reads.get(job_id), owner, job_id)
@@ -195,9 +199,12 @@ def result(job_id: str) -> Response:
                 state.metrics.long_polls.track_inprogress():
             view = wait_for_final(state.reads, state.notifier, job_id, wait_s,
                                   client_gone_check(request.environ))
-    found = check_owner(view, owner, job_id)
-    return jsonify({**found.to_json(),
-                    **waiting_for(state.models, found, state.settings.refused_grace_s)})
+    found = with_claim(check_owner(view, owner, job_id), state.notifier.claim_of(job_id))
+    answer = jsonify({**found.to_json(),
+                      **waiting_for(state.models, found, state.settings.refused_grace_s)})
+    if prefer:
+        answer.headers.update(applied(wait_s))
+    return answer
 
 
 @blueprint.delete("/result/<job_id>")
@@ -350,6 +357,18 @@ def _item_error(exc: CarpoolError) -> dict[str, Any]:
 def _require_job_id(job_id: str) -> None:
     if not is_job_id(job_id):  # never a Redis lookup for garbage
         raise JobNotFound(f"no job {job_id[:64]!r}: not a job id")
+
+
+def _request_wait(max_wait_s: float) -> tuple[float, bool]:
+    """The long-poll this request asks for: ``?wait=`` if given, else ``Prefer: wait=``
+    (web/prefer.py); and whether it came from ``Prefer`` (answered with
+    ``Preference-Applied``)."""
+    raw = request.args.get("wait")
+    if raw is None:
+        preferred = preferred_wait_s(request.headers.get(PREFER), max_wait_s)
+        if preferred is not None:
+            return preferred, True
+    return _wait_s(raw, max_wait_s), False
 
 
 def _wait_s(raw: str | None, max_wait_s: float) -> float:

@@ -51,6 +51,7 @@ from carpool.backend.pushed import parse
 from carpool.backend.queue import ended_ids
 from carpool.core.errors import BackendUnavailable
 from carpool.core.jobs import JobView
+from web.followers import Claimed, Follow, Followers
 from web.polls import CLIENT_CHECK_S, ClientGone
 from web.pushed_views import MAX_AGE_S, PushedViews
 
@@ -70,13 +71,17 @@ class _Listener:
     """This process's subscriber thread, the events it sets and the pending ids."""
 
     def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str,
-                 results_channel: str, views: PushedViews) -> None:
+                 results_channel: str, views: PushedViews, claimed_channel: str = "") -> None:
         self.client = client
         self.done_channel = done_channel
         self.admitted_channel = admitted_channel
         self.results_channel = results_channel
-        self.channels = (done_channel, admitted_channel, results_channel)
+        self.claimed_channel = claimed_channel
+        self.channels = (done_channel, admitted_channel, results_channel,
+                         *([claimed_channel] if claimed_channel else []))
         self.views = views
+        #: The event streams' wake-ups, and the claims heard (web/followers.py).
+        self.followers = Followers()
         self.waiters: dict[str, set[threading.Event]] = {}
         #: Ids seen admitted and not seen ended since the subscription, oldest first.
         self.pending: dict[str, None] = {}
@@ -117,6 +122,7 @@ class _Listener:
                 self.pending.pop(job_id, None)
                 for event in self.waiters.get(job_id, ()):
                     event.set()
+        self.followers.ended(job_ids)
 
     def pushed(self, message: str) -> None:
         """Keep the views a batch pushed, then wake their polls; forget deleted ids."""
@@ -137,6 +143,7 @@ class _Listener:
             for events in self.waiters.values():
                 for event in events:
                     event.set()
+        self.followers.wake_all()
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -171,6 +178,8 @@ class _Listener:
                             self.pushed(data)
                         elif channel == self.admitted_channel:
                             self.admitted(ended_ids(data))
+                        elif channel == self.claimed_channel:
+                            self.followers.claimed(data)
                         else:
                             self.ended(ended_ids(data))
                     elif message["type"] == "subscribe":
@@ -201,9 +210,11 @@ class Notifier:
     """
 
     def __init__(self, client: redis.Redis, done_channel: str, admitted_channel: str,
-                 results_channel: str, views_max_age_s: float = MAX_AGE_S) -> None:
+                 results_channel: str, views_max_age_s: float = MAX_AGE_S,
+                 claimed_channel: str = "") -> None:
         self._client = client
         self._channels = (done_channel, admitted_channel, results_channel)
+        self._claimed_channel = claimed_channel
         self._views_max_age_s = views_max_age_s
         self._start_lock = threading.Lock()
         self._pid = 0
@@ -226,6 +237,25 @@ class Notifier:
             yield event, pending
         finally:
             listener.remove(job_id, event)
+
+    @contextmanager
+    def follow(self, job_ids: list[str]) -> Iterator[Follow]:
+        """One wake-up for an event stream of ``job_ids``: woken, naming the job, when one
+        is claimed or ends, and for all of them when notices may have been missed."""
+        followers = self._current().followers
+        follow = Follow()
+        for job_id in job_ids:
+            followers.add(job_id, follow)
+        try:
+            yield follow
+        finally:
+            for job_id in job_ids:
+                followers.remove(job_id, follow)
+
+    def claim_of(self, job_id: str) -> Claimed | None:
+        """The claim this process heard for ``job_id`` since its last end notice."""
+        listener = self._running()
+        return listener.followers.claim_of(job_id) if listener is not None else None
 
     def forget(self, job_id: str) -> None:
         """Drop a pushed view at once in this process (its job was just deleted here);
@@ -283,7 +313,7 @@ class Notifier:
             # First poll in this process, or the first since a fork: the parent's
             # thread did not come along (only the forking thread does).
             listener = _Listener(self._client, *self._channels,
-                                 PushedViews(self._views_max_age_s))
+                                 PushedViews(self._views_max_age_s), self._claimed_channel)
             self._listener, self._pid = listener, pid
         # Outside the lock: under gevent, starting a thread switches greenlets.
         # Polls that register before it subscribes are woken by its first subscribe.

@@ -31,6 +31,7 @@ class ClaimArgs(ScriptArgs):
     result_ttl_s: int
     scan_budget: int
     queued_ttl_s: int
+    claimed_channel: str
 
 
 @dataclass(frozen=True)

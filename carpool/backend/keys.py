@@ -38,6 +38,8 @@ leases) has a tag of its own, ``{p}``.
                                     (carpool/backend/pushed.py)
     {p}:admitted              chan  pub/sub: ids of jobs just queued, one message per
                                     admit.lua call, space-separated (web/waiters.py)
+    {p}:claimed               chan  pub/sub: "<ms> <id> <attempts> ..." of the jobs one
+                                    claim leased (claim.lua; web/followers.py)
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
@@ -147,6 +149,11 @@ class Keys:
     @property
     def admitted_channel(self) -> str:
         return f"{self._global}:admitted"
+
+    @property
+    def claimed_channel(self) -> str:
+        """Pub/sub: the jobs each claim leased, with its time (the streams' ``running``)."""
+        return f"{self._global}:claimed"
 
     def queued_bytes(self, model: str) -> str:
         """The model's byte-budget hash; ``queued_bytes(model) + ":" + owner`` is a key's."""

@@ -38,7 +38,8 @@ def job_blob(job: ClaimedJob | None, claimed_ms: int, outcome: Outcome, payload:
         return ""
     fields = {"id": outcome.id, "status": "failed" if outcome.failed else "done",
               "error" if outcome.failed else "result": payload, "timings": timings,
-              "model": model, "t_admit": str(job.admit_ms), "t_claim": str(claimed_ms)}
+              "model": model, "t_admit": str(job.admit_ms), "t_claim": str(claimed_ms),
+              "attempts": str(job.attempts)}
     if job.owner:
         fields["owner"] = job.owner
     return json.dumps(fields, separators=(",", ":"))

@@ -109,7 +109,7 @@ class Queue:
                        claim=self.keys.claim(tag, token))
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
-                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s)
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel)
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)
@@ -172,8 +172,8 @@ class Queue:
 
     def read_records(self, job_ids: Sequence[str]) -> list[dict[str, str] | None]:
         """The jobs' records, parsed (carpool/backend/records.py) as a client reads them: a
-        queued record without its input, and with status "running" when a claim holds
-        its job; None where there is none."""
+        queued record without its input but with its ``position`` in its bin, and with
+        status "running" when a claim holds its job; None where there is none."""
         by_shard: dict[str, list[int]] = {}
         for i, job_id in enumerate(job_ids):
             by_shard.setdefault(shard_of_job(job_id), []).append(i)
@@ -185,7 +185,7 @@ class Queue:
         out: list[dict[str, str] | None] = [None] * len(job_ids)
         for idx, reply in zip(by_shard.values(), replies, strict=True):
             for i, row in zip(idx, reply, strict=True):
-                out[i] = records.parse(str(row)) if row is not None else None
+                out[i] = records.parse_read(str(row)) if row is not None else None
         return out
 
     def _read_calls(self, calls: list[tuple[list[str], list[Arg]]]) -> list[Any]:

@@ -61,6 +61,15 @@ def parse(record: str) -> dict[str, str]:
     return fields
 
 
+def parse_read(row: str) -> dict[str, str]:
+    """A record as ``read.lua`` answers it: a queued one carries its place in its bin
+    where the payload would be, parsed as ``position``."""
+    fields = parse(row)
+    if fields.get("status") == "queued" and "input" in fields:
+        fields["position"] = fields.pop("input")
+    return fields
+
+
 def build(fields: dict[str, str | int], payload: str = "") -> str:
     """A record from its fields by name (what ``parse`` answers), for tests and tools
     that write one by hand; the scripts build their own."""

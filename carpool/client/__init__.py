@@ -6,7 +6,9 @@
         print(c.run("synthetic", {"value": "hi", "size": 8}))       # one round trip
         print(c.map("synthetic", [{"value": i, "size": 8} for i in range(100)]))
 
-``AsyncClient`` has the same methods, as coroutines. Refusals raise typed errors
+Each call answers a ``Job`` handle: ``job.refresh()``, ``job.wait()``, ``job.cancel()``,
+``job.events()`` (server-sent events until it is final). ``AsyncClient`` has the same
+methods, as coroutines (its handles are ``AsyncJob``). Refusals raise typed errors
 (``Overloaded`` for 429 with its ``retry_after_s``, ``Unavailable`` for 503,
 ``RequestRejected`` for other 4xx); 429, 503 and refused connections are first
 retried with exponential backoff that waits at least what ``Retry-After`` says.
@@ -14,6 +16,7 @@ This package imports neither torch nor flask.
 """
 
 from carpool.client.aio import AsyncClient
+from carpool.client.handle import AsyncJob, Detached, JobDoc
 from carpool.client.protocol import (
     ApiError,
     ClientError,
@@ -26,7 +29,9 @@ from carpool.client.protocol import (
     ServerUnreachable,
     Unavailable,
 )
+from carpool.client.sse import Event
 from carpool.client.sync import Client
 
-__all__ = ["ApiError", "AsyncClient", "Client", "ClientError", "Job", "JobFailed", "JobTimeout",
-           "Overloaded", "RequestRejected", "RetryPolicy", "ServerUnreachable", "Unavailable"]
+__all__ = ["ApiError", "AsyncClient", "AsyncJob", "Client", "ClientError", "Detached", "Event",
+           "Job", "JobDoc", "JobFailed", "JobTimeout", "Overloaded", "RequestRejected",
+           "RetryPolicy", "ServerUnreachable", "Unavailable"]

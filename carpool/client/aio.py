@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from carpool.client.batches import BatchRun
+from carpool.client.handle import AsyncJob, JobDoc
 from carpool.client.protocol import (
     POLL_WAIT_S,
     Call,
     ClientError,
-    Job,
     JobTimeout,
     RetryPolicy,
+    cancel_call,
+    cancelled,
     decode,
     file_call,
     headers,
@@ -25,6 +27,7 @@ from carpool.client.protocol import (
     submit_call,
     unreachable,
 )
+from carpool.client.sse import READ_TIMEOUT_S, Event, Following, SseParser
 
 
 class AsyncClient:
@@ -70,28 +73,84 @@ class AsyncClient:
             await asyncio.sleep(delay)
 
     async def submit(self, model: str, job_input: Any, *, wait: float = 0.0,
-                     **options: Any) -> Job:
+                     **options: Any) -> AsyncJob:
         """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
-        return Job.from_doc(await self._send(submit_call(model, job_input, wait, options)))
+        doc = await self._send(submit_call(model, job_input, wait, options))
+        return AsyncJob.from_doc(doc, self)
 
     async def submit_file(self, model: str, data: bytes, content_type: str, *,
-                    wait: float = 0.0) -> Job:
+                    wait: float = 0.0) -> AsyncJob:
         """Queue one image sent as its raw bytes (``Content-Type: image/...``)."""
-        return Job.from_doc(await self._send(file_call(model, data, content_type, wait)))
+        return AsyncJob.from_doc(await self._send(file_call(model, data, content_type, wait)), self)
 
-    async def result(self, job_id: str, wait: float = 0.0) -> Job:
+    async def result(self, job_id: str, wait: float = 0.0) -> AsyncJob:
         """The job as it is now, or once final if that comes within ``wait`` seconds."""
-        return Job.from_doc(await self._send(result_call(job_id, wait)))
+        return AsyncJob.from_doc(await self._send(result_call(job_id, wait)), self)
 
-    async def wait(self, job: Job, timeout_s: float) -> Job:
+    async def wait(self, job: JobDoc, timeout_s: float) -> AsyncJob:
         """Long-poll ``job`` until final; raises ``JobTimeout`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while not job.final:
+        handle = job if isinstance(job, AsyncJob) else AsyncJob.from_doc(job.doc, self)
+        while not handle.final:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise JobTimeout(job, timeout_s)
-            job = await self.result(job.id, wait=min(POLL_WAIT_S, remaining))
-        return job
+                raise JobTimeout(handle, timeout_s)
+            handle = await self.result(handle.id, wait=min(POLL_WAIT_S, remaining))
+        return handle
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a queued job: True. False when it had already ended: ``DELETE
+        /result`` then deletes its result. Raises ``RequestRejected`` (409) while it
+        runs, (404) for an unknown job."""
+        return cancelled(await self._send(cancel_call(job_id)))
+
+    async def models(self) -> list[dict[str, Any]]:
+        """``GET /models``: each model's bins with their depth, limits and workers."""
+        return list((await self._send(Call("GET", "/models")))["models"])
+
+    async def health(self, timeout_s: float = 2.0) -> dict[str, bool]:
+        """``{"live", "ready"}``: the web answers ``/healthz``; it reaches Redis
+        (``/readyz``). Asked once each, never retried."""
+        out = {}
+        for name, path in (("live", "/healthz"), ("ready", "/readyz")):
+            try:
+                out[name] = (await self._http.get(path, timeout=timeout_s)).status_code == 200
+            except httpx.TransportError:
+                out[name] = False
+        return out
+
+    async def events(self, job_ids: Sequence[str], last_event_id: str = "") -> AsyncIterator[Event]:
+        """Each event of the jobs' stream (``GET /result/<id>/events``, or ``GET /events``
+        for several) until every one is final, reconnecting with ``Last-Event-ID`` when
+        a stream ends before that (docs/events.md). An ``error`` event (Redis away) is
+        yielded, then the stream reconnects; a refused connection is retried by the
+        policy."""
+        following = Following(list(job_ids), last_event_id)
+        tries = 0
+        while not following.finished:
+            parser = SseParser()
+            try:
+                async with self._http.stream("GET", following.path(), headers=following.headers(),
+                                       timeout=httpx.Timeout(READ_TIMEOUT_S)) as response:
+                    if response.status_code == 204:
+                        return  # every job final, and seen
+                    if not response.is_success:
+                        await response.aread()
+                        decode(response)
+                    tries = 0
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            following.saw(event)
+                            yield event
+            except httpx.TransportError as exc:
+                tries += 1
+                delay = self.retry.delay_s(tries, unreachable(self.url, exc))
+                if delay is None:
+                    raise unreachable(self.url, exc) from exc
+                await asyncio.sleep(delay)
+                continue
+            await asyncio.sleep((parser.retry_ms or 0) / 1000 if not following.finished else 0)
 
     async def run(self, model: str, job_input: Any, *, timeout_s: float = 60.0,
             **options: Any) -> Any:

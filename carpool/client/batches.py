@@ -11,6 +11,7 @@ from carpool.client.protocol import (
     ApiError,
     Call,
     Job,
+    JobDoc,
     RetryPolicy,
     batch_call,
     item_error,
@@ -24,7 +25,7 @@ class BatchRun:
         self.model = model
         self.inputs = list(inputs)
         self.options = options
-        self.jobs: list[Job | None] = [None] * len(self.inputs)
+        self.jobs: list[JobDoc | None] = [None] * len(self.inputs)
         self.unsent = list(range(len(self.inputs)))
         self.refused: list[ApiError] = []
         self.tries = 0
@@ -57,7 +58,7 @@ class BatchRun:
                 raise exc
         return max(d for d in delays if d is not None)
 
-    def pending(self) -> list[tuple[int, Job]]:
+    def pending(self) -> list[tuple[int, JobDoc]]:
         """(index, job) of the admitted jobs that are not final yet."""
         return [(i, job) for i, job in enumerate(self.jobs) if job is not None and not job.final]
 

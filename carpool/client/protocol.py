@@ -10,10 +10,13 @@ from typing import Any
 
 import httpx
 
+# The handles, re-exported where they were before they became handles.
+from carpool.client.handle import FINAL as FINAL
+from carpool.client.handle import AsyncJob as AsyncJob
+from carpool.client.handle import Job as Job
+from carpool.client.handle import JobDoc as JobDoc
 from carpool.core.errors import CarpoolError
 
-#: The statuses after which a job never changes again.
-FINAL = frozenset({"done", "failed", "expired", "cancelled"})
 #: The longest ``?wait=`` one request asks for: under the server's default cap (60 s),
 #: and short enough that a proxy's idle timeout does not cut the request.
 POLL_WAIT_S = 30.0
@@ -59,7 +62,7 @@ class RequestRejected(ApiError):
 class JobFailed(ClientError):
     """Raised when a job ended failed, expired or cancelled instead of done."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: JobDoc) -> None:
         super().__init__(f"job {job.id} {job.status}: {job.error or 'no reason given'}")
         self.job = job
 
@@ -67,36 +70,9 @@ class JobFailed(ClientError):
 class JobTimeout(ClientError):
     """Raised when a job is not final within the time the caller gave it."""
 
-    def __init__(self, job: Job, timeout_s: float) -> None:
+    def __init__(self, job: JobDoc, timeout_s: float) -> None:
         super().__init__(f"job {job.id} still {job.status} after {timeout_s:g} s")
         self.job = job
-
-
-@dataclass(frozen=True)
-class Job:
-    """A job as the server last described it (the 202 answer or the result document)."""
-
-    id: str
-    status: str
-    model: str
-    result: Any = None
-    error: str | None = None
-    doc: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def final(self) -> bool:
-        return self.status in FINAL
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Job:
-        return cls(str(doc["id"]), str(doc["status"]), str(doc.get("model", "")),
-                   doc.get("result"), doc.get("error"), doc)
-
-    def outcome(self) -> Any:
-        """The result of a done job; raises ``JobFailed`` for any other final status."""
-        if self.status != "done":
-            raise JobFailed(self)
-        return self.result
 
 
 @dataclass(frozen=True)
@@ -170,6 +146,16 @@ def batch_call(model: str, inputs: Sequence[Any], wait_s: float,
 def result_call(job_id: str, wait_s: float) -> Call:
     return Call("GET", f"/result/{job_id}", wait_params(wait_s),
                 timeout_s=wait_s + TIMEOUT_MARGIN_S)
+
+
+def cancel_call(job_id: str) -> Call:
+    return Call("DELETE", f"/result/{job_id}")
+
+
+def cancelled(answer: Any) -> bool:
+    """``DELETE /result``'s answer: True when it cancelled a queued job, False when the
+    job had ended (its result is then deleted)."""
+    return isinstance(answer, dict) and answer.get("status") == "cancelled"
 
 
 def error_for(status: int, code: str, message: str,

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from carpool.client.batches import BatchRun
+from carpool.client.handle import Job, JobDoc
 from carpool.client.protocol import (
     POLL_WAIT_S,
     Call,
     ClientError,
-    Job,
     JobTimeout,
     RetryPolicy,
+    cancel_call,
+    cancelled,
     decode,
     file_call,
     headers,
@@ -24,6 +26,7 @@ from carpool.client.protocol import (
     submit_call,
     unreachable,
 )
+from carpool.client.sse import READ_TIMEOUT_S, Event, Following, SseParser
 
 
 class Client:
@@ -76,26 +79,81 @@ class Client:
 
     def submit(self, model: str, job_input: Any, *, wait: float = 0.0, **options: Any) -> Job:
         """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
-        return Job.from_doc(self._send(submit_call(model, job_input, wait, options)))
+        return Job.from_doc(self._send(submit_call(model, job_input, wait, options)), self)
 
     def submit_file(self, model: str, data: bytes, content_type: str, *,
                     wait: float = 0.0) -> Job:
         """Queue one image sent as its raw bytes (``Content-Type: image/...``)."""
-        return Job.from_doc(self._send(file_call(model, data, content_type, wait)))
+        return Job.from_doc(self._send(file_call(model, data, content_type, wait)), self)
 
     def result(self, job_id: str, wait: float = 0.0) -> Job:
         """The job as it is now, or once final if that comes within ``wait`` seconds."""
-        return Job.from_doc(self._send(result_call(job_id, wait)))
+        return Job.from_doc(self._send(result_call(job_id, wait)), self)
 
-    def wait(self, job: Job, timeout_s: float) -> Job:
+    def wait(self, job: JobDoc, timeout_s: float) -> Job:
         """Long-poll ``job`` until final; raises ``JobTimeout`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while not job.final:
+        handle = job if isinstance(job, Job) else Job.from_doc(job.doc, self)
+        while not handle.final:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise JobTimeout(job, timeout_s)
-            job = self.result(job.id, wait=min(POLL_WAIT_S, remaining))
-        return job
+                raise JobTimeout(handle, timeout_s)
+            handle = self.result(handle.id, wait=min(POLL_WAIT_S, remaining))
+        return handle
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued job: True. False when it had already ended: ``DELETE
+        /result`` then deletes its result. Raises ``RequestRejected`` (409) while it
+        runs, (404) for an unknown job."""
+        return cancelled(self._send(cancel_call(job_id)))
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /models``: each model's bins with their depth, limits and workers."""
+        return list((self._send(Call("GET", "/models")))["models"])
+
+    def health(self, timeout_s: float = 2.0) -> dict[str, bool]:
+        """``{"live", "ready"}``: the web answers ``/healthz``; it reaches Redis
+        (``/readyz``). Asked once each, never retried."""
+        out = {}
+        for name, path in (("live", "/healthz"), ("ready", "/readyz")):
+            try:
+                out[name] = (self._http.get(path, timeout=timeout_s)).status_code == 200
+            except httpx.TransportError:
+                out[name] = False
+        return out
+
+    def events(self, job_ids: Sequence[str], last_event_id: str = "") -> Iterator[Event]:
+        """Each event of the jobs' stream (``GET /result/<id>/events``, or ``GET /events``
+        for several) until every one is final, reconnecting with ``Last-Event-ID`` when
+        a stream ends before that (docs/events.md). An ``error`` event (Redis away) is
+        yielded, then the stream reconnects; a refused connection is retried by the
+        policy."""
+        following = Following(list(job_ids), last_event_id)
+        tries = 0
+        while not following.finished:
+            parser = SseParser()
+            try:
+                with self._http.stream("GET", following.path(), headers=following.headers(),
+                                       timeout=httpx.Timeout(READ_TIMEOUT_S)) as response:
+                    if response.status_code == 204:
+                        return  # every job final, and seen
+                    if not response.is_success:
+                        response.read()
+                        decode(response)
+                    tries = 0
+                    for line in response.iter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            following.saw(event)
+                            yield event
+            except httpx.TransportError as exc:
+                tries += 1
+                delay = self.retry.delay_s(tries, unreachable(self.url, exc))
+                if delay is None:
+                    raise unreachable(self.url, exc) from exc
+                time.sleep(delay)
+                continue
+            time.sleep((parser.retry_ms or 0) / 1000 if not following.finished else 0)
 
     def run(self, model: str, job_input: Any, *, timeout_s: float = 60.0,
             **options: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -120,6 +121,18 @@ class Outcome:
         return self.error is not None
 
 
+def rfc3339(ms: int) -> str:
+    """Redis time (ms since the epoch) as RFC 3339 UTC, to the millisecond."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def job_urls(job_id: str) -> dict[str, str]:
+    """Where a client finds the job: its document (``GET``; ``DELETE`` cancels a queued
+    job), and its event stream. Relative to the server, as ``result_url`` is."""
+    result = f"/result/{job_id}"
+    return {"result": result, "cancel": result, "events": f"{result}/events"}
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job as ``GET /result/<id>`` shows it."""
@@ -132,6 +145,14 @@ class JobView:
     timings_ms: dict[str, float] | None
     batch: dict[str, Any] | None
     owner: str
+    #: Runs started, the current one included (a queued job: the runs before it).
+    attempts: int | None = None
+    #: Redis times (ms): admitted, claimed by the run that ended it (or runs now), ended.
+    created_ms: int | None = None
+    started_ms: int | None = None
+    completed_ms: int | None = None
+    #: Its place in its bin while queued (0: the next to be claimed).
+    position: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
@@ -146,7 +167,21 @@ class JobView:
             body["timings_ms"] = self.timings_ms
         if self.batch is not None:
             body["batch"] = self.batch
+        for name, ms in (("created_at", self.created_ms), ("started_at", self.started_ms),
+                         ("completed_at", self.completed_ms)):
+            if ms is not None:
+                body[name] = rfc3339(ms)
+        if self.attempts is not None:
+            body["attempts"] = self.attempts
+        if self.status is JobStatus.QUEUED and self.position is not None:
+            body["queue_position"] = self.position
+        body["urls"] = job_urls(self.id)
         return body
+
+
+def _ms(h: dict[str, str], name: str) -> int | None:
+    raw = h.get(name)
+    return int(raw) if raw else None
 
 
 def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
@@ -163,6 +198,9 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
             "inference": float(worker_t.get("inference", 0.0)),
             "total": float(int(h["t_done"]) - t_admit),
         }
+    attempts = int(h.get("attempts") or 0)
+    if status is JobStatus.RUNNING:  # the record counts the runs before its claim's
+        attempts += 1
     return JobView(
         id=job_id,
         model=h.get("model", ""),
@@ -172,4 +210,9 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
         timings_ms=timings,
         batch=json.loads(h["batch"]) if "batch" in h else None,
         owner=h.get("owner", ""),
+        attempts=attempts,
+        created_ms=_ms(h, "t_admit"),
+        started_ms=_ms(h, "t_claim"),
+        completed_ms=_ms(h, "t_done"),
+        position=_ms(h, "position"),
     )

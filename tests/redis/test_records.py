@@ -75,6 +75,7 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     assert float(record["score"]) == score
     assert record["input"] == body
     read = queue.read_records([job])[0]  # what GET /result reads: never the input
+    assert read is not None and read.pop("position") == "0"  # its place in its bin
     assert read == {k: v for k, v in record.items() if k != "input"}
 
 

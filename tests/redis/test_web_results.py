@@ -49,11 +49,17 @@ def run_queued_jobs(http: FlaskClient, queue: Queue, *, fail: bool = False) -> l
     return [j.id for j in claim.jobs]
 
 
-def test_queued_job_reads_as_queued(http: FlaskClient) -> None:
-    job_id = submit(http)
+def test_queued_job_reads_as_queued_with_its_place_time_and_links(http: FlaskClient) -> None:
+    first, job_id = submit(http), submit(http)
     doc = http.get(f"/result/{job_id}").get_json()
     assert doc.pop("waiting_for")["state"] == "no worker"  # no worker is live in this test
-    assert doc == {"id": job_id, "model": "synthetic", "status": "queued"}
+    created = doc.pop("created_at")
+    assert created.endswith("Z") and created[:4].isdigit()  # RFC 3339, UTC
+    assert doc == {"id": job_id, "model": "synthetic", "status": "queued", "attempts": 0,
+                   "queue_position": 1, "urls": {"result": f"/result/{job_id}",
+                                                 "cancel": f"/result/{job_id}",
+                                                 "events": f"/result/{job_id}/events"}}
+    assert http.get(f"/result/{first}").get_json()["queue_position"] == 0
 
 
 def test_done_job_shows_its_result_timings_and_batch(http: FlaskClient, queue: Queue) -> None:

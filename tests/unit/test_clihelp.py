@@ -23,10 +23,11 @@ def test_carpool_help_lists_every_command(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for command in ("up", "submit", "result", "audit", "calibrate", "bench"):
+    commands = ("up", "submit", "result", "audit", "calibrate", "bench", "status", "models",
+                "cancel", "watch")
+    for command in commands:
         assert f"    {command} " in out or f"    {command}\n" in out, command
-    assert {name for name, _ in subparsers(parser())} == {
-        "up", "submit", "result", "audit", "calibrate", "bench"}
+    assert {name for name, _ in subparsers(parser())} == set(commands)
 
 
 @pytest.mark.parametrize("root", [parser, build_parser, simulate_parser],

@@ -20,6 +20,9 @@
 --                        a backlog of expired jobs is cleared a bounded slice at a time
 -- ARGV[9]  queued_ttl_s  a job admitted longer ago ends "expired" here (a queued record
 --                        has no TTL: admit.lua)
+-- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
+--                        the jobs leased, one message per claim (web/followers.py: the
+--                        event streams' `running`)
 --
 -- Returns {now_ms, expired, id_1, record_1, id_2, record_2, ...}, most urgent first: each
 -- record whole, as MGET read it (carpool/backend/records.py's `claimed` takes the attempt
@@ -109,6 +112,7 @@ end
 if live > 0 then
   redis.call("HSET", claim, unpack(held))
   redis.call("ZADD", leases, now_ms + lease_ms, token)
+  redis.call("PUBLISH", ARGV[10], now_s .. " " .. table.concat(held, " ", 5))
 end
 for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queued byte
   local queued = tonumber(redis.call("HGET", key, "queued"))

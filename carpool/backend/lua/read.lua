@@ -5,7 +5,8 @@
 -- ARGV[2]     job_prefix  "{p.s}:job:" (a key is <prefix><id>)
 --
 -- Returns per key: its record; a queued one cut at the end of its head (its input,
--- which may be a large image, stays in Redis), and saying "running" when its job is
+-- which may be a large image, stays in Redis) and followed by its place in its bin
+-- (ZRANK, 0 = next; "<head>\n<rank>"), and saying "running" when its job is
 -- no longer in its bin (a claim holds it: claim.lua writes no record); false (nil)
 -- when there is none. Record and bin are read in one script, so a job claimed and
 -- finished meanwhile cannot read as running. Each record's first READ_BYTES are read
@@ -24,8 +25,11 @@ for i, key in ipairs(KEYS) do
     local _, _, admission = record_head(head)
     local _, model, bin = record_place(admission)
     local id = string.sub(key, #ARGV[2] + 1)
-    if bin and not redis.call("ZSCORE", ARGV[1] .. model .. ":" .. bin, id) then
+    local rank = bin and redis.call("ZRANK", ARGV[1] .. model .. ":" .. bin, id)
+    if bin and not rank then
       head = "running" .. string.sub(head, 7)
+    elseif rank then
+      head = head .. "\n" .. rank
     end
     out[i] = head
   elseif #part < READ_BYTES then

@@ -1,0 +1,103 @@
+"""The client's commands: ``carpool status``, ``models``, ``cancel ID``, ``watch ID``.
+
+Each prints what the server answers (``watch`` one line per event, as it comes) and
+exits 1 when the server refused (the message on stderr); carpool/cli.py adds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from carpool.client.protocol import ApiError
+from carpool.client.sync import Client
+
+#: Adds --url and --api-key to a command's parser (carpool/cli.py owns them).
+AddClientOptions = Callable[[argparse.ArgumentParser], None]
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, api_key=args.api_key or None)
+
+
+def _refused(exc: ApiError) -> int:
+    print(f"carpool: {exc}", file=sys.stderr)
+    return 1
+
+
+def model_line(model: dict[str, Any]) -> str:
+    """One model as ``carpool status`` prints it: its workers' state and its depth."""
+    depth = sum(int(b.get("depth", 0)) for b in model.get("bins", []))
+    workers = model.get("workers", {})
+    state = workers.get("state", "?") if isinstance(workers, dict) else "?"
+    bins = " ".join(f"{b['name']}={b.get('depth', 0)}" for b in model.get("bins", []))
+    return f"{model['name']:<16} {state:<10} depth {depth:<6} {bins}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        health = client.health()
+        print(f"web {args.url}: live {'yes' if health['live'] else 'no'}, "
+              f"ready {'yes' if health['ready'] else 'no'}")
+        if not health["ready"]:
+            return 1
+        try:
+            models = client.models()
+        except ApiError as exc:
+            return _refused(exc)
+    for model in models:
+        print(model_line(model))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        try:
+            print(json.dumps(client.models(), indent=2))
+        except ApiError as exc:
+            return _refused(exc)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        try:
+            was_queued = client.cancel(args.id)
+        except ApiError as exc:
+            return _refused(exc)
+    print(f"{args.id} cancelled" if was_queued else f"{args.id} had ended; its result is deleted")
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """One line per event: ``<event> <JSON document>``; exit 0 when the job ended done."""
+    last = ""
+    with _client(args) as client:
+        try:
+            for event in client.events([args.id]):
+                print(f"{event.event} {json.dumps(dict(event.data))}", flush=True)
+                last = event.event
+        except ApiError as exc:
+            return _refused(exc)
+    return 0 if last == "done" else 1
+
+
+def add_commands(sub: Any, client_options: AddClientOptions) -> None:
+    """Add status, models, cancel and watch to ``sub`` (argparse's subparsers)."""
+    st = sub.add_parser("status", help="the web's health, each model's workers and depth")
+    client_options(st)
+    st.set_defaults(func=cmd_status)
+    m = sub.add_parser("models", help="GET /models: every model, its bins and workers")
+    client_options(m)
+    m.set_defaults(func=cmd_models)
+    c = sub.add_parser("cancel", help="cancel a queued job (a finished one's result is deleted)")
+    c.add_argument("id", help="the job id")
+    client_options(c)
+    c.set_defaults(func=cmd_cancel)
+    w = sub.add_parser("watch", help="follow a job's event stream, one line per event")
+    w.add_argument("id", help="the job id")
+    client_options(w)
+    w.set_defaults(func=cmd_watch)
