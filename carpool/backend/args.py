@@ -31,6 +31,8 @@ class ClaimArgs(ScriptArgs):
     result_ttl_s: int
     scan_budget: int
     queued_ttl_s: int
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class CompleteArgs(ScriptArgs):
     pushed: str
     jobs: int
     late: int
+    outbox: str
+    hook_wake: str
+    hooks: str
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ class FailQueuedArgs(ScriptArgs):
     result_ttl_s: int
     message: str
     max_n: int
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,8 @@ class CancelArgs(ScriptArgs):
     result_ttl_s: int
     bytes_prefix: str
     results_channel: str
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,8 @@ class ReapArgs(ScriptArgs):
     wake_cap: int
     result_ttl_s: int
     claim_prefix: str
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)

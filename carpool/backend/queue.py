@@ -109,7 +109,8 @@ class Queue:
                        claim=self.keys.claim(tag, token))
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
-                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s)
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.outbox(tag),
+                         self.keys.hook_wake(tag))
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)
@@ -128,12 +129,13 @@ class Queue:
                              f"{len(scan)} given")
         tag = shard(model.name)
         batch_json = json.dumps(batch)
-        per_job, pushed = completion_args(model.name, claim, outcomes, batch_json)
+        per_job, pushed, hooks = completion_args(model.name, claim, outcomes, batch_json)
         args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                             self.keys.results_channel, pushed, len(outcomes),
                             started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
-                                         ran_ms))
+                                         ran_ms), self.keys.outbox(tag),
+                            self.keys.hook_wake(tag), hooks)
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),
@@ -152,7 +154,8 @@ class Queue:
         """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
         tag = shard_of_job(job_id)
         args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
-                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel)
+                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel,
+                          self.keys.outbox(tag), self.keys.hook_wake(tag))
         with redis_errors():
             reply = str(self._cancel(keys=keys_of(CancelArgs, job=self.keys.job(job_id)),
                                      args=argv(args)))
