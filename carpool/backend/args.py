@@ -204,8 +204,33 @@ class GpuReleaseArgs(ScriptArgs):
     free_cap: int
 
 
+@dataclass(frozen=True)
+class HookTakeArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_take"
+    KEYS: ClassVar[_K] = ("outbox",)
+
+    max_n: int
+    lease_ms: int
+    state_prefix: str
+
+
+@dataclass(frozen=True)
+class HookSettleArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_settle"
+    KEYS: ClassVar[_K] = ("outbox", "state", "dead")
+
+    member: str
+    event: str
+    outcome: str
+    delay_ms: int
+    state_json: str
+    state_ttl_s: int
+    dead_cap: int
+    dead_entry: str
+
+
 #: Every script called from Python, with its arguments.
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
-    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs)
+    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs)

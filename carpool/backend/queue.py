@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -20,6 +21,7 @@ from carpool.backend import records
 from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, ReadArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
+from carpool.backend.outbox import Outbox, webhook_doc
 from carpool.backend.replies import (
     Completed,
     bin_states,
@@ -69,6 +71,7 @@ class Queue:
         self._cancel = load_script(client, "cancel")
         self._read = load_script(client, "read")
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
+        self._outbox: Outbox | None = None  # read when a job with a webhook is
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
@@ -170,8 +173,22 @@ class Queue:
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
         """Several jobs in one round trip (``read.lua``, one call per shard), never
         their inputs, which may be large; a claimed job reads as running."""
-        return [view_from_record(job_id, h) if h and "status" in h else None
-                for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
+        views = [view_from_record(job_id, h) if h and "status" in h else None
+                 for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
+        return self._with_webhooks(views)
+
+    def _with_webhooks(self, views: list[JobView | None]) -> list[JobView | None]:
+        """``views`` with the delivery state of those that asked for a webhook: one more
+        round trip, only when some did."""
+        hooked = [(i, v) for i, v in enumerate(views) if v is not None and v.webhook is not None]
+        if not hooked:
+            return views
+        if self._outbox is None:
+            self._outbox = Outbox(self.client, self.keys)
+        found = self._outbox.deliveries([v.id for _, v in hooked])
+        for (i, view), deliveries in zip(hooked, found, strict=True):
+            views[i] = replace(view, webhook=webhook_doc(deliveries))
+        return views
 
     def read_records(self, job_ids: Sequence[str]) -> list[dict[str, str] | None]:
         """The jobs' records, parsed (carpool/backend/records.py) as a client reads them: a

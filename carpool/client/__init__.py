@@ -27,6 +27,8 @@ from carpool.client.protocol import (
     Unavailable,
 )
 from carpool.client.sync import Client
+from carpool.client.webhooks import WebhookInvalid, verify_webhook
 
 __all__ = ["ApiError", "AsyncClient", "Client", "ClientError", "Job", "JobFailed", "JobTimeout",
-           "Overloaded", "RequestRejected", "RetryPolicy", "ServerUnreachable", "Unavailable"]
+           "Overloaded", "RequestRejected", "RetryPolicy", "ServerUnreachable", "Unavailable",
+           "WebhookInvalid", "verify_webhook"]

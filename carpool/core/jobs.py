@@ -132,6 +132,8 @@ class JobView:
     timings_ms: dict[str, float] | None
     batch: dict[str, Any] | None
     owner: str
+    #: Its webhook's delivery (carpool/backend/outbox.py ``webhook_doc``); None: no webhook.
+    webhook: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
@@ -146,6 +148,8 @@ class JobView:
             body["timings_ms"] = self.timings_ms
         if self.batch is not None:
             body["batch"] = self.batch
+        if self.webhook is not None:
+            body["webhook"] = self.webhook
         return body
 
 
@@ -172,4 +176,10 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
         timings_ms=timings,
         batch=json.loads(h["batch"]) if "batch" in h else None,
         owner=h.get("owner", ""),
+        webhook=WEBHOOK_PENDING if "hook" in h else None,
     )
+
+
+#: A job's webhook before its first try (the outbox's delivery states replace it).
+WEBHOOK_PENDING: dict[str, Any] = {"state": "pending", "attempts": 0, "last_status": None,
+                                   "last_error": None}
