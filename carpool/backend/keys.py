@@ -33,9 +33,10 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
     {p.s}:outbox              zset  webhook events to deliver,
-                                    "<id>\t<event>\t<t_ms>\t<owner>\t<url>", scored by when each is due (ms); added by the script
-                                    that changes the job's state (lua/outbox.lua), leased
-                                    and settled by the dispatcher (carpool/dispatch/)
+                                    "<id>\t<event>\t<t_ms>\t<owner>\t<url>", scored by
+                                    when each is due (ms); added by the script that
+                                    changes the job's state (lua/outbox.lua), leased and
+                                    settled by the dispatcher (carpool/dispatch/)
     {p.s}:hook-wake           list  tokens that wake a blocked dispatcher (capped)
     {p.s}:hook:<id>           hash  one job's webhook deliveries: event -> JSON state
                                     (state, attempts, last_status, last_error, ...)
