@@ -81,7 +81,7 @@ def address_refusal(ip: IPAddress, allow_private: bool) -> str | None:
         return None
     for name, flag in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
                        ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                       ("private", ip.is_private), ("reserved", ip.is_reserved)):
+                       ("reserved", ip.is_reserved), ("private", ip.is_private)):
         if flag:
             return f"{ip} is a {name} address"
     if not ip.is_global:
