@@ -57,9 +57,9 @@ class WebhookSettings:
 
 def check_secret(secret: str, where: str) -> str:
     """``secret`` if it is a usable Standard Webhooks secret; raises ``ConfigError``."""
-    body = secret.removeprefix(SECRET_PREFIX)
+    body = secret.removeprefix(SECRET_PREFIX).rstrip("=")
     try:
-        raw = base64.b64decode(body + "==", validate=True)
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
     except (binascii.Error, ValueError):
         raw = b""
     if not secret.startswith(SECRET_PREFIX) or len(raw) < MIN_SECRET_BYTES:
