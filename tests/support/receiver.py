@@ -38,6 +38,11 @@ def always(status: int) -> Answer:
 OK: Final = always(200)
 
 
+class _Server(ThreadingHTTPServer):
+    #: socketserver's default backlog (5) drops connects under a dispatcher's concurrency.
+    request_queue_size = 1024
+
+
 class Receiver:
     def __init__(self, answer: Answer = OK) -> None:
         self.answer = answer
@@ -66,7 +71,7 @@ class Receiver:
             def log_message(self, *_args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
