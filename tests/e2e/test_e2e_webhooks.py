@@ -5,9 +5,14 @@ delivery; forbidden targets are never contacted; redirects are not followed."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import signal
 import socket
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +26,7 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import load_catalogue
 from carpool.core.jobs import new_job_id
 from carpool.core.webhooks import hook_field
+from carpool.stack.redis_local import start_redis
 from tests.conftest import make_env
 from tests.support.hookstack import (
     DEPLOY_SECRET,
@@ -33,7 +39,15 @@ from tests.support.hookstack import (
     outbox_empty,
     submit,
 )
-from tests.support.procs import start_dispatcher, start_web, start_worker, wait_until
+from tests.support.procs import (
+    REPO_ROOT,
+    answers,
+    free_port,
+    start_dispatcher,
+    start_web,
+    start_worker,
+    wait_until,
+)
 from tests.support.receiver import receiver
 from tests.support.redisproc import RedisProc, private_redis
 
@@ -141,3 +155,35 @@ def test_a_redirect_is_not_followed(server: RedisProc, key_prefix: str) -> None:
         hook = document(base, KEY_SHARED, job)["webhook"]
         assert hook["last_status"] == 302 and "not followed" in hook["last_error"]
         assert rx.all() and target.all() == []
+
+
+def test_carpool_up_starts_a_dispatcher_that_delivers(tmp_path: Path) -> None:
+    port = free_port()
+    redis_server = start_redis(tmp_path / "redis")
+    env = {**os.environ, "CARPOOL_WORKER_METRICS_PORT": "0", "CARPOOL_MODELS": "synthetic",
+           "CARPOOL_WEBHOOK_ALLOW_PRIVATE": "1", "CARPOOL_WEBHOOK_SECRET": DEPLOY_SECRET,
+           "CARPOOL_DISPATCH_METRICS_PORT": str(free_port())}
+    env.pop("CARPOOL_API_KEYS", None)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "carpool.cli", "up", "--no-flower", "--port", str(port),
+         "--redis-url", redis_server.url, "--state-dir", str(tmp_path / "state")],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: answers(f"{base}/readyz"), ARRIVAL_TIMEOUT_S, "carpool up's web")
+        with receiver() as rx:
+            resp = httpx.post(f"{base}/submit", timeout=10, json={
+                "model": "synthetic", "input": {"value": 1, "size": 1},
+                "webhook": f"{rx.url}/up"})
+            assert resp.status_code == 202, resp.text
+            job = resp.json()["id"]
+            rx.wait_for_ids({f"{job}.done"}, ARRIVAL_TIMEOUT_S)
+            (got,) = rx.all()
+            assert Webhook(DEPLOY_SECRET).verify(got.body, got.headers)["id"] == job
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        redis_server.stop()
