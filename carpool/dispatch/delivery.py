@@ -5,8 +5,8 @@ address it resolves to judged, and the connection made to that checked address, 
 the name only in the Host header and the TLS server name: a DNS answer that changes
 between the check and the connect (rebinding) cannot send the request elsewhere.
 Redirects are never followed (http.client does not), each connect and read has a
-timeout, and at most ``MAX_ANSWER_BYTES`` of the answer are read; the rest goes with
-the connection.
+timeout and the whole try a deadline (carpool/dispatch/deadlines.py), and at most
+``MAX_ANSWER_BYTES`` of the answer are read; the rest goes with the connection.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress, Target, WebhookRefused, address_refusal, check_url
+from carpool.dispatch.deadlines import DEADLINES
 from carpool.dispatch.schedule import parse_retry_after
 
 #: The answer's body is read this far, then dropped: a receiver has nothing to tell.
@@ -99,19 +100,31 @@ def _send(target: Target, ip: IPAddress, body: bytes, headers: Mapping[str, str]
                                         timeout=settings.connect_timeout_s)
     except OSError as exc:
         return Answer(None, _cut(f"connect to {ip} port {target.port}: {exc}"))
+    limit_s = settings.connect_timeout_s + settings.read_timeout_s
     try:
-        sock.settimeout(settings.read_timeout_s)
-        if target.scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=target.host)
-        conn = _PinnedConnection(target, sock, settings.read_timeout_s)
-        conn.request("POST", target.path, body=body, headers=dict(headers))
-        answer = conn.getresponse()
-        answer.read(MAX_ANSWER_BYTES)
-        status = answer.status
-        retry_after = parse_retry_after(answer.getheader("Retry-After"), time.time())
-        location = answer.getheader("Location")
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return Answer(None, _cut(f"{type(exc).__name__}: {exc}"))
+        with DEADLINES.bounded(sock, limit_s) as bound:
+            try:
+                sock.settimeout(settings.read_timeout_s)
+                if target.scheme == "https":
+                    # The TLS socket takes the plain one's descriptor: bound it instead.
+                    sock = bound.sock = ssl.create_default_context().wrap_socket(
+                        sock, server_hostname=target.host)
+                conn = _PinnedConnection(target, sock, settings.read_timeout_s)
+                conn.request("POST", target.path, body=body, headers=dict(headers))
+                answer = conn.getresponse()
+                answer.read(MAX_ANSWER_BYTES)
+                status = answer.status
+                retry_after = parse_retry_after(answer.getheader("Retry-After"), time.time())
+                location = answer.getheader("Location")
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                error = _cut(f"{type(exc).__name__}: {exc}")
+                status = None
+            # Cut off mid-answer, http.client may read the cut as the answer's end: what
+            # came is no answer, whatever it said.
+            if bound.cut:
+                return Answer(None, f"the try took longer than {limit_s:g} s: cut off")
+            if status is None:
+                return Answer(None, error)
     finally:
         sock.close()
     if 200 <= status < 300:

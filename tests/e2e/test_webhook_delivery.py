@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress
@@ -105,3 +108,49 @@ def test_a_refused_connection_is_an_error_to_retry_not_a_refusal() -> None:
         port = s.getsockname()[1]
     answer = post(f"http://127.0.0.1:{port}/", b"{}", {}, PRIVATE)
     assert answer.status is None and not answer.refused and "connect" in (answer.error or "")
+
+
+def test_a_receiver_trickling_its_headers_is_cut_off_at_the_whole_try_bound() -> None:
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        conn.recv(65536)
+        try:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.2):  # one header byte at a time, never the end
+                conn.sendall(b"X")
+        except OSError:
+            pass
+
+    with raw_server(trickle) as port:
+        t0 = time.monotonic()
+        answer = post(f"http://127.0.0.1:{port}/", b"{}", {}, PRIVATE)
+        took_s = time.monotonic() - t0
+        stop.set()
+    assert answer.status is None and "cut off" in (answer.error or "")
+    assert took_s < 4  # connect + read timeout (2 s) and the shutdown's wake-up
+
+
+def test_https_verifies_the_receivers_certificate_against_the_name(tmp_path: Path) -> None:
+    """A self-signed certificate is refused (the default trust store), so a receiver
+    that cannot prove the name gets no body; the error says why."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=hooks.example", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    got: list[bytes] = []
+
+    def tls(conn: socket.socket) -> None:
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls_conn:
+                got.append(tls_conn.recv(65536))
+        except (ssl.SSLError, OSError):
+            pass  # the dispatcher refused the certificate: what this test wants
+
+    with raw_server(tls) as port:
+        answer = post(f"https://hooks.example:{port}/", b"{}", {}, PRIVATE,
+                      lambda _h, _p: [LOOPBACK])
+    assert answer.status is None and "CERTIFICATE_VERIFY_FAILED" in (answer.error or "")
+    assert got == []
