@@ -60,12 +60,13 @@ def server() -> Iterator[RedisProc]:
         yield s
 
 
-def test_every_terminal_webhook_arrives_signed_and_once_per_id(server: RedisProc,
-                                                              key_prefix: str) -> None:
+def test_every_terminal_webhook_arrives_signed_and_once_per_id_with_two_dispatchers(
+        server: RedisProc, key_prefix: str) -> None:
     env = make_env(server.url, key_prefix, **hook_env())
     client = connect(server.url)
     outbox = Outbox(client, Keys(key_prefix))
-    with receiver() as rx, start_web(env) as base, start_worker(env), start_dispatcher(env):
+    with receiver() as rx, start_web(env) as base, start_worker(env), start_dispatcher(env), \
+            start_dispatcher(env):
         own = [i for _ in range(5) for i in submit(base, KEY_OWN, f"{rx.url}/own")]
         shared = submit(base, KEY_SHARED, f"{rx.url}/shared", n=10, events=["running", "done"])
         want = {f"{i}.done" for i in own + shared} | {f"{i}.running" for i in shared}
