@@ -160,7 +160,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from carpool.backend.connection import connect
     from carpool.backend.keys import Keys
     from carpool.backend.leases import Leases
+    from carpool.backend.outbox import Outbox
     from carpool.core.settings import load_settings
+    from carpool.core.shards import shard
 
     settings = load_settings()
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
@@ -173,6 +175,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
           "(failed by the reaper, newest first)")
     for job_id in dead:
         print(f"  {job_id}")
+    tags = sorted({shard(spec.name) for spec in settings.catalogue})
+    hooks = Outbox(client, keys).dead(tags, args.dead)
+    print(f"{len(hooks)} dead webhook deliveries shown (never answered 2xx in time, or "
+          "refused), newest first")
+    for d in hooks:
+        print(f"  {d['id']} {d['event']} {d['url']} attempts={d['attempts']} "
+              f"last_status={d['last_status']} last_error={d['last_error']}")
     return 1 if found else 0
 
 
@@ -227,14 +236,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds")
     r.set_defaults(func=cmd_result)
     a = sub.add_parser("audit", help="check that every job is in exactly one place; "
-                       "list the dead letters",
+                       "list the dead letters and dead webhook deliveries",
                        description="Read every bin, lease and job record of this "
                        "CARPOOL_KEY_PREFIX in one read-only script (it uses KEYS: for rare "
                        "operator use, not a monitoring loop) and print each job that is "
                        "not in exactly one place; exit status 1 if any. Settings come from "
                        "the environment (CARPOOL_REDIS_URL, CARPOOL_KEY_PREFIX).")
     a.add_argument("--dead", type=int, default=20,
-                   help="how many dead letters (jobs failed by the reaper) to list")
+                   help="how many dead letters (jobs failed by the reaper) and dead webhook "
+                   "deliveries (per shard) to list")
     a.set_defaults(func=cmd_audit)
     add_commands(sub, _client_options)  # status, models, cancel, watch
     for command in entry_points(group=COMMANDS_GROUP):

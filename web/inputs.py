@@ -34,6 +34,7 @@ from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
 from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
+from carpool.core.webhooks import webhook_option
 from web import custom
 from web.images import ALLOWED_FORMATS, ImageLimits, probe
 from web.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
@@ -55,10 +56,13 @@ _MAX_DIGITS = 12
 #: Names quoted back in an error message at most, and characters of each.
 _MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
-SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key"})
-BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority"})
+SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key",
+                         "webhook", "webhook_events"})
+BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority", "webhook",
+                        "webhook_events"})
 #: Fields of a multipart form, or query parameters of a raw image body.
-FILE_FIELDS = frozenset({"model", "deadline_ms", "priority", "idempotency_key"})
+FILE_FIELDS = frozenset({"model", "deadline_ms", "priority", "idempotency_key", "webhook",
+                         "webhook_events"})
 
 #: Counts a text input in a model's measure (e.g. tokens); gets the model for its options.
 TextMeasure = Callable[[ModelSpec, str], int]
@@ -84,6 +88,8 @@ class Options:
     deadline_ms: int = 0  # 0: none asked; the model's default applies (carpool.admission.urgency)
     priority: int = 0
     idempotency_key: str | None = None
+    #: The webhook asked for, as the record keeps it (carpool/core/webhooks.py); "" none.
+    hook: str = ""
 
     def idempotency_digest(self, owner: str = "") -> str | None:
         """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name.
@@ -151,16 +157,20 @@ def parse_json(body: bytes) -> Any:
         raise InvalidJson(f"request body is not valid JSON: {exc}") from None
 
 
-def submission_from_json(doc: Any, catalogue: Catalogue, header_key: str | None) -> Submission:
-    """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``."""
+def submission_from_json(doc: Any, catalogue: Catalogue, header_key: str | None,
+                         allow_private: bool = False) -> Submission:
+    """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``;
+    ``allow_private``: CARPOOL_WEBHOOK_ALLOW_PRIVATE."""
     doc = _object(doc, "request body", required={"model", "input"}, allowed=SUBMIT_KEYS)
     spec = catalogue.get(_model_name(doc["model"]))
-    options = _options(spec, doc, _idempotency_key(doc.get("idempotency_key"), header_key))
+    options = _options(spec, doc, _idempotency_key(doc.get("idempotency_key"), header_key),
+                       allow_private)
     return Submission(spec, prepare(spec, doc["input"]), options)
 
 
 def submission_from_file(
-    fields: Mapping[str, str], data: bytes, catalogue: Catalogue, header_key: str | None
+    fields: Mapping[str, str], data: bytes, catalogue: Catalogue, header_key: str | None,
+    allow_private: bool = False,
 ) -> Submission:
     """An image sent as a file: multipart (``fields`` = form) or raw (``fields`` = query)."""
     unknown = {str(k) for k in fields} - FILE_FIELDS  # a nameless form part's key is None
@@ -173,12 +183,19 @@ def submission_from_file(
         raise UnsupportedMediaType(
             f"model {spec.name!r} takes a JSON body (application/json), not a file"
         )
-    parsed = {k: _digits(k, v) for k, v in fields.items() if k in ("deadline_ms", "priority")}
+    parsed: dict[str, Any] = {k: _digits(k, v) for k, v in fields.items()
+                              if k in ("deadline_ms", "priority")}
+    if "webhook" in fields:
+        parsed["webhook"] = fields["webhook"]
+    if "webhook_events" in fields:  # a form field: comma-separated
+        parsed["webhook_events"] = fields["webhook_events"].split(",")
     key = _idempotency_key(fields.get("idempotency_key"), header_key)
-    return Submission(spec, _prepare_image_bytes(spec, data), _options(spec, parsed, key))
+    return Submission(spec, _prepare_image_bytes(spec, data),
+                      _options(spec, parsed, key, allow_private))
 
 
-def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
+def batch_from_json(doc: Any, catalogue: Catalogue, allow_private: bool = False
+                    ) -> BatchSubmission:
     """A /submit/batch JSON body: ``{"model", "inputs": [...], "deadline_ms"?, "priority"?}``."""
     doc = _object(doc, "request body", required={"model", "inputs"}, allowed=BATCH_KEYS)
     spec = catalogue.get(_model_name(doc["model"]))
@@ -189,7 +206,7 @@ def batch_from_json(doc: Any, catalogue: Catalogue) -> BatchSubmission:
         raise TooManyInputs(
             f"{len(inputs)} inputs in one request; at most {MAX_BATCH_INPUTS} (split the batch)"
         )
-    return BatchSubmission(spec, inputs, _options(spec, doc, None))
+    return BatchSubmission(spec, inputs, _options(spec, doc, None, allow_private))
 
 
 def prepare(spec: ModelSpec, raw: Any) -> Prepared:
@@ -329,7 +346,8 @@ def _digits(name: str, raw: str) -> int:
     return int(raw)
 
 
-def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | None) -> Options:
+def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | None,
+             allow_private: bool = False) -> Options:
     deadline, priority = doc.get("deadline_ms"), doc.get("priority")
     return Options(
         deadline_ms=(0 if deadline is None
@@ -337,6 +355,7 @@ def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | Non
         priority=(MIN_PRIORITY if priority is None
                   else _int("priority", priority, MIN_PRIORITY, MAX_PRIORITY)),
         idempotency_key=idempotency_key,
+        hook=webhook_option(doc, allow_private),
     )
 
 

@@ -97,7 +97,8 @@ def _submit(settings: Settings) -> dict[str, Any]:
     form = {"type": "object", "required": ["model", "file"], "properties": {
         "model": {"type": "string"}, "file": {"type": "string", "format": "binary"},
         "deadline_ms": {"type": "string"}, "priority": {"type": "string"},
-        "idempotency_key": {"type": "string"}}}
+        "idempotency_key": {"type": "string"}, "webhook": {"type": "string"},
+        "webhook_events": {"type": "string", "description": "comma-separated"}}}
     return {"post": {
         "summary": "Queue one job; ?wait=S answers 200 with its result if it ends within S",
         "parameters": [

@@ -56,7 +56,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state.settings.catalogue)
+    sub = _read_submission(state.settings.catalogue, state.settings.webhooks.allow_private)
     deadline = time.monotonic() + wait_s
     job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
@@ -90,7 +90,8 @@ def submit_batch() -> tuple[Response, int, dict[str, str]]:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    batch = inputs.batch_from_json(doc, state.settings.catalogue)
+    batch = inputs.batch_from_json(doc, state.settings.catalogue,
+                                   state.settings.webhooks.allow_private)
     state.models.check(batch.spec.name)  # one model per batch: the same 503 as /submit
     deadline = time.monotonic() + wait_s
     with ExitStack() as stack:
@@ -269,7 +270,7 @@ def openapi() -> Response:
     return jsonify(openapi_document(current_state().settings))
 
 
-def _read_submission(catalogue: Catalogue) -> inputs.Submission:
+def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submission:
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
@@ -277,15 +278,16 @@ def _read_submission(catalogue: Catalogue) -> inputs.Submission:
         if set(files) != {"file"} or len(files.getlist("file")) != 1:
             raise InvalidInput("send exactly one file, in the form field 'file'")
         data = files["file"].read()
-        return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key)
+        return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key,
+                                           allow_private)
     if mimetype.startswith("image/"):
         fields = {k: v for k, v in request.args.items() if k != "wait"}  # ?wait= is ours
         return inputs.submission_from_file(fields, request.get_data(),
-                                           catalogue, header_key)
+                                           catalogue, header_key, allow_private)
     _require_json()
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    return inputs.submission_from_json(doc, catalogue, header_key)
+    return inputs.submission_from_json(doc, catalogue, header_key, allow_private)
 
 
 def _require_json() -> None:
@@ -321,7 +323,8 @@ def _admit_request(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
                    options: inputs.Options, owner: str) -> AdmitRequest:
     """``jobs`` with the options of their submission."""
     return AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
-                        options.priority, owner, state.settings.api_key_weights.get(owner, 1.0))
+                        options.priority, owner, state.settings.api_key_weights.get(owner, 1.0),
+                        hook=options.hook)
 
 
 def _accepted(admitted: Admitted) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
 from carpool.core.kinds import kind_of
+from carpool.core.webhooks import DEFAULT_EVENTS, EVENTS, MAX_URL_CHARS
 from web import inputs
 from web.images import ImageLimits
 
@@ -94,6 +95,14 @@ def _options_properties(spec: ModelSpec) -> dict[str, Any]:
                         "nullable": True},
         "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY,
                      "nullable": True},
+        # Its address rules cannot be a schema: a valid-looking URL may still be a 400
+        # (carpool.core.webhooks, docs/webhooks.md).
+        "webhook": {"type": "string", "maxLength": MAX_URL_CHARS, "nullable": True,
+                    "pattern": "^[hH][tT][tT][pP][sS]?://[!-~]+$",
+                    "description": "an http(s) URL to POST the job's document to"},
+        "webhook_events": {"type": "array", "minItems": 1, "maxItems": len(EVENTS),
+                           "nullable": True, "items": {"type": "string", "enum": list(EVENTS)},
+                           "description": f"default: {list(DEFAULT_EVENTS)}"},
     }
 
 

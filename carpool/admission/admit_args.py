@@ -1,6 +1,6 @@
 """admit.lua's arguments, named in one place.
 
-``AdmitArgs`` holds ARGV[1..23] in the script's order, each field named as the
+``AdmitArgs`` holds ARGV[1..24] in the script's order, each field named as the
 script's header names that position (carpool/core/script_args.py's mechanism, as
 for every script; ``tests/unit/test_script_args.py`` checks the header); the jobs'
 (id, input JSON) pairs follow them.
@@ -47,6 +47,7 @@ class AdmitArgs(ScriptArgs):
     max_queued_bytes: int
     key_queued_bytes: int
     admitted_channel: str
+    hook: str = ""  # the record's webhook field (carpool/core/webhooks.py)
 
     def argv(self, jobs: Sequence[tuple[str, str]]) -> list[Arg]:
         """The script's ARGV: these values (as Redis reads them), then each job's id and

@@ -63,11 +63,13 @@ class AdmitRequest:
     #: With an idempotency key (one job only): a repeat answers the first job.
     idempotency_digest: str | None = None
     input_digest: str = ""  # the input's digest, told apart under one idempotency key
+    #: The webhook asked for, as the record keeps it (carpool/core/webhooks.py); "" none.
+    hook: str = ""
 
 
 #: What one-job requests must share to go in one admit.lua call: the model and bin
 #: (the script's keys) and the options (its per-call arguments).
-_CoalesceKey = tuple[str, str, int, int, int, str, float]
+_CoalesceKey = tuple[str, str, int, int, int, str, float, str]
 
 
 class Admissions:
@@ -101,7 +103,7 @@ class Admissions:
         if self.calls is not None and len(request.jobs) == 1 and not request.idempotency_digest:
             job = request.jobs[0]
             key = (request.model.name, job.bin.name, request.queued_ttl_s, request.deadline_ms,
-                   request.priority, request.owner, request.owner_weight)
+                   request.priority, request.owner, request.owner_weight, request.hook)
             try:
                 return [self.calls.call(key, request)]
             except (BinFull, BudgetFull) as refused:  # this job's own answer, not the call's
@@ -167,7 +169,7 @@ class Admissions:
             fair_share_near=FAIR_SHARE_NEAR,
             fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            admitted_channel=self.keys.admitted_channel)
+            admitted_channel=self.keys.admitted_channel, hook=request.hook)
         for job in jobs:
             if shard_of_job(job.id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job.id!r} is not one of model {model.name!r}: "

@@ -32,6 +32,8 @@ class ClaimArgs(ScriptArgs):
     scan_budget: int
     queued_ttl_s: int
     claimed_channel: str
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class CompleteArgs(ScriptArgs):
     pushed: str
     jobs: int
     late: int
+    outbox: str
+    hook_wake: str
+    hooks: str
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class FailQueuedArgs(ScriptArgs):
     result_ttl_s: int
     message: str
     max_n: int
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class CancelArgs(ScriptArgs):
     result_ttl_s: int
     bytes_prefix: str
     results_channel: str
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,8 @@ class ReapArgs(ScriptArgs):
     wake_cap: int
     result_ttl_s: int
     claim_prefix: str
+    outbox: str
+    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -194,8 +205,33 @@ class GpuReleaseArgs(ScriptArgs):
     free_cap: int
 
 
+@dataclass(frozen=True)
+class HookTakeArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_take"
+    KEYS: ClassVar[_K] = ("outbox",)
+
+    max_n: int
+    lease_ms: int
+    state_prefix: str
+
+
+@dataclass(frozen=True)
+class HookSettleArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_settle"
+    KEYS: ClassVar[_K] = ("outbox", "state", "dead")
+
+    member: str
+    event: str
+    outcome: str
+    delay_ms: int
+    state_json: str
+    state_ttl_s: int
+    dead_cap: int
+    dead_entry: str
+
+
 #: Every script called from Python, with its arguments.
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
-    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs)
+    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs)

@@ -32,6 +32,15 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
+    {p.s}:outbox              zset  webhook events to deliver,
+                                    "<id>\t<event>\t<t_ms>\t<owner>\t<url>", scored by
+                                    when each is due (ms); added by the script that
+                                    changes the job's state (lua/outbox.lua), leased and
+                                    settled by the dispatcher (carpool/dispatch/)
+    {p.s}:hook-wake           list  tokens that wake a blocked dispatcher (capped)
+    {p.s}:hook:<id>           hash  one job's webhook deliveries: event -> JSON state
+                                    (state, attempts, last_status, last_error, ...)
+    {p.s}:hook-dead           list  dead-lettered deliveries (JSON), newest first, capped
     {p}:done                  chan  pub/sub: ids of jobs that reached an end state, one
                                     message per batch, space-separated
     {p}:results               chan  pub/sub: the views of the jobs a batch wrote
@@ -106,6 +115,22 @@ class Keys:
 
     def dead(self, shard_tag: str) -> str:
         return f"{self._tag(shard_tag)}:dead"
+
+    def outbox(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:outbox"
+
+    def hook_wake(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:hook-wake"
+
+    def hook_state(self, job_id: str) -> str:
+        return f"{self.hook_state_prefix(shard_of_job(job_id))}{job_id}"
+
+    def hook_state_prefix(self, shard_tag: str) -> str:
+        """What `hook_state(id)` puts before the id; hook_take.lua builds the keys."""
+        return f"{self._tag(shard_tag)}:hook:"
+
+    def hook_dead(self, shard_tag: str) -> str:
+        return f"{self._tag(shard_tag)}:hook-dead"
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"

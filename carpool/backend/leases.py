@@ -104,7 +104,8 @@ class Leases:
                 bin_prefix=self.keys.bin_prefix(tag), wake_prefix=self.keys.wake_prefix(tag),
                 done_channel=self.keys.done_channel, dead_cap=DEAD_LIST_CAP,
                 wake_cap=WAKE_LIST_CAP, result_ttl_s=DEFAULT_RESULT_TTL_S,
-                claim_prefix=self.keys.claim_prefix(tag))
+                claim_prefix=self.keys.claim_prefix(tag), outbox=self.keys.outbox(tag),
+                hook_wake=self.keys.hook_wake(tag))
             with redis_errors():
                 reply = self._reap(keys=keys_of(ReapArgs, leases=self.keys.leases(tag),
                                              dead=self.keys.dead(tag)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -20,6 +21,7 @@ from carpool.backend import records
 from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, ReadArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
+from carpool.backend.outbox import Outbox, webhook_doc
 from carpool.backend.replies import (
     Completed,
     bin_states,
@@ -69,6 +71,7 @@ class Queue:
         self._cancel = load_script(client, "cancel")
         self._read = load_script(client, "read")
         self._waiters: ShardWaiters | None = None  # on a cluster, for several shards
+        self._outbox: Outbox | None = None  # read when a job with a webhook is
 
     def peek(
         self, bins: Sequence[tuple[str, str]], scan: Sequence[int] | None = None
@@ -109,7 +112,8 @@ class Queue:
                        claim=self.keys.claim(tag, token))
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
-                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel)
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel,
+                         self.keys.outbox(tag), self.keys.hook_wake(tag))
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)
@@ -128,12 +132,13 @@ class Queue:
                              f"{len(scan)} given")
         tag = shard(model.name)
         batch_json = json.dumps(batch)
-        per_job, pushed = completion_args(model.name, claim, outcomes, batch_json)
+        per_job, pushed, hooks = completion_args(model.name, claim, outcomes, batch_json)
         args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                             self.keys.results_channel, pushed, len(outcomes),
                             started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
-                                         ran_ms))
+                                         ran_ms), self.keys.outbox(tag),
+                            self.keys.hook_wake(tag), hooks)
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),
@@ -152,7 +157,8 @@ class Queue:
         """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
         tag = shard_of_job(job_id)
         args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
-                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel)
+                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel,
+                          self.keys.outbox(tag), self.keys.hook_wake(tag))
         with redis_errors():
             reply = str(self._cancel(keys=keys_of(CancelArgs, job=self.keys.job(job_id)),
                                      args=argv(args)))
@@ -167,8 +173,22 @@ class Queue:
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
         """Several jobs in one round trip (``read.lua``, one call per shard), never
         their inputs, which may be large; a claimed job reads as running."""
-        return [view_from_record(job_id, h) if h and "status" in h else None
-                for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
+        views = [view_from_record(job_id, h) if h and "status" in h else None
+                 for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
+        return self._with_webhooks(views)
+
+    def _with_webhooks(self, views: list[JobView | None]) -> list[JobView | None]:
+        """``views`` with the delivery state of those that asked for a webhook: one more
+        round trip, only when some did."""
+        hooked = [(i, v) for i, v in enumerate(views) if v is not None and v.webhook is not None]
+        if not hooked:
+            return views
+        if self._outbox is None:
+            self._outbox = Outbox(self.client, self.keys)
+        found = self._outbox.deliveries([v.id for _, v in hooked])
+        for (i, view), deliveries in zip(hooked, found, strict=True):
+            views[i] = replace(view, webhook=webhook_doc(deliveries))
+        return views
 
     def read_records(self, job_ids: Sequence[str]) -> list[dict[str, str] | None]:
         """The jobs' records, parsed (carpool/backend/records.py) as a client reads them: a

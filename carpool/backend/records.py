@@ -23,7 +23,10 @@ no owner, no idempotency key, and, for the timings, not reached):
 - ``t_admit`` (ms), ``deadline`` (ms), ``owner`` (the API key's digest): what a claim
   reads, first, so it reads no further;
 - ``score`` (µs, its place in the bin), ``model``, ``bin``, ``priority``, ``digest``
-  (the input's, with an idempotency key), ``idem`` (that key, dropped with the job);
+  (the input's, with an idempotency key), ``idem`` (that key, dropped with the job),
+  ``hook`` (the webhook asked for: the events' letters, a space, the URL;
+  carpool/core/webhooks.py), last, so a script tells "none" by the byte before the
+  newline;
 - once ended (``ENDED``): ``t_claim``, ``t_done`` (ms), ``timings`` (the worker's JSON)
   and ``batch`` (the batch JSON, naming the worker).
 
@@ -39,7 +42,7 @@ import redis
 
 #: The header fields of every record, in order.
 HEAD: Final = ("status", "attempts", "t_admit", "deadline", "owner", "score", "model", "bin",
-               "priority", "digest", "idem")
+               "priority", "digest", "idem", "hook")
 #: The fields an ended record adds after them.
 ENDED: Final = ("t_claim", "t_done", "timings", "batch")
 #: Where the payload goes in a parsed record, by status.
@@ -109,7 +112,7 @@ def claimed(record: str) -> tuple[int, str, str]:
 
 def admission_fields(admission: str) -> tuple[int | None, str]:
     """``t_admit`` (ms; None when left empty) and ``owner`` out of a record's admission
-    fields."""
+    fields (``t_admit`` to ``hook``)."""
     t_admit, _deadline, owner, _rest = admission.split("\t", 3)
     return (int(t_admit) if t_admit else None), owner
 

@@ -55,7 +55,9 @@ class RefusedJobs:
                                      bytes=self.keys.queued_bytes(spec.name)),
                         args=argv(FailQueuedArgs(self.keys.job_prefix(shard(spec.name)),
                                                  self.keys.done_channel, spec.result_ttl_s,
-                                                 message, FAIL_BATCH)))
+                                                 message, FAIL_BATCH,
+                                                 self.keys.outbox(shard(spec.name)),
+                                                 self.keys.hook_wake(shard(spec.name)))))
                 ended += int(n)
                 if int(n) + int(dropped) < FAIL_BATCH:
                     break

@@ -11,6 +11,7 @@ from typing import Any
 from carpool.backend import records
 from carpool.backend.pushed import job_blob
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
+from carpool.core.webhooks import EVENT_LETTERS, hook_of_admission
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ def bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[Bi
 
 
 def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
-                    batch_json: str) -> tuple[list[Any], str]:
-    """complete.lua's ``per_job`` run (4 values per outcome) and its ``pushed`` views, one
-    argument: the script keeps it whole."""
+                    batch_json: str) -> tuple[list[Any], str, str]:
+    """complete.lua's ``per_job`` run (4 values per outcome), its ``pushed`` views, one
+    argument (the script keeps it whole), and its ``hooks``: the webhook events of
+    the jobs that asked for their outcome's."""
     per_job: list[Any] = []
     lines: list[str] = []
+    hooks: list[str] = []
     claimed = {j.id: j for j in claim.jobs}
     strangers = [o.id for o in outcomes if o.id not in claimed]
     if strangers:  # complete.lua writes a record from what its claim handed out
@@ -65,7 +68,13 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
                               "inference": round(o.inference_ms, 3)})
         payload = (o.error or "") if o.failed else json.dumps(o.result)
         job = claimed[o.id]
-        blob = job_blob(job, claim.now_ms, o, payload, timings, model)
+        hook = hook_of_admission(job.admission)
+        # A job with a webhook is not pushed: its reads show the delivery's state, which
+        # only Redis has (carpool/backend/outbox.py).
+        blob = "" if hook else job_blob(job, claim.now_ms, o, payload, timings, model)
+        letter = EVENT_LETTERS["failed" if o.failed else "done"]
+        if hook and letter in hook.partition(" ")[0]:
+            hooks.append(f"{len(per_job) // 4 + 1}\t{letter}\t{job.owner}\t{hook}")
         if blob:
             lines.append(blob)
         # The ended record, built from what the claim answered (complete.lua adds
@@ -76,7 +85,7 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
                                              job.attempts, job.admission, claim.now_ms,
                                              timings, batch_json, payload)
         per_job += [o.id, len(blob.encode()), head, tail]
-    return per_job, "\n".join(lines)
+    return per_job, "\n".join(lines), "\n".join(hooks)
 
 
 def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:

@@ -31,7 +31,8 @@ from carpool.client.protocol import (
 )
 from carpool.client.sse import Event
 from carpool.client.sync import Client
+from carpool.client.webhooks import WebhookInvalid, verify_webhook
 
 __all__ = ["ApiError", "AsyncClient", "AsyncJob", "Client", "ClientError", "Detached", "Event",
            "Job", "JobDoc", "JobFailed", "JobTimeout", "Overloaded", "RequestRejected",
-           "RetryPolicy", "ServerUnreachable", "Unavailable"]
+           "RetryPolicy", "ServerUnreachable", "Unavailable", "WebhookInvalid", "verify_webhook"]

@@ -153,6 +153,8 @@ class JobView:
     completed_ms: int | None = None
     #: Its place in its bin while queued (0: the next to be claimed).
     position: int | None = None
+    #: Its webhook's delivery (carpool/backend/outbox.py ``webhook_doc``); None: no webhook.
+    webhook: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
@@ -176,6 +178,8 @@ class JobView:
         if self.status is JobStatus.QUEUED and self.position is not None:
             body["queue_position"] = self.position
         body["urls"] = job_urls(self.id)
+        if self.webhook is not None:
+            body["webhook"] = self.webhook
         return body
 
 
@@ -215,4 +219,10 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
         started_ms=_ms(h, "t_claim"),
         completed_ms=_ms(h, "t_done"),
         position=_ms(h, "position"),
+        webhook=WEBHOOK_PENDING if "hook" in h else None,
     )
+
+
+#: A job's webhook before its first try (the outbox's delivery states replace it).
+WEBHOOK_PENDING: dict[str, Any] = {"state": "pending", "attempts": 0, "last_status": None,
+                                   "last_error": None}

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import ConfigError
+from carpool.core.webhook_settings import WebhookSettings, check_secret, read_webhook_settings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -119,6 +120,8 @@ class Settings:
     #: (event-loop lag, or a proxy's X-Request-Start) answers 503 overloaded at once
     #: (web/shedding.py); 0: never shed.
     web_max_queue_ms: int = 300
+    #: Webhooks: where they may go, retries, signing secrets (docs/webhooks.md).
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     #: When set, ``GET /metrics`` on the web needs ``Authorization: Bearer <token>``;
     #: "": open (queue depths and rejection counts are then public).
     metrics_token: str = ""
@@ -244,40 +247,63 @@ def api_key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _api_keys(env: Mapping[str, str]) -> tuple[frozenset[str], dict[str, float]]:
-    """Each key's digest, and the fair-share weight of those given one."""
-    keys = [k.strip() for k in env.get("CARPOOL_API_KEYS", "").split(",")]
-    weights: dict[str, float] = {}
+#: What an API key entry may say after the key (the keys file, or a CARPOOL_API_KEYS
+#: entry): ``weight=N`` (fair share) and ``webhook_secret=whsec_...`` (signing).
+KEY_OPTIONS = ("weight", "webhook_secret")
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The API keys' digests, and what some of them were given."""
+
+    digests: frozenset[str]
+    weights: dict[str, float]
+    webhook_secrets: dict[str, str]
+
+
+def _api_keys(env: Mapping[str, str]) -> ApiKeys:
+    """Each key's digest, the fair-share weight and webhook secret of those given one."""
+    entries = [("CARPOOL_API_KEYS", e.strip()) for e in env.get("CARPOOL_API_KEYS", "").split(",")]
     path = env.get("CARPOOL_API_KEYS_FILE")
     if path:
         try:
             lines = Path(path).read_text().splitlines()
         except OSError as exc:
             raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
-        for line in lines:
-            if line.lstrip().startswith("#") or not line.strip():
-                continue
-            key, _, rest = line.strip().partition(" ")
-            keys.append(key)
-            if rest.strip():
-                weights[api_key_digest(key)] = _weight(path, key, rest.strip())
-    keys = [k for k in keys if k]
-    for key in keys:
+        entries += [(f"CARPOOL_API_KEYS_FILE={path}", line.strip()) for line in lines
+                    if line.strip() and not line.lstrip().startswith("#")]
+    out = ApiKeys(frozenset(), {}, {})
+    digests = set()
+    for where, entry in entries:
+        if not entry:
+            continue
+        key, *options = entry.split()
         if len(key) < MIN_API_KEY_CHARS or not key.isascii() or not key.isprintable():
             raise ConfigError(
                 f"an API key ({key[:4]}...) is shorter than {MIN_API_KEY_CHARS} characters or "
                 "not printable ASCII; make keys with `openssl rand -hex 16`")
-    return frozenset(api_key_digest(k) for k in keys), weights
+        digest = api_key_digest(key)
+        digests.add(digest)
+        for option in options:
+            name, _, value = option.partition("=")
+            if name == "weight":
+                out.weights[digest] = _weight(where, key, option)
+            elif name == "webhook_secret":
+                out.webhook_secrets[digest] = check_secret(value, f"{where}: key {key[:4]}...")
+            else:
+                raise ConfigError(f"{where}: key {key[:4]}...: unknown option "
+                                  f"{option[:40]!r}; allowed: {', '.join(KEY_OPTIONS)}")
+    return ApiKeys(frozenset(digests), out.weights, out.webhook_secrets)
 
 
-def _weight(path: str, key: str, text: str) -> float:
+def _weight(where: str, key: str, text: str) -> float:
     name, _, value = text.partition("=")
     try:
         weight = float(value) if name.strip() == "weight" else math.nan
     except ValueError:
         weight = math.nan
     if not 0 < weight < math.inf:
-        raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: key {key[:4]}...: write "
+        raise ConfigError(f"{where}: key {key[:4]}...: write "
                           f"'<key> weight=N' with N > 0, not {text[:40]!r}")
     return weight
 
@@ -290,7 +316,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     worker_models = tuple(m for m in env.get("CARPOOL_MODELS", "").split(",") if m)
     for name in worker_models:
         catalogue.get(name)  # an unknown name fails at start-up, not at the first job
-    api_digests, api_weights = _api_keys(env)
+    api_keys = _api_keys(env)
     settings = Settings(
         redis_url=_redis_url(env),
         key_prefix=env.get("CARPOOL_KEY_PREFIX", "carpool"),
@@ -314,8 +340,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
         refused_grace_s=float(_int(env, "CARPOOL_REFUSED_GRACE_S", 30, minimum=0)),
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
-        api_key_digests=api_digests,
-        api_key_weights=api_weights,
+        api_key_digests=api_keys.digests,
+        api_key_weights=api_keys.weights,
+        webhooks=read_webhook_settings(env, api_keys.webhook_secrets),
         metrics_token=env.get("CARPOOL_METRICS_TOKEN", ""),
         body_timeout_s=float(_int(env, "CARPOOL_BODY_TIMEOUT_S", 10, minimum=1)),
         body_min_rate_bytes_per_s=_int(env, "CARPOOL_BODY_MIN_RATE", 32 << 10, minimum=1),

@@ -17,7 +17,8 @@ NODE_ARG, FLOWER_PORT_PREFIX = "worker@%h", "--port="
 
 
 def load_commands() -> dict[str, list[str]]:
-    """Each process name (``web``, ``worker``, ``flower``) mapped to its argv."""
+    """Each process name (``web``, ``worker``, ``flower``, ``dispatcher``) mapped to its
+    argv."""
     table = tomllib.loads(files("carpool.stack").joinpath("commands.toml").read_text())
     return {name: list(entry["argv"]) for name, entry in table.items()}
 
@@ -39,4 +40,6 @@ def python_argv(name: str, *, node: str | None = None, port: int | None = None) 
     """``argv`` run by this interpreter (``python -m gunicorn ...``): no reliance on the
     venv's scripts being on PATH."""
     program, *rest = argv(name, node=node, port=port)
+    if program == "python":  # already a module run: ``python -m carpool.dispatch``
+        return [sys.executable, *rest]
     return [sys.executable, "-m", program, *rest]

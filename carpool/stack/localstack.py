@@ -1,8 +1,10 @@
-"""`carpool up`: Redis, gunicorn, N Celery workers and Flower, supervised (a child that
-exits is restarted: carpool/stack/supervisor.py) and stopped cleanly on Ctrl-C."""
+"""`carpool up`: Redis, gunicorn, N Celery workers, the webhook dispatcher and Flower,
+supervised (a child that exits is restarted: carpool/stack/supervisor.py) and stopped
+cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import signal
@@ -22,6 +24,8 @@ from carpool.stack.supervisor import Child, Supervisor
 STOP_GRACE_S = 30.0
 #: The ports `carpool up` takes unless told otherwise (a taken one is replaced).
 DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
+#: The dispatcher's metrics port (carpool.core.webhook_settings' default).
+DEFAULT_DISPATCH_PORT = 9300
 
 
 # The shipped command lines (carpool/stack/commands.toml), run by this interpreter.
@@ -35,6 +39,10 @@ def worker_command(index: int) -> list[str]:
 
 #: Flower's task list: each batch's (model, bin, size) and its result beside its runtime.
 FLOWER_TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"
+
+
+def dispatcher_command() -> list[str]:
+    return python_argv("dispatcher")
 
 
 def flower_command(port: int) -> list[str]:
@@ -122,6 +130,21 @@ def _metrics_ports(env: dict[str, str], workers: int, notes: list[str]) -> list[
     return [pick_port(None, base + i, f"worker{i} metrics", notes) for i in range(workers)]
 
 
+def _spawn_dispatcher(stack: Stack, env: dict[str, str], notes: list[str]) -> None:
+    """The webhook dispatcher, signing with CARPOOL_WEBHOOK_SECRET, or with a fresh secret
+    of this run's (noted, so a local receiver can verify)."""
+    extra = {"CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1",
+             "CARPOOL_DISPATCH_METRICS_PORT": str(pick_port(
+                 None, int(env.get("CARPOOL_DISPATCH_METRICS_PORT") or DEFAULT_DISPATCH_PORT),
+                 "dispatcher metrics", notes))}
+    if not env.get("CARPOOL_WEBHOOK_SECRET"):
+        secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+        extra["CARPOOL_WEBHOOK_SECRET"] = secret
+        notes.append(f"webhooks are signed with CARPOOL_WEBHOOK_SECRET={secret} "
+                     "(this run's; set the variable to keep one)")
+    stack.spawn("dispatcher", dispatcher_command(), {**env, **extra})
+
+
 def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
     """Start everything; returns the stack, the URLs to print and notes on ports."""
     opts.state_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +165,7 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
         stack.spawn(f"worker{i}", worker_command(i), {
             "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
             "CARPOOL_WORKER_METRICS_PORT": str(port)})
+    _spawn_dispatcher(stack, env, notes)
     urls = {"api": f"http://127.0.0.1:{web_port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(flower_port), env)

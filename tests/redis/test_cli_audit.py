@@ -36,3 +36,19 @@ def test_audit_names_a_job_in_two_places_and_exits_1(
     assert main(["audit"]) == 1
     out = capsys.readouterr().out
     assert f"{job}: queued, in 2 bin slots" in out
+
+
+def test_audit_lists_dead_webhook_deliveries(
+        env: None, queue: Queue, capsys: pytest.CaptureFixture[str]) -> None:
+    from carpool.backend.outbox import DEAD, Delivery, Outbox
+    from carpool.core.webhooks import hook_field
+
+    job = admit(queue, synthetic(), hook=hook_field("https://example.com/h", ("cancelled",)))
+    queue.cancel(job, 60)
+    outbox = Outbox(queue.client, queue.keys)
+    (event,) = outbox.take(shard("synthetic"), 10, 5000).events
+    outbox.settle(event, DEAD, Delivery(DEAD, 7, 500, "HTTP 500", event.t_ms))
+    assert main(["audit"]) == 0
+    out = capsys.readouterr().out
+    assert "1 dead webhook deliveries shown" in out
+    assert f"  {job} cancelled https://example.com/h attempts=7 last_status=500" in out

@@ -39,7 +39,8 @@ def test_a_record_python_writes_is_one_the_scripts_claim_and_complete(queue: Que
     written = {"status": "queued", "attempts": "2", "t_admit": str(now_ms),
                "deadline": "9999999999999", "owner": "o" * 64, "score": f"{now_ms}123",
                "model": spec.name, "bin": spec.bins[0].name, "priority": "4",
-               "digest": "d" * 64, "idem": "{x}:idem:k", "input": '{"value": "\t", "size": 1}'}
+               "digest": "d" * 64, "idem": "{x}:idem:k", "hook": "rd https://example.com/h?a=1",
+               "input": '{"value": "\t", "size": 1}'}
     assert tuple(k for k in written if k != "input") == records.HEAD
     queue.client.set(queue.keys.job(job), records.build(written))
     queue.client.zadd(queue.keys.bin(spec.name, spec.bins[0].name), {job: 1})
@@ -63,7 +64,7 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
         spec, (AdmitJob(spec.bins[0], job, body),),
         queued_ttl_s=TTL_S, deadline_ms=5000, priority=3, idempotency_digest="k" * 16,
-        input_digest="d" * 16, owner="o" * 16)))
+        input_digest="d" * 16, owner="o" * 16, hook="df https://example.com/h")))
     record = records.read(queue.client, queue.keys.job(job))
     assert record is not None
     assert record["status"] == "queued" and "attempts" not in record  # never claimed
@@ -71,6 +72,7 @@ def test_an_admitted_record_holds_every_option_and_no_input(queue: Queue) -> Non
     assert int(record["deadline"]) == int(record["t_admit"]) + 5000
     assert (record["priority"], record["owner"], record["digest"]) == ("3", "o" * 16, "d" * 16)
     assert record["idem"] == queue.keys.idempotency(spec.name, "k" * 16)
+    assert record["hook"] == "df https://example.com/h"
     score = queue.client.zscore(queue.keys.bin(spec.name, spec.bins[0].name), job)
     assert float(record["score"]) == score
     assert record["input"] == body

@@ -1,15 +1,17 @@
-"""Worker metrics read against a real Redis: every listed metric emitted by web and
-worker together, and the loop counting the jobs its claim found expired."""
+"""Worker metrics read against a real Redis: every listed metric emitted by web,
+worker and webhook dispatcher together, and the loop counting the jobs its claim found expired."""
 
 from __future__ import annotations
 
 import redis
+from prometheus_client import generate_latest
 
 from carpool.backend import records
 from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import Settings
+from carpool.dispatch.metrics import DispatchMetrics
 from tests.support.deployfiles import load_metrics
 from tests.support.procs import wait_until
 from tests.support.promtext import Scrape
@@ -38,7 +40,10 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
     executor.close()
     web = WebMetrics(queue, settings.catalogue)
     web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
-    emitted = {**read(m).families, **Scrape(web.render().decode()).families}
+    hooks = DispatchMetrics()
+    hooks.latency.observe(0.02)
+    emitted = {**read(m).families, **Scrape(web.render().decode()).families,
+               **Scrape(generate_latest(hooks.registry).decode()).families}
     listed = load_metrics()
     assert set(emitted) == set(listed)
     for name, metric in listed.items():

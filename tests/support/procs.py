@@ -152,3 +152,25 @@ def log_says(log_path: Path, text: str) -> bool:
     """True once the log at ``log_path`` holds ``text``."""
     return _log_says(log_path, text)
 
+
+
+#: A dispatcher imports redis and the catalogue, then serves its metrics: about a second.
+DISPATCHER_START_TIMEOUT_S = 30.0
+
+
+def dispatcher_command() -> list[str]:
+    """The shipped dispatcher command line (``python -m carpool.dispatch``), this venv's."""
+    _python, *args = argv("dispatcher")
+    return [sys.executable, *args]
+
+
+@contextmanager
+def start_dispatcher(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A real webhook dispatcher; ready once its metrics endpoint answers."""
+    port = free_port()
+    env = {"CARPOOL_DISPATCH_METRICS_PORT": str(port),
+           "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env}
+    with running(dispatcher_command(), env,
+                 lambda: answers(f"http://127.0.0.1:{port}/metrics"), "dispatcher",
+                 DISPATCHER_START_TIMEOUT_S) as proc:
+        yield proc

@@ -50,7 +50,9 @@
 -- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
 -- ARGV[23] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
 --                            message per call that admits any (web/waiters.py)
--- ARGV[24..] jobs      per job, 2 values: id, input (JSON)
+-- ARGV[24] hook              the record's webhook field, "<letters> <url>" ("" none:
+--                            carpool/core/webhooks.py), the same for every job of the call
+-- ARGV[25..] jobs      per job, 2 values: id, input (JSON)
 --
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
@@ -94,7 +96,7 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 24
+local FIRST_JOB = 25
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
@@ -371,7 +373,7 @@ if n > 0 then
   local rec_head = "queued\t\t" .. string.format("%d", now_ms) .. "\t" .. deadline .. "\t" ..
     ARGV[13] .. "\t"
   local rec_tail = "\t" .. ARGV[2] .. "\t" .. ARGV[3] .. "\t" .. priority .. "\t" .. ARGV[14] ..
-    "\t" .. idem .. "\n"
+    "\t" .. idem .. "\t" .. ARGV[24] .. "\n"
 
   local members, writes = {}, {}
   for i = 0, n - 1 do

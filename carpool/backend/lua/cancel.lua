@@ -11,12 +11,16 @@
 -- ARGV[6]  results_channel  a deleted job's id is published there ("del <id>"), so no
 --                           web process answers from a result it was pushed
 --                           (carpool/backend/pushed.py)
+-- ARGV[7]  outbox           {p.s}:outbox (outbox.lua): a cancelled job that asked for its
+--                           "cancelled" webhook gets it, in this call
+-- ARGV[8]  hook_wake        {p.s}:hook-wake
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
 --#include record
+--#include outbox
 redis.replicate_commands()
 
 local rec = redis.call("GET", KEYS[1])
@@ -58,6 +62,8 @@ if status == "queued" then
   redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
     "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
   redis.call("PUBLISH", ARGV[3], ARGV[1])
+  outbox_wake(ARGV[8], outbox_add(ARGV[7], ARGV[1], "c", hook_of_admission(admission), owner,
+    now_s))
   return "cancelled"
 end
 if status == "running" then

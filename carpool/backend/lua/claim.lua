@@ -23,6 +23,10 @@
 -- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
 --                        the jobs leased, one message per claim (web/followers.py: the
 --                        event streams' `running`)
+-- ARGV[11] outbox        {p.s}:outbox (outbox.lua; same slot): the webhook events of
+--                        this call, "running" for each job claimed and "expired" for
+--                        each one ended, of the jobs that asked for them
+-- ARGV[12] hook_wake     {p.s}:hook-wake, the dispatcher's wake list
 --
 -- Returns {now_ms, expired, id_1, record_1, id_2, record_2, ...}, most urgent first: each
 -- record whole, as MGET read it (carpool/backend/records.py's `claimed` takes the attempt
@@ -39,6 +43,7 @@
 -- its bin (carpool/backend/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
 --#include record
+--#include outbox
 redis.replicate_commands()
 
 local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -53,6 +58,7 @@ local out = {now_ms, 0}
 local expired, live = 0, 0
 local held = {"t", now_s, "w", worker}  -- the claim hash's fields
 local stale_ms = now_ms - queued_ttl_s * 1000  -- admitted then or before: too old
+local outbox, hooked = ARGV[11], 0  -- webhook events added (outbox.lua)
 
 -- >>> byte budget (carpool/admission/budget.py): sum the bytes leaving per budget hash
 local freed = {}  -- hash key -> bytes
@@ -95,6 +101,7 @@ while live < max_n and budget > 0 do
             now_s, "", "", why), "EX", result_ttl_s)
         redis.call("PUBLISH", done_channel, id)
         expired = expired + 1
+        hooked = hooked + outbox_add(outbox, id, "x", hook_of_head(rec, nl), owner, now_s)
       else
         local attempts = 1  -- "": never claimed before
         if attempts_s ~= "" then attempts = tonumber(attempts_s) + 1 end
@@ -105,6 +112,7 @@ while live < max_n and budget > 0 do
         out[#out + 1] = id
         out[#out + 1] = rec
         live = live + 1
+        hooked = hooked + outbox_add(outbox, id, "r", hook_of_head(rec, nl), owner, now_s)
       end
     end
   end
@@ -122,5 +130,6 @@ for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queue
     redis.call("DEL", key)
   end
 end
+outbox_wake(ARGV[12], hooked)
 out[2] = expired
 return out

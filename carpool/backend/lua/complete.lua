@@ -23,13 +23,19 @@
 -- ARGV[10] late             the claim's jobs that were late (past their deadline at the
 --                           batch's end, else queued past max_queue_ms) or it expired:
 --                           late_c, decayed as rate_c, corrects admit.lua's pace
--- ARGV[11..10+4j] per_job   4 values per job: id, the byte length of its line in
+-- ARGV[11] outbox           {p.s}:outbox (outbox.lua; same slot)
+-- ARGV[12] hook_wake        {p.s}:hook-wake
+-- ARGV[13] hooks            the webhook events of this batch: one line per job that asked
+--                           for its outcome's event, "<k>\t<event letter>\t<owner>\t<hook>"
+--                           (k: the job's place in per_job, from 1), "\n" between; each
+--                           goes to the outbox if, and only if, its job is written here
+-- ARGV[14..13+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
 --   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
 --   worker from the admission fields and the attempt count the claim handed out, and
 --   the rest from the timings on, payload included (the result JSON when done, the error
 --   message when failed); the record written is head .. t_done .. rest (Redis's clock)
--- ARGV[11+4j..] scans      the max_batch of each bin peeked, in KEYS' order
+-- ARGV[14+4j..] scans      the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -46,10 +52,11 @@
 --#include record
 --#include peek_bins
 --#include leave_claim
+--#include outbox
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local FIRST_JOB = 11  -- ARGV index of the first job's id
+local FIRST_JOB = 14  -- ARGV index of the first job's id
 local npeek = (#KEYS - 4) / 2
 local jobs_end = FIRST_JOB - 1 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
@@ -122,6 +129,16 @@ if written > 0 then
     redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" .. pushed)
   end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
+  if ARGV[13] ~= "" then  -- webhook events, of the jobs written only (outbox.lua)
+    local hooked = 0
+    for k, letter, owner, hook in string.gmatch(ARGV[13], "(%d+)\t(%a)\t([^\t]*)\t([^\n]*)") do
+      if out[tonumber(k)] == 1 then
+        hooked = hooked + outbox_add(ARGV[11], ARGV[FIRST_JOB + (tonumber(k) - 1) * STRIDE],
+          letter, hook, owner, now_s)
+      end
+    end
+    outbox_wake(ARGV[12], hooked)
+  end
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/admission/retry_after.py turns it into jobs/s: the sum over all workers.

@@ -14,6 +14,9 @@
 -- ARGV[4]  message          the error message (the record's payload)
 -- ARGV[5]  max_n            most jobs ended per call (the caller calls again while it
 --                           returns that many)
+-- ARGV[6]  outbox           {p.s}:outbox (outbox.lua): each job ended here that asked for
+--                           its "failed" webhook gets it, in this call
+-- ARGV[7]  hook_wake        {p.s}:hook-wake
 --
 -- Each job's record ends as reap.lua writes a failure: "failed", its attempts, its
 -- admission fields kept, no claim time, t_done now, no timings, no batch, the message
@@ -24,6 +27,7 @@
 -- Returns {ended, dropped}: dropped are ids in the bin whose record was gone or no
 -- longer queued (taken out of the bin all the same).
 --#include record
+--#include outbox
 redis.replicate_commands()
 
 local ids = redis.call("ZRANGE", KEYS[1], 0, tonumber(ARGV[5]) - 1)
@@ -32,7 +36,7 @@ if #ids == 0 then
 end
 local t = redis.call("TIME")
 local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local ended, dropped = {}, 0
+local ended, dropped, hooked = {}, 0, 0
 local budget = {}  -- byte-budget key -> bytes leaving it
 for _, id in ipairs(ids) do
   -- ZREM first: never refused for memory, so a full Redis still ends its jobs.
@@ -61,6 +65,7 @@ for _, id in ipairs(ids) do
     redis.call("SET", key, ended_record("failed", attempts, admission, "", now_s, "", "",
       ARGV[4]), "EX", ARGV[3])
     ended[#ended + 1] = id
+    hooked = hooked + outbox_add(ARGV[6], id, "f", hook_of_admission(admission), owner, now_s)
   end
 end
 for key, n in pairs(budget) do
@@ -74,4 +79,5 @@ end
 if #ended > 0 then
   redis.call("PUBLISH", ARGV[2], table.concat(ended, " "))
 end
+outbox_wake(ARGV[7], hooked)
 return {#ended, dropped}

@@ -14,7 +14,10 @@
 -- ARGV[8]  wake_cap      a wake list's cap
 -- ARGV[9]  result_ttl_s  for a model not listed below
 -- ARGV[10] claim_prefix  "{p.s}:claim:"
--- ARGV[11..] ttls        pairs: model, result_ttl_s
+-- ARGV[11] outbox        {p.s}:outbox (outbox.lua): a job failed here that asked for
+--                        its "failed" webhook gets it, in this call
+-- ARGV[12] hook_wake     {p.s}:hook-wake
+-- ARGV[13..] ttls        pairs: model, result_ttl_s
 --
 -- Each expired claim's hash (claim.lua) names the jobs it still held, with their attempt
 -- counts. A job under max_attempts goes back into its bin zset under the score admit.lua
@@ -28,6 +31,7 @@
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
 --#include record
+--#include outbox
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -37,11 +41,11 @@ local limit = tonumber(ARGV[1])
 local tokens = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now_ms, "LIMIT", 0, limit)
 local max_attempts = tonumber(ARGV[2])
 local ttl = {}
-for i = 11, #ARGV, 2 do
+for i = 13, #ARGV, 2 do
   ttl[ARGV[i]] = ARGV[i + 1]
 end
 
-local requeued, failed, dropped = 0, 0, 0
+local requeued, failed, dropped, hooked = 0, 0, 0, 0
 local woken = {}  -- wake key -> bin name
 for _, token in ipairs(tokens) do
   if requeued + failed + dropped >= limit then break end
@@ -74,6 +78,8 @@ for _, token in ipairs(tokens) do
         redis.call("LPUSH", KEYS[2], id)
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
         failed = failed + 1
+        hooked = hooked + outbox_add(ARGV[11], id, "f", hook_of_admission(admission),
+          record_fields(admission, 3)[3], now_s)
       else
         local score, model, bin = record_place(admission)
         redis.call("SET", key, requeued_record(rec, attempts))
@@ -89,4 +95,5 @@ for wake_key, bin_name in pairs(woken) do
   redis.call("RPUSH", wake_key, bin_name)
   redis.call("LTRIM", wake_key, -tonumber(ARGV[8]), -1)
 end
+outbox_wake(ARGV[12], hooked)
 return {now_ms, requeued, failed, dropped}

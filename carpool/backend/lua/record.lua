@@ -3,7 +3,7 @@
 --
 -- A job's record is one string (carpool/backend/records.py): a header line of tab-separated
 -- fields, "status attempts t_admit deadline owner score model bin priority digest
--- idem", and once ended "t_claim t_done timings batch" after them; then a newline and
+-- idem hook", and once ended "t_claim t_done timings batch" after them; then a newline and
 -- the payload: the input while the job waits or runs, the result JSON or the error
 -- message once it ended. Empty fields hold their default. The fields a claim reads
 -- come first, so the hot paths read a record with one anchored match that stops
@@ -13,14 +13,14 @@
 --   for any other); nl is where its head ends: its input follows. Nothing else is cut
 --   out of it: a claim hands the record to the worker whole (carpool/backend/records.py's
 --   `claimed` splits it there)
--- record_admission(rec, attempts, nl) -> the nine fields from t_admit to idem as one
+-- record_admission(rec, attempts, nl) -> the ten fields from t_admit to hook as one
 --   string, which every later write of the record keeps as is (the worker hands them
 --   back with the outcome: complete.lua then writes the ended record without reading
 --   the queued one)
 -- record_times(head) -> t_admit, deadline of a queued record (or of its first bytes)
 -- record_head(rec) -> status, attempts, admission, and where the newline is (nil: none)
 -- record_fields(admission, n) -> a table of its first n fields (t_admit = 1, deadline,
---   owner, score, model, bin, priority, digest, idem = 9)
+--   owner, score, model, bin, priority, digest, idem = 9, hook = 10)
 -- record_place(admission) -> score, model, bin: where the job waits (its bin zset)
 -- ended_record(status, attempts, admission, t_claim, t_done, timings, batch, payload)
 --   -> an ended record

@@ -1,0 +1,181 @@
+"""The webhook outbox: events leased to dispatchers, their delivery states, the dead.
+
+The scripts that change a job's state add its webhook events to the shard's outbox in
+the same call (carpool/backend/lua/outbox.lua). A dispatcher leases due events
+(``take``: hook_take.lua), tries each, and settles it (``settle``: hook_settle.lua):
+delivered, due again later, or dead. An event leased to a dispatcher that died is due
+again once its lease runs out, so every event is tried at least once more; duplicates
+carry the same ``webhook-id``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from carpool.backend.args import HookSettleArgs, HookTakeArgs
+from carpool.backend.connection import load_script, redis_errors
+from carpool.backend.keys import Keys
+from carpool.backend.wake import ShardWaiters
+from carpool.core.script_args import argv, keys_of
+from carpool.core.shards import shard_of_job
+
+#: Dead-lettered deliveries kept per shard (newest first): enough to see a pattern.
+HOOK_DEAD_CAP = 10_000
+#: A job's delivery states outlive the last try by a day: its document shows them.
+STATE_TTL_MARGIN_S = 86_400
+
+#: The states of one event's delivery, in the job document's ``webhook.state``.
+PENDING, RETRYING, DELIVERED, DEAD = "pending", "retrying", "delivered", "dead"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One event's delivery so far."""
+
+    state: str = PENDING
+    attempts: int = 0
+    last_status: int | None = None
+    last_error: str | None = None
+    #: When the event happened (Redis's clock, ms).
+    t_event_ms: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Delivery:
+        doc = json.loads(text)
+        return cls(str(doc.get("state", PENDING)), int(doc.get("attempts", 0)),
+                   doc.get("last_status"), doc.get("last_error"), int(doc.get("t_event_ms", 0)))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One webhook event, as the outbox holds it: "<id>\\t<event>\\t<t_ms>\\t<owner>\\t<url>"."""
+
+    member: str
+    job_id: str
+    event: str
+    t_ms: int
+    owner: str
+    url: str
+    delivery: Delivery = field(default_factory=Delivery)
+
+    @property
+    def webhook_id(self) -> str:
+        """Stable per (job, event): a receiver drops a duplicate by it."""
+        return f"{self.job_id}.{self.event}"
+
+    @classmethod
+    def parse(cls, member: str, state: str = "") -> Event:
+        job_id, event, t_ms, owner, url = member.split("\t", 4)
+        return cls(member, job_id, event, int(t_ms), owner, url,
+                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)))
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What ``take`` leased, at Redis time ``now_ms``; ``next_due_ms``: when the earliest
+    event left is due (None: none left)."""
+
+    now_ms: int
+    next_due_ms: int | None
+    events: tuple[Event, ...]
+
+
+class Outbox:
+    """Take, settle and read webhook events; each is one script call or one read."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._take = load_script(client, "hook_take")
+        self._settle = load_script(client, "hook_settle")
+        self._waiters: ShardWaiters | None = None
+
+    def take(self, tag: str, max_n: int, lease_ms: int) -> Taken:
+        with redis_errors():
+            reply = self._take(keys=keys_of(HookTakeArgs, outbox=self.keys.outbox(tag)),
+                               args=argv(HookTakeArgs(max_n, lease_ms,
+                                                      self.keys.hook_state_prefix(tag))))
+        events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]))
+                       for i in range(2, len(reply), 2))
+        next_due = int(reply[1])
+        return Taken(int(reply[0]), None if next_due < 0 else next_due, events)
+
+    def settle(self, event: Event, outcome: str, delivery: Delivery, *, delay_ms: int = 0,
+               max_age_s: float = 0.0) -> bool:
+        """Record one try; False when another dispatcher had settled the event already."""
+        tag = shard_of_job(event.job_id)
+        dead_entry = ""
+        if outcome == DEAD:
+            dead_entry = json.dumps({"id": event.job_id, "event": event.event,
+                                     "url": event.url, **asdict(delivery)})
+        args = HookSettleArgs(event.member, event.event, outcome, delay_ms,
+                              delivery.to_json(), int(max_age_s) + STATE_TTL_MARGIN_S,
+                              HOOK_DEAD_CAP, dead_entry)
+        with redis_errors():
+            return bool(self._settle(
+                keys=keys_of(HookSettleArgs, outbox=self.keys.outbox(tag),
+                             state=self.keys.hook_state(event.job_id),
+                             dead=self.keys.hook_dead(tag)),
+                args=argv(args)))
+
+    def deliveries(self, job_ids: Sequence[str]) -> list[dict[str, Delivery]]:
+        """Each job's delivery states by event (empty before any try)."""
+        if not job_ids:
+            return []
+        with redis_errors():
+            if isinstance(self.client, RedisCluster):
+                rows = [self.client.hgetall(self.keys.hook_state(i)) for i in job_ids]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for job_id in job_ids:
+                    pipe.hgetall(self.keys.hook_state(job_id))
+                rows = pipe.execute()
+        return [{str(k): Delivery.from_json(str(v)) for k, v in row.items()} for row in rows]
+
+    def dead(self, tags: Sequence[str], n: int) -> list[dict[str, Any]]:
+        """The newest ``n`` dead-lettered deliveries of each shard."""
+        out: list[dict[str, Any]] = []
+        with redis_errors():
+            for tag in tags:
+                out += [json.loads(str(x)) for x in
+                        self.client.lrange(self.keys.hook_dead(tag), 0, n - 1)]
+        return out
+
+    def waiting(self, tags: Sequence[str]) -> int:
+        """Events in the outboxes of ``tags``: not yet delivered nor dead."""
+        with redis_errors():
+            return sum(int(self.client.zcard(self.keys.outbox(t))) for t in tags)
+
+    def wait(self, tags: Sequence[str], timeout_s: float) -> bool:
+        """Block until a state change added an event to one of ``tags``' outboxes, or
+        ``timeout_s`` passes (on a cluster one thread per shard: carpool.backend.wake)."""
+        wake = [self.keys.hook_wake(t) for t in tags]
+        if isinstance(self.client, RedisCluster) and len(wake) > 1:
+            if self._waiters is None:
+                self._waiters = ShardWaiters(self.client, wake)
+            return self._waiters.wait(timeout_s)
+        with redis_errors():
+            return self.client.blpop(wake, timeout=max(timeout_s, 0.01)) is not None
+
+    def close(self) -> None:
+        if self._waiters is not None:
+            self._waiters.close()
+
+
+def webhook_doc(deliveries: dict[str, Delivery]) -> dict[str, Any]:
+    """The job document's ``webhook``: the delivery of its latest event (pending before
+    any), with that event's name."""
+    if not deliveries:
+        return {"state": PENDING, "attempts": 0, "last_status": None, "last_error": None}
+    event, d = max(deliveries.items(), key=lambda kv: kv[1].t_event_ms)
+    return {"state": d.state, "attempts": d.attempts, "last_status": d.last_status,
+            "last_error": d.last_error, "event": event}

@@ -1,0 +1,105 @@
+"""The webhook settings: where deliveries may go, how they are retried, how signed.
+
+Read by ``carpool.core.settings.load_settings`` (the one function that reads the
+environment) through ``read_webhook_settings``; every field has its row in
+docs/reference.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from carpool.core.errors import ConfigError
+
+#: What a secret looks like: Standard Webhooks' "whsec_" and base64 of its bytes.
+SECRET_PREFIX = "whsec_"
+#: A shorter secret is guessable offline from one signed delivery.
+MIN_SECRET_BYTES = 24
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """How the web judges webhook URLs and how the dispatcher delivers them."""
+
+    #: Let webhooks go to loopback, private, link-local and reserved addresses (never
+    #: to cloud metadata ones): for receivers inside the operator's network, and tests.
+    allow_private: bool = False
+    #: The deployment's signing secret (whsec_...), for jobs of keys without their own.
+    secret: str = ""
+    #: Per API key digest: that key's own secret.
+    key_secrets: Mapping[str, str] = field(default_factory=dict)
+    #: The first retry waits about this long; each next one twice as long, with jitter.
+    retry_base_s: float = 5.0
+    #: No wait between tries is longer (a receiver's Retry-After included).
+    retry_max_s: float = 3600.0
+    #: An event not delivered this long after it happened is dead-lettered.
+    max_age_s: float = 86400.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    #: Deliveries one dispatcher has in flight at once.
+    concurrency: int = 16
+    #: Port of a dispatcher's Prometheus endpoint; 0 turns it off.
+    metrics_port: int = 9300
+
+    @property
+    def lease_ms(self) -> int:
+        """How long a taken event is a dispatcher's before another may take it: one
+        whole try (connect + read) and a margin, so a live dispatcher never loses it."""
+        return int((self.connect_timeout_s + self.read_timeout_s) * 1000) + 5000
+
+    def secret_for(self, owner: str) -> str:
+        """The secret that signs a job of ``owner`` (an API key digest; "" none)."""
+        return self.key_secrets.get(owner, self.secret)
+
+
+def check_secret(secret: str, where: str) -> str:
+    """``secret`` if it is a usable Standard Webhooks secret; raises ``ConfigError``."""
+    body = secret.removeprefix(SECRET_PREFIX).rstrip("=")
+    try:
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if not secret.startswith(SECRET_PREFIX) or len(raw) < MIN_SECRET_BYTES:
+        raise ConfigError(f"{where}: a webhook secret is 'whsec_' and base64 of at least "
+                          f"{MIN_SECRET_BYTES} random bytes; make one with: python -c "
+                          "\"import base64,os;print('whsec_'+base64.b64encode("
+                          "os.urandom(32)).decode())\"")
+    return secret
+
+
+def read_webhook_settings(env: Mapping[str, str], key_secrets: Mapping[str, str]
+                          ) -> WebhookSettings:
+    secret = env.get("CARPOOL_WEBHOOK_SECRET", "")
+    if secret:
+        check_secret(secret, "CARPOOL_WEBHOOK_SECRET")
+    s = WebhookSettings(
+        allow_private=env.get("CARPOOL_WEBHOOK_ALLOW_PRIVATE", "") == "1",
+        secret=secret, key_secrets=dict(key_secrets),
+        retry_base_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_BASE_S", 5.0),
+        retry_max_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_MAX_S", 3600.0),
+        max_age_s=_seconds(env, "CARPOOL_WEBHOOK_MAX_AGE_S", 86400.0),
+        connect_timeout_s=_seconds(env, "CARPOOL_WEBHOOK_CONNECT_TIMEOUT_S", 5.0),
+        read_timeout_s=_seconds(env, "CARPOOL_WEBHOOK_READ_TIMEOUT_S", 10.0),
+        concurrency=int(_seconds(env, "CARPOOL_DISPATCH_CONCURRENCY", 16)),
+        metrics_port=int(_seconds(env, "CARPOOL_DISPATCH_METRICS_PORT", 9300, zero=True)),
+    )
+    if s.retry_base_s > s.retry_max_s:
+        raise ConfigError(f"CARPOOL_WEBHOOK_RETRY_BASE_S ({s.retry_base_s:g}) is above "
+                          f"CARPOOL_WEBHOOK_RETRY_MAX_S ({s.retry_max_s:g})")
+    return s
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < float("inf")) or (value == 0 and not zero):
+        raise ConfigError(f"{name}={raw[:40]!r}: give a positive number")
+    return value

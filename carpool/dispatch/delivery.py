@@ -1,0 +1,139 @@
+"""One webhook POST, made where the rules allow and nowhere else.
+
+The URL is checked again (carpool/core/webhooks.py), its host resolved once, every
+address it resolves to judged, and the connection made to that checked address, with
+the name only in the Host header and the TLS server name: a DNS answer that changes
+between the check and the connect (rebinding) cannot send the request elsewhere.
+Redirects are never followed (http.client does not), each connect and read has a
+timeout and the whole try a deadline (carpool/dispatch/deadlines.py), and at most
+``MAX_ANSWER_BYTES`` of the answer are read; the rest goes with the connection.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from carpool.core.webhook_settings import WebhookSettings
+from carpool.core.webhooks import IPAddress, Target, WebhookRefused, address_refusal, check_url
+from carpool.dispatch.deadlines import DEADLINES
+from carpool.dispatch.schedule import parse_retry_after
+
+#: The answer's body is read this far, then dropped: a receiver has nothing to tell.
+MAX_ANSWER_BYTES = 4096
+#: An error message kept on the job is cut here.
+MAX_ERROR_CHARS = 300
+
+Resolver = Callable[[str, int], list[IPAddress]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one try went: the HTTP status (None: no answer), why it failed, the wait the
+    receiver asked for, and whether the target may never be called (no retry)."""
+
+    status: int | None
+    error: str | None = None
+    retry_after_s: float | None = None
+    refused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def resolve(host: str, port: int) -> list[IPAddress]:
+    """Every address ``host`` resolves to, for TCP."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    out: list[IPAddress] = []
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if ip not in out:
+            out.append(ip)
+    return out
+
+
+class _PinnedConnection(http.client.HTTPConnection):
+    """An HTTP connection over a socket already connected to the checked address."""
+
+    def __init__(self, target: Target, sock: socket.socket, timeout_s: float) -> None:
+        super().__init__(target.host, target.port, timeout=timeout_s)
+        self.default_port = 443 if target.scheme == "https" else 80  # the Host header's
+        self.sock = sock
+
+    def connect(self) -> None:  # never reached while self.sock is set; never reconnect
+        raise http.client.HTTPException("connection closed; not reconnecting")
+
+
+def post(url: str, body: bytes, headers: Mapping[str, str], settings: WebhookSettings,
+         resolver: Resolver = resolve) -> Answer:
+    """POST ``body`` to ``url``, within the rules; never raises for the network."""
+    try:
+        target = check_url(url, settings.allow_private)
+    except WebhookRefused as exc:
+        return Answer(None, _cut(str(exc)), refused=True)
+    if target.address is not None:
+        addresses = [target.address]
+    else:
+        try:
+            addresses = resolver(target.host, target.port)
+        except (OSError, UnicodeError, ValueError) as exc:
+            return Answer(None, _cut(f"cannot resolve {target.host}: {exc}"))
+    if not addresses:
+        return Answer(None, f"{target.host} resolves to no address")
+    for ip in addresses:
+        why = address_refusal(ip, settings.allow_private)
+        if why is not None:
+            return Answer(None, _cut(f"refused: {target.host} resolves to {why}"), refused=True)
+    return _send(target, addresses[0], body, headers, settings)
+
+
+def _send(target: Target, ip: IPAddress, body: bytes, headers: Mapping[str, str],
+          settings: WebhookSettings) -> Answer:
+    try:
+        sock = socket.create_connection((str(ip), target.port),
+                                        timeout=settings.connect_timeout_s)
+    except OSError as exc:
+        return Answer(None, _cut(f"connect to {ip} port {target.port}: {exc}"))
+    limit_s = settings.connect_timeout_s + settings.read_timeout_s
+    try:
+        with DEADLINES.bounded(sock, limit_s) as bound:
+            try:
+                sock.settimeout(settings.read_timeout_s)
+                if target.scheme == "https":
+                    # The TLS socket takes the plain one's descriptor: bound it instead.
+                    sock = bound.sock = ssl.create_default_context().wrap_socket(
+                        sock, server_hostname=target.host)
+                conn = _PinnedConnection(target, sock, settings.read_timeout_s)
+                conn.request("POST", target.path, body=body, headers=dict(headers))
+                answer = conn.getresponse()
+                answer.read(MAX_ANSWER_BYTES)
+                status = answer.status
+                retry_after = parse_retry_after(answer.getheader("Retry-After"), time.time())
+                location = answer.getheader("Location")
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                error = _cut(f"{type(exc).__name__}: {exc}")
+                status = None
+            # Cut off mid-answer, http.client may read the cut as the answer's end: what
+            # came is no answer, whatever it said.
+            if bound.cut:
+                return Answer(None, f"the try took longer than {limit_s:g} s: cut off")
+            if status is None:
+                return Answer(None, error)
+    finally:
+        sock.close()
+    if 200 <= status < 300:
+        return Answer(status)
+    error = f"HTTP {status}"
+    if 300 <= status < 400:
+        error += f": redirects are not followed (Location: {(location or '')[:100]})"
+    return Answer(status, error, retry_after)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
