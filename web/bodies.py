@@ -66,10 +66,18 @@ class BodyLimits:
         self.multipart = min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
         self.any_image = min(cap, max(pixels, default=0))
         self.image = {s.name: min(cap, s.max_input_bytes) for s in specs}
+        #: A batch input file (CARPOOL_BATCH_MAX_FILE_BYTES) in its multipart envelope.
+        self.upload = settings.batches.max_file_bytes + MULTIPART_SLACK_BYTES
+
+    @property
+    def largest(self) -> int:
+        return max(self.batch, self.upload)
 
     def for_request(self, path: str, mimetype: str, model: str | None) -> int:
-        if path == "/submit/batch":
+        if path in ("/submit/batch", "/v1/embeddings"):
             return self.batch
+        if path == "/v1/files":
+            return self.upload
         if mimetype.startswith("image/"):
             return self.image.get(model or "", self.any_image)
         if mimetype == "multipart/form-data":

@@ -34,6 +34,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("synthetic", "sized", "worker.handlers.synthetic:handler_for", torch=False),
     Kind("image", "image", "worker.handlers.image:handler_for", torch=True),
     Kind("text", "text", "worker.handlers.text:handler_for", torch=True),
+    # A weightless text embedder (a hash of the text): the embeddings path at scale.
+    Kind("hashembed", "text", "worker.handlers.hashembed:handler_for", torch=False),
     Kind(PYTHON_KIND, "custom", "worker.handlers.python:handler_for", torch=True),
 )}
 

@@ -1,0 +1,174 @@
+"""Bulk batches end to end, driven by the unmodified openai SDK: real gunicorn, a
+real Celery worker serving a hash embedder, Redis and the feeder process."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from tests.conftest import REDIS_URL, make_env
+from tests.support.batches import (
+    CATALOGUE_TOML,
+    embedding_lines,
+    lines_of,
+    start_feeder,
+    wait_batch,
+)
+from tests.support.procs import start_web, start_worker
+from worker.handlers.hashembed import hash_vector
+
+pytestmark = pytest.mark.e2e
+
+KEY_A, KEY_B = "key-a-" + "a" * 24, "key-b-" + "b" * 24
+
+
+@dataclass
+class Stack:
+    base_url: str
+    env: dict[str, str]
+    tmp: Path
+    clients: dict[str, openai.OpenAI] = field(default_factory=dict)
+
+    def client(self, key: str = KEY_A) -> openai.OpenAI:
+        """One SDK client per key, closed with the stack (its connections too)."""
+        if key not in self.clients:
+            self.clients[key] = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=key,
+                                              max_retries=0)
+        return self.clients[key]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("batches")
+    (tmp / "catalogue.toml").write_text(CATALOGUE_TOML)
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    env = make_env(REDIS_URL, prefix, CARPOOL_CONFIG=str(tmp / "catalogue.toml"),
+                   CARPOOL_FILES_DIR=str(tmp / "files"), CARPOOL_SYNTHETIC_COST_MS="1,0.01",
+                   CARPOOL_API_KEYS=f"{KEY_A},{KEY_B}", CARPOOL_BATCH_MAX_LINES="20000")
+    try:
+        with start_web(env) as base_url, start_worker({**env, "CARPOOL_MODELS": "hemb"}), \
+                start_feeder(env, tmp / "feeder.log"):
+            running = Stack(base_url, env, tmp)
+            yield running
+            for c in running.clients.values():
+                c.close()
+    finally:
+        client = connect(REDIS_URL)
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def upload(client: openai.OpenAI, data: bytes) -> str:
+    return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def test_embeddings_create_answers_openai_shape_with_the_model_vectors(stack: Stack) -> None:
+    answer = stack.client().embeddings.create(model="hemb", input=["a cat", "a dog"])
+    assert [d.index for d in answer.data] == [0, 1]
+    assert answer.data[0].embedding == pytest.approx(hash_vector("a cat", 8), abs=1e-6)
+    assert answer.data[1].embedding == pytest.approx(hash_vector("a dog", 8), abs=1e-6)
+    assert answer.usage.prompt_tokens == 4
+
+
+def test_a_20000_line_batch_completes_with_every_custom_id_exactly_once(stack: Stack) -> None:
+    client = stack.client()
+    n = 20_000
+    file_id = upload(client, embedding_lines(n))
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                  completion_window="24h", metadata={"run": "big"})
+    assert batch.status == "validating" and batch.metadata == {"run": "big"}
+    done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=240)
+    assert done.status == "completed", done.errors
+    assert done.request_counts.total == n and done.request_counts.completed == n
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    out = lines_of(client, done.output_file_id)
+    err = lines_of(client, done.error_file_id)
+    ids = [line["custom_id"] for line in out + err]
+    assert len(ids) == n and set(ids) == {f"req-{i}" for i in range(n)}
+    assert err == []
+    for line in out[:50]:
+        i = int(line["custom_id"].split("-")[1])
+        body = line["response"]["body"]
+        assert line["response"]["status_code"] == 200
+        assert body["data"][0]["embedding"] == pytest.approx(
+            hash_vector(f"text number {i}", 8), abs=1e-6)
+
+
+def test_a_malformed_file_fails_validation_naming_each_bad_line(stack: Stack) -> None:
+    client = stack.client()
+    good = embedding_lines(1).decode().strip()
+    bad = "\n".join([
+        good,
+        "not json",
+        '{"custom_id": "x", "method": "GET", "url": "/v1/embeddings", "body": {}}',
+        good,  # custom_id repeated
+        '{"custom_id": "y", "method": "POST", "url": "/v1/embeddings", '
+        '"body": {"model": "nope", "input": "a"}}',
+        '{"custom_id": "z", "method": "POST", "url": "/v1/embeddings", '
+        '"body": {"model": "hemb", "input": ""}}',
+    ]).encode() + b"\n\xff\xfe{}\n"
+    batch = client.batches.create(input_file_id=upload(client, bad),
+                                  endpoint="/v1/embeddings", completion_window="24h")
+    failed = wait_batch(client, batch.id, {"failed", "completed"}, timeout_s=30)
+    assert failed.status == "failed" and failed.errors is not None
+    lines = [e.line for e in failed.errors.data]
+    assert lines == [2, 3, 4, 5, 6, 7], failed.errors
+    assert "custom_id" in failed.errors.data[2].message
+    assert "UTF-8" in failed.errors.data[5].message
+
+
+def test_batches_are_scoped_to_their_api_key_and_listed_newest_first(stack: Stack) -> None:
+    a, b = stack.client(KEY_A), stack.client(KEY_B)
+    file_id = upload(a, embedding_lines(3, prefix="scoped"))
+    with pytest.raises(openai.NotFoundError):
+        b.files.retrieve(file_id)
+    ids = [a.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                            completion_window="24h").id for _ in range(3)]
+    with pytest.raises(openai.NotFoundError):
+        b.batches.retrieve(ids[0])
+    first = a.batches.list(limit=2)
+    assert [x.id for x in first.data] == ids[::-1][:2] and first.has_more
+    rest = a.batches.list(limit=2, after=first.data[-1].id)
+    assert rest.data[0].id == ids[0]
+    assert all(x.id not in ids for x in b.batches.list(limit=100).data)
+
+
+def test_cancel_ends_cancelled_with_every_line_in_one_file(stack: Stack) -> None:
+    client = stack.client()
+    n = 3000
+    file_id = upload(client, embedding_lines(n, prefix="cancel"))
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                  completion_window="24h")
+    wait_batch(client, batch.id, {"in_progress"}, timeout_s=30)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = wait_batch(client, batch.id, {"cancelled"}, timeout_s=60)
+    out, err = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    ids = [line["custom_id"] for line in out + err]
+    assert sorted(ids) == sorted(f"cancel-{i}" for i in range(n))
+    assert all(line["error"]["code"] == "batch_cancelled" for line in err)
+
+
+def test_a_window_that_passes_expires_the_batch_keeping_what_finished(stack: Stack) -> None:
+    client = stack.client()
+    n = 20_000
+    file_id = upload(client, embedding_lines(n, prefix="exp"))
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                  completion_window="3s")
+    done = wait_batch(client, batch.id, {"expired", "completed"}, timeout_s=60)
+    assert done.status == "expired"
+    out, err = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    ids = [line["custom_id"] for line in out + err]
+    assert sorted(ids) == sorted(f"exp-{i}" for i in range(n))
+    assert err and all(line["error"]["code"] == "batch_expired" for line in err)
