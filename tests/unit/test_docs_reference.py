@@ -10,7 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"
-SETTINGS_SOURCE = ROOT / "carpool" / "core" / "settings.py"
+#: The modules that read settings from the environment (batch_settings.py: the
+#: file store and bulk batches, a part of Settings).
+SETTINGS_SOURCES = (ROOT / "carpool" / "core" / "settings.py",
+                    ROOT / "carpool" / "core" / "batch_settings.py")
 METRICS_LIST = ROOT / "ops" / "metrics.txt"
 
 #: The helpers in settings.py that take ``(env, NAME, ...)``.
@@ -46,9 +49,9 @@ def first_names(rows: list[list[str]]) -> list[str]:
 def settings_read() -> set[str]:
     """Every name settings.py looks up in ``env``: ``env.get(NAME)`` and ``_int(env, NAME)``."""
     names: set[str] = set()
-    module = ast.parse(SETTINGS_SOURCE.read_text())
+    modules = [ast.parse(path.read_text()) for path in SETTINGS_SOURCES]
     # The readers themselves look up the name they are given; their callers name it.
-    callers = [n for n in module.body
+    callers = [n for module in modules for n in module.body
                if not (isinstance(n, ast.FunctionDef) and n.name in _ENV_READERS)]
     for node in (n for top in callers for n in ast.walk(top)):
         if not isinstance(node, ast.Call):
