@@ -23,6 +23,7 @@ from carpool.core.errors import CarpoolError, InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
 from web import inputs
 from web.auth import request_owner
+from web.routes import read_post_body
 from web.batchlines import ENDPOINTS
 from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
 from web.polls import client_gone_check
@@ -32,6 +33,8 @@ from web.v1_files import owned_file, page_args, page_document
 from web.waiters import await_final_after
 
 blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
+# Bodies read within their limits and time, as on /submit (web/bodies.py).
+blueprint.before_request(read_post_body)
 
 #: A completion window: OpenAI's "24h", or a shorter one in s, m or h (carpool's own).
 _WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")

@@ -15,10 +15,13 @@ from flask import Blueprint, Response, jsonify, request
 from carpool.backend.batchdb import file_document, new_file_id
 from carpool.core.errors import InvalidInput
 from web.auth import request_owner
-from web.refusals import ResourceNotFound
+from web.routes import read_post_body
+from web.refusals import BodyTooLarge, ResourceNotFound
 from web.state import WebState, current_state
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")
+# Bodies read within their limits and time, as on /submit (web/bodies.py).
+blueprint.before_request(read_post_body)
 
 #: Purposes a client may upload; ``batch_output`` files are the feeder's.
 UPLOAD_PURPOSES = ("batch",)
@@ -47,7 +50,10 @@ def create_file() -> tuple[Response, int]:
     files = request.files.getlist("file")
     if len(files) != 1 or set(request.files) != {"file"}:
         raise InvalidInput("send exactly one file, in the form field 'file'")
-    data = files[0].read()
+    limit = state.settings.batches.max_file_bytes
+    data = files[0].read(limit + 1)
+    if len(data) > limit:
+        raise BodyTooLarge(f"the file is over {limit} bytes (CARPOOL_BATCH_MAX_FILE_BYTES)")
     if not data:
         raise InvalidInput("the file is empty")
     meta: dict[str, str | int] = {

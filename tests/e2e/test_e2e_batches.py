@@ -172,3 +172,35 @@ def test_a_window_that_passes_expires_the_batch_keeping_what_finished(stack: Sta
     ids = [line["custom_id"] for line in out + err]
     assert sorted(ids) == sorted(f"exp-{i}" for i in range(n))
     assert err and all(line["error"]["code"] == "batch_expired" for line in err)
+
+
+def test_an_upload_past_the_file_limit_is_cut_off_under_gunicorn(tmp_path: Path) -> None:
+    """Chunked (no Content-Length, as an endless upload is): refused at the limit."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:8]}",
+                   CARPOOL_FILES_DIR=str(tmp_path / "files"),
+                   CARPOOL_BATCH_MAX_FILE_BYTES="65536")
+    sent = [0]
+
+    def body() -> Iterator[bytes]:
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'
+        while sent[0] < 4 << 20:  # far past the limit; a server that reads on never ends
+            sent[0] += 65536
+            yield b"x" * 65536
+
+    with start_web(env) as base_url:
+        url = urlsplit(base_url)
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+        try:
+            conn.request("POST", "/v1/files", body=body(), encode_chunked=True,
+                         headers={"Content-Type": "multipart/form-data; boundary=b"})
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed after answering: the answer is still there to read
+        try:
+            resp = conn.getresponse()
+            assert resp.status == 413, resp.read()
+            assert b"body_too_large" in resp.read()
+        finally:
+            conn.close()
