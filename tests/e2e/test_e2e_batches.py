@@ -4,6 +4,7 @@ real Celery worker serving a hash embedder, Redis and the feeder process."""
 from __future__ import annotations
 
 import io
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class Stack:
     base_url: str
     env: dict[str, str]
     tmp: Path
+    prefix: str
     clients: dict[str, openai.OpenAI] = field(default_factory=dict)
 
     def client(self, key: str = KEY_A) -> openai.OpenAI:
@@ -56,7 +58,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         with start_web(env) as base_url, start_worker({**env, "CARPOOL_MODELS": "hemb"}), \
                 start_feeder(env, tmp / "feeder.log"):
-            running = Stack(base_url, env, tmp)
+            running = Stack(base_url, env, tmp, prefix)
             yield running
             for c in running.clients.values():
                 c.close()
@@ -67,6 +69,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+class DepthSampler:
+    """The deepest each of hemb's bins got, read from Redis in a thread meanwhile."""
+
+    def __init__(self, prefix: str) -> None:
+        self.keys, self.max = Keys(prefix), {"short": 0, "long": 0}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = connect(REDIS_URL)
+        try:
+            while not self.stop.wait(0.005):
+                for name in self.max:
+                    depth = int(client.zcard(self.keys.bin("hemb", name)))
+                    self.max[name] = max(self.max[name], depth)
+        finally:
+            client.close()
+
+    def __enter__(self) -> DepthSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def upload(client: openai.OpenAI, data: bytes) -> str:
@@ -88,7 +117,17 @@ def test_a_20000_line_batch_completes_with_every_custom_id_exactly_once(stack: S
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                   completion_window="24h", metadata={"run": "big"})
     assert batch.status == "validating" and batch.metadata == {"run": "big"}
-    done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=240)
+    with DepthSampler(stack.prefix) as depths:
+        seen = wait_batch(client, batch.id, {"in_progress"}, timeout_s=60)
+        projected = None
+        while seen.status == "in_progress" and projected is None:
+            seen = client.batches.retrieve(batch.id)
+            projected = (seen.model_extra or {}).get("carpool", {}).get(
+                "projected_completion_at")
+        done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=240)
+    # Paced: never more than CARPOOL_BATCH_QUEUED_PER_BIN (2) full batches per bin.
+    assert 0 < depths.max["short"] <= 2 * 256 and depths.max["long"] <= 2 * 64
+    assert projected is not None and projected >= seen.in_progress_at
     assert done.status == "completed", done.errors
     assert done.request_counts.total == n and done.request_counts.completed == n
     assert done.in_progress_at and done.finalizing_at and done.completed_at
@@ -103,6 +142,21 @@ def test_a_20000_line_batch_completes_with_every_custom_id_exactly_once(stack: S
         assert line["response"]["status_code"] == 200
         assert body["data"][0]["embedding"] == pytest.approx(
             hash_vector(f"text number {i}", 8), abs=1e-6)
+
+
+def test_two_api_keys_share_the_idle_capacity(stack: Stack) -> None:
+    """B's small batch, sent just after A's large one, ends long before A's."""
+    a, b = stack.client(KEY_A), stack.client(KEY_B)
+    big = a.batches.create(input_file_id=upload(a, embedding_lines(10_000, prefix="fa")),
+                           endpoint="/v1/embeddings", completion_window="24h")
+    wait_batch(a, big.id, {"in_progress"}, timeout_s=30)
+    small = b.batches.create(input_file_id=upload(b, embedding_lines(300, prefix="fb")),
+                             endpoint="/v1/embeddings", completion_window="24h")
+    wait_batch(b, small.id, {"completed"}, timeout_s=60)
+    at_that_time = a.batches.retrieve(big.id)
+    assert at_that_time.request_counts is not None
+    assert at_that_time.request_counts.completed < 10_000 - 2000, at_that_time.request_counts
+    wait_batch(a, big.id, {"completed"}, timeout_s=120)
 
 
 def test_a_malformed_file_fails_validation_naming_each_bad_line(stack: Stack) -> None:
