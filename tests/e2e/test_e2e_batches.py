@@ -258,3 +258,31 @@ def test_an_upload_past_the_file_limit_is_cut_off_under_gunicorn(tmp_path: Path)
             assert b"body_too_large" in resp.read()
         finally:
             conn.close()
+
+
+def test_the_cli_submits_a_file_of_inputs_and_writes_the_results(stack: Stack) -> None:
+    import json
+    import subprocess
+    import sys
+
+    inputs = stack.tmp / "texts.jsonl"
+    inputs.write_text("".join(json.dumps({"text": f"cli text {i}"}) + "\n" for i in range(200)))
+    cli = [sys.executable, "-m", "carpool.cli", "batch"]
+    auth = ["--url", stack.base_url, "--api-key", KEY_A]
+    submitted = subprocess.run([*cli, "submit", str(inputs), "--model", "hemb",
+                                "--endpoint", "/v1/embeddings", *auth],
+                               capture_output=True, text=True, timeout=60, check=True)
+    batch_id = submitted.stdout.strip()
+    out = stack.tmp / "out.jsonl"
+    got = subprocess.run([*cli, "results", batch_id, "-o", str(out), *auth],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "200/200 completed" in got.stderr and "[" in got.stderr  # the progress bar
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(x["custom_id"] for x in lines) == sorted(f"line-{i}" for i in range(1, 201))
+    first = next(x for x in lines if x["custom_id"] == "line-1")
+    assert first["response"]["body"]["data"][0]["embedding"] == pytest.approx(
+        hash_vector("cli text 0", 8), abs=1e-6)
+    status = subprocess.run([*cli, "status", batch_id, *auth], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert json.loads(status.stdout)["status"] == "completed"
