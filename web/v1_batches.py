@@ -23,11 +23,11 @@ from carpool.core.errors import CarpoolError, InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
 from web import inputs
 from web.auth import request_owner
-from web.routes import read_post_body
 from web.batchlines import ENDPOINTS
 from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
 from web.polls import client_gone_check
 from web.refusals import ResourceNotFound, ResultsLate
+from web.routes import read_post_body
 from web.state import WebState, current_state
 from web.v1_files import owned_file, page_args, page_document
 from web.waiters import await_final_after

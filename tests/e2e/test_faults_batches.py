@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conftest import make_env
+from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import (
     CATALOGUE_TOML,
     embedding_lines,
@@ -22,6 +22,7 @@ from tests.support.batches import (
 from tests.support.faults import record
 from tests.support.procs import start_web, start_worker
 from tests.support.redisproc import private_redis
+from web.feeder.loop import CRASH_EXIT_STATUS
 
 pytestmark = pytest.mark.e2e
 
@@ -82,3 +83,49 @@ def wait_batch_counts(client: openai.OpenAI, batch_id: str) -> None:
         return b.request_counts is not None and b.request_counts.completed >= KILL_AFTER
 
     wait_until(far_enough, 120, f"{KILL_AFTER} lines stored")
+
+
+@pytest.mark.parametrize("point", ["admitted:3", "chunk:3", "finalize:1"])
+def test_a_feeder_stopped_between_two_writes_resumes_without_losing_or_repeating_a_line(
+        point: str, tmp_path: Path) -> None:
+    """The crash points no kill can time: after admitting lines but before recording
+    them, after writing a chunk but before marking it, after writing the files but
+    before the final status (CARPOOL_FEEDER_CRASH_AT)."""
+    (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML)
+    lines = 3000
+    with ExitStack() as stack:
+        env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:8]}",
+                       CARPOOL_CONFIG=str(tmp_path / "catalogue.toml"),
+                       CARPOOL_FILES_DIR=str(tmp_path / "files"),
+                       CARPOOL_SYNTHETIC_COST_MS="2,0.05")
+        stack.callback(drop_keys, env["CARPOOL_KEY_PREFIX"])
+        base_url = stack.enter_context(start_web(env))
+        stack.enter_context(start_worker({**env, "CARPOOL_MODELS": "hemb"}))
+        crashing = stack.enter_context(start_feeder(
+            {**env, "CARPOOL_FEEDER_CRASH_AT": point}, tmp_path / "feeder.log"))
+        client = stack.enter_context(openai.OpenAI(base_url=f"{base_url}/v1", api_key="-"))
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(embedding_lines(lines))),
+                                      purpose="batch").id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                      completion_window="24h")
+        assert crashing.wait(timeout=120) == CRASH_EXIT_STATUS
+        stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
+        done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=120)
+        assert done.status == "completed", done
+        out, err = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+        ids = [line["custom_id"] for line in out + err]
+        assert len(ids) == lines, f"{len(ids) - len(set(ids))} duplicated"
+        assert set(ids) == {f"req-{i}" for i in range(lines)}
+        assert done.request_counts is not None and done.request_counts.completed == lines
+
+
+def drop_keys(prefix: str) -> None:
+    from carpool.backend.connection import connect
+    from carpool.backend.keys import Keys
+
+    client = connect(REDIS_URL)
+    keys = [k for pattern in Keys(prefix).patterns
+            for k in client.scan_iter(match=pattern, count=1000)]
+    if keys:
+        client.delete(*keys)
+    client.close()

@@ -30,7 +30,8 @@ def http(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[FlaskClien
 
 def upload(http: FlaskClient, data: bytes, purpose: str = "batch",
            headers: dict[str, str] | None = None) -> Any:
-    return http.post("/v1/files", headers=AUTH if headers is None else headers, content_type="multipart/form-data",
+    return http.post("/v1/files", headers=AUTH if headers is None else headers,
+                     content_type="multipart/form-data",
                      data={"purpose": purpose, "file": (io.BytesIO(data), "in.jsonl")})
 
 
