@@ -136,7 +136,8 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
         env["CARPOOL_MODELS"] = opts.models
     # Batch files live under the state folder unless the environment names a folder
     # or a bucket; the web and the feeder must agree.
-    env.setdefault("CARPOOL_FILES_DIR", str(opts.state_dir / "files"))
+    if not env.get("CARPOOL_FILES_DIR"):
+        env["CARPOOL_FILES_DIR"] = str((opts.state_dir / "files").absolute())
     stack.env = env
     stack.spawn("web", web_command(), env)
     for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):

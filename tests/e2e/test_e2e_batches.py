@@ -15,6 +15,7 @@ import pytest
 
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
+from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import (
     CATALOGUE_TOML,
@@ -286,3 +287,42 @@ def test_the_cli_submits_a_file_of_inputs_and_writes_the_results(stack: Stack) -
     status = subprocess.run([*cli, "status", batch_id, *auth], capture_output=True, text=True,
                             timeout=60, check=True)
     assert json.loads(status.stdout)["status"] == "completed"
+
+
+def test_carpool_up_runs_the_feeder_with_files_under_its_state_folder(tmp_path: Path) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from carpool.stack.redis_local import free_port, start_redis
+    from tests.support.procs import REPO_ROOT, answers
+
+    server = start_redis(tmp_path / "redis")
+    port = free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "carpool.cli", "up", "--no-flower", "--port", str(port),
+         "--redis-url", server.url, "--state-dir", str(tmp_path / "state"),
+         "--models", "synthetic"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "CARPOOL_WORKER_METRICS_PORT": "0",
+                                        "CARPOOL_FILES_DIR": ""})
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/readyz"), 120, "carpool up")
+        lines = "".join(json.dumps({"custom_id": f"s{i}", "method": "POST", "url": "/submit",
+                                    "body": {"model": "synthetic",
+                                             "input": {"value": i, "size": 4}}}) + "\n"
+                        for i in range(20)).encode()
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-") as client:
+            batch = client.batches.create(input_file_id=upload(client, lines),
+                                          endpoint="/submit", completion_window="24h")
+            done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=120)
+            assert done.status == "completed", done
+            out = lines_of(client, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == sorted(f"s{i}" for i in range(20))
+        assert out[0]["response"]["body"]["status"] == "done"
+        assert (tmp_path / "state" / "files" / "files" / str(done.output_file_id)).exists()
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(60)
+        server.stop()

@@ -272,8 +272,9 @@ class Feeder:
 
     def _feed_run(self, run: Run, room: dict[tuple[str, str], int], most: int) -> int:
         admitted: dict[int, list[str]] = {}
+        bins = [(run.spec.name, b.name) for b in run.spec.bins]
         for i in run.waiting():
-            if len(admitted) >= most:
+            if len(admitted) >= most or all(room.get(k, 0) <= 0 for k in bins):
                 break
             line = run.lines[i]
             keys = [(run.spec.name, job.bin.name) for job in line.jobs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +48,12 @@ class Run:
                                                or self.next in self.jobs):
             self.next += 1
 
-    def waiting(self) -> list[int]:
-        """Lines in the scan window that are neither admitted nor stored."""
+    def waiting(self) -> Iterator[int]:
+        """Lines in the scan window that are neither admitted nor stored, in order
+        (lazily: a feed usually stops after a few)."""
         end = min(len(self.lines), self.next + SCAN_WINDOW)
-        return [i for i in range(self.next, end)
-                if i not in self.stored and i not in self.jobs]
+        return (i for i in range(self.next, end)
+                if i not in self.stored and i not in self.jobs)
 
     @property
     def unstored(self) -> list[int]:
