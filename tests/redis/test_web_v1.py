@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.batches import embedding_lines
 from tests.support.webtools import web_client, web_settings
@@ -23,7 +25,8 @@ def http(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[FlaskClien
     settings = web_settings(redis_url, key_prefix, tmp_path,
                             CARPOOL_FILES_DIR=str(tmp_path / "files"),
                             CARPOOL_API_KEYS=f"{KEY},{OTHER}",
-                            CARPOOL_BATCH_MAX_FILE_BYTES="65536")
+                            CARPOOL_BATCH_MAX_FILE_BYTES="65536",
+                            CARPOOL_MAX_WAIT_S="1")  # no worker here: embeddings end 504
     with web_client(settings) as c:
         yield c
 
@@ -133,3 +136,23 @@ def test_a_batch_is_created_validating_and_cancelled_before_it_runs(http: FlaskC
     assert cancelled["status"] == "cancelling" and cancelled["cancelling_at"]
     again = http.post(f"/v1/batches/{made['id']}/cancel", headers=AUTH)
     assert again.status_code == 200 and again.get_json()["status"] == "cancelling"
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=10)
+_bodies = st.one_of(_json, st.fixed_dictionaries({}, optional={
+    "input_file_id": st.sampled_from(["file-x", ""]) | _json,
+    "endpoint": st.sampled_from(["/v1/embeddings", "/submit"]) | _json,
+    "completion_window": st.sampled_from(["24h", "1s", "0h"]) | _json,
+    "metadata": _json, "model": st.sampled_from(["texts", "synthetic"]) | _json,
+    "input": _json, "encoding_format": _json, "dimensions": _json}))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/batches", "/v1/embeddings"]), body=_bodies)
+def test_no_json_body_makes_a_500(http: FlaskClient, path: str, body: Any) -> None:
+    resp = http.post(path, headers=AUTH, json=body)
+    # 200: a valid batch; 504: a valid embeddings request with no worker here.
+    assert resp.status_code in (200, 400, 404, 413, 504), (body, resp.get_json())

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from carpool.core.catalogue import Catalogue, load_catalogue
 from tests.support.batches import CATALOGUE_TOML, embedding_lines
@@ -89,3 +91,27 @@ def test_an_empty_file_fails(catalogue: Catalogue) -> None:
 def test_errors_stop_at_the_cap_and_say_more_follow(catalogue: Catalogue) -> None:
     errors = errors_of(b"x\n" * 500, catalogue)
     assert len(errors) == MAX_ERRORS + 1 and "more errors follow" in errors[-1][1]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+_line_doc = st.fixed_dictionaries({}, optional={
+    "custom_id": _json, "method": st.sampled_from(["POST", "GET"]) | _json,
+    "url": st.sampled_from(["/v1/embeddings", "/submit"]) | _json,
+    "body": st.fixed_dictionaries({}, optional={"model": st.sampled_from(["hemb", "x"]) | _json,
+                                                "input": _json,
+                                                "encoding_format": _json})})
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(_line_doc.map(json.dumps), st.binary(max_size=60).map(
+    lambda b: b.decode("latin-1"))), max_size=6))
+def test_any_file_is_either_runnable_or_fails_with_numbered_errors(
+        catalogue: Catalogue, raw_lines: list[str]) -> None:
+    data = "\n".join(raw_lines).encode("utf-8", "surrogateescape")
+    parsed = parse_file(data, "/v1/embeddings", catalogue, 100)
+    assert parsed.errors or parsed.lines  # never an exception, never nothing said
+    for error in parsed.errors:
+        assert error["message"] and (error["line"] is None or error["line"] >= 1)
