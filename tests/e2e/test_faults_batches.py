@@ -129,3 +129,34 @@ def drop_keys(prefix: str) -> None:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+def test_a_batch_whose_input_was_deleted_fails_at_the_feeders_restart_and_others_run(
+        tmp_path: Path) -> None:
+    (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML)
+    with ExitStack() as stack:
+        env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:8]}",
+                       CARPOOL_CONFIG=str(tmp_path / "catalogue.toml"),
+                       CARPOOL_FILES_DIR=str(tmp_path / "files"),
+                       CARPOOL_SYNTHETIC_COST_MS="20,1")
+        stack.callback(drop_keys, env["CARPOOL_KEY_PREFIX"])
+        base_url = stack.enter_context(start_web(env))
+        stack.enter_context(start_worker({**env, "CARPOOL_MODELS": "hemb"}))
+        feeder = stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
+        client = stack.enter_context(openai.OpenAI(base_url=f"{base_url}/v1", api_key="-"))
+        doomed_file = client.files.create(
+            file=("a.jsonl", io.BytesIO(embedding_lines(5000, prefix="d"))), purpose="batch").id
+        doomed = client.batches.create(input_file_id=doomed_file, endpoint="/v1/embeddings",
+                                       completion_window="24h")
+        wait_batch(client, doomed.id, {"in_progress"}, timeout_s=30)
+        client.files.delete(doomed_file)
+        feeder.kill()
+        feeder.wait()
+        fine = client.batches.create(input_file_id=client.files.create(
+            file=("b.jsonl", io.BytesIO(embedding_lines(50))), purpose="batch").id,
+            endpoint="/v1/embeddings", completion_window="24h")
+        stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
+        failed = wait_batch(client, doomed.id, {"failed", "completed"}, timeout_s=60)
+        assert failed.status == "failed" and failed.errors is not None
+        assert "was deleted" in str(failed.errors.data[0].message)
+        assert wait_batch(client, fine.id, {"completed", "failed"}, 60).status == "completed"

@@ -71,22 +71,43 @@ class Feeder:
             h = self.db.batch(batch_id)
             if h is None:
                 continue
-            if h["status"] == "validating":
-                self._validate(batch_id, h)
+            try:
+                busy |= self._step_batch(batch_id, h, feedable)
+            except BackendUnavailable:
+                raise
+            except Exception as exc:  # one broken batch must not stop the others
+                log.exception("batch %s failed", batch_id)
+                self._fail(batch_id, f"the feeder could not run this batch: {exc}")
                 busy = True
-            elif batch_id not in self.runs and h["status"] != "finalizing":
-                self.runs[batch_id] = self._load(batch_id, h)
-            if h["status"] == "finalizing":
-                self._finalize(self.runs.get(batch_id) or self._load(batch_id, h), h)
-                continue
-            run = self.runs.get(batch_id)
-            if run is not None:
-                busy |= self._collect(run)
-                busy |= self._wind_down(run, h)
-                if (h["status"] == "in_progress" and run.expires_at > time.time()
-                        and batch_id in self.runs):
-                    feedable.append(run)
         return self._feed(feedable) or busy
+
+    def _step_batch(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
+        busy = False
+        if h["status"] == "validating":
+            self._validate(batch_id, h)
+            return True
+        if batch_id not in self.runs and h["status"] != "finalizing":
+            self.runs[batch_id] = self._load(batch_id, h)
+        if h["status"] == "finalizing":
+            self._finalize(self.runs.get(batch_id) or self._load(batch_id, h), h)
+            return True
+        run = self.runs.get(batch_id)
+        if run is not None:
+            busy |= self._collect(run)
+            busy |= self._wind_down(run, h)
+            if (h["status"] == "in_progress" and run.expires_at > time.time()
+                    and batch_id in self.runs):
+                feedable.append(run)
+        return busy
+
+    def _fail(self, batch_id: str, message: str) -> None:
+        """End a batch ``failed`` for a reason of its own (its input file went away)."""
+        self.runs.pop(batch_id, None)
+        error = {"code": "internal_error", "message": message[:500], "param": None,
+                 "line": None}
+        self.db.move(batch_id, ("validating", "in_progress", "finalizing", "cancelling"),
+                     "failed", failed_at=int(time.time()),
+                     errors=json.dumps({"object": "list", "data": [error]}))
 
     # --- validating ---
     def _validate(self, batch_id: str, h: dict[str, str]) -> None:
@@ -111,10 +132,14 @@ class Feeder:
                          total=len(parsed.lines), model=parsed.spec.name)
 
     def _load(self, batch_id: str, h: dict[str, str]) -> Run:
-        data = self.store.get(store_name(h["input_file_id"])) or b""
+        data = self.store.get(store_name(h["input_file_id"]))
+        if data is None:
+            raise LookupError(f"its input file {h['input_file_id']} was deleted")
         parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
                             self.settings.batches.max_lines)
-        assert parsed.spec is not None, f"batch {batch_id}: its input file changed"
+        if parsed.spec is None or parsed.errors:
+            raise ValueError("its input file no longer passes validation (the catalogue "
+                             "changed?)")
         jobs, bitmap = self.db.line_state(batch_id)
         run = Run(batch_id, h.get("owner", ""), parsed.spec, h["endpoint"], parsed.lines,
                   float(h["expires_at"]), int(h.get("chunks", 0)), jobs, stored_set(bitmap))
