@@ -109,6 +109,9 @@ def test_embeddings_create_answers_openai_shape_with_the_model_vectors(stack: St
     assert answer.data[0].embedding == pytest.approx(hash_vector("a cat", 8), abs=1e-6)
     assert answer.data[1].embedding == pytest.approx(hash_vector("a dog", 8), abs=1e-6)
     assert answer.usage.prompt_tokens == 4
+    as_floats = stack.client().embeddings.create(model="hemb", input="a cat",
+                                                 encoding_format="float")
+    assert as_floats.data[0].embedding == pytest.approx(hash_vector("a cat", 8), abs=1e-6)
 
 
 def test_a_20000_line_batch_completes_with_every_custom_id_exactly_once(stack: Stack) -> None:

@@ -156,3 +156,10 @@ def test_no_json_body_makes_a_500(http: FlaskClient, path: str, body: Any) -> No
     resp = http.post(path, headers=AUTH, json=body)
     # 200: a valid batch; 504: a valid embeddings request with no worker here.
     assert resp.status_code in (200, 400, 404, 413, 504), (body, resp.get_json())
+
+
+def test_embeddings_whose_jobs_do_not_end_in_time_answer_504_saying_so(
+        http: FlaskClient) -> None:
+    resp = http.post("/v1/embeddings", headers=AUTH, json={"model": "texts", "input": ["a"]})
+    assert resp.status_code == 504
+    assert "CARPOOL_MAX_WAIT_S" in resp.get_json()["error"]["message"]
