@@ -223,7 +223,13 @@ def test_a_window_that_passes_expires_the_batch_keeping_what_finished(stack: Sta
     n = 20_000
     file_id = upload(client, embedding_lines(n, prefix="exp"))
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
-                                  completion_window="3s")
+                                  completion_window="4s")
+    at_risk = False
+    seen = wait_batch(client, batch.id, {"in_progress"}, timeout_s=30)
+    while seen.status == "in_progress" and not at_risk:  # ends with the window, 4 s
+        seen = client.batches.retrieve(batch.id)
+        at_risk = bool((seen.model_extra or {}).get("carpool", {}).get("window_at_risk"))
+    assert at_risk, "the document never said the window would be missed"
     done = wait_batch(client, batch.id, {"expired", "completed"}, timeout_s=60)
     assert done.status == "expired"
     out, err = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
