@@ -204,7 +204,8 @@ def _batch_parser(sub: Any) -> None:
     s = bsub.add_parser("submit", help="upload FILE and start a batch; prints its id")
     s.add_argument("file", type=Path, help="JSONL: request lines, or one input a line")
     s.add_argument("--model", required=True, help="the model (where a line names none)")
-    s.add_argument("--endpoint", default="/submit", choices=["/submit", "/v1/embeddings"])
+    s.add_argument("--endpoint", default="/submit", choices=["/submit", "/v1/embeddings"],
+                   help="what each line calls: carpool's own submit, or OpenAI's embeddings")
     s.add_argument("--window", default="24h", help="the completion window")
     st = bsub.add_parser("status", help="print a batch's document")
     st.add_argument("id")
