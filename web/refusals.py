@@ -66,6 +66,10 @@ class ResultsLate(CarpoolError):
     """Raised when a synchronous request's jobs did not end within the wait allowed."""
 
 
+class JobFailed(CarpoolError):
+    """Raised when a synchronous request's job ended failed, expired or cancelled."""
+
+
 class Unauthorized(CarpoolError):
     """Raised when the server has API keys and a request brings none or an unknown one."""
 
@@ -96,6 +100,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(JobNotFound, 404, "not_found", "error"),
     Refusal(ResourceNotFound, 404, "not_found", "error"),
     Refusal(ResultsLate, 504, "results_late", "error"),
+    Refusal(JobFailed, 500, "job_failed", "error"),
     Refusal(Unauthorized, 401, "unauthorized", "error"),
     Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
     Refusal(NotCancellable, 409, "not_cancellable", "error"),

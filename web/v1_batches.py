@@ -19,14 +19,14 @@ from flask import Blueprint, Response, jsonify, request
 from carpool.backend.admitting import AdmitJob, AdmitRequest
 from carpool.backend.batchdb import FINAL, batch_document, new_batch_id
 from carpool.core.batch_settings import MAX_WINDOW_S
-from carpool.core.errors import CarpoolError, InvalidInput, NotCancellable
+from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
 from web import inputs
 from web.auth import request_owner
 from web.batchlines import ENDPOINTS
 from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
 from web.polls import client_gone_check
-from web.refusals import ResourceNotFound, ResultsLate
+from web.refusals import JobFailed, ResourceNotFound, ResultsLate
 from web.routes import read_post_body
 from web.state import WebState, current_state
 from web.v1_files import owned_file, page_args, page_document
@@ -158,7 +158,7 @@ def embeddings() -> Response:
             raise ResultsLate(f"input[{i}] did not end within {state.settings.max_wait_s:g} s"
                               " (CARPOOL_MAX_WAIT_S); try again, or use /v1/batches")
         if view.status is not JobStatus.DONE:
-            raise CarpoolError(f"input[{i}] {view.status.value}: {view.error}")
+            raise JobFailed(f"input[{i}] {view.status.value}: {view.error}")
         results.append(view.result)
     check_dimensions(doc, results)
     return jsonify(embeddings_answer(req.spec.name, results, req.encoding_format))
