@@ -298,6 +298,30 @@ def test_the_cli_submits_a_file_of_inputs_and_writes_the_results(stack: Stack) -
     assert json.loads(status.stdout)["status"] == "completed"
 
 
+def test_an_upload_that_drips_is_answered_408_in_its_time(tmp_path: Path) -> None:
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:8]}",
+                   CARPOOL_FILES_DIR=str(tmp_path / "files"), CARPOOL_BODY_TIMEOUT_S="1",
+                   CARPOOL_BODY_MIN_RATE="1000000")
+    with start_web(env) as base_url:
+        url = urlsplit(base_url)
+        with socket.create_connection((url.hostname or "", url.port or 0), timeout=30) as s:
+            s.sendall(b"POST /v1/files HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n"
+                      b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b")
+            start = time.monotonic()
+            raw = b""
+            while b"\r\n\r\n" not in raw:  # the server answers while we still owe bytes
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                raw += chunk
+            assert raw.startswith(b"HTTP/1.1 408"), raw[:200]
+            assert time.monotonic() - start < 10
+
+
 def test_carpool_up_runs_the_feeder_with_files_under_its_state_folder(tmp_path: Path) -> None:
     import json
     import os

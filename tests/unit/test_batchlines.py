@@ -59,6 +59,7 @@ def test_a_good_file_gives_one_line_per_request_each_with_its_jobs(catalogue: Ca
     (b'{"custom_id": "\xff"}', "UTF-8"),
     (b"[" * 100_000, "JSON"),
     (line(input="x" * 5000).encode(), "characters"),
+    (line(input="x" * (8 << 20)).encode(), "characters"),  # one 8 MB line
     (b'{"a": NaN}', "JSON"),
 ])
 def test_each_malformed_line_is_named_by_its_line_number(
