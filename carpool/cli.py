@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from carpool.client import ApiError, Client, Job
 from carpool.client.commands import add_commands
+from carpool.client.bulk import run_batch_command
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
@@ -185,6 +187,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    return run_batch_command(args)
+
+
 def _client_options(p: argparse.ArgumentParser) -> None:
     # The environment only gives defaults here: these are the client's, not the server's
     # settings (carpool.core.settings), and a flag always wins.
@@ -198,6 +204,30 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 #: its own, ``func`` set. The worker registers ``calibrate`` here (pyproject.toml),
 #: so the core never imports the worker.
 COMMANDS_GROUP = "carpool.commands"
+
+
+def _batch_parser(sub: Any) -> None:
+    b = sub.add_parser("batch", help="bulk batches: submit a JSONL file, follow it, get "
+                       "its results (docs/batches.md)")
+    bsub = b.add_subparsers(dest="batch_command", required=True, metavar="COMMAND",
+                            parser_class=HelpParser)
+    s = bsub.add_parser("submit", help="upload FILE and start a batch; prints its id")
+    s.add_argument("file", type=Path, help="JSONL: request lines, or one input a line")
+    s.add_argument("--model", required=True, help="the model (where a line names none)")
+    s.add_argument("--endpoint", default="/submit", choices=["/submit", "/v1/embeddings"],
+                   help="what each line calls: carpool's own submit, or OpenAI's embeddings")
+    s.add_argument("--window", default="24h", help="the completion window")
+    st = bsub.add_parser("status", help="print a batch's document")
+    st.add_argument("id")
+    st.add_argument("--wait", action="store_true", help="with a progress bar, until it ends")
+    r = bsub.add_parser("results", help="wait for a batch, then write its output and errors")
+    r.add_argument("id")
+    r.add_argument("-o", "--output", type=Path, required=True, help="the output lines")
+    r.add_argument("--errors", type=Path, default=None,
+                   help="the error lines (default: OUTPUT with .errors.jsonl)")
+    for p in (s, st, r):
+        _client_options(p)
+        p.set_defaults(func=cmd_batch)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -247,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
                    "deliveries (per shard) to list")
     a.set_defaults(func=cmd_audit)
     add_commands(sub, _client_options)  # status, models, cancel, watch
+    _batch_parser(sub)
     for command in entry_points(group=COMMANDS_GROUP):
         command.load()(sub)  # the worker's `calibrate`, in this distribution
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",

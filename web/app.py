@@ -6,15 +6,17 @@ from flask import Flask
 
 from carpool.admission.budget import check_catalogue_memory
 from carpool.backend.admitting import Admissions
+from carpool.backend.batchdb import BatchDb
 from carpool.backend.connection import connect
 from carpool.backend.durability import check_durability, read_persistence
+from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
-from web import custom, errors, routes, shedding, stream_routes, v2
+from web import custom, errors, routes, shedding, stream_routes, v1_batches, v1_files, v2
 from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
@@ -41,7 +43,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         if spec.kind == PYTHON_KIND:
             custom.check_schema(spec)  # a broken schema stops the web at start, not per job
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    # read_body (web/bodies.py) bounds each body by what its route takes; this is
+    # Flask's own backstop, so it is the largest of those.
+    app.config["MAX_CONTENT_LENGTH"] = BodyLimits(settings).largest
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,
                      cluster=settings.redis_cluster,
                      max_connections=REDIS_CONNECTIONS)
@@ -58,11 +62,14 @@ def create_app(settings: Settings | None = None) -> Flask:
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),
+        batchdb=BatchDb(client, keys), files=file_store(settings.batches),
     )
     metrics.instrument(app)
     app.register_blueprint(routes.blueprint)
     app.register_blueprint(v2.blueprint)  # the Open Inference Protocol (docs/v2.md)
     app.register_blueprint(stream_routes.blueprint)
+    app.register_blueprint(v1_files.blueprint)
+    app.register_blueprint(v1_batches.blueprint)
     errors.register(app, on_refused=metrics.count_refused_request)
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app

@@ -69,13 +69,21 @@ class BodyLimits:
         #: An infer request (/v2): as many rows as the model batches, each as JSON.
         self.infer = {s.name: min(cap, max(b.max_batch for b in s.bins) * json_limit_bytes(s))
                       for s in specs}
+        #: A batch input file (CARPOOL_BATCH_MAX_FILE_BYTES) in its multipart envelope.
+        self.upload = settings.batches.max_file_bytes + MULTIPART_SLACK_BYTES
+
+    @property
+    def largest(self) -> int:
+        return max(self.batch, self.upload)
 
     def for_request(self, path: str, mimetype: str, model: str | None) -> int:
-        if path == "/submit/batch":
+        if path in ("/submit/batch", "/v1/embeddings"):
             return self.batch
         infer_model = _infer_model(path)
         if infer_model is not None:
             return self.infer.get(infer_model, self.json)
+        if path == "/v1/files":
+            return self.upload
         if mimetype.startswith("image/"):
             return self.image.get(model or "", self.any_image)
         if mimetype == "multipart/form-data":

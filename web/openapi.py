@@ -12,6 +12,7 @@ from typing import Any
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
 from web.openapi_events import JOB_FIELDS, PREFER, event_paths
+from web.openapi_v1 import v1_paths
 from web.schemas import batch_schema, input_schema, submit_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -188,12 +189,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/readyz": _plain("Readiness: Redis answers", "503"),
             "/metrics": _metrics(),
             "/openapi.json": _plain("This document"),
+            **v1_paths(),
         },
         "components": _components(settings),
     }
     if settings.api_key_digests:
         for path in ("/submit", "/submit/batch", "/result/{job_id}", "/result/{job_id}/events",
-                     "/events"):
+                     "/events", *(p for p in doc["paths"] if p.startswith("/v1/"))):
             for op in doc["paths"][path].values():
                 if isinstance(op, dict) and "responses" in op:
                     op["security"] = [{"bearer": []}]

@@ -58,6 +58,18 @@ class JobNotFound(CarpoolError):
     """Raised when a job id is malformed, unknown, or its record has expired."""
 
 
+class ResourceNotFound(CarpoolError):
+    """Raised when a file or batch id names none of this API key's (or none at all)."""
+
+
+class ResultsLate(CarpoolError):
+    """Raised when a synchronous request's jobs did not end within the wait allowed."""
+
+
+class JobFailed(CarpoolError):
+    """Raised when a synchronous request's job ended failed, expired or cancelled."""
+
+
 class Unauthorized(CarpoolError):
     """Raised when the server has API keys and a request brings none or an unknown one."""
 
@@ -86,6 +98,9 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(InvalidInput, 400, "invalid_input", "invalid"),
     Refusal(UnknownModel, 404, "unknown_model", "unknown_model"),
     Refusal(JobNotFound, 404, "not_found", "error"),
+    Refusal(ResourceNotFound, 404, "not_found", "error"),
+    Refusal(ResultsLate, 504, "results_late", "error"),
+    Refusal(JobFailed, 500, "job_failed", "error"),
     Refusal(Unauthorized, 401, "unauthorized", "error"),
     Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
     Refusal(NotCancellable, 409, "not_cancellable", "error"),

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from flask import current_app
 
 from carpool.backend.admitting import Admissions
+from carpool.backend.batchdb import BatchDb
+from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
 from carpool.core.settings import Settings
@@ -34,6 +36,9 @@ class WebState:
     models: RegistryCache
     polls: PollCounter
     body_limits: BodyLimits
+    #: Files' and batches' records (Redis) and the files' bytes (web/v1_files.py).
+    batchdb: BatchDb
+    files: FileStore
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

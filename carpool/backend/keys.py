@@ -54,6 +54,15 @@ leases) has a tag of its own, ``{p}``.
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves
                                     and those it refused, with the reason (heartbeat,
                                     carpool/backend/registry.py)
+    {p}:file:<id>             hash  one file's metadata (its bytes live in the file store)
+    {p}:files:<owner>         zset  an API key's file ids, scored by creation (µs)
+    {p}:batch:<id>            hash  one batch's document: status, counts, times, cursor,
+                                    chunks written (carpool/backend/batchdb.py)
+    {p}:batches:<owner>       zset  an API key's batch ids, scored by creation (µs)
+    {p}:batches:active        set   batches the feeder still works on
+    {p}:batch:<id>:jobs       hash  line index -> its admitted job ids (space-separated),
+                                    until the line's result is stored
+    {p}:batch:<id>:stored     str   bitmap: bit i set once line i is in a stored chunk
 """
 
 from dataclasses import dataclass
@@ -201,3 +210,25 @@ class Keys:
     @property
     def gpu_free(self) -> str:
         return f"{self._global}:gpu-free"
+
+    def file(self, file_id: str) -> str:
+        return f"{self._global}:file:{file_id}"
+
+    def files(self, owner: str) -> str:
+        return f"{self._global}:files:{owner or '-'}"
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self._global}:batch:{batch_id}"
+
+    def batches(self, owner: str) -> str:
+        return f"{self._global}:batches:{owner or '-'}"
+
+    @property
+    def batches_active(self) -> str:
+        return f"{self._global}:batches:active"
+
+    def batch_jobs(self, batch_id: str) -> str:
+        return f"{self.batch(batch_id)}:jobs"
+
+    def batch_stored(self, batch_id: str) -> str:
+        return f"{self.batch(batch_id)}:stored"

@@ -74,6 +74,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          tensors=_image_tensors),
     Kind("text", "text", "worker.handlers.text:handler_for", torch=True,
          tensors=_text_tensors),
+    # A weightless text embedder (a hash of the text): the embeddings path at scale.
+    Kind("hashembed", "text", "worker.handlers.hashembed:handler_for", torch=False,
+         tensors=_text_tensors),
     Kind(PYTHON_KIND, "custom", "worker.handlers.python:handler_for", torch=True,
          tensors=_declared_tensors),
 )}

@@ -157,6 +157,10 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
     env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{web_port}")
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models
+    # Batch files live under the state folder unless the environment names a folder
+    # or a bucket; the web and the feeder must agree.
+    if not env.get("CARPOOL_FILES_DIR"):
+        env["CARPOOL_FILES_DIR"] = str((opts.state_dir / "files").absolute())
     stack.env = env
     stack.spawn("web", web_command(), env)
     for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):
@@ -166,6 +170,7 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
             "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
             "CARPOOL_WORKER_METRICS_PORT": str(port)})
     _spawn_dispatcher(stack, env, notes)
+    stack.spawn("feeder", python_argv("feeder"), env)  # runs bulk batches
     urls = {"api": f"http://127.0.0.1:{web_port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(flower_port), env)

@@ -11,10 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # .dockerignore lets in only pyproject.toml, README.md and the package folders.
 COPY . .
-# The base install only: the worker extra would bring torch (gigabytes) into an
-# image that never imports it. The fixed uid lets Kubernetes' runAsNonRoot
-# verify the user without reading /etc/passwd.
-RUN pip install . \
+# The base install and boto3 (the s3 extra: batch files in object storage, for the
+# web and the feeder, which share this image); the worker extra would bring torch
+# (gigabytes) into an image that never imports it. The fixed uid lets Kubernetes'
+# runAsNonRoot verify the user without reading /etc/passwd.
+RUN pip install '.[s3]' \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin carpool
 USER 10001
 

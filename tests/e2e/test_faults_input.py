@@ -59,6 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with private_redis() as server:
         env = make_env(server.url, "inputs", CARPOOL_CONFIG=str(config),
                        CARPOOL_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+                       CARPOOL_FILES_DIR=str(tmp / "files"),  # the fuzz uploads /v1 files
                        # Multi-MB bodies back to back each hold the event loop past the
                        # web's shedding bound, which would answer the next ones 503: this
                        # module is about what each input gets (shedding has its own tests).

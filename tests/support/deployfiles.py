@@ -276,7 +276,7 @@ DOCKERFILE_OF_IMAGE = {"carpool-web": WEB_DOCKERFILE, "carpool-worker": WORKER_D
 K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 #: A worker must outlast its slowest batch plus the lease hand-back on SIGTERM.
 MIN_WORKER_GRACE_S = 60
-CARPOOL_SERVICES = ("web", "worker", "flower", "dispatcher")
+CARPOOL_SERVICES = ("web", "worker", "flower", "dispatcher", "feeder")
 
 
 def compose() -> dict[str, Any]:

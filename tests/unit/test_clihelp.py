@@ -24,7 +24,7 @@ def test_carpool_help_lists_every_command(capsys: pytest.CaptureFixture[str]) ->
         main(["--help"])
     out = capsys.readouterr().out
     commands = ("up", "submit", "result", "audit", "calibrate", "bench", "status", "models",
-                "cancel", "watch")
+                "cancel", "watch", "batch")
     for command in commands:
         assert f"    {command} " in out or f"    {command}\n" in out, command
     assert {name for name, _ in subparsers(parser())} == set(commands)
@@ -35,7 +35,8 @@ def test_carpool_help_lists_every_command(capsys: pytest.CaptureFixture[str]) ->
 def test_every_flag_of_every_command_says_what_it_does(
         root: type[argparse.ArgumentParser]) -> None:
     top = root()
-    for name, sub in [(top.prog, top), *subparsers(top)]:
+    nested = [pair for _, sub in subparsers(top) for pair in subparsers(sub)]  # carpool batch
+    for name, sub in [(top.prog, top), *subparsers(top), *nested]:
         for action in sub._actions:
             if action.option_strings and action.help != argparse.SUPPRESS:
                 assert action.help, f"{name} {action.option_strings[0]} has no help"

@@ -13,7 +13,8 @@ REFERENCE = ROOT / "docs" / "reference.md"
 #: The modules that read settings from the environment: settings.py's loader and the
 #: readers it calls for one group of settings.
 SETTINGS_SOURCES = (ROOT / "carpool" / "core" / "settings.py",
-                    ROOT / "carpool" / "core" / "webhook_settings.py")
+                    ROOT / "carpool" / "core" / "webhook_settings.py",
+                    ROOT / "carpool" / "core" / "batch_settings.py")
 METRICS_LIST = ROOT / "ops" / "metrics.txt"
 
 #: The helpers in settings.py that take ``(env, NAME, ...)``.

@@ -47,3 +47,23 @@ def test_deadlines_over_the_maximum_and_unknown_priorities_are_refused(
            "priority": priority}
     with pytest.raises(InvalidInput):
         submission_from_json(doc, Catalogue({SPEC.name: SPEC}), None)
+
+
+def test_a_batch_line_sorts_behind_every_interactive_level_and_deadline() -> None:
+    from dataclasses import replace
+
+    from carpool.admission.urgency import (
+        BATCH_BEHIND_MS,
+        BATCH_PRIORITY,
+        MAX_PRIORITY,
+        MIN_PRIORITY,
+        sort_offset_ms,
+    )
+    from carpool.core.catalogue import load_catalogue
+
+    spec = load_catalogue(None).get("synthetic")
+    for s in (spec, replace(spec, priority_step_ms=0, max_deadline_ms=1000)):
+        batch = sort_offset_ms(s, 60_000, BATCH_PRIORITY)
+        laxest = max(sort_offset_ms(s, d, p) for d in (0, 1, s.max_deadline_ms)
+                     for p in (MIN_PRIORITY, MAX_PRIORITY))
+        assert batch >= laxest + BATCH_BEHIND_MS

@@ -1,0 +1,239 @@
+"""Files' metadata and batches' documents in Redis (their bytes are in the file store).
+
+A batch is one hash (``Keys.batch``) that the web creates and cancels and the
+feeder moves on; each change of state that races another process (a cancel
+against the feeder's next step) is a ``WATCH``ed transaction, so a status never
+goes backwards. The lines' progress is two keys beside it: which jobs each
+admitted line has (``batch_jobs``) and which lines are stored (``batch_stored``,
+a bitmap), changed only together with the counts, in one ``MULTI``.
+All keys carry the ``{p}`` tag: one slot, so the transactions hold on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from carpool.backend.connection import redis_errors
+from carpool.backend.keys import Keys
+
+#: A batch's statuses (OpenAI's), and those it never leaves.
+STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
+            "cancelling", "cancelled")
+FINAL = frozenset({"failed", "completed", "expired", "cancelled"})
+#: Fields of the batch hash that are integers in the document.
+_INT_FIELDS = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
+               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
+
+
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(12)
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, newest first, as OpenAI lists: ``has_more`` past it."""
+
+    items: list[dict[str, str]]
+    has_more: bool
+
+
+class BatchDb:
+    """Typed reads and writes of the file and batch records."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client, self.keys = client, keys
+
+    # --- files ---
+    def add_file(self, meta: Mapping[str, str | int], keep_s: int) -> None:
+        key = self.keys.file(str(meta["id"]))
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hset(key, mapping=cast(Any, dict(meta)))
+            pipe.expire(key, keep_s)
+            pipe.zadd(self.keys.files(str(meta.get("owner", ""))), {str(meta["id"]): _order()})
+            pipe.execute()
+
+    def file(self, file_id: str) -> dict[str, str] | None:
+        with redis_errors():
+            h = self.client.hgetall(self.keys.file(file_id))
+        return _decoded(h) or None
+
+    def drop_file(self, file_id: str, owner: str) -> None:
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(self.keys.file(file_id))
+            pipe.zrem(self.keys.files(owner), file_id)
+            pipe.execute()
+
+    def list_files(self, owner: str, after: str, limit: int) -> Page:
+        ids = self._page_ids(self.keys.files(owner), after, limit)
+        rows = [self.file(i) for i in ids[:limit]]
+        return Page([r for r in rows if r], len(ids) > limit)
+
+    # --- batches ---
+    def add_batch(self, fields: Mapping[str, str | int], keep_s: int) -> None:
+        batch_id, owner = str(fields["id"]), str(fields.get("owner", ""))
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hset(self.keys.batch(batch_id), mapping=cast(Any, dict(fields)))
+            pipe.expire(self.keys.batch(batch_id), keep_s)
+            pipe.zadd(self.keys.batches(owner), {batch_id: _order()})
+            pipe.sadd(self.keys.batches_active, batch_id)
+            pipe.execute()
+
+    def batch(self, batch_id: str) -> dict[str, str] | None:
+        with redis_errors():
+            h = self.client.hgetall(self.keys.batch(batch_id))
+        return _decoded(h) or None
+
+    def list_batches(self, owner: str, after: str, limit: int) -> Page:
+        ids = self._page_ids(self.keys.batches(owner), after, limit)
+        rows = [self.batch(i) for i in ids[:limit]]
+        return Page([r for r in rows if r], len(ids) > limit)
+
+    def active(self) -> list[str]:
+        with redis_errors():
+            return sorted(_s(m) for m in self.client.smembers(self.keys.batches_active))
+
+    def move(self, batch_id: str, allowed_from: Sequence[str], to: str,
+             **fields: str | int) -> bool:
+        """Set status ``to`` (and ``fields``) if the status is one of ``allowed_from``;
+        False, changing nothing, otherwise. Atomic against every other ``move``."""
+        key = self.keys.batch(batch_id)
+
+        def step(pipe: Any) -> bool:
+            status = pipe.hget(key, "status")
+            if status is None or _s(status) not in allowed_from:
+                pipe.multi()
+                return False
+            pipe.multi()
+            pipe.hset(key, mapping=cast(Any, {"status": to, **fields}))
+            if to in FINAL:
+                pipe.srem(self.keys.batches_active, batch_id)
+            return True
+
+        with redis_errors():
+            return bool(self.client.transaction(cast(Any, step), key, value_from_callable=True))
+
+    def set_fields(self, batch_id: str, **fields: str | int) -> None:
+        with redis_errors():
+            self.client.hset(self.keys.batch(batch_id), mapping=cast(Any, dict(fields)))
+
+    # --- lines ---
+    def line_state(self, batch_id: str) -> tuple[dict[int, list[str]], bytes]:
+        """The admitted, not yet stored lines' job ids, and the stored bitmap."""
+        with redis_errors():
+            jobs = self.client.hgetall(self.keys.batch_jobs(batch_id))
+            # Raw bytes: the client decodes replies as UTF-8, which a bitmap is not.
+            stored_key = self.keys.batch_stored(batch_id)
+            bitmap = self.client.execute_command(  # type: ignore[no-untyped-call]
+                "GET", stored_key, NEVER_DECODE=True)
+        return ({int(_s(k)): _s(v).split() for k, v in jobs.items()},
+                bitmap if isinstance(bitmap, bytes) else b"")
+
+    def record_admitted(self, batch_id: str, lines: Mapping[int, list[str]]) -> None:
+        with redis_errors():
+            self.client.hset(self.keys.batch_jobs(batch_id),
+                             mapping={str(i): " ".join(ids) for i, ids in lines.items()})
+
+    def forget_admitted(self, batch_id: str, lines: Sequence[int]) -> None:
+        """Lines whose jobs are gone unstored (a result expired, Redis lost them): they
+        are admitted again."""
+        if lines:
+            with redis_errors():
+                self.client.hdel(self.keys.batch_jobs(batch_id), *map(str, lines))
+
+    def record_stored(self, batch_id: str, lines: Sequence[int], chunk: int,
+                      completed: int, failed: int, on_done: Callable[[Any], None]) -> None:
+        """Lines ``lines`` are in chunk ``chunk`` (already in the file store): mark them,
+        count them and move the chunk counter, in one ``MULTI``; ``on_done`` adds the
+        jobs' deletions to a second, plain pipeline after it."""
+        key = self.keys.batch(batch_id)
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            for i in lines:
+                pipe.setbit(self.keys.batch_stored(batch_id), i, 1)
+            if lines:
+                pipe.hdel(self.keys.batch_jobs(batch_id), *map(str, lines))
+            pipe.hincrby(key, "completed", completed)
+            pipe.hincrby(key, "failed", failed)
+            pipe.hset(key, "chunks", chunk + 1)
+            pipe.execute()
+            after = self.client.pipeline(transaction=False)
+            on_done(after)
+            after.execute()
+
+    def drop_line_state(self, batch_id: str, keep_s: int) -> None:
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(self.keys.batch_jobs(batch_id))
+            pipe.expire(self.keys.batch_stored(batch_id), keep_s)
+            pipe.execute()
+
+    def _page_ids(self, key: str, after: str, limit: int) -> list[str]:
+        """Up to ``limit + 1`` ids, newest first, after id ``after`` ('' = from the top)."""
+        with redis_errors():
+            start = 0
+            if after:
+                rank = self.client.zrevrank(key, after)
+                if rank is None:
+                    return []
+                start = int(cast(int, rank)) + 1
+            return [_s(m) for m in self.client.zrevrange(key, start, start + limit)]
+
+
+def _order() -> int:
+    """A listing's score: creation in µs, so two made in one second keep their order."""
+    return time.time_ns() // 1000
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decoded(h: Mapping[Any, Any]) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in h.items()}
+
+
+def batch_document(h: Mapping[str, str]) -> dict[str, Any]:
+    """The batch as OpenAI's API shows it, from its hash."""
+    def stamp(name: str) -> int | None:
+        return int(h[name]) if h.get(name) else None
+
+    doc: dict[str, Any] = {
+        "id": h["id"], "object": "batch", "endpoint": h["endpoint"],
+        "errors": json.loads(h["errors"]) if h.get("errors") else None,
+        "input_file_id": h["input_file_id"], "completion_window": h["completion_window"],
+        "status": h["status"], "output_file_id": h.get("output_file_id") or None,
+        "error_file_id": h.get("error_file_id") or None,
+        **{name: stamp(name) for name in _INT_FIELDS},
+        "request_counts": {"total": int(h.get("total", 0)),
+                           "completed": int(h.get("completed", 0)),
+                           "failed": int(h.get("failed", 0))},
+        "metadata": json.loads(h["metadata"]) if h.get("metadata") else None,
+    }
+    # carpool's own: when the batch ends at the rate it has gone so far, and whether
+    # that is past its window (docs/batches.md).
+    doc["carpool"] = {"model": h.get("model") or None,
+                      "projected_completion_at": stamp("projected_at"),
+                      "window_at_risk": h.get("at_risk") == "1"}
+    return doc
+
+
+def file_document(h: Mapping[str, str]) -> dict[str, Any]:
+    """The file as OpenAI's API shows it."""
+    return {"id": h["id"], "object": "file", "bytes": int(h["bytes"]),
+            "created_at": int(h["created_at"]), "filename": h.get("filename", ""),
+            "purpose": h["purpose"], "status": "processed", "status_details": None,
+            "expires_at": int(h["expires_at"]) if h.get("expires_at") else None}

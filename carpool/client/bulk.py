@@ -1,0 +1,142 @@
+"""Bulk batches from the command line (``carpool batch ...``), over /v1/files and
+/v1/batches with httpx: for people without the openai SDK (docs/batches.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from carpool.client.protocol import ApiError, ClientError, headers
+
+#: Statuses a batch never leaves.
+FINAL = ("failed", "completed", "expired", "cancelled")
+#: How often a waiting command reads the batch again, in seconds.
+POLL_S = 1.0
+#: A generous bound on one request (an upload of 200 MB included).
+TIMEOUT_S = 300.0
+
+
+def request_lines(text: str, model: str, endpoint: str) -> bytes:
+    """The batch file for ``text``: a line that is already a request (it has a
+    ``custom_id``) gets ``model`` where its body names none; any other JSON line is
+    an input, wrapped as request ``line-<n>`` (a string or ``{"text"}`` for
+    /v1/embeddings, the model's input for /submit)."""
+    out = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise ClientError(f"line {n} is not JSON: {exc}") from None
+        if isinstance(doc, dict) and "custom_id" in doc:
+            if isinstance(doc.get("body"), dict):
+                doc["body"].setdefault("model", model)
+        else:
+            if endpoint == "/v1/embeddings":
+                value = doc.get("text") if isinstance(doc, dict) else doc
+                body = {"model": model, "input": value}
+            else:
+                body = {"model": model, "input": doc}
+            doc = {"custom_id": f"line-{n}", "method": "POST", "url": endpoint, "body": body}
+        out.append(json.dumps(doc))
+    return ("\n".join(out) + "\n").encode()
+
+
+class Bulk:
+    def __init__(self, url: str, api_key: str | None) -> None:
+        self.http = httpx.Client(base_url=url.rstrip("/") + "/v1", headers=headers(api_key),
+                                 timeout=TIMEOUT_S)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _ok(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+                code, message = err["code"], err["message"]
+            except (ValueError, KeyError, TypeError):
+                code, message = "error", resp.text[:200]
+            raise ApiError(resp.status_code, code, message)
+        return resp
+
+    def submit(self, path: Path, model: str, endpoint: str, window: str) -> dict[str, Any]:
+        data = request_lines(path.read_text(), model, endpoint)
+        try:
+            f = self._ok(self.http.post("/files", data={"purpose": "batch"},
+                                        files={"file": (path.name, data)})).json()
+            return dict(self._ok(self.http.post("/batches", json={
+                "input_file_id": f["id"], "endpoint": endpoint,
+                "completion_window": window})).json())
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+
+    def status(self, batch_id: str) -> dict[str, Any]:
+        try:
+            return dict(self._ok(self.http.get(f"/batches/{batch_id}")).json())
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+
+    def wait(self, batch_id: str, on_progress: Callable[[dict[str, Any]], None],
+             pause: Callable[[float], object] = time.sleep) -> dict[str, Any]:
+        while True:
+            doc = self.status(batch_id)
+            on_progress(doc)
+            if doc["status"] in FINAL:
+                return doc
+            pause(POLL_S)
+
+    def content(self, file_id: str) -> bytes:
+        try:
+            return bytes(self._ok(self.http.get(f"/files/{file_id}/content")).content)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+
+
+def progress_bar(out: TextIO = sys.stderr, width: int = 30) -> Callable[[dict[str, Any]], None]:
+    """Draws ``[#####.....] done/total status`` on one line of ``out``, redrawn in place."""
+    def draw(doc: dict[str, Any]) -> None:
+        counts = doc.get("request_counts") or {}
+        total = int(counts.get("total") or 0)
+        done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+        filled = width * done // total if total else 0
+        end = "\n" if doc["status"] in FINAL else ""
+        out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                  f"{doc['status']:<11}{end}")
+        out.flush()
+    return draw
+
+
+def run_batch_command(args: Any) -> int:
+    """``carpool batch submit|status|results`` (carpool/cli.py parses the arguments)."""
+    bulk = Bulk(args.url, args.api_key or None)
+    try:
+        if args.batch_command == "submit":
+            doc = bulk.submit(args.file, args.model, args.endpoint, args.window)
+            print(doc["id"])
+            return 0
+        if args.batch_command == "status":
+            doc = bulk.wait(args.id, progress_bar()) if args.wait else bulk.status(args.id)
+            print(json.dumps(doc, indent=2))
+            return 0 if doc["status"] != "failed" else 1
+        doc = bulk.wait(args.id, progress_bar())
+        errors_path = args.errors or args.output.with_suffix(".errors.jsonl")
+        args.output.write_bytes(bulk.content(doc["output_file_id"])
+                                if doc.get("output_file_id") else b"")
+        errors = bulk.content(doc["error_file_id"]) if doc.get("error_file_id") else b""
+        errors_path.write_bytes(errors)
+        counts = doc.get("request_counts") or {}
+        print(f"{doc['status']}: {counts.get('completed', 0)} lines in {args.output}, "
+              f"{counts.get('failed', 0)} in {errors_path}", file=sys.stderr)
+        if doc["status"] == "failed":
+            print(json.dumps(doc.get("errors"), indent=2), file=sys.stderr)
+        return 0 if doc["status"] == "completed" else 1
+    finally:
+        bulk.close()

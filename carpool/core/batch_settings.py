@@ -1,0 +1,89 @@
+"""Settings of bulk batches (``/v1/files``, ``/v1/batches``) and of the file store.
+
+Read once with the other settings (``carpool.core.settings.load_settings``); a
+field of ``Settings.batches``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from carpool.core.errors import ConfigError
+
+#: OpenAI's limits on one batch input file.
+MAX_BATCH_LINES_DEFAULT = 50_000
+MAX_FILE_BYTES_DEFAULT = 200 << 20
+#: Full batches of batch lines that may wait in one bin at once (the pacing of
+#: docs/batches.md): enough that a worker never idles between two claims, few
+#: enough that interactive jobs never find a bin filled with bulk work.
+QUEUED_BATCHES_PER_BIN_DEFAULT = 2
+#: The longest completion window a batch may ask for: OpenAI's only one, 24 h.
+MAX_WINDOW_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    #: Where files live: a local folder (the default) unless ``s3_bucket`` is set.
+    files_dir: Path = Path(".carpool") / "files"
+    #: S3-compatible object storage: bucket, endpoint (empty: AWS), key prefix.
+    s3_bucket: str = ""
+    s3_endpoint_url: str = ""
+    s3_prefix: str = "carpool/"
+    max_lines: int = MAX_BATCH_LINES_DEFAULT
+    max_file_bytes: int = MAX_FILE_BYTES_DEFAULT
+    queued_batches_per_bin: int = QUEUED_BATCHES_PER_BIN_DEFAULT
+    #: How long a finished batch's document (and its files) is kept, in seconds.
+    keep_s: int = 30 * 24 * 3600
+    #: TEST ONLY: ``point:n`` makes the feeder exit at once (no cleanup, like kill -9)
+    #: the n-th time it reaches ``point`` (CRASH_POINTS): the fault tests' crash
+    #: between two writes that no kill can time.
+    crash_at: str = ""
+
+
+#: Where ``crash_at`` may stop the feeder: after admitting a round's lines but before
+#: recording them; after writing a chunk but before marking its lines stored; after
+#: writing the output files but before the final status.
+CRASH_POINTS = ("admitted", "chunk", "finalize")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name) or ""
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def load_batch_settings(env: Mapping[str, str]) -> BatchSettings:
+    """``BatchSettings`` from the ``CARPOOL_FILES_*`` and ``CARPOOL_BATCH_*`` variables."""
+    endpoint = env.get("CARPOOL_FILES_S3_ENDPOINT_URL", "")
+    bucket = env.get("CARPOOL_FILES_S3_BUCKET", "")
+    if endpoint and not bucket:
+        raise ConfigError("CARPOOL_FILES_S3_ENDPOINT_URL is set but CARPOOL_FILES_S3_BUCKET "
+                          "is not: name the bucket, or drop the endpoint")
+    return BatchSettings(
+        files_dir=Path(env.get("CARPOOL_FILES_DIR") or BatchSettings.files_dir).absolute(),
+        s3_bucket=bucket, s3_endpoint_url=endpoint,
+        s3_prefix=env.get("CARPOOL_FILES_S3_PREFIX", BatchSettings.s3_prefix),
+        max_lines=_int(env, "CARPOOL_BATCH_MAX_LINES", MAX_BATCH_LINES_DEFAULT, 1),
+        max_file_bytes=_int(env, "CARPOOL_BATCH_MAX_FILE_BYTES", MAX_FILE_BYTES_DEFAULT, 1024),
+        queued_batches_per_bin=_int(env, "CARPOOL_BATCH_QUEUED_PER_BIN",
+                                    QUEUED_BATCHES_PER_BIN_DEFAULT, 1),
+        keep_s=_int(env, "CARPOOL_BATCH_KEEP_S", BatchSettings.keep_s, 60),
+        crash_at=_crash_at(env.get("CARPOOL_FEEDER_CRASH_AT", "")),
+    )
+
+
+def _crash_at(raw: str) -> str:
+    point, _, n = raw.partition(":")
+    if raw and (point not in CRASH_POINTS or not n.isdigit()):
+        raise ConfigError(f"CARPOOL_FEEDER_CRASH_AT={raw!r} must be POINT:N, POINT one of "
+                          f"{', '.join(CRASH_POINTS)}")
+    return raw

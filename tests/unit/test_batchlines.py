@@ -1,0 +1,118 @@
+"""A batch input file checked whole: each bad line named by its number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from carpool.core.catalogue import Catalogue, load_catalogue
+from tests.support.batches import CATALOGUE_TOML, embedding_lines
+from web.batchlines import MAX_ERRORS, parse_file
+
+
+@pytest.fixture
+def catalogue(tmp_path: Path) -> Catalogue:
+    (tmp_path / "c.toml").write_text(CATALOGUE_TOML)
+    return load_catalogue(tmp_path / "c.toml")
+
+
+def line(custom_id: str = "a", **body: object) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+                       "body": {"model": "hemb", "input": "hi", **body}})
+
+
+def errors_of(data: bytes, catalogue: Catalogue, max_lines: int = 100) -> list[tuple[int, str]]:
+    parsed = parse_file(data, "/v1/embeddings", catalogue, max_lines)
+    return [(e["line"], e["message"]) for e in parsed.errors]
+
+
+def test_a_good_file_gives_one_line_per_request_each_with_its_jobs(catalogue: Catalogue) -> None:
+    data = (line("a") + "\n\n" + line("b", input=["x", "y"]) + "\n").encode()
+    parsed = parse_file(data, "/v1/embeddings", catalogue, 100)
+    assert parsed.errors == [] and parsed.spec is not None and parsed.spec.name == "hemb"
+    assert [(ln.index, ln.custom_id, len(ln.jobs)) for ln in parsed.lines] == [
+        (0, "a", 1), (1, "b", 2)]
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (b"not json", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"custom_id": "a"}', "missing"),
+    (line(extra=1).encode(), "unknown field"),
+    (line(model="nope").encode(), "unknown model"),
+    (line(input="").encode(), "non-empty"),
+    (line(input=[]).encode(), "non-empty"),
+    (line(input=[1, 2]).encode(), "list of strings"),
+    (line(encoding_format="hex").encode(), "encoding_format"),
+    (json.dumps({"custom_id": "", "method": "POST", "url": "/v1/embeddings",
+                 "body": {}}).encode(), "custom_id"),
+    (json.dumps({"custom_id": "a" * 513, "method": "POST", "url": "/v1/embeddings",
+                 "body": {}}).encode(), "custom_id"),
+    (json.dumps({"custom_id": "a", "method": "GET", "url": "/v1/embeddings",
+                 "body": {}}).encode(), "method"),
+    (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {}}).encode(), "endpoint"),
+    (b'{"custom_id": "\xff"}', "UTF-8"),
+    (b"[" * 100_000, "JSON"),
+    (line(input="x" * 5000).encode(), "characters"),
+    (line(input="x" * (8 << 20)).encode(), "characters"),  # one 8 MB line
+    (b'{"a": NaN}', "JSON"),
+])
+def test_each_malformed_line_is_named_by_its_line_number(
+        raw: bytes, says: str, catalogue: Catalogue) -> None:
+    data = line("ok").encode() + b"\n" + raw + b"\n"
+    (number, message), = errors_of(data, catalogue)
+    assert number == 2 and says in message
+
+
+def test_a_repeated_custom_id_fails_its_second_line(catalogue: Catalogue) -> None:
+    errors = errors_of((line("a") + "\n" + line("a") + "\n").encode(), catalogue)
+    assert errors == [(2, "custom_id 'a' is used by an earlier line: each must be unique")]
+
+
+def test_lines_of_two_models_fail_the_second(catalogue: Catalogue) -> None:
+    other = line("b", model="minilm")
+    (number, message), = errors_of((line("a") + "\n" + other).encode(), catalogue)
+    assert number == 2 and "one model" in message
+
+
+def test_more_lines_than_the_limit_fail_the_file(catalogue: Catalogue) -> None:
+    (number, message), = errors_of(embedding_lines(4), catalogue, max_lines=3)
+    assert number == 4 and "more than 3" in message
+
+
+def test_an_empty_file_fails(catalogue: Catalogue) -> None:
+    assert errors_of(b"\n\n", catalogue) == [(None, "the file has no requests")]
+
+
+def test_errors_stop_at_the_cap_and_say_more_follow(catalogue: Catalogue) -> None:
+    errors = errors_of(b"x\n" * 500, catalogue)
+    assert len(errors) == MAX_ERRORS + 1 and "more errors follow" in errors[-1][1]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+_line_doc = st.fixed_dictionaries({}, optional={
+    "custom_id": _json, "method": st.sampled_from(["POST", "GET"]) | _json,
+    "url": st.sampled_from(["/v1/embeddings", "/submit"]) | _json,
+    "body": st.fixed_dictionaries({}, optional={"model": st.sampled_from(["hemb", "x"]) | _json,
+                                                "input": _json,
+                                                "encoding_format": _json})})
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(_line_doc.map(json.dumps), st.binary(max_size=60).map(
+    lambda b: b.decode("latin-1"))), max_size=6))
+def test_any_file_is_either_runnable_or_fails_with_numbered_errors(
+        catalogue: Catalogue, raw_lines: list[str]) -> None:
+    data = "\n".join(raw_lines).encode("utf-8", "surrogateescape")
+    parsed = parse_file(data, "/v1/embeddings", catalogue, 100)
+    assert parsed.errors or parsed.lines  # never an exception, never nothing said
+    for error in parsed.errors:
+        assert error["message"] and (error["line"] is None or error["line"] >= 1)

@@ -1,0 +1,69 @@
+"""``python -m web.feeder``: run bulk batches until SIGTERM or SIGINT (docs/batches.md)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import redis
+
+from carpool.backend.batchdb import BatchDb
+from carpool.backend.connection import connect
+from carpool.backend.filestore import file_store
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
+from carpool.core.settings import load_settings
+from web.feeder.loop import Feeder, run_forever
+
+log = logging.getLogger("carpool.feeder")
+
+#: The longest an idle feeder waits for a job to end before it looks again, in
+#: seconds: a new batch or a cancel is seen within it.
+IDLE_WAIT_S = 0.2
+
+
+class DoneWake:
+    """Wait for the next ``{p}:done`` message (a batch of jobs ended), at most IDLE_WAIT_S."""
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client, self.channel = client, channel
+        self.pubsub: redis.client.PubSub | None = None
+
+    def __call__(self, stop: threading.Event) -> None:
+        try:
+            if self.pubsub is None:
+                self.pubsub = self.client.pubsub(  # type: ignore[no-untyped-call]
+                    ignore_subscribe_messages=True)
+                self.pubsub.subscribe(self.channel)
+            message = self.pubsub.get_message(timeout=IDLE_WAIT_S)
+            while message is not None:  # drain: one step answers them all
+                message = self.pubsub.get_message(timeout=0)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self.pubsub = None
+            stop.wait(IDLE_WAIT_S)  # Redis is away; the next step says so and backs off
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = load_settings()
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    keys = Keys(settings.key_prefix)
+    queue = Queue(client, keys)
+    feeder = Feeder(settings, queue, BatchDb(client, keys), file_store(settings.batches))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("feeder ready (files: %s)", settings.batches.s3_bucket or
+             settings.batches.files_dir)
+    run_forever(feeder, stop, DoneWake(client, keys.done_channel))
+    log.info("feeder stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""The feeder's loop: validate, collect, feed, finish; one step for all batches at once.
+
+Every step starts from what Redis says (carpool/backend/batchdb.py); a lost
+Redis drops the copy in memory, and the next step rebuilds it, so a restart and
+a reconnect are the same path (docs/batches.md, "Nothing lost, nothing twice").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from carpool.admission.urgency import BATCH_PRIORITY
+from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.batchdb import BatchDb
+from carpool.backend.filestore import FileStore
+from carpool.backend.queue import Queue
+from carpool.core.errors import BackendUnavailable, NotCancellable
+from carpool.core.jobs import Admitted, JobView, new_job_id
+from carpool.core.settings import Settings
+from web.batchlines import parse_file
+from web.feeder import chunks
+from web.feeder.run import Run, ended_line, error_line, stored_set
+from web.v1_files import store_name
+
+log = logging.getLogger("carpool.feeder")
+
+#: Lines one API key may admit per round before the next key's turn (fair share).
+QUANTUM_LINES = 8
+#: Jobs read per round trip when looking for ended lines.
+READ_BATCH = 500
+#: How often a batch's projected completion is written back, in seconds.
+PROJECT_EVERY_S = 1.0
+#: The exit status of a feeder stopped at a crash point (tests only).
+CRASH_EXIT_STATUS = 70
+#: Waits after a lost Redis or file store, doubling up to the last.
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+class Feeder:
+    def __init__(self, settings: Settings, queue: Queue, db: BatchDb, store: FileStore) -> None:
+        self.settings, self.queue, self.db, self.store = settings, queue, db, store
+        self.admissions = Admissions(queue.client, queue.keys)
+        self.runs: dict[str, Run] = {}
+        self.turn = 0  # which API key goes first this round
+        self.reached: dict[str, int] = defaultdict(int)  # crash points passed (tests)
+
+    def _crash_point(self, point: str) -> None:
+        """TEST ONLY (CARPOOL_FEEDER_CRASH_AT): exit here, as kill -9 would."""
+        name, _, n = self.settings.batches.crash_at.partition(":")
+        if name == point:
+            self.reached[point] += 1
+            if self.reached[point] == int(n):
+                log.warning("feeder: crashing at %s (CARPOOL_FEEDER_CRASH_AT)", point)
+                os._exit(CRASH_EXIT_STATUS)
+
+    def step(self) -> bool:
+        """One pass over every active batch; True when it did something."""
+        active = self.db.active()
+        for gone in set(self.runs) - set(active):
+            del self.runs[gone]
+        busy = False
+        feedable: list[Run] = []
+        for batch_id in active:
+            h = self.db.batch(batch_id)
+            if h is None:
+                continue
+            try:
+                busy |= self._step_batch(batch_id, h, feedable)
+            except BackendUnavailable:
+                raise
+            except Exception as exc:  # one broken batch must not stop the others
+                log.exception("batch %s failed", batch_id)
+                self._fail(batch_id, f"the feeder could not run this batch: {exc}")
+                busy = True
+        return self._feed(feedable) or busy
+
+    def _step_batch(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
+        busy = False
+        if h["status"] == "validating":
+            self._validate(batch_id, h)
+            return True
+        if batch_id not in self.runs and h["status"] != "finalizing":
+            self.runs[batch_id] = self._load(batch_id, h)
+        if h["status"] == "finalizing":
+            self._finalize(self.runs.get(batch_id) or self._load(batch_id, h), h)
+            return True
+        run = self.runs.get(batch_id)
+        if run is not None:
+            busy |= self._collect(run)
+            busy |= self._wind_down(run, h)
+            if (h["status"] == "in_progress" and run.expires_at > time.time()
+                    and batch_id in self.runs):
+                feedable.append(run)
+        return busy
+
+    def _fail(self, batch_id: str, message: str) -> None:
+        """End a batch ``failed`` for a reason of its own (its input file went away)."""
+        self.runs.pop(batch_id, None)
+        error = {"code": "internal_error", "message": message[:500], "param": None,
+                 "line": None}
+        self.db.move(batch_id, ("validating", "in_progress", "finalizing", "cancelling"),
+                     "failed", failed_at=int(time.time()),
+                     errors=json.dumps({"object": "list", "data": [error]}))
+
+    # --- validating ---
+    def _validate(self, batch_id: str, h: dict[str, str]) -> None:
+        data = self.store.get(store_name(h["input_file_id"]))
+        now = int(time.time())
+        if data is None:
+            errors = [{"code": "missing_file", "message": "the input file was deleted",
+                       "param": "input_file_id", "line": None}]
+        else:
+            parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
+                                self.settings.batches.max_lines)
+            errors = parsed.errors
+        if errors:
+            self.db.move(batch_id, ("validating",), "failed", failed_at=now,
+                         errors=json.dumps({"object": "list", "data": errors}))
+            self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now)
+            return
+        assert parsed.spec is not None
+        if not self.db.move(batch_id, ("validating",), "in_progress", in_progress_at=now,
+                            total=len(parsed.lines), model=parsed.spec.name):
+            self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now,
+                         total=len(parsed.lines), model=parsed.spec.name)
+
+    def _load(self, batch_id: str, h: dict[str, str]) -> Run:
+        data = self.store.get(store_name(h["input_file_id"]))
+        if data is None:
+            raise LookupError(f"its input file {h['input_file_id']} was deleted")
+        parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
+                            self.settings.batches.max_lines)
+        if parsed.spec is None or parsed.errors:
+            raise ValueError("its input file no longer passes validation (the catalogue "
+                             "changed?)")
+        jobs, bitmap = self.db.line_state(batch_id)
+        run = Run(batch_id, h.get("owner", ""), parsed.spec, h["endpoint"], parsed.lines,
+                  float(h["expires_at"]), int(h.get("chunks", 0)), jobs, stored_set(bitmap))
+        run.sampled = (time.monotonic(), len(run.stored))
+        run.advance()
+        return run
+
+    # --- collecting ---
+    def _collect(self, run: Run) -> bool:
+        lines = sorted(run.jobs)
+        ids = [j for i in lines for j in run.jobs[i]]
+        views: dict[str, JobView | None] = {}
+        for start in range(0, len(ids), READ_BATCH):
+            part = ids[start:start + READ_BATCH]
+            views.update(zip(part, self.queue.get_many(part), strict=True))
+        out: list[tuple[int, str]] = []
+        err: list[tuple[int, str]] = []
+        lost: list[int] = []
+        for i in lines:
+            got = [views[j] for j in run.jobs[i]]
+            if any(v is None for v in got):
+                lost.append(i)  # its result expired unstored, or Redis lost it: again
+            elif all(v is not None and v.status.is_final for v in got):
+                ok, text = ended_line(run, i, [v for v in got if v is not None])
+                (out if ok else err).append((i, text))
+        if lost:
+            log.warning("batch %s: %d lines lost their jobs; admitting them again",
+                        run.id, len(lost))
+            self.db.forget_admitted(run.id, lost)
+            for i in lost:
+                del run.jobs[i]
+            run.next = min([run.next, *lost])
+        if out or err:
+            self._store(run, out, err)
+        return bool(out or err or lost)
+
+    def _store(self, run: Run, out: list[tuple[int, str]], err: list[tuple[int, str]]) -> None:
+        done = [i for i, _ in out + err]
+        chunks.write_chunk(self.store, run.id, run.chunks, out, err)
+        self._crash_point("chunk")
+        ended = [j for i in done for j in run.jobs.get(i, [])]
+
+        def drop_jobs(pipe: Any) -> None:  # the results, now stored, leave Redis
+            for j in ended:
+                pipe.delete(self.queue.keys.job(j))
+
+        self.db.record_stored(run.id, done, run.chunks, len(out), len(err), drop_jobs)
+        run.chunks += 1
+        for i in done:
+            run.jobs.pop(i, None)
+            run.stored.add(i)
+        run.advance()
+        self._project(run)
+
+    def _project(self, run: Run) -> None:
+        now = time.monotonic()
+        then, count = run.sampled
+        if now - then < PROJECT_EVERY_S:
+            return
+        rate = (len(run.stored) - count) / (now - then)
+        run.rate_per_s = rate if run.rate_per_s == 0 else 0.7 * run.rate_per_s + 0.3 * rate
+        run.sampled = (now, len(run.stored))
+        left = len(run.lines) - len(run.stored)
+        if run.rate_per_s > 0:
+            at = time.time() + left / run.rate_per_s
+            self.db.set_fields(run.id, projected_at=int(at),
+                               at_risk=int(at > run.expires_at))
+
+    # --- ending ---
+    def _wind_down(self, run: Run, h: dict[str, str]) -> bool:
+        status = h["status"]
+        expired = status == "in_progress" and time.time() >= run.expires_at
+        if status == "in_progress" and not expired:
+            if len(run.stored) == len(run.lines):
+                self.db.move(run.id, ("in_progress",), "finalizing",
+                             finalizing_at=int(time.time()))
+                return True
+            return False
+        if status not in ("in_progress", "cancelling"):
+            return False
+        for job_id in [j for ids in run.jobs.values() for j in ids]:
+            view = self.queue.get(job_id)
+            if view is not None and view.status.value == "queued":
+                try:
+                    self.queue.cancel(job_id, self.settings.catalogue.result_ttl_s(run.spec.name))
+                except NotCancellable:
+                    pass  # claimed meanwhile: it ends on its own
+        if run.jobs:
+            return True  # wait for the running ones
+        code, final = (("batch_expired", "expired") if expired
+                       else ("batch_cancelled", "cancelled"))
+        rest = [i for i in run.unstored if i not in run.jobs]
+        if rest:
+            message = ("the batch's completion window ended first" if expired
+                       else "the batch was cancelled first")
+            self._store(run, [], [(i, error_line(run, i, code, message)) for i in rest])
+        self._finalize(run, {**h, "status": status}, final)
+        return True
+
+    def _finalize(self, run: Run, h: dict[str, str], final: str = "completed") -> None:
+        """Make the output and error files from the recorded chunks; then the end status.
+        Repeatable: the file ids follow from the batch's id."""
+        names = {}
+        for part, kind in (("out", "output"), ("err", "error")):
+            data = chunks.assemble(self.store, run.id, run.chunks, part)
+            if not data:
+                continue
+            file_id = "file-" + hashlib.sha256(f"{run.id}\0{kind}".encode()).hexdigest()[:24]
+            self.store.put(store_name(file_id), data)
+            self.db.add_file({"id": file_id, "bytes": len(data), "created_at": int(time.time()),
+                              "filename": f"{run.id}_{kind}.jsonl", "purpose": "batch_output",
+                              "owner": run.owner}, self.settings.batches.keep_s)
+            names[f"{kind}_file_id"] = file_id
+        self._crash_point("finalize")
+        now = int(time.time())
+        moved = self.db.move(run.id, (h["status"],), final, **names, **{f"{final}_at": now})
+        if moved:
+            self.db.drop_line_state(run.id, self.settings.batches.keep_s)
+            chunks.drop_chunks(self.store, run.id, run.chunks)
+            self.runs.pop(run.id, None)
+
+    # --- feeding ---
+    def _feed(self, runs: list[Run]) -> bool:
+        """Admit lines where their bins have room, API keys taking turns."""
+        cap = self.settings.batches.queued_batches_per_bin
+        room: dict[tuple[str, str], int] = {}
+        for run in runs:
+            for b in run.spec.bins:
+                room.setdefault((run.spec.name, b.name), cap * b.max_batch)
+        for run in self.runs.values():
+            for i in run.jobs:
+                for job in run.lines[i].jobs:
+                    room[(run.spec.name, job.bin.name)] = room.get(
+                        (run.spec.name, job.bin.name), 0) - 1
+        by_owner: dict[str, list[Run]] = defaultdict(list)
+        for run in runs:
+            by_owner[run.owner].append(run)
+        owners = sorted(by_owner)
+        if not owners:
+            return False
+        self.turn = (self.turn + 1) % len(owners)
+        owners = owners[self.turn:] + owners[:self.turn]
+        fed_any, progress = False, True
+        while progress:
+            progress = False
+            for owner in owners:
+                n = 0
+                for run in by_owner[owner]:
+                    n += self._feed_run(run, room, QUANTUM_LINES - n)
+                    if n >= QUANTUM_LINES:
+                        break
+                progress |= n > 0
+            fed_any |= progress
+        return fed_any
+
+    def _feed_run(self, run: Run, room: dict[tuple[str, str], int], most: int) -> int:
+        admitted: dict[int, list[str]] = {}
+        bins = [(run.spec.name, b.name) for b in run.spec.bins]
+        for i in run.waiting():
+            if len(admitted) >= most or all(room.get(k, 0) <= 0 for k in bins):
+                break
+            line = run.lines[i]
+            keys = [(run.spec.name, job.bin.name) for job in line.jobs]
+            if any(room.get(k, 0) <= 0 for k in keys):
+                continue
+            ids = self._admit_line(run, i)
+            if ids is None:
+                for k in keys:
+                    room[k] = 0  # refused (full, over budget): that bin waits a step
+                continue
+            for k in keys:
+                room[k] -= 1
+            admitted[i] = ids
+        if admitted:
+            self._crash_point("admitted")
+            self.db.record_admitted(run.id, admitted)
+            run.jobs.update(admitted)
+            run.advance()
+        return len(admitted)
+
+    def _admit_line(self, run: Run, i: int) -> list[str] | None:
+        ids = []
+        window_ms = max(1, int((run.expires_at - time.time()) * 1000))
+        for k, job in enumerate(run.lines[i].jobs):
+            request = AdmitRequest(
+                run.spec, (AdmitJob(job.bin, new_job_id(run.spec.name), job.input_json),),
+                self.settings.queued_ttl_s, deadline_ms=window_ms, priority=BATCH_PRIORITY,
+                owner=run.owner,
+                owner_weight=self.settings.api_key_weights.get(run.owner, 1.0),
+                idempotency_digest=run.idempotency(i, k),
+                input_digest=hashlib.sha256(job.input_json.encode()).hexdigest())
+            (outcome,) = self.admissions.admit(request)
+            if not isinstance(outcome, Admitted):
+                if isinstance(outcome, BackendUnavailable):
+                    raise outcome
+                return None
+            ids.append(outcome.id)
+        return ids
+
+
+def run_forever(feeder: Feeder, stop: threading.Event, wake: Any) -> None:
+    """Steps until ``stop``; between idle steps it waits for a job to end (``wake``, a
+    pub/sub of the done channel) or a short while; a lost Redis backs off."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            busy = feeder.step()
+            failures = 0
+        except BackendUnavailable as exc:
+            log.warning("feeder: %s; retrying", exc)
+            feeder.runs.clear()  # rebuilt from Redis, which may have lost its last writes
+            stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+            failures += 1
+            continue
+        if not busy:
+            wake(stop)

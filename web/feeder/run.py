@@ -1,0 +1,99 @@
+"""One batch as the feeder holds it: its lines and which are admitted or stored.
+
+Redis is the truth (carpool/backend/batchdb.py); this is its copy in memory,
+rebuilt from Redis after a restart or a lost connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from carpool.core.catalogue import ModelSpec
+from carpool.core.jobs import JobStatus, JobView
+from web.batchlines import Line
+from web.embeddings_shape import embeddings_answer
+
+#: Lines past the lowest unfinished one that a feed looks at for a bin with room.
+SCAN_WINDOW = 4096
+
+
+def stored_set(bitmap: bytes) -> set[int]:
+    """The set bits of a Redis bitmap (bit 0 is the first byte's highest bit)."""
+    return {i * 8 + b for i, byte in enumerate(bitmap) if byte
+            for b in range(8) if byte & (0x80 >> b)}
+
+
+@dataclass
+class Run:
+    id: str
+    owner: str
+    spec: ModelSpec
+    endpoint: str
+    lines: list[Line]
+    expires_at: float  # Unix seconds
+    chunks: int
+    jobs: dict[int, list[str]] = field(default_factory=dict)  # admitted, not stored
+    stored: set[int] = field(default_factory=set)
+    next: int = 0  # every line below it is admitted or stored
+    #: (time, lines stored) when the rate was last sampled, for the projection.
+    sampled: tuple[float, int] = (0.0, 0)
+    rate_per_s: float = 0.0
+
+    def advance(self) -> None:
+        while self.next < len(self.lines) and (self.next in self.stored
+                                               or self.next in self.jobs):
+            self.next += 1
+
+    def waiting(self) -> Iterator[int]:
+        """Lines in the scan window that are neither admitted nor stored, in order
+        (lazily: a feed usually stops after a few)."""
+        end = min(len(self.lines), self.next + SCAN_WINDOW)
+        return (i for i in range(self.next, end)
+                if i not in self.stored and i not in self.jobs)
+
+    @property
+    def unstored(self) -> list[int]:
+        return [i for i in range(len(self.lines)) if i not in self.stored]
+
+    def idempotency(self, line: int, k: int) -> str:
+        """The idempotency digest of job ``k`` of ``line``: an admission repeated after a
+        crash answers the job admitted before it."""
+        return hashlib.sha256(f"batch\0{self.id}\0{line}\0{k}".encode()).hexdigest()
+
+
+def request_id(run: Run, line: int) -> str:
+    return "batch_req_" + hashlib.sha256(f"{run.id}\0{line}".encode()).hexdigest()[:24]
+
+
+def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
+    """(success, the output/error file line) of a line whose jobs all ended."""
+    spec_line = run.lines[line]
+    base: dict[str, Any] = {"id": request_id(run, line), "custom_id": spec_line.custom_id}
+    bad = next((v for v in views if v.status is not JobStatus.DONE), None)
+    if bad is None:
+        body = (embeddings_answer(run.spec.name, [v.result for v in views],
+                                  spec_line.encoding_format)
+                if run.endpoint == "/v1/embeddings" else views[0].to_json())
+        doc = {**base, "response": {"status_code": 200, "request_id": views[0].id,
+                                    "body": body}, "error": None}
+        return True, json.dumps(doc, separators=(",", ":"))
+    if bad.status in (JobStatus.EXPIRED, JobStatus.CANCELLED):
+        return False, error_line(run, line, _CODE[bad.status], bad.error or bad.status.value)
+    doc = {**base, "response": {"status_code": 500, "request_id": bad.id, "body": {
+        "error": {"message": bad.error or "the job failed", "type": "job_failed",
+                  "code": "job_failed"}}}, "error": None}
+    return False, json.dumps(doc, separators=(",", ":"))
+
+
+_CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancelled"}
+
+
+def error_line(run: Run, line: int, code: str, message: str) -> str:
+    """A line that never got an answer: its batch expired or was cancelled first."""
+    return json.dumps({"id": request_id(run, line), "custom_id": run.lines[line].custom_id,
+                       "response": None, "error": {"code": code, "message": message}},
+                      separators=(",", ":"))

@@ -1,0 +1,164 @@
+"""OpenAI's Batches API (``/v1/batches``) and the synchronous ``/v1/embeddings``.
+
+A batch is created ``validating``; the feeder (``python -m web.feeder``) checks
+its file, feeds its lines into the model's bins and writes its output and error
+files (docs/batches.md). Cancel asks the feeder to stop: ``cancelling`` until the
+lines in flight end, then ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from carpool.backend.admitting import AdmitJob, AdmitRequest
+from carpool.backend.batchdb import FINAL, batch_document, new_batch_id
+from carpool.core.batch_settings import MAX_WINDOW_S
+from carpool.core.errors import InvalidInput, NotCancellable
+from carpool.core.jobs import Admitted, JobStatus, new_job_id
+from web import inputs
+from web.auth import request_owner
+from web.batchlines import ENDPOINTS
+from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
+from web.polls import client_gone_check
+from web.refusals import JobFailed, ResourceNotFound, ResultsLate
+from web.routes import read_post_body
+from web.state import WebState, current_state
+from web.v1_files import owned_file, page_args, page_document
+from web.waiters import await_final_after
+
+blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
+# Bodies read within their limits and time, as on /submit (web/bodies.py).
+blueprint.before_request(read_post_body)
+
+#: A completion window: OpenAI's "24h", or a shorter one in s, m or h (carpool's own).
+_WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+#: Metadata as OpenAI bounds it: 16 pairs, keys of 64 and values of 512 characters.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+_CREATE_KEYS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata"})
+
+
+def window_s(text: Any) -> int:
+    match = _WINDOW.match(text) if isinstance(text, str) else None
+    seconds = int(match[1]) * _UNIT_S[match[2]] if match else 0
+    if not 0 < seconds <= MAX_WINDOW_S:
+        raise InvalidInput("completion_window must be '24h' (or a shorter window such as "
+                           f"'30m' or '90s'), got {str(text)[:20]!r}")
+    return seconds
+
+
+def _metadata(raw: Any) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, dict) or len(raw) > MAX_METADATA_PAIRS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY
+            and len(v) <= MAX_METADATA_VALUE for k, v in raw.items()):
+        raise InvalidInput(f"metadata must be an object of at most {MAX_METADATA_PAIRS} "
+                           f"string pairs (keys <= {MAX_METADATA_KEY}, values <= "
+                           f"{MAX_METADATA_VALUE} characters)")
+    return json.dumps(raw)
+
+
+@blueprint.post("/batches")
+def create_batch() -> tuple[Response, int]:
+    state = current_state()
+    owner = request_owner(state.settings)
+    doc = inputs.parse_json(request.get_data())
+    if not isinstance(doc, dict) or set(doc) - _CREATE_KEYS:
+        raise InvalidInput(f"the body must be an object with {sorted(_CREATE_KEYS)}")
+    if doc.get("endpoint") not in ENDPOINTS:
+        raise InvalidInput(f"endpoint must be one of {list(ENDPOINTS)}")
+    file_id = doc.get("input_file_id")
+    if not isinstance(file_id, str):
+        raise InvalidInput("input_file_id must be the id of a file uploaded with "
+                           "purpose 'batch'")
+    meta = owned_file(state, file_id, owner)
+    if meta["purpose"] != "batch":
+        raise InvalidInput(f"file {file_id} has purpose {meta['purpose']!r}, not 'batch'")
+    window = window_s(doc.get("completion_window"))
+    now = int(time.time())
+    fields: dict[str, str | int] = {
+        "id": new_batch_id(), "owner": owner, "endpoint": doc["endpoint"],
+        "input_file_id": file_id, "completion_window": doc["completion_window"],
+        "window_s": window, "metadata": _metadata(doc.get("metadata")),
+        "created_at": now, "expires_at": now + window, "status": "validating",
+        "total": 0, "completed": 0, "failed": 0, "chunks": 0,
+    }
+    state.batchdb.add_batch(fields, state.settings.batches.keep_s)
+    return jsonify(batch_document({k: str(v) for k, v in fields.items()})), 200
+
+
+def _owned_batch(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
+    h = state.batchdb.batch(batch_id[:64]) if batch_id.startswith("batch_") else None
+    if h is None or h.get("owner", "") != owner:
+        raise ResourceNotFound(f"no batch {batch_id[:64]!r}")
+    return h
+
+
+@blueprint.get("/batches/<batch_id>")
+def retrieve_batch(batch_id: str) -> Response:
+    state = current_state()
+    return jsonify(batch_document(_owned_batch(state, batch_id,
+                                               request_owner(state.settings))))
+
+
+@blueprint.post("/batches/<batch_id>/cancel")
+def cancel_batch(batch_id: str) -> Response:
+    state = current_state()
+    owner = request_owner(state.settings)
+    h = _owned_batch(state, batch_id, owner)
+    if not state.batchdb.move(batch_id, ("validating", "in_progress"), "cancelling",
+                              cancelling_at=int(time.time())):
+        h = _owned_batch(state, batch_id, owner)
+        if h["status"] in FINAL and h["status"] != "cancelled":
+            raise NotCancellable(f"batch {batch_id} is {h['status']}: nothing to cancel")
+    return jsonify(batch_document(_owned_batch(state, batch_id, owner)))
+
+
+@blueprint.get("/batches")
+def list_batches() -> Response:
+    state = current_state()
+    limit, after = page_args()
+    page = state.batchdb.list_batches(request_owner(state.settings), after, limit)
+    return jsonify(page_document([batch_document(h) for h in page.items], page.has_more))
+
+
+@blueprint.post("/embeddings")
+def embeddings() -> Response:
+    """One job per string, admitted together like /submit/batch; answers when all end
+    (within CARPOOL_MAX_WAIT_S, else 504)."""
+    state = current_state()
+    owner = request_owner(state.settings)
+    doc = inputs.parse_json(request.get_data())
+    req = embed_request(doc, state.settings.catalogue)
+    state.models.check(req.spec.name)
+    jobs = tuple(AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json)
+                 for p in req.prepared)
+    deadline = time.monotonic() + state.settings.max_wait_s
+    gone = client_gone_check(request.environ)
+    with ExitStack() as stack:
+        woken = [stack.enter_context(state.notifier.watch(job.id)) for job in jobs]
+        outcomes = state.admissions.admit(AdmitRequest(
+            req.spec, jobs, state.settings.queued_ttl_s, owner=owner,
+            owner_weight=state.settings.api_key_weights.get(owner, 1.0)))
+        for outcome in outcomes:
+            if not isinstance(outcome, Admitted):
+                raise outcome
+        views = [await_final_after(state.reads, event, job.id, deadline, gone)
+                 for event, job in zip(woken, jobs, strict=True)]
+    results = []
+    for i, view in enumerate(views):
+        if view is None or not view.status.is_final:
+            raise ResultsLate(f"input[{i}] did not end within {state.settings.max_wait_s:g} s"
+                              " (CARPOOL_MAX_WAIT_S); try again, or use /v1/batches")
+        if view.status is not JobStatus.DONE:
+            raise JobFailed(f"input[{i}] {view.status.value}: {view.error}")
+        results.append(view.result)
+    check_dimensions(doc, results)
+    return jsonify(embeddings_answer(req.spec.name, results, req.encoding_format))
