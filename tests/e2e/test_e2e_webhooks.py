@@ -48,6 +48,7 @@ from tests.support.procs import (
     start_worker,
     wait_until,
 )
+from tests.support.promtext import scrape
 from tests.support.receiver import receiver
 from tests.support.redisproc import RedisProc, private_redis
 
@@ -65,8 +66,10 @@ def test_every_terminal_webhook_arrives_signed_and_once_per_id_with_two_dispatch
     env = make_env(server.url, key_prefix, **hook_env())
     client = connect(server.url)
     outbox = Outbox(client, Keys(key_prefix))
-    with receiver() as rx, start_web(env) as base, start_worker(env), start_dispatcher(env), \
-            start_dispatcher(env):
+    ports = (free_port(), free_port())
+    metrics = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    with receiver() as rx, start_web(env) as base, start_worker(env), \
+            start_dispatcher(env, ports[0]), start_dispatcher(env, ports[1]):
         own = [i for _ in range(5) for i in submit(base, KEY_OWN, f"{rx.url}/own")]
         shared = submit(base, KEY_SHARED, f"{rx.url}/shared", n=10, events=["running", "done"])
         want = {f"{i}.done" for i in own + shared} | {f"{i}.running" for i in shared}
@@ -86,6 +89,13 @@ def test_every_terminal_webhook_arrives_signed_and_once_per_id_with_two_dispatch
         doc = document(base, KEY_SHARED, shared[0])
         assert doc["webhook"] == {"state": "delivered", "attempts": 1, "last_status": 200,
                                   "last_error": None, "event": "done"}
+        scrapes = [scrape(url) for url in metrics]  # the two dispatchers' counts add up
+        assert sum(m.value("carpool_webhook_deliveries_total", outcome="delivered")
+                   for m in scrapes) == len(want)
+        assert sum(m.value("carpool_webhook_deliveries_total", outcome="dead")
+                   for m in scrapes) == 0
+        assert sum(m.value("carpool_webhook_delivery_latency_seconds_count")
+                   for m in scrapes) == len(want)
     client.close()
 
 

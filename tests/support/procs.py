@@ -165,9 +165,11 @@ def dispatcher_command() -> list[str]:
 
 
 @contextmanager
-def start_dispatcher(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A real webhook dispatcher; ready once its metrics endpoint answers."""
-    port = free_port()
+def start_dispatcher(env: dict[str, str],
+                     port: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A real webhook dispatcher; ready once its metrics endpoint (on ``port``, else a
+    free one) answers."""
+    port = port or free_port()
     env = {"CARPOOL_DISPATCH_METRICS_PORT": str(port),
            "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env}
     with running(dispatcher_command(), env,
