@@ -21,19 +21,25 @@ from carpool.backend.outbox import Outbox
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
-from tests.support.hookstack import DEPLOY_SECRET, body_of
+from tests.support.hookstack import (
+    API_KEYS,
+    DEPLOY_SECRET,
+    KEY_OWN,
+    KEY_SECRET,
+    KEY_SHARED,
+    body_of,
+)
 from tests.support.procs import start_dispatcher, start_web, start_worker
 from tests.support.receiver import Receiver, receiver
 
 pytestmark = pytest.mark.e2e
 
-KEY = "key-hooks-" + "h" * 24
 ARRIVAL_TIMEOUT_S = 60.0
 
 
 @dataclass
 class Stack:
-    client: openai.OpenAI
+    clients: dict[str, openai.OpenAI]
     rx: Receiver
     outbox: Outbox
 
@@ -45,7 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     env = make_env(REDIS_URL, prefix, CARPOOL_CONFIG=str(tmp / "catalogue.toml"),
                    CARPOOL_FILES_DIR=str(tmp / "files"), CARPOOL_SYNTHETIC_COST_MS="1,0.01",
-                   CARPOOL_API_KEYS=KEY, CARPOOL_WEBHOOK_SECRET=DEPLOY_SECRET,
+                   CARPOOL_API_KEYS=API_KEYS, CARPOOL_WEBHOOK_SECRET=DEPLOY_SECRET,
                    CARPOOL_WEBHOOK_ALLOW_PRIVATE="1", CARPOOL_WEBHOOK_RETRY_BASE_S="0.2",
                    CARPOOL_WEBHOOK_RETRY_MAX_S="1")
     redis_client = connect(REDIS_URL)
@@ -53,9 +59,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with receiver() as rx, start_web(env) as base_url, \
                 start_worker({**env, "CARPOOL_MODELS": "hemb"}), \
                 start_feeder(env, tmp / "feeder.log"), start_dispatcher(env):
-            sdk = openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0)
-            yield Stack(sdk, rx, Outbox(redis_client, Keys(prefix)))
-            sdk.close()
+            sdks = {key: openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+                    for key in (KEY_OWN, KEY_SHARED)}
+            yield Stack(sdks, rx, Outbox(redis_client, Keys(prefix)))
+            for sdk in sdks.values():
+                sdk.close()
     finally:
         keys = [k for pattern in Keys(prefix).patterns
                 for k in redis_client.scan_iter(match=pattern, count=1000)]
@@ -64,17 +72,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         redis_client.close()
 
 
-def create(stack: Stack, n: int, prefix: str, webhook: str) -> str:
-    file_id = stack.client.files.create(
+def create(client: openai.OpenAI, n: int, prefix: str, webhook: str) -> str:
+    file_id = client.files.create(
         file=("in.jsonl", io.BytesIO(embedding_lines(n, prefix=prefix))), purpose="batch").id
-    return stack.client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+    return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                        completion_window="24h",
                                        extra_body={"webhook": webhook}).id
 
 
-def arrived_once(stack: Stack, batch_id: str, event: str) -> None:
+def arrived_once(stack: Stack, batch_id: str, event: str, secret: str) -> None:
     """Wait for ``event`` of ``batch_id`` and the outbox to empty; then it is the only
-    delivery for that batch, signed, in OpenAI's event shape."""
+    delivery for that batch, signed with ``secret``, in OpenAI's event shape."""
     webhook_id = f"{batch_id}.{event}"
     stack.rx.wait_for_ids({webhook_id}, ARRIVAL_TIMEOUT_S)
     wait_until(lambda: stack.outbox.waiting([BATCH_HOOK_TAG]) == 0, ARRIVAL_TIMEOUT_S,
@@ -83,24 +91,27 @@ def arrived_once(stack: Stack, batch_id: str, event: str) -> None:
     assert Counter(r.webhook_id for r in mine) == {webhook_id: 1}
     (r,) = mine
     doc = body_of(r)
-    assert Webhook(DEPLOY_SECRET).verify(r.body, r.headers) == doc
+    assert Webhook(secret).verify(r.body, r.headers) == doc
     assert doc == {"object": "event", "id": webhook_id, "type": event,
                    "created_at": doc["created_at"], "data": {"id": batch_id}}
     assert isinstance(doc["created_at"], int) and r.path == "/batches"
 
 
-def test_a_completed_batch_delivers_one_signed_batch_completed(stack: Stack) -> None:
-    batch_id = create(stack, 20, "ok", f"{stack.rx.url}/batches")
-    done = wait_batch(stack.client, batch_id, {"completed", "failed"}, timeout_s=60)
+def test_a_completed_batch_delivers_one_batch_completed_signed_with_its_keys_secret(
+        stack: Stack) -> None:
+    client = stack.clients[KEY_OWN]
+    batch_id = create(client, 20, "ok", f"{stack.rx.url}/batches")
+    done = wait_batch(client, batch_id, {"completed", "failed"}, timeout_s=60)
     assert done.status == "completed" and done.request_counts.completed == 20
-    arrived_once(stack, batch_id, "batch.completed")
+    arrived_once(stack, batch_id, "batch.completed", KEY_SECRET)
 
 
 def test_a_cancelled_batch_delivers_one_signed_batch_cancelled(stack: Stack) -> None:
-    batch_id = create(stack, 2000, "cancel", f"{stack.rx.url}/batches")
-    assert stack.client.batches.cancel(batch_id).status in ("cancelling", "cancelled")
-    wait_batch(stack.client, batch_id, {"cancelled"}, timeout_s=60)
-    arrived_once(stack, batch_id, "batch.cancelled")
+    client = stack.clients[KEY_SHARED]  # no secret of its own: the deployment's signs
+    batch_id = create(client, 2000, "cancel", f"{stack.rx.url}/batches")
+    assert client.batches.cancel(batch_id).status in ("cancelling", "cancelled")
+    wait_batch(client, batch_id, {"cancelled"}, timeout_s=60)
+    arrived_once(stack, batch_id, "batch.cancelled", DEPLOY_SECRET)
 
 
 @pytest.mark.parametrize(("webhook", "says"), [
@@ -110,8 +121,20 @@ def test_a_cancelled_batch_delivers_one_signed_batch_cancelled(stack: Stack) -> 
 ])
 def test_a_refused_webhook_url_at_create_is_a_400(stack: Stack, webhook: str,
                                                    says: str) -> None:
-    before = {b.id for b in stack.client.batches.list(limit=100).data}
+    client = stack.clients[KEY_SHARED]
+    before = {b.id for b in client.batches.list(limit=100).data}
     with pytest.raises(openai.BadRequestError) as refused:
-        create(stack, 1, "refused", webhook)
+        create(client, 1, "refused", webhook)
     assert refused.value.status_code == 400 and says in str(refused.value)
-    assert {b.id for b in stack.client.batches.list(limit=100).data} == before
+    assert {b.id for b in client.batches.list(limit=100).data} == before
+
+
+def test_a_batch_that_fails_validation_delivers_one_batch_failed(stack: Stack) -> None:
+    client = stack.clients[KEY_SHARED]
+    file_id = client.files.create(file=("bad.jsonl", io.BytesIO(b"not json\n")),
+                                  purpose="batch").id
+    batch_id = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                     completion_window="24h",
+                                     extra_body={"webhook": f"{stack.rx.url}/batches"}).id
+    assert wait_batch(client, batch_id, {"failed"}, timeout_s=60).errors is not None
+    arrived_once(stack, batch_id, "batch.failed", DEPLOY_SECRET)
