@@ -18,6 +18,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admitting import AdmitJob, AdmitRequest
 from carpool.backend.batchdb import FINAL, batch_document, new_batch_id
+from carpool.backend.outbox import webhook_doc
 from carpool.core.batch_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
@@ -110,9 +111,14 @@ def _owned_batch(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
 
 @blueprint.get("/batches/<batch_id>")
 def retrieve_batch(batch_id: str) -> Response:
+    """The batch; with a webhook, its delivery as a job's document shows one
+    (``carpool.webhook_delivery``: docs/batches.md)."""
     state = current_state()
-    return jsonify(batch_document(_owned_batch(state, batch_id,
-                                               request_owner(state.settings))))
+    h = _owned_batch(state, batch_id, request_owner(state.settings))
+    doc = batch_document(h)
+    if h.get("webhook"):
+        doc["carpool"]["webhook_delivery"] = webhook_doc(state.batchdb.deliveries(h["id"]))
+    return jsonify(doc)
 
 
 @blueprint.post("/batches/<batch_id>/cancel")

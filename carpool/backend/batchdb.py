@@ -21,8 +21,8 @@ from typing import Any, cast
 import redis
 
 from carpool.backend.connection import redis_errors
-from carpool.backend.keys import Keys
-from carpool.backend.outbox import add_event
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.outbox import Delivery, add_event
 
 #: A batch's statuses (OpenAI's), and those it never leaves.
 STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
@@ -136,6 +136,12 @@ class BatchDb:
 
         with redis_errors():
             return bool(self.client.transaction(cast(Any, step), key, value_from_callable=True))
+
+    def deliveries(self, batch_id: str) -> dict[str, Delivery]:
+        """The batch's webhook deliveries by event (empty before any try)."""
+        with redis_errors():
+            row = self.client.hgetall(self.keys.hook_state(batch_id, BATCH_HOOK_TAG))
+        return {k: Delivery.from_json(v) for k, v in _decoded(row).items()}
 
     def set_fields(self, batch_id: str, **fields: str | int) -> None:
         with redis_errors():

@@ -104,6 +104,11 @@ def test_a_completed_batch_delivers_one_batch_completed_signed_with_its_keys_sec
     done = wait_batch(client, batch_id, {"completed", "failed"}, timeout_s=60)
     assert done.status == "completed" and done.request_counts.completed == 20
     arrived_once(stack, batch_id, "batch.completed", KEY_SECRET)
+    shown = client.batches.retrieve(batch_id).model_extra["carpool"]  # type: ignore[index]
+    assert shown["webhook"] == f"{stack.rx.url}/batches"
+    assert shown["webhook_delivery"] == {"state": "delivered", "attempts": 1,
+                                         "last_status": 200, "last_error": None,
+                                         "event": "batch.completed"}
 
 
 def test_a_cancelled_batch_delivers_one_signed_batch_cancelled(stack: Stack) -> None:

@@ -67,10 +67,13 @@ def test_a_refused_webhook_url_answers_400_and_makes_no_batch(
     assert http.get("/v1/batches", headers=AUTH).get_json()["data"] == []
 
 
-def test_a_batch_with_a_webhook_shows_it_and_null_without(http: FlaskClient) -> None:
+def test_a_batch_with_a_webhook_shows_it_pending_and_null_without(http: FlaskClient) -> None:
     made = create(http, HOOK)
     assert made.status_code == 200, made.get_json()
     assert made.get_json()["carpool"]["webhook"] == HOOK
+    shown = http.get(f"/v1/batches/{made.get_json()['id']}", headers=AUTH).get_json()
+    assert shown["carpool"]["webhook_delivery"] == {
+        "state": "pending", "attempts": 0, "last_status": None, "last_error": None}
     bare = http.post("/v1/batches", headers=AUTH, json={
         "input_file_id": made.get_json()["input_file_id"], "endpoint": "/v1/embeddings",
         "completion_window": "24h"})
