@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 
 from carpool.backend.batchdb import BatchDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
-from carpool.backend.outbox import DELIVERED, Delivery, Event, Outbox
+from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from tests.support.batches import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
@@ -124,3 +124,15 @@ def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Ke
     assert outbox.waiting([BATCH_HOOK_TAG]) == 0
     state = client.hget(keys.hook_state("batch_d", BATCH_HOOK_TAG), "batch.completed")
     assert state is not None and '"delivered"' in str(state)
+
+
+def test_a_dead_batch_event_is_listed_with_the_dead_letters(client: redis.Redis,
+                                                           keys: Keys) -> None:
+    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    _batch(db, "batch_e", HOOK)
+    db.move("batch_e", ("in_progress",), "expired")
+    (event,) = _events(outbox)
+    assert outbox.settle(event, DEAD, Delivery(DEAD, 3, 500, "HTTP 500", event.t_ms))
+    (dead,) = outbox.dead([BATCH_HOOK_TAG], 10)
+    assert (dead["id"], dead["event"], dead["state"]) == ("batch_e", "batch.expired", DEAD)
+    assert db.deliveries("batch_e")["batch.expired"].state == DEAD
