@@ -160,7 +160,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Check "each job in exactly one place" on one snapshot; list the dead letters."""
     from carpool.backend.audit import snapshot, violations
     from carpool.backend.connection import connect
-    from carpool.backend.keys import Keys
+    from carpool.backend.keys import BATCH_HOOK_TAG, Keys
     from carpool.backend.leases import Leases
     from carpool.backend.outbox import Outbox
     from carpool.core.settings import load_settings
@@ -177,7 +177,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
           "(failed by the reaper, newest first)")
     for job_id in dead:
         print(f"  {job_id}")
-    tags = sorted({shard(spec.name) for spec in settings.catalogue})
+    tags = [BATCH_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
     hooks = Outbox(client, keys).dead(tags, args.dead)
     print(f"{len(hooks)} dead webhook deliveries shown (never answered 2xx in time, or "
           "refused), newest first")

@@ -43,7 +43,8 @@ _BATCH = {"type": "object", "required": ["input_file_id", "endpoint", "completio
                          "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
                          "completion_window": {"type": "string", "example": "24h"},
                          "metadata": {"type": "object",
-                                      "additionalProperties": {"type": "string"}}}}
+                                      "additionalProperties": {"type": "string"}},
+                         "webhook": {"type": "string", "format": "uri"}}}
 _EMBED = {"type": "object", "required": ["model", "input"], "properties": {
     "model": {"type": "string"},
     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},

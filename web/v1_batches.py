@@ -18,9 +18,11 @@ from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admitting import AdmitJob, AdmitRequest
 from carpool.backend.batchdb import FINAL, batch_document, new_batch_id
+from carpool.backend.outbox import webhook_doc
 from carpool.core.batch_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
+from carpool.core.webhooks import check_url
 from web import inputs
 from web.auth import request_owner
 from web.batchlines import ENDPOINTS
@@ -41,7 +43,10 @@ _WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 #: Metadata as OpenAI bounds it: 16 pairs, keys of 64 and values of 512 characters.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-_CREATE_KEYS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata"})
+#: "webhook" is carpool's own (the SDK sends it with extra_body): where the batch's
+#: end is POSTed (docs/batches.md, "Webhooks").
+_CREATE_KEYS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata",
+                          "webhook"})
 
 
 def window_s(text: Any) -> int:
@@ -82,13 +87,16 @@ def create_batch() -> tuple[Response, int]:
     if meta["purpose"] != "batch":
         raise InvalidInput(f"file {file_id} has purpose {meta['purpose']!r}, not 'batch'")
     window = window_s(doc.get("completion_window"))
+    webhook = doc.get("webhook")
+    if webhook is not None:
+        webhook = check_url(webhook, state.settings.webhooks.allow_private).url
     now = int(time.time())
     fields: dict[str, str | int] = {
         "id": new_batch_id(), "owner": owner, "endpoint": doc["endpoint"],
         "input_file_id": file_id, "completion_window": doc["completion_window"],
         "window_s": window, "metadata": _metadata(doc.get("metadata")),
         "created_at": now, "expires_at": now + window, "status": "validating",
-        "total": 0, "completed": 0, "failed": 0, "chunks": 0,
+        "total": 0, "completed": 0, "failed": 0, "chunks": 0, "webhook": webhook or "",
     }
     state.batchdb.add_batch(fields, state.settings.batches.keep_s)
     return jsonify(batch_document({k: str(v) for k, v in fields.items()})), 200
@@ -103,9 +111,14 @@ def _owned_batch(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
 
 @blueprint.get("/batches/<batch_id>")
 def retrieve_batch(batch_id: str) -> Response:
+    """The batch; with a webhook, its delivery as a job's document shows one
+    (``carpool.webhook_delivery``: docs/batches.md)."""
     state = current_state()
-    return jsonify(batch_document(_owned_batch(state, batch_id,
-                                               request_owner(state.settings))))
+    h = _owned_batch(state, batch_id, request_owner(state.settings))
+    doc = batch_document(h)
+    if h.get("webhook"):
+        doc["carpool"]["webhook_delivery"] = webhook_doc(state.batchdb.deliveries(h["id"]))
+    return jsonify(doc)
 
 
 @blueprint.post("/batches/<batch_id>/cancel")

@@ -21,12 +21,16 @@ from typing import Any, cast
 import redis
 
 from carpool.backend.connection import redis_errors
-from carpool.backend.keys import Keys
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.outbox import Delivery, add_event
 
 #: A batch's statuses (OpenAI's), and those it never leaves.
 STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
             "cancelling", "cancelled")
 FINAL = frozenset({"failed", "completed", "expired", "cancelled"})
+#: The webhook event of each final status (OpenAI's names; docs/batches.md).
+FINAL_EVENTS = {"completed": "batch.completed", "failed": "batch.failed",
+                "expired": "batch.expired", "cancelled": "batch.cancelled"}
 #: Fields of the batch hash that are integers in the document.
 _INT_FIELDS = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
                "expired_at", "cancelling_at", "cancelled_at", "expires_at")
@@ -109,11 +113,15 @@ class BatchDb:
     def move(self, batch_id: str, allowed_from: Sequence[str], to: str,
              **fields: str | int) -> bool:
         """Set status ``to`` (and ``fields``) if the status is one of ``allowed_from``;
-        False, changing nothing, otherwise. Atomic against every other ``move``."""
+        False, changing nothing, otherwise. Atomic against every other ``move``.
+
+        A move to a final status of a batch with a ``webhook`` adds its event to the
+        batch outbox in the same ``MULTI`` (same ``{p}`` slot), so no crash separates
+        the end from its webhook; the status check makes it once per batch."""
         key = self.keys.batch(batch_id)
 
         def step(pipe: Any) -> bool:
-            status = pipe.hget(key, "status")
+            status, webhook, owner = pipe.hmget(key, "status", "webhook", "owner")
             if status is None or _s(status) not in allowed_from:
                 pipe.multi()
                 return False
@@ -121,10 +129,19 @@ class BatchDb:
             pipe.hset(key, mapping=cast(Any, {"status": to, **fields}))
             if to in FINAL:
                 pipe.srem(self.keys.batches_active, batch_id)
+            if to in FINAL_EVENTS and webhook:
+                add_event(pipe, self.keys, batch_id, FINAL_EVENTS[to],
+                          _s(owner or ""), _s(webhook))
             return True
 
         with redis_errors():
             return bool(self.client.transaction(cast(Any, step), key, value_from_callable=True))
+
+    def deliveries(self, batch_id: str) -> dict[str, Delivery]:
+        """The batch's webhook deliveries by event (empty before any try)."""
+        with redis_errors():
+            row = self.client.hgetall(self.keys.hook_state(batch_id, BATCH_HOOK_TAG))
+        return {k: Delivery.from_json(v) for k, v in _decoded(row).items()}
 
     def set_fields(self, batch_id: str, **fields: str | int) -> None:
         with redis_errors():
@@ -225,7 +242,7 @@ def batch_document(h: Mapping[str, str]) -> dict[str, Any]:
     }
     # carpool's own: when the batch ends at the rate it has gone so far, and whether
     # that is past its window (docs/batches.md).
-    doc["carpool"] = {"model": h.get("model") or None,
+    doc["carpool"] = {"model": h.get("model") or None, "webhook": h.get("webhook") or None,
                       "projected_completion_at": stamp("projected_at"),
                       "window_at_risk": h.get("at_risk") == "1"}
     return doc

@@ -63,11 +63,27 @@ leases) has a tag of its own, ``{p}``.
     {p}:batch:<id>:jobs       hash  line index -> its admitted job ids (space-separated),
                                     until the line's result is stored
     {p}:batch:<id>:stored     str   bitmap: bit i set once line i is in a stored chunk
+    {p}:outbox, {p}:hook-wake, {p}:hook:<batch id>, {p}:hook-dead
+                                    the same webhook outbox for batch events
+                                    (batch.completed, ...): in the batches' slot, so a
+                                    batch's end and its event are one MULTI
+                                    (batchdb.py); ``BATCH_HOOK_TAG`` names it
 """
 
 from dataclasses import dataclass
+from typing import Final
 
 from carpool.core.shards import shard, shard_of_job
+
+#: The outbox "tag" of batch events: the hook keys of ``{p}`` itself, not of a shard
+#: (a shard tag is never empty). The dispatcher scans it besides the shards'.
+BATCH_HOOK_TAG: Final = ""
+
+
+def hook_tag_of(event: str, subject_id: str) -> str:
+    """Whose outbox an event is in: batch events (``batch.*``) in ``BATCH_HOOK_TAG``'s,
+    a job's in its shard's."""
+    return BATCH_HOOK_TAG if event.startswith("batch.") else shard_of_job(subject_id)
 
 
 def _glob_escape(text: str) -> str:
@@ -125,21 +141,26 @@ class Keys:
     def dead(self, shard_tag: str) -> str:
         return f"{self._tag(shard_tag)}:dead"
 
+    def _hook_tag(self, shard_tag: str) -> str:
+        return self._global if shard_tag == BATCH_HOOK_TAG else self._tag(shard_tag)
+
     def outbox(self, shard_tag: str) -> str:
-        return f"{self._tag(shard_tag)}:outbox"
+        return f"{self._hook_tag(shard_tag)}:outbox"
 
     def hook_wake(self, shard_tag: str) -> str:
-        return f"{self._tag(shard_tag)}:hook-wake"
+        return f"{self._hook_tag(shard_tag)}:hook-wake"
 
-    def hook_state(self, job_id: str) -> str:
-        return f"{self.hook_state_prefix(shard_of_job(job_id))}{job_id}"
+    def hook_state(self, job_id: str, shard_tag: str | None = None) -> str:
+        """A job's delivery states (a batch's: ``shard_tag`` ``BATCH_HOOK_TAG``)."""
+        tag = shard_of_job(job_id) if shard_tag is None else shard_tag
+        return f"{self.hook_state_prefix(tag)}{job_id}"
 
     def hook_state_prefix(self, shard_tag: str) -> str:
         """What `hook_state(id)` puts before the id; hook_take.lua builds the keys."""
-        return f"{self._tag(shard_tag)}:hook:"
+        return f"{self._hook_tag(shard_tag)}:hook:"
 
     def hook_dead(self, shard_tag: str) -> str:
-        return f"{self._tag(shard_tag)}:hook-dead"
+        return f"{self._hook_tag(shard_tag)}:hook-dead"
 
     def stats(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:stats:{model}:{bin_name}"

@@ -11,6 +11,7 @@ carry the same ``webhook-id``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,15 +21,17 @@ from redis.cluster import RedisCluster
 
 from carpool.backend.args import HookSettleArgs, HookTakeArgs
 from carpool.backend.connection import load_script, redis_errors
-from carpool.backend.keys import Keys
+from carpool.backend.keys import Keys, hook_tag_of
 from carpool.backend.wake import ShardWaiters
 from carpool.core.script_args import argv, keys_of
-from carpool.core.shards import shard_of_job
 
 #: Dead-lettered deliveries kept per shard (newest first): enough to see a pattern.
 HOOK_DEAD_CAP = 10_000
 #: A job's delivery states outlive the last try by a day: its document shows them.
 STATE_TTL_MARGIN_S = 86_400
+
+#: The wake list's cap, as outbox.lua's HOOK_WAKE_CAP: one token wakes a dispatcher.
+HOOK_WAKE_CAP = 16
 
 #: The states of one event's delivery, in the job document's ``webhook.state``.
 PENDING, RETRYING, DELIVERED, DEAD = "pending", "retrying", "delivered", "dead"
@@ -112,7 +115,7 @@ class Outbox:
     def settle(self, event: Event, outcome: str, delivery: Delivery, *, delay_ms: int = 0,
                max_age_s: float = 0.0) -> bool:
         """Record one try; False when another dispatcher had settled the event already."""
-        tag = shard_of_job(event.job_id)
+        tag = hook_tag_of(event.event, event.job_id)
         dead_entry = ""
         if outcome == DEAD:
             dead_entry = json.dumps({"id": event.job_id, "event": event.event,
@@ -123,7 +126,7 @@ class Outbox:
         with redis_errors():
             return bool(self._settle(
                 keys=keys_of(HookSettleArgs, outbox=self.keys.outbox(tag),
-                             state=self.keys.hook_state(event.job_id),
+                             state=self.keys.hook_state(event.job_id, tag),
                              dead=self.keys.hook_dead(tag)),
                 args=argv(args)))
 
@@ -169,6 +172,20 @@ class Outbox:
     def close(self) -> None:
         if self._waiters is not None:
             self._waiters.close()
+
+
+def add_event(pipe: Any, keys: Keys, subject_id: str, event: str, owner: str,
+              url: str) -> None:
+    """Queue on ``pipe`` (a ``MULTI`` that makes the state change) what outbox.lua adds:
+    the event, due at once, and a wake token. For events whose change is not a script
+    call (a batch's end: carpool/backend/batchdb.py)."""
+    tag = hook_tag_of(event, subject_id)
+    t_ms = time.time_ns() // 1_000_000
+    member = "\t".join((subject_id, event, str(t_ms), owner, url))
+    # Score 0, "due at once" whatever this host's clock says against Redis's.
+    pipe.zadd(keys.outbox(tag), {member: 0})
+    pipe.rpush(keys.hook_wake(tag), "1")
+    pipe.ltrim(keys.hook_wake(tag), -HOOK_WAKE_CAP, -1)
 
 
 def webhook_doc(deliveries: dict[str, Delivery]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
-    log.info("dispatching webhooks of %d shards, %d at once", len(dispatcher.tags),
-             hooks.concurrency)
+    log.info("dispatching webhooks of %d outboxes (the batches', each shard's), %d at once",
+             len(dispatcher.tags), hooks.concurrency)
     dispatcher.run(stop)
     return 0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from carpool.backend.keys import Keys
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, RETRYING, Delivery, Event, Outbox
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable
@@ -49,7 +49,8 @@ class Dispatcher:
         keys = Keys(settings.key_prefix)
         self.outbox = Outbox(client, keys)
         self.queue = Queue(client, keys)
-        self.tags = sorted({shard(spec.name) for spec in settings.catalogue})
+        # The shards' outboxes, and the batches' (their events: batch.completed, ...).
+        self.tags = [BATCH_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
         self.sender = sender
         self.metrics = metrics or DispatchMetrics()
         self._free = threading.Semaphore(self.hooks.concurrency)
@@ -109,6 +110,8 @@ class Dispatcher:
         webhook state, which changes with every try), and the event; one round trip."""
         if not events:
             return []
+        if all(e.event.startswith("batch.") for e in events):
+            return [batch_event_body(e) for e in events]
         rows = self.queue.read_records([e.job_id for e in events])
         out = []
         for event, row in zip(events, rows, strict=True):
@@ -155,3 +158,11 @@ class Dispatcher:
         if state == DEAD:
             log.warning("webhook %s dead after %d tries: %s", event.webhook_id, attempts,
                         answer.error)
+
+
+def batch_event_body(event: Event) -> str:
+    """A batch event's body, as OpenAI's webhooks send it: an ``event`` object naming the
+    batch, whose ``id`` is the ``webhook-id`` (stable per batch and event)."""
+    return json.dumps({"object": "event", "id": event.webhook_id, "type": event.event,
+                       "created_at": event.t_ms // 1000, "data": {"id": event.job_id}},
+                      separators=(",", ":"))

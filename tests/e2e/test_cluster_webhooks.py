@@ -10,8 +10,10 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from carpool.backend.batchdb import BatchDb
 from carpool.backend.connection import connect
-from carpool.backend.keys import Keys, shard
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys, shard
+from carpool.backend.outbox import Outbox
 from tests.e2e.test_cluster import CATALOGUE, MODELS, env_for
 from tests.support.hookstack import DEPLOY_SECRET
 from tests.support.procs import start_dispatcher, start_web, start_worker
@@ -54,4 +56,17 @@ def test_every_shards_events_are_delivered_on_a_cluster(cluster: list[RedisProc]
         rx.wait_for_ids({f"{i}.{e}" for i in ids for e in ("running", "done")}, 90.0)
         for r in rx.all():
             assert Webhook(DEPLOY_SECRET).verify(r.body, r.headers)["id"] in ids
+    close_cluster_client(client)
+
+
+def test_a_batch_end_and_its_event_are_one_multi_on_a_cluster(cluster: list[RedisProc],
+                                                            key_prefix: str) -> None:
+    client = connect(cluster[0].url, cluster=True)
+    keys = Keys(key_prefix)
+    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    db.add_batch({"id": "batch_c1", "owner": "", "status": "in_progress",
+                  "webhook": "https://hooks.example.com/b"}, 600)
+    assert db.move("batch_c1", ("in_progress",), "completed")  # CROSSSLOT if not one slot
+    taken = outbox.take(BATCH_HOOK_TAG, 10, 60_000).events
+    assert [e.webhook_id for e in taken] == ["batch_c1.batch.completed"]
     close_cluster_client(client)

@@ -146,7 +146,7 @@ _bodies = st.one_of(_json, st.fixed_dictionaries({}, optional={
     "endpoint": st.sampled_from(["/v1/embeddings", "/submit"]) | _json,
     "completion_window": st.sampled_from(["24h", "1s", "0h"]) | _json,
     "metadata": _json, "model": st.sampled_from(["texts", "synthetic"]) | _json,
-    "input": _json, "encoding_format": _json, "dimensions": _json}))
+    "input": _json, "encoding_format": _json, "dimensions": _json, "webhook": _json}))
 
 
 @settings(max_examples=150, deadline=None,
