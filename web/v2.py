@@ -230,9 +230,11 @@ def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
             state.metrics.count_submitted(job)
         jobs_admitted()
         return admitted
-    for job in admitted:  # all or nothing, as a Triton client expects of one request
+    # All or nothing, as a Triton client expects of one request; the client never learns
+    # of these jobs, so their webhook says nothing of them either.
+    for job in admitted:
         try:
-            state.queue.cancel(job.id, spec.result_ttl_s)
+            state.queue.cancel(job.id, spec.result_ttl_s, notify=False)
         except (NotCancellable, BackendUnavailable):  # already running: it ends on its own
             log.info("v2: job %s of a refused request could not be cancelled", job.id)
     refusing_jobs(len(jobs))

@@ -15,7 +15,9 @@ from flask.testing import FlaskClient
 
 from carpool.backend import records
 from carpool.backend.keys import Keys
+from carpool.backend.outbox import Outbox
 from carpool.core.shards import shard
+from tests.redis.test_web_v2 import settings_for
 from tests.support.webtools import web_client, web_settings
 from tests.unit.test_webhooks import BAD_URLS
 
@@ -100,3 +102,22 @@ def test_a_good_webhook_is_kept_with_every_rows_job(
         rec = records.read(client, keys.job(job_id))
         assert rec is not None and rec["hook"] == f"{letters} {GOOD}"
         assert http.get(f"/result/{job_id}").get_json()["webhook"]["state"] == "pending"
+
+
+def test_a_partly_refused_request_with_a_webhook_queues_no_event_for_its_cancelled_rows(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis,
+        keys: Keys) -> None:
+    outbox = Outbox(client, keys)
+    with web_client(settings_for(redis_url, key_prefix, tmp_path)) as http:
+        first = http.post("/submit", json={"model": "three", "input": {"value": 0, "size": 1}})
+        assert first.status_code == 202  # three holds 3: two of the request's rows fit
+        resp = infer(http, "/v2/models/three/infer", n=3, webhook=GOOD,
+                     webhook_events="done,cancelled")
+        assert resp.status_code == 429, resp.get_json()
+        assert client.zcard(keys.bin("three", "only")) == 1  # the two rows were cancelled
+        assert outbox.waiting([shard("three")]) == 0
+        # A client's own cancel still tells its webhook.
+        job = http.post("/submit", json={"model": "three", "input": {"value": 0, "size": 1},
+                                         "webhook": GOOD, "webhook_events": ["cancelled"]})
+        assert http.delete(f"/result/{job.get_json()['id']}").status_code == 200
+        assert outbox.waiting([shard("three")]) == 1
