@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from carpool.backend.outbox import DEAD, DELIVERED, PENDING, RETRYING
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
+from carpool.core.webhooks import EVENTS
 from web.streams import MAX_STREAM_IDS
 
 #: What a stream answers: text/event-stream, one schema per event.
@@ -30,6 +32,14 @@ JOB_FIELDS: dict[str, Any] = {
     "urls": {"type": "object", "required": ["result", "cancel", "events"], "properties": {
         "result": {"type": "string"}, "cancel": {"type": "string"},
         "events": {"type": "string"}}},
+    # A job submitted with a webhook: its latest event's delivery (docs/webhooks.md).
+    "webhook": {"type": "object", "required": ["state", "attempts", "last_status", "last_error"],
+                "properties": {
+                    "state": {"type": "string", "enum": [PENDING, RETRYING, DELIVERED, DEAD]},
+                    "attempts": {"type": "integer", "minimum": 0},
+                    "last_status": {"type": "integer", "nullable": True},
+                    "last_error": {"type": "string", "nullable": True},
+                    "event": {"type": "string", "enum": list(EVENTS)}}},
 }
 
 #: One job id, as a pattern.

@@ -156,7 +156,7 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
         raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
                            f"{str(req.model_version)[:20]!r}, the path {spec.name!r} version "
                            f"{VERSION!r}: send one, or the same")
-    options = job_options(spec, req.parameters)
+    options = job_options(spec, req.parameters, state.settings.webhooks.allow_private)
     outputs = requested_outputs(tensors, req)
     prepared = []
     for i, job_input in enumerate(job_inputs(spec, tensors, req)):
@@ -217,7 +217,7 @@ def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
     """Admit every row or none: a refused row cancels those admitted with it."""
     request_ = AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
                             options.priority, owner,
-                            state.settings.api_key_weights.get(owner, 1.0))
+                            state.settings.api_key_weights.get(owner, 1.0), hook=options.hook)
     try:
         outcomes = state.admissions.admit(request_)
     except BackendUnavailable as exc:
@@ -230,9 +230,11 @@ def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
             state.metrics.count_submitted(job)
         jobs_admitted()
         return admitted
-    for job in admitted:  # all or nothing, as a Triton client expects of one request
+    # All or nothing, as a Triton client expects of one request; the client never learns
+    # of these jobs, so their webhook says nothing of them either.
+    for job in admitted:
         try:
-            state.queue.cancel(job.id, spec.result_ttl_s)
+            state.queue.cancel(job.id, spec.result_ttl_s, notify=False)
         except (NotCancellable, BackendUnavailable):  # already running: it ends on its own
             log.info("v2: job %s of a refused request could not be cancelled", job.id)
     refusing_jobs(len(jobs))

@@ -22,6 +22,7 @@ from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import CarpoolError, InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
+from carpool.core.webhooks import EVENTS, webhook_option
 from web.tensors import InferRequest, Tensor
 
 #: The one version of each model: carpool serves what its catalogue names.
@@ -43,6 +44,8 @@ class JobOptions:
 
     priority: int
     deadline_ms: int  # 0: the model's default
+    #: Each row's webhook, as the record keeps it (carpool/core/webhooks.py); "" none.
+    hook: str = ""
 
 
 #: Each catalogue model's tensors, worked out once: a process serves one catalogue,
@@ -122,8 +125,10 @@ def statistics(spec: ModelSpec, ended: int) -> dict[str, Any]:
             "batch_stats": []}
 
 
-def job_options(spec: ModelSpec, parameters: Mapping[str, Any]) -> JobOptions:
-    """Triton's ``priority`` (1 = highest, 0 = default) and ``timeout`` (µs)."""
+def job_options(spec: ModelSpec, parameters: Mapping[str, Any],
+                allow_private: bool = False) -> JobOptions:
+    """Triton's ``priority`` (1 = highest, 0 = default) and ``timeout`` (µs), and
+    carpool's ``webhook`` and ``webhook_events``."""
     for unsupported in ("sequence_id", "sequence_start", "sequence_end"):
         if parameters.get(unsupported) not in (None, 0, "", False):
             raise InvalidInput(f"parameters.{unsupported}: carpool runs no sequence batcher; "
@@ -143,7 +148,26 @@ def job_options(spec: ModelSpec, parameters: Mapping[str, Any]) -> JobOptions:
     if deadline_ms > spec.max_deadline_ms:
         raise InvalidInput(f"parameters.timeout {raw_timeout} µs is over the model's "
                            f"max_deadline_ms ({spec.max_deadline_ms} ms)")
-    return JobOptions(priority, deadline_ms)
+    return JobOptions(priority, deadline_ms, webhook_of(parameters, allow_private))
+
+
+def webhook_of(parameters: Mapping[str, Any], allow_private: bool) -> str:
+    """The rows' ``hook`` field from ``parameters.webhook`` (a URL) and
+    ``parameters.webhook_events``: the protocol's parameter values are strings, numbers
+    and booleans, so the events are one comma-separated string ("done,failed"); a JSON
+    list, as ``POST /submit`` takes, is accepted too. Checked as /submit checks them."""
+    events = parameters.get("webhook_events")
+    if isinstance(events, str):
+        events = [e.strip() for e in events.split(",")]
+    elif events is not None and not isinstance(events, list):
+        raise InvalidInput("parameters.webhook_events must be a string of comma-separated "
+                           f"events (\"done,failed\"), any of {list(EVENTS)}")
+    try:
+        return webhook_option({"webhook": parameters.get("webhook"),
+                               "webhook_events": events}, allow_private)
+    except InvalidInput as exc:
+        exc.args = (f"parameters: {exc}",)
+        raise
 
 
 def job_inputs(spec: ModelSpec, tensors: ModelTensors, request: InferRequest) -> list[Any]:

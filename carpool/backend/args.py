@@ -93,6 +93,7 @@ class CancelArgs(ScriptArgs):
     results_channel: str
     outbox: str
     hook_wake: str
+    notify: int
 
 
 @dataclass(frozen=True)

@@ -153,12 +153,13 @@ class Queue:
             return Completed(written)
         return Completed(written, int(reply[n]), bin_states(model.name, peek, reply[n + 1:]))
 
-    def cancel(self, job_id: str, result_ttl_s: int) -> str:
-        """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing"."""
+    def cancel(self, job_id: str, result_ttl_s: int, notify: bool = True) -> str:
+        """"cancelled" or "deleted"; raises ``NotCancellable`` while it runs; "missing".
+        ``notify=False``: no "cancelled" webhook, for a cancel that undoes an admission."""
         tag = shard_of_job(job_id)
         args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
                           result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel,
-                          self.keys.outbox(tag), self.keys.hook_wake(tag))
+                          self.keys.outbox(tag), self.keys.hook_wake(tag), int(notify))
         with redis_errors():
             reply = str(self._cancel(keys=keys_of(CancelArgs, job=self.keys.job(job_id)),
                                      args=argv(args)))

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -22,7 +23,7 @@ from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, RETRYING, Delivery, Event, Outbox
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable
-from carpool.core.jobs import view_from_record
+from carpool.core.jobs import JobStatus, job_urls, view_from_record
 from carpool.core.settings import Settings
 from carpool.core.shards import shard
 from carpool.core.webhook_settings import WebhookSettings
@@ -117,10 +118,17 @@ class Dispatcher:
         for event, row in zip(events, rows, strict=True):
             doc: dict[str, Any]
             if row and "status" in row:
-                doc = view_from_record(event.job_id, row).to_json()
+                view = view_from_record(event.job_id, row)
+                if (event.event == "running" and view.status is JobStatus.RUNNING
+                        and view.started_ms is None):
+                    # claim.lua writes no record, only the event, stamped with the
+                    # claim's time: the started_at a stream shows (docs/events.md).
+                    view = replace(view, started_ms=event.t_ms)
+                doc = view.to_json()
                 doc.pop("webhook", None)
             else:  # the record expired before its event went out: what is known
-                doc = {"id": event.job_id, "status": event.event}
+                doc = {"id": event.job_id, "status": event.event,
+                       "urls": job_urls(event.job_id)}
             doc["event"] = event.event
             out.append(json.dumps(doc, separators=(",", ":")))
         return out

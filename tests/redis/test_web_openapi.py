@@ -34,6 +34,13 @@ def test_openapi_document_describes_every_route_and_model(http: FlaskClient) -> 
     for model in ("synthetic", "tiny", "imgs", "texts"):
         assert f"Input_{model}" in schemas and f"Submit_{model}" in schemas
     assert "securitySchemes" not in doc["components"]
+    job = schemas["Job"]["properties"]
+    assert {"created_at", "started_at", "completed_at", "urls", "webhook"} <= set(job)
+    assert job["webhook"]["properties"]["state"]["enum"] == ["pending", "retrying",
+                                                             "delivered", "dead"]
+    submit = schemas["Submit_synthetic"]["properties"]
+    assert {"webhook", "webhook_events"} <= set(submit)
+    assert {"/result/{job_id}/events", "/events"} <= set(doc["paths"])
 
 
 EXAMPLES: list[tuple[str, Any]] = [

@@ -14,6 +14,9 @@
 -- ARGV[7]  outbox           {p.s}:outbox (outbox.lua): a cancelled job that asked for its
 --                           "cancelled" webhook gets it, in this call
 -- ARGV[8]  hook_wake        {p.s}:hook-wake
+-- ARGV[9]  notify           "1": the "cancelled" webhook is recorded (above); "0": not,
+--                           for a cancel that undoes the job's own admission (a /v2
+--                           request refused in part: web/v2.py), of which no client knew
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.
@@ -62,8 +65,10 @@ if status == "queued" then
   redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
     "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
   redis.call("PUBLISH", ARGV[3], ARGV[1])
-  outbox_wake(ARGV[8], outbox_add(ARGV[7], ARGV[1], "c", hook_of_admission(admission), owner,
-    now_s))
+  if ARGV[9] == "1" then
+    outbox_wake(ARGV[8], outbox_add(ARGV[7], ARGV[1], "c", hook_of_admission(admission), owner,
+      now_s))
+  end
   return "cancelled"
 end
 if status == "running" then
