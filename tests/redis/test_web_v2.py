@@ -135,6 +135,9 @@ CORPUS: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "zero-rows": _case(INFER, {"inputs": [{**value([[1.0]]), "shape": [0, 1], "data": []}]}),
     "string-for-fp32": _case(INFER, {"inputs": [value([["1.0"]])]}),  # type: ignore[list-item]
     "bool-for-fp32": _case(INFER, {"inputs": [value([[True]])]}),
+    "integer-of-309-digits": _case(INFER, {"inputs": [value([[10**309]])]}),
+    "fp32-beyond-its-range": _case(INFER, {"inputs": [value([[1.0, 1e39]])]}),
+    "int-beyond-fp32-range": _case(INFER, {"inputs": [value([[1, -(10**39)]])]}),
     "uint8-out-of-range": _case("/v2/models/pixels/infer", {"inputs": [
         {"name": "PIXELS", "datatype": "UINT8", "shape": [1, 4], "data": [1, 2, 3, 256]},
         {"name": "COUNT", "datatype": "INT64", "shape": [1, 1], "data": [4]}]}),
