@@ -19,7 +19,7 @@ from typing import Any
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
-from carpool.core.errors import CarpoolError, InvalidInput, UnknownModel
+from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
 from web.tensors import InferRequest, ModelOutputMismatch, Tensor
