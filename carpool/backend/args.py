@@ -218,7 +218,7 @@ class HookTakeArgs(ScriptArgs):
 @dataclass(frozen=True)
 class HookSettleArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "hook_settle"
-    KEYS: ClassVar[_K] = ("outbox", "state", "dead")
+    KEYS: ClassVar[_K] = ("outbox", "state", "dead", "record")
 
     member: str
     event: str
@@ -228,6 +228,8 @@ class HookSettleArgs(ScriptArgs):
     state_ttl_s: int
     dead_cap: int
     dead_entry: str
+    leased_ms: int
+    body: str
 
 
 #: Every script called from Python, with its arguments.

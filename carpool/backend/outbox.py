@@ -27,8 +27,12 @@ from carpool.core.shards import shard_of_job
 
 #: Dead-lettered deliveries kept per shard (newest first): enough to see a pattern.
 HOOK_DEAD_CAP = 10_000
-#: A job's delivery states outlive the last try by a day: its document shows them.
+#: While an event retries, its job's delivery states (and the body its retries send)
+#: outlive its last possible try by a day; once delivered or dead they live as long as
+#: the job's record, whose document shows them (hook_settle.lua).
 STATE_TTL_MARGIN_S = 86_400
+#: The state hash's field that keeps the body of a retried event, after the event's name.
+BODY_FIELD_SUFFIX = ":body"
 
 #: The states of one event's delivery, in the job document's ``webhook.state``.
 PENDING, RETRYING, DELIVERED, DEAD = "pending", "retrying", "delivered", "dead"
@@ -66,6 +70,10 @@ class Event:
     owner: str
     url: str
     delivery: Delivery = field(default_factory=Delivery)
+    #: The event's score while this dispatcher holds it (Redis ms): its lease.
+    leased_ms: int = 0
+    #: The body its first settled try sent ("" before: read from the job's record).
+    body: str = ""
 
     @property
     def webhook_id(self) -> str:
@@ -73,10 +81,11 @@ class Event:
         return f"{self.job_id}.{self.event}"
 
     @classmethod
-    def parse(cls, member: str, state: str = "") -> Event:
+    def parse(cls, member: str, state: str = "", leased_ms: int = 0, body: str = "") -> Event:
         job_id, event, t_ms, owner, url = member.split("\t", 4)
         return cls(member, job_id, event, int(t_ms), owner, url,
-                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)))
+                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)),
+                   leased_ms, body)
 
 
 @dataclass(frozen=True)
@@ -104,14 +113,17 @@ class Outbox:
             reply = self._take(keys=keys_of(HookTakeArgs, outbox=self.keys.outbox(tag)),
                                args=argv(HookTakeArgs(max_n, lease_ms,
                                                       self.keys.hook_state_prefix(tag))))
-        events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]))
-                       for i in range(2, len(reply), 2))
-        next_due = int(reply[1])
-        return Taken(int(reply[0]), None if next_due < 0 else next_due, events)
+        now_ms, next_due = int(reply[0]), int(reply[1])
+        events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]), now_ms + lease_ms,
+                                   str(reply[i + 2]))
+                       for i in range(2, len(reply), 3))
+        return Taken(now_ms, None if next_due < 0 else next_due, events)
 
     def settle(self, event: Event, outcome: str, delivery: Delivery, *, delay_ms: int = 0,
-               max_age_s: float = 0.0) -> bool:
-        """Record one try; False when another dispatcher had settled the event already."""
+               max_age_s: float = 0.0, body: str = "") -> bool:
+        """Record one try (with "retry", keep ``body`` for the next ones unless an earlier
+        try's is kept); False, and nothing written, when this dispatcher's lease on the
+        event had lapsed (another may have taken and settled it)."""
         tag = shard_of_job(event.job_id)
         dead_entry = ""
         if outcome == DEAD:
@@ -119,12 +131,13 @@ class Outbox:
                                      "url": event.url, **asdict(delivery)})
         args = HookSettleArgs(event.member, event.event, outcome, delay_ms,
                               delivery.to_json(), int(max_age_s) + STATE_TTL_MARGIN_S,
-                              HOOK_DEAD_CAP, dead_entry)
+                              HOOK_DEAD_CAP, dead_entry, event.leased_ms, body)
         with redis_errors():
             return bool(self._settle(
                 keys=keys_of(HookSettleArgs, outbox=self.keys.outbox(tag),
                              state=self.keys.hook_state(event.job_id),
-                             dead=self.keys.hook_dead(tag)),
+                             dead=self.keys.hook_dead(tag),
+                             record=self.keys.job(event.job_id)),
                 args=argv(args)))
 
     def deliveries(self, job_ids: Sequence[str]) -> list[dict[str, Delivery]]:
@@ -139,7 +152,8 @@ class Outbox:
                 for job_id in job_ids:
                     pipe.hgetall(self.keys.hook_state(job_id))
                 rows = pipe.execute()
-        return [{str(k): Delivery.from_json(str(v)) for k, v in row.items()} for row in rows]
+        return [{str(k): Delivery.from_json(str(v)) for k, v in row.items()
+                 if not str(k).endswith(BODY_FIELD_SUFFIX)} for row in rows]
 
     def dead(self, tags: Sequence[str], n: int) -> list[dict[str, Any]]:
         """The newest ``n`` dead-lettered deliveries of each shard."""

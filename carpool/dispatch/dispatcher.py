@@ -75,13 +75,16 @@ class Dispatcher:
             free = self._acquire_free()
             if not free:
                 break
-            taken = self.outbox.take(tag, len(free), self.hooks.lease_ms)
-            for _ in range(len(free) - len(taken.events)):
-                self._free.release()
-            bodies = self._bodies(taken.events)
-            for event, body in zip(taken.events, bodies, strict=True):
-                self.pool.submit(self._try, event, body)
-            started += len(taken.events)
+            handed = 0
+            try:  # a Redis failure here must not keep the slots: every one not handed on
+                taken = self.outbox.take(tag, len(free), self.hooks.lease_ms)
+                for event, body in zip(taken.events, self._bodies(taken.events), strict=True):
+                    self.pool.submit(self._try, event, body)
+                    handed += 1
+            finally:
+                for _ in range(len(free) - handed):
+                    self._free.release()
+            started += handed
             if taken.next_due_ms is not None:
                 wait_s = min(wait_s, max(0.0, (taken.next_due_ms - taken.now_ms) / 1000))
         if started == 0:
@@ -105,13 +108,18 @@ class Dispatcher:
         return True
 
     def _bodies(self, events: Sequence[Event]) -> list[str]:
-        """Each event's POST body: the job's document as a client reads it (without its
+        """Each event's POST body: the one its first settled try sent (kept with the event,
+        so every try of one webhook-id carries the same body, the result included after
+        the record expired); else the job's document as a client reads it (without its
         webhook state, which changes with every try), and the event; one round trip."""
-        if not events:
-            return []
-        rows = self.queue.read_records([e.job_id for e in events])
+        fresh = [e for e in events if not e.body]
+        rows = iter(self.queue.read_records([e.job_id for e in fresh]) if fresh else [])
         out = []
-        for event, row in zip(events, rows, strict=True):
+        for event in events:
+            if event.body:
+                out.append(event.body)
+                continue
+            row = next(rows)
             doc: dict[str, Any]
             if row and "status" in row:
                 doc = view_from_record(event.job_id, row).to_json()
@@ -151,7 +159,8 @@ class Dispatcher:
         delivery = Delivery(state, attempts, answer.status, answer.error, event.t_ms)
         self.metrics.deliveries.labels(outcome).inc()
         self.outbox.settle(event, "retry" if state == RETRYING else state, delivery,
-                           delay_ms=int(delay_s * 1000), max_age_s=self.hooks.max_age_s)
+                           delay_ms=int(delay_s * 1000), max_age_s=self.hooks.max_age_s,
+                           body=body if state == RETRYING else "")
         if state == DEAD:
             log.warning("webhook %s dead after %d tries: %s", event.webhook_id, attempts,
                         answer.error)
