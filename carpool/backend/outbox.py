@@ -169,6 +169,18 @@ class Outbox:
         with redis_errors():
             return sum(int(self.client.zcard(self.keys.outbox(t))) for t in tags)
 
+    def every_outbox(self) -> dict[str, tuple[int, int]]:
+        """Each shard's non-empty outbox, found by SCAN (those of models no longer in the
+        catalogue too): tag -> (events, the earliest due time in Redis ms)."""
+        out: dict[str, tuple[int, int]] = {}
+        with redis_errors():
+            for key in self.client.scan_iter(match=self.keys.outbox_pattern, count=1000):
+                head = self.client.zrange(key, 0, 0, withscores=True)
+                if head:
+                    out[self.keys.tag_of_outbox(str(key))] = (int(self.client.zcard(key)),
+                                                              int(head[0][1]))
+        return out
+
     def wait(self, tags: Sequence[str], timeout_s: float) -> bool:
         """Block until a state change added an event to one of ``tags``' outboxes, or
         ``timeout_s`` passes (on a cluster one thread per shard: carpool.backend.wake)."""
