@@ -232,8 +232,19 @@ class HookSettleArgs(ScriptArgs):
     body: str
 
 
+@dataclass(frozen=True)
+class HookExpireArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_expire"
+    KEYS: ClassVar[_K] = ("outbox", "dead")
+
+    max_age_ms: int
+    max_n: int
+    dead_cap: int
+
+
 #: Every script called from Python, with its arguments.
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
-    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs)
+    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
+    HookExpireArgs)

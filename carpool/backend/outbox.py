@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from carpool.backend.args import HookSettleArgs, HookTakeArgs
+from carpool.backend.args import HookExpireArgs, HookSettleArgs, HookTakeArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.wake import ShardWaiters
@@ -106,6 +106,7 @@ class Outbox:
         self.keys = keys
         self._take = load_script(client, "hook_take")
         self._settle = load_script(client, "hook_settle")
+        self._expire = load_script(client, "hook_expire")
         self._waiters: ShardWaiters | None = None
 
     def take(self, tag: str, max_n: int, lease_ms: int) -> Taken:
@@ -139,6 +140,15 @@ class Outbox:
                              dead=self.keys.hook_dead(tag),
                              record=self.keys.job(event.job_id)),
                 args=argv(args)))
+
+    def expire(self, tag: str, max_age_s: float, max_n: int) -> int:
+        """Dead-letter up to ``max_n`` events of ``tag``'s outbox due more than
+        ``max_age_s`` ago (no dispatcher took them); returns how many."""
+        with redis_errors():
+            return int(self._expire(
+                keys=keys_of(HookExpireArgs, outbox=self.keys.outbox(tag),
+                             dead=self.keys.hook_dead(tag)),
+                args=argv(HookExpireArgs(int(max_age_s * 1000), max_n, HOOK_DEAD_CAP))))
 
     def deliveries(self, job_ids: Sequence[str]) -> list[dict[str, Delivery]]:
         """Each job's delivery states by event (empty before any try)."""

@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 2.0
 #: Pause after Redis was unreachable.
 BACKEND_RETRY_S = 1.0
+#: How often (at most; at least once per max_age_s) a dispatcher sweeps every outbox,
+#: its own shards' and any other's, for events overdue past max_age_s, and how many it
+#: dead-letters per outbox each time: an outbox whose model left the catalogue is taken
+#: by no dispatcher, and would stay. Finding the outboxes is a SCAN of the whole
+#: keyspace: hourly keeps that to a few round trips a second at tens of millions of keys.
+SWEEP_INTERVAL_S, SWEEP_MAX_N = 3600.0, 1000
 
 Sender = Callable[[str, bytes, Mapping[str, str], WebhookSettings], Answer]
 
@@ -58,8 +64,13 @@ class Dispatcher:
 
     def run(self, stop: threading.Event) -> None:
         """Deliver until ``stop`` is set; then finish the tries in flight."""
+        next_sweep = time.monotonic()
         while not stop.is_set():
             try:
+                if time.monotonic() >= next_sweep:
+                    self.sweep()
+                    next_sweep = time.monotonic() + min(SWEEP_INTERVAL_S,
+                                                        self.hooks.max_age_s)
                 self.step()
             except BackendUnavailable as exc:
                 log.warning("Redis unavailable (%s); retrying in %.0f s", exc, BACKEND_RETRY_S)
@@ -94,6 +105,17 @@ class Dispatcher:
             elif wait_s > 0:
                 self.outbox.wait(self.tags, wait_s)
         return started
+
+    def sweep(self) -> int:
+        """Dead-letter the events of every outbox overdue past max_age_s (bounded per
+        outbox and call: hook_expire.lua); returns how many."""
+        expired = sum(self.outbox.expire(tag, self.hooks.max_age_s, SWEEP_MAX_N)
+                      for tag in self.outbox.every_outbox())
+        if expired:
+            log.warning("%d webhook events dead-lettered: no dispatcher took them within "
+                        "%g s", expired, self.hooks.max_age_s)
+            self.metrics.deliveries.labels("dead").inc(expired)
+        return expired
 
     def _acquire_free(self) -> list[None]:
         free: list[None] = []

@@ -108,3 +108,27 @@ def test_a_retry_after_the_record_expired_still_carries_the_result(
     assert second.body == first.body
     doc = json.loads(second.body)
     assert doc["status"] == "done" and doc["result"] == {"echo": 7}
+
+
+def test_a_sweep_dead_letters_events_no_dispatcher_took_within_max_age(
+        queue: Queue, redis_url: str, key_prefix: str) -> None:
+    """An outbox of a shard no catalogued model uses (its model was removed): its events
+    overdue past max_age_s are dead-lettered, a bounded number per call; fresh ones and
+    those of other shards stay."""
+    settings = load_settings(make_env(redis_url, key_prefix,
+                                      **hook_env(CARPOOL_WEBHOOK_MAX_AGE_S="60")))
+    gone = queue.keys.outbox("zz")
+    now_ms = int(queue.client.time()[0]) * 1000
+    old = {f"old{i}\tdone\t1\t\thttps://example.com/h": 1 for i in range(3)}
+    queue.client.zadd(gone, {**old, "new\tdone\t1\t\thttps://example.com/h": now_ms})
+    d = Dispatcher(settings, queue.client)
+    try:
+        assert "zz" not in d.tags
+        assert d.sweep() == 3
+        assert queue.client.zrange(gone, 0, -1) == ["new\tdone\t1\t\thttps://example.com/h"]
+        dead = Outbox(queue.client, queue.keys).dead(["zz"], 10)
+        assert sorted(x["id"] for x in dead) == ["old0", "old1", "old2"]
+        assert all(x["state"] == "dead" and "MAX_AGE" in x["last_error"] for x in dead)
+        assert Outbox(queue.client, queue.keys).expire("zz", 0.0, 1) == 1  # bounded
+    finally:
+        d.pool.shutdown()
