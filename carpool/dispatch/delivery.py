@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import cache
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress, Target, WebhookRefused, address_refusal, check_url
@@ -35,10 +36,16 @@ MAX_ERROR_CHARS = 300
 
 Resolver = Callable[[str, int], list[IPAddress]]
 
-#: getaddrinfo has no timeout of its own: it runs on these threads, and a try waits for
-#: it only until its deadline. Threads are made as lookups need them; a lookup that
-#: hangs holds one until the system resolver gives up.
-_RESOLVERS = ThreadPoolExecutor(8, thread_name_prefix="carpool-hook-dns")
+#: Threads for DNS lookups: getaddrinfo has no timeout of its own, so it runs on one of
+#: these and a try waits for it only until its deadline; a lookup that hangs holds its
+#: thread until the system resolver gives up.
+RESOLVER_THREADS = 8
+
+
+@cache
+def _resolvers() -> ThreadPoolExecutor:
+    """The process's lookup threads, made on the first lookup (never on import)."""
+    return ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="carpool-hook-dns")
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,7 @@ def post(url: str, body: bytes, headers: Mapping[str, str], settings: WebhookSet
     if target.address is not None:
         addresses = [target.address]
     else:
-        lookup = _RESOLVERS.submit(resolver, target.host, target.port)
+        lookup = _resolvers().submit(resolver, target.host, target.port)
         try:
             addresses = lookup.result(timeout=min(settings.connect_timeout_s,
                                                   deadline - time.monotonic()))

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from carpool.backend.outbox import DELIVERED, Delivery, Outbox
+from carpool.backend.outbox import DELIVERED, Delivery, Event, Outbox
 from carpool.backend.queue import Queue
 from carpool.core.jobs import Outcome
 from carpool.core.settings import load_settings
@@ -43,7 +43,7 @@ def test_a_try_that_outlived_its_lease_writes_nothing(queue: Queue) -> None:
     tag = shard("synthetic")
     a, b = Outbox(queue.client, queue.keys), Outbox(queue.client, queue.keys)
     (late,) = a.take(tag, 10, lease_ms=1).events
-    taken: list = []  # type: ignore[type-arg]
+    taken: list[Event] = []
     wait_until(lambda: bool(taken.extend(b.take(tag, 10, 60_000).events) or taken), 5.0,
                "the first lease to lapse")
     (current,) = taken
