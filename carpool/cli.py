@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carpool.client import ApiError, Client, Job
 from carpool.client.bulk import run_batch_command
@@ -25,6 +25,10 @@ from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOp
 from carpool.stack.readiness import report_until_ready
 from carpool.stack.supervisor import Supervisor
 from carpool.stack.waiting import wait_until
+
+if TYPE_CHECKING:  # imported where used: the client commands need no Redis
+    from carpool.backend.keys import Keys
+    from carpool.backend.outbox import Outbox
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The demo long-polls this long at most (a first start warms models up first), in
@@ -184,11 +188,29 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for d in hooks:
         print(f"  {d['id']} {d['event']} {d['url']} attempts={d['attempts']} "
               f"last_status={d['last_status']} last_error={d['last_error']}")
+    _audit_outboxes(Outbox(client, keys), keys, set(tags), settings.webhooks.max_age_s)
     return 1 if found else 0
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
     return run_batch_command(args)
+
+
+def _audit_outboxes(outbox: Outbox, keys: Keys, tags: set[str], max_age_s: float) -> None:
+    """Every non-empty webhook outbox; those no dispatcher takes (no catalogued model
+    uses the shard) or overdue past max_age_s are named with the command that drops them."""
+    now_ms = time.time() * 1000
+    waiting = outbox.every_outbox()
+    print(f"{sum(n for n, _ in waiting.values())} webhook events waiting in "
+          f"{len(waiting)} outboxes")
+    for tag, (n, due_ms) in sorted(waiting.items()):
+        overdue_s = max(0.0, (now_ms - due_ms) / 1000)
+        why = ("no model in the catalogue uses this shard: no dispatcher takes them"
+               if tag not in tags else "overdue past CARPOOL_WEBHOOK_MAX_AGE_S: is a "
+               "dispatcher running?" if overdue_s > max_age_s else "")
+        print(f"  shard {tag}: {n} events, the earliest due {overdue_s:.0f} s ago"
+              + (f"; {why}; drop them with: redis-cli DEL '{keys.outbox(tag)}'" if why
+                 else ""))
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.core.errors import InvalidInput
+from carpool.core.errors import CarpoolError, InvalidInput
 from carpool.core.tensor_specs import DATATYPES
 from web.inputs import parse_json
 
@@ -32,6 +32,8 @@ _INT_RANGES = {"UINT8": (0, 2**8 - 1), "UINT16": (0, 2**16 - 1), "UINT32": (0, 2
                "UINT64": (0, 2**64 - 1), "INT8": (-(2**7), 2**7 - 1),
                "INT16": (-(2**15), 2**15 - 1), "INT32": (-(2**31), 2**31 - 1),
                "INT64": (-(2**63), 2**63 - 1)}
+#: The largest finite value of each float datatype: a larger one would be infinity.
+_FLOAT_MAX = {"FP16": 65504.0, "FP32": 3.4028234663852886e38, "FP64": 1.7976931348623157e308}
 #: Dimensions of a request tensor at most (the batch dimension included).
 MAX_DIMS = 9
 #: Elements of one request tensor at most: far above any model's rows here, and a
@@ -44,6 +46,10 @@ REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters", "model_name",
                           "model_version"})
 _INPUT_KEYS = frozenset({"name", "datatype", "shape", "data", "parameters"})
 _OUTPUT_KEYS = frozenset({"name", "parameters"})
+
+
+class ModelOutputMismatch(CarpoolError):
+    """Raised when a job's result does not fit the output tensor its model declares."""
 
 
 @dataclass(frozen=True)
@@ -207,9 +213,23 @@ def _elements(data: list[Any], datatype: str, where: str) -> list[Any]:
     if limits is not None and kinds <= {int} and (
             not data or limits[0] <= min(data) and max(data) <= limits[1]):
         return data
-    if datatype in ("FP16", "FP32", "FP64") and kinds <= {int, float}:
-        return data if kinds <= {float} else [float(v) for v in data]
+    if datatype in _FLOAT_MAX and kinds <= {int, float}:
+        return _floats(data, datatype, where)
     return [_element(v, datatype, where) for v in data]
+
+
+def _floats(data: list[Any], datatype: str, where: str) -> list[float]:
+    """JSON numbers as ``datatype``: a JSON integer too large for a float (309+ digits)
+    or a value beyond the datatype's range would be infinity, which no model takes."""
+    try:
+        values = [float(v) for v in data]
+    except OverflowError:
+        raise InvalidInput(f"{where}: an integer is too large for {datatype}") from None
+    top = _FLOAT_MAX[datatype]
+    if values and not (-top <= min(values) and max(values) <= top):  # also refuses NaN
+        raise InvalidInput(f"{where}: a value is outside {datatype}'s range "
+                           f"(-{top:g}..{top:g}) or not finite")
+    return values
 
 
 def _element(value: Any, datatype: str, where: str) -> Any:
@@ -228,7 +248,7 @@ def _element(value: Any, datatype: str, where: str) -> Any:
                            f"{type(value).__name__}")
     limits = _INT_RANGES.get(datatype)
     if limits is None:
-        return float(value)
+        return _floats([value], datatype, where)[0]
     if not isinstance(value, int) or not limits[0] <= value <= limits[1]:
         raise InvalidInput(f"{where}: {str(value)[:30]} is not a {datatype} "
                            f"(integers {limits[0]}..{limits[1]})")
@@ -308,6 +328,12 @@ def encode_output(name: str, datatype: str, shape: Sequence[int], data: list[Any
         entry["data"] = data
         return entry, b""
     else:
-        raw = struct.pack(f"<{len(data)}{STRUCT_CODES[datatype]}", *data)
+        try:
+            raw = struct.pack(f"<{len(data)}{STRUCT_CODES[datatype]}", *data)
+        except (OverflowError, struct.error) as exc:  # a value its datatype cannot hold
+            raise ModelOutputMismatch(f"output {name!r}: a value does not fit {datatype} "
+                                      f"in binary ({exc}): the model returns what its "
+                                      "tensors declare, or declares a wider datatype"
+                                      ) from None
     entry["parameters"] = {"binary_data_size": len(raw)}
     return entry, raw

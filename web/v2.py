@@ -60,6 +60,11 @@ blueprint = Blueprint("v2", __name__, url_prefix="/v2")
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 #: Past a request's own deadline, how long its answer may still take to come back.
 ANSWER_GRACE_S = 1.0
+#: The shortest wait of an infer request, whatever CARPOOL_MAX_WAIT_S says: the protocol
+#: answers inline, so MAX_WAIT_S=0 (no long-polls) still serves fast models; under
+#: gunicorn's graceful margin past MAX_WAIT_S (web/gunicorn_conf.py), so a graceful stop
+#: still lets it finish.
+MIN_INFER_WAIT_S = 5.0
 #: The header that splits a body into its JSON and its binary tensors.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -188,8 +193,11 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
 def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
          options: JobOptions, owner: str) -> list[JobView]:
     """Admit one job per row and wait for them all: their final views, in order."""
-    wait_s = (options.deadline_ms / 1000 + ANSWER_GRACE_S if options.deadline_ms
-              else state.settings.max_wait_s)
+    # Never past CARPOOL_MAX_WAIT_S (floored): a long timeout would otherwise hold a
+    # greenlet and a poll slot past gunicorn's graceful stop.
+    cap_s = max(state.settings.max_wait_s, MIN_INFER_WAIT_S)
+    wait_s = (min(options.deadline_ms / 1000 + ANSWER_GRACE_S, cap_s) if options.deadline_ms
+              else cap_s)
     deadline = time.monotonic() + wait_s
     jobs = tuple(AdmitJob(p.bin, new_job_id(spec.name), p.input_json) for p in prepared)
     with ExitStack() as stack:

@@ -19,11 +19,11 @@ from typing import Any
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
-from carpool.core.errors import CarpoolError, InvalidInput, UnknownModel
+from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
 from carpool.core.webhooks import EVENTS, webhook_option
-from web.tensors import InferRequest, Tensor
+from web.tensors import InferRequest, ModelOutputMismatch, Tensor
 
 #: The one version of each model: carpool serves what its catalogue names.
 VERSION = "1"
@@ -32,10 +32,6 @@ PLATFORM = "carpool"
 PRIORITY_LEVELS = MAX_PRIORITY - MIN_PRIORITY + 1
 #: Triton's config names its datatypes thus, BYTES as STRING.
 _CONFIG_TYPES = {"BYTES": "TYPE_STRING"}
-
-
-class ModelOutputMismatch(CarpoolError):
-    """Raised when a job's result does not fit the output tensor its model declares."""
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ class HookTakeArgs(ScriptArgs):
 @dataclass(frozen=True)
 class HookSettleArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "hook_settle"
-    KEYS: ClassVar[_K] = ("outbox", "state", "dead")
+    KEYS: ClassVar[_K] = ("outbox", "state", "dead", "record")
 
     member: str
     event: str
@@ -229,10 +229,23 @@ class HookSettleArgs(ScriptArgs):
     state_ttl_s: int
     dead_cap: int
     dead_entry: str
+    leased_ms: int
+    body: str
+
+
+@dataclass(frozen=True)
+class HookExpireArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "hook_expire"
+    KEYS: ClassVar[_K] = ("outbox", "dead")
+
+    max_age_ms: int
+    max_n: int
+    dead_cap: int
 
 
 #: Every script called from Python, with its arguments.
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
-    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs)
+    GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
+    HookExpireArgs)

@@ -147,6 +147,15 @@ class Keys:
     def outbox(self, shard_tag: str) -> str:
         return f"{self._hook_tag(shard_tag)}:outbox"
 
+    @property
+    def outbox_pattern(self) -> str:
+        """A SCAN pattern of every shard's outbox, catalogued or not."""
+        return self._tag("*") + ":outbox"
+
+    def tag_of_outbox(self, key: str) -> str:
+        """The shard tag in an outbox key that ``outbox_pattern`` found."""
+        return key[len(self._tag("")) - 1:-len("}:outbox")]
+
     def hook_wake(self, shard_tag: str) -> str:
         return f"{self._hook_tag(shard_tag)}:hook-wake"
 

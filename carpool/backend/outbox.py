@@ -19,16 +19,20 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from carpool.backend.args import HookSettleArgs, HookTakeArgs
+from carpool.backend.args import HookExpireArgs, HookSettleArgs, HookTakeArgs
 from carpool.backend.connection import load_script, redis_errors
-from carpool.backend.keys import Keys, hook_tag_of
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys, hook_tag_of
 from carpool.backend.wake import ShardWaiters
 from carpool.core.script_args import argv, keys_of
 
 #: Dead-lettered deliveries kept per shard (newest first): enough to see a pattern.
 HOOK_DEAD_CAP = 10_000
-#: A job's delivery states outlive the last try by a day: its document shows them.
+#: While an event retries, its job's delivery states (and the body its retries send)
+#: outlive its last possible try by a day; once delivered or dead they live as long as
+#: the job's record, whose document shows them (hook_settle.lua).
 STATE_TTL_MARGIN_S = 86_400
+#: The state hash's field that keeps the body of a retried event, after the event's name.
+BODY_FIELD_SUFFIX = ":body"
 
 #: The wake list's cap, as outbox.lua's HOOK_WAKE_CAP: one token wakes a dispatcher.
 HOOK_WAKE_CAP = 16
@@ -69,6 +73,10 @@ class Event:
     owner: str
     url: str
     delivery: Delivery = field(default_factory=Delivery)
+    #: The event's score while this dispatcher holds it (Redis ms): its lease.
+    leased_ms: int = 0
+    #: The body its first settled try sent ("" before: read from the job's record).
+    body: str = ""
 
     @property
     def webhook_id(self) -> str:
@@ -76,10 +84,11 @@ class Event:
         return f"{self.job_id}.{self.event}"
 
     @classmethod
-    def parse(cls, member: str, state: str = "") -> Event:
+    def parse(cls, member: str, state: str = "", leased_ms: int = 0, body: str = "") -> Event:
         job_id, event, t_ms, owner, url = member.split("\t", 4)
         return cls(member, job_id, event, int(t_ms), owner, url,
-                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)))
+                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)),
+                   leased_ms, body)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class Outbox:
         self.keys = keys
         self._take = load_script(client, "hook_take")
         self._settle = load_script(client, "hook_settle")
+        self._expire = load_script(client, "hook_expire")
         self._waiters: ShardWaiters | None = None
 
     def take(self, tag: str, max_n: int, lease_ms: int) -> Taken:
@@ -107,14 +117,17 @@ class Outbox:
             reply = self._take(keys=keys_of(HookTakeArgs, outbox=self.keys.outbox(tag)),
                                args=argv(HookTakeArgs(max_n, lease_ms,
                                                       self.keys.hook_state_prefix(tag))))
-        events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]))
-                       for i in range(2, len(reply), 2))
-        next_due = int(reply[1])
-        return Taken(int(reply[0]), None if next_due < 0 else next_due, events)
+        now_ms, next_due = int(reply[0]), int(reply[1])
+        events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]), now_ms + lease_ms,
+                                   str(reply[i + 2]))
+                       for i in range(2, len(reply), 3))
+        return Taken(now_ms, None if next_due < 0 else next_due, events)
 
     def settle(self, event: Event, outcome: str, delivery: Delivery, *, delay_ms: int = 0,
-               max_age_s: float = 0.0) -> bool:
-        """Record one try; False when another dispatcher had settled the event already."""
+               max_age_s: float = 0.0, body: str = "") -> bool:
+        """Record one try (with "retry", keep ``body`` for the next ones unless an earlier
+        try's is kept); False, and nothing written, when this dispatcher's lease on the
+        event had lapsed (another may have taken and settled it)."""
         tag = hook_tag_of(event.event, event.job_id)
         dead_entry = ""
         if outcome == DEAD:
@@ -122,13 +135,26 @@ class Outbox:
                                      "url": event.url, **asdict(delivery)})
         args = HookSettleArgs(event.member, event.event, outcome, delay_ms,
                               delivery.to_json(), int(max_age_s) + STATE_TTL_MARGIN_S,
-                              HOOK_DEAD_CAP, dead_entry)
+                              HOOK_DEAD_CAP, dead_entry, event.leased_ms, body)
         with redis_errors():
             return bool(self._settle(
                 keys=keys_of(HookSettleArgs, outbox=self.keys.outbox(tag),
                              state=self.keys.hook_state(event.job_id, tag),
-                             dead=self.keys.hook_dead(tag)),
+                             dead=self.keys.hook_dead(tag),
+                             # A batch's event: its batch hash, in the same slot.
+                             record=(self.keys.batch(event.job_id)
+                                     if event.event.startswith("batch.")
+                                     else self.keys.job(event.job_id))),
                 args=argv(args)))
+
+    def expire(self, tag: str, max_age_s: float, max_n: int) -> int:
+        """Dead-letter up to ``max_n`` events of ``tag``'s outbox due more than
+        ``max_age_s`` ago (no dispatcher took them); returns how many."""
+        with redis_errors():
+            return int(self._expire(
+                keys=keys_of(HookExpireArgs, outbox=self.keys.outbox(tag),
+                             dead=self.keys.hook_dead(tag)),
+                args=argv(HookExpireArgs(int(max_age_s * 1000), max_n, HOOK_DEAD_CAP))))
 
     def deliveries(self, job_ids: Sequence[str]) -> list[dict[str, Delivery]]:
         """Each job's delivery states by event (empty before any try)."""
@@ -142,7 +168,8 @@ class Outbox:
                 for job_id in job_ids:
                     pipe.hgetall(self.keys.hook_state(job_id))
                 rows = pipe.execute()
-        return [{str(k): Delivery.from_json(str(v)) for k, v in row.items()} for row in rows]
+        return [{str(k): Delivery.from_json(str(v)) for k, v in row.items()
+                 if not str(k).endswith(BODY_FIELD_SUFFIX)} for row in rows]
 
     def dead(self, tags: Sequence[str], n: int) -> list[dict[str, Any]]:
         """The newest ``n`` dead-lettered deliveries of each shard."""
@@ -157,6 +184,20 @@ class Outbox:
         """Events in the outboxes of ``tags``: not yet delivered nor dead."""
         with redis_errors():
             return sum(int(self.client.zcard(self.keys.outbox(t))) for t in tags)
+
+    def every_outbox(self) -> dict[str, tuple[int, int]]:
+        """Each shard's non-empty outbox, found by SCAN (those of models no longer in the
+        catalogue too): tag -> (events, the earliest due time in Redis ms)."""
+        out: dict[str, tuple[int, int]] = {}
+        with redis_errors():
+            found = [(self.keys.tag_of_outbox(str(key)), key) for key in
+                     self.client.scan_iter(match=self.keys.outbox_pattern, count=1000)]
+            # The batches' outbox has no shard in its tag, so the pattern misses it.
+            for tag, key in [*found, (BATCH_HOOK_TAG, self.keys.outbox(BATCH_HOOK_TAG))]:
+                head = self.client.zrange(key, 0, 0, withscores=True)
+                if head:
+                    out[tag] = (int(self.client.zcard(key)), int(head[0][1]))
+        return out
 
     def wait(self, tags: Sequence[str], timeout_s: float) -> bool:
         """Block until a state change added an event to one of ``tags``' outboxes, or

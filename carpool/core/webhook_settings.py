@@ -18,6 +18,9 @@ from carpool.core.errors import ConfigError
 SECRET_PREFIX = "whsec_"
 #: A shorter secret is guessable offline from one signed delivery.
 MIN_SECRET_BYTES = 24
+#: A lease outlasts its try's deadline by this much: the bodies' read before the try
+#: and the settle after it, with room for a slow Redis.
+LEASE_MARGIN_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,17 @@ class WebhookSettings:
     metrics_port: int = 9300
 
     @property
+    def try_s(self) -> float:
+        """The deadline of one whole try, DNS, connect, TLS, request and answer together
+        (carpool/dispatch/delivery.py cuts it there)."""
+        return self.connect_timeout_s + self.read_timeout_s
+
+    @property
     def lease_ms(self) -> int:
         """How long a taken event is a dispatcher's before another may take it: one
-        whole try (connect + read) and a margin, so a live dispatcher never loses it."""
-        return int((self.connect_timeout_s + self.read_timeout_s) * 1000) + 5000
+        whole try and a margin (for reading the bodies and the settle), so a live
+        dispatcher never loses it."""
+        return int(self.try_s * 1000) + LEASE_MARGIN_MS
 
     def secret_for(self, owner: str) -> str:
         """The secret that signs a job of ``owner`` (an API key digest; "" none)."""

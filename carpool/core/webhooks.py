@@ -40,10 +40,15 @@ SCHEMES: Final = ("http", "https")
 LOCAL_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost",
                                 "ip6-loopback", "metadata", "metadata.google.internal",
                                 "instance-data", "instance-data.ec2.internal"})
-#: Cloud metadata services: refused even with CARPOOL_WEBHOOK_ALLOW_PRIVATE=1, which is
-#: for receivers on private networks, never for a cloud's credentials.
+#: Cloud metadata services (AWS, ECS, Alibaba, Oracle, Azure's wire server): refused
+#: even with CARPOOL_WEBHOOK_ALLOW_PRIVATE=1, which is for receivers on private
+#: networks, never for a cloud's credentials.
 METADATA_ADDRESSES: Final = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200"))
+    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200",
+    "192.0.0.192", "168.63.129.16"))
+#: Link-local networks, refused even with CARPOOL_WEBHOOK_ALLOW_PRIVATE=1: no receiver
+#: lives there, and clouds keep more metadata-like services there than any list names.
+LINK_LOCAL: Final = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
 #: An IPv4 host written as one number, hex or octal ("2130706433", "0x7f.1"): the
 #: resolver reads these as addresses, so they are judged as the address they name.
 _NUMERIC_HOST: Final = re.compile(r"[0-9a-fA-FxX.]+")
@@ -77,6 +82,8 @@ def address_refusal(ip: IPAddress, allow_private: bool) -> str | None:
             return address_refusal(embedded, allow_private)
     if ip in METADATA_ADDRESSES:
         return f"{ip} is a cloud metadata address"
+    if any(ip in net for net in LINK_LOCAL):
+        return f"{ip} is a link-local address (refused even where private ones are allowed)"
     if allow_private:
         return None
     for name, flag in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),

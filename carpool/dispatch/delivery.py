@@ -5,8 +5,10 @@ address it resolves to judged, and the connection made to that checked address, 
 the name only in the Host header and the TLS server name: a DNS answer that changes
 between the check and the connect (rebinding) cannot send the request elsewhere.
 Redirects are never followed (http.client does not), each connect and read has a
-timeout and the whole try a deadline (carpool/dispatch/deadlines.py), and at most
-``MAX_ANSWER_BYTES`` of the answer are read; the rest goes with the connection.
+timeout, and the whole try, DNS included, one deadline (``WebhookSettings.try_s``,
+below the event's lease: carpool/dispatch/deadlines.py cuts the connection there), so
+no try outlives its lease and is sent twice; at most ``MAX_ANSWER_BYTES`` of the answer
+are read; the rest goes with the connection.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import cache
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress, Target, WebhookRefused, address_refusal, check_url
@@ -30,6 +35,17 @@ MAX_ANSWER_BYTES = 4096
 MAX_ERROR_CHARS = 300
 
 Resolver = Callable[[str, int], list[IPAddress]]
+
+#: Threads for DNS lookups: getaddrinfo has no timeout of its own, so it runs on one of
+#: these and a try waits for it only until its deadline; a lookup that hangs holds its
+#: thread until the system resolver gives up.
+RESOLVER_THREADS = 8
+
+
+@cache
+def _resolvers() -> ThreadPoolExecutor:
+    """The process's lookup threads, made on the first lookup (never on import)."""
+    return ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="carpool-hook-dns")
 
 
 @dataclass(frozen=True)
@@ -72,7 +88,9 @@ class _PinnedConnection(http.client.HTTPConnection):
 
 def post(url: str, body: bytes, headers: Mapping[str, str], settings: WebhookSettings,
          resolver: Resolver = resolve) -> Answer:
-    """POST ``body`` to ``url``, within the rules; never raises for the network."""
+    """POST ``body`` to ``url``, within the rules and ``settings.try_s``; never raises
+    for the network."""
+    deadline = time.monotonic() + settings.try_s
     try:
         target = check_url(url, settings.allow_private)
     except WebhookRefused as exc:
@@ -80,8 +98,13 @@ def post(url: str, body: bytes, headers: Mapping[str, str], settings: WebhookSet
     if target.address is not None:
         addresses = [target.address]
     else:
+        lookup = _resolvers().submit(resolver, target.host, target.port)
         try:
-            addresses = resolver(target.host, target.port)
+            addresses = lookup.result(timeout=min(settings.connect_timeout_s,
+                                                  deadline - time.monotonic()))
+        except FutureTimeout:
+            return Answer(None, f"cannot resolve {target.host}: no answer within "
+                          f"{settings.connect_timeout_s:g} s")
         except (OSError, UnicodeError, ValueError) as exc:
             return Answer(None, _cut(f"cannot resolve {target.host}: {exc}"))
     if not addresses:
@@ -90,19 +113,20 @@ def post(url: str, body: bytes, headers: Mapping[str, str], settings: WebhookSet
         why = address_refusal(ip, settings.allow_private)
         if why is not None:
             return Answer(None, _cut(f"refused: {target.host} resolves to {why}"), refused=True)
-    return _send(target, addresses[0], body, headers, settings)
+    return _send(target, addresses[0], body, headers, settings, deadline)
 
 
 def _send(target: Target, ip: IPAddress, body: bytes, headers: Mapping[str, str],
-          settings: WebhookSettings) -> Answer:
+          settings: WebhookSettings, deadline: float) -> Answer:
+    limit_s = settings.try_s
     try:
-        sock = socket.create_connection((str(ip), target.port),
-                                        timeout=settings.connect_timeout_s)
+        sock = socket.create_connection(
+            (str(ip), target.port),
+            timeout=max(0.001, min(settings.connect_timeout_s, deadline - time.monotonic())))
     except OSError as exc:
         return Answer(None, _cut(f"connect to {ip} port {target.port}: {exc}"))
-    limit_s = settings.connect_timeout_s + settings.read_timeout_s
     try:
-        with DEADLINES.bounded(sock, limit_s) as bound:
+        with DEADLINES.bounded(sock, max(0.0, deadline - time.monotonic())) as bound:
             try:
                 sock.settimeout(settings.read_timeout_s)
                 if target.scheme == "https":

@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 2.0
 #: Pause after Redis was unreachable.
 BACKEND_RETRY_S = 1.0
+#: How often (at most; at least once per max_age_s) a dispatcher sweeps every outbox,
+#: its own shards' and any other's, for events overdue past max_age_s, and how many it
+#: dead-letters per outbox each time: an outbox whose model left the catalogue is taken
+#: by no dispatcher, and would stay. Finding the outboxes is a SCAN of the whole
+#: keyspace: hourly keeps that to a few round trips a second at tens of millions of keys.
+SWEEP_INTERVAL_S, SWEEP_MAX_N = 3600.0, 1000
 
 Sender = Callable[[str, bytes, Mapping[str, str], WebhookSettings], Answer]
 
@@ -60,8 +66,13 @@ class Dispatcher:
 
     def run(self, stop: threading.Event) -> None:
         """Deliver until ``stop`` is set; then finish the tries in flight."""
+        next_sweep = time.monotonic()
         while not stop.is_set():
             try:
+                if time.monotonic() >= next_sweep:
+                    self.sweep()
+                    next_sweep = time.monotonic() + min(SWEEP_INTERVAL_S,
+                                                        self.hooks.max_age_s)
                 self.step()
             except BackendUnavailable as exc:
                 log.warning("Redis unavailable (%s); retrying in %.0f s", exc, BACKEND_RETRY_S)
@@ -77,13 +88,16 @@ class Dispatcher:
             free = self._acquire_free()
             if not free:
                 break
-            taken = self.outbox.take(tag, len(free), self.hooks.lease_ms)
-            for _ in range(len(free) - len(taken.events)):
-                self._free.release()
-            bodies = self._bodies(taken.events)
-            for event, body in zip(taken.events, bodies, strict=True):
-                self.pool.submit(self._try, event, body)
-            started += len(taken.events)
+            handed = 0
+            try:  # a Redis failure here must not keep the slots: every one not handed on
+                taken = self.outbox.take(tag, len(free), self.hooks.lease_ms)
+                for event, body in zip(taken.events, self._bodies(taken.events), strict=True):
+                    self.pool.submit(self._try, event, body)
+                    handed += 1
+            finally:
+                for _ in range(len(free) - handed):
+                    self._free.release()
+            started += handed
             if taken.next_due_ms is not None:
                 wait_s = min(wait_s, max(0.0, (taken.next_due_ms - taken.now_ms) / 1000))
         if started == 0:
@@ -93,6 +107,17 @@ class Dispatcher:
             elif wait_s > 0:
                 self.outbox.wait(self.tags, wait_s)
         return started
+
+    def sweep(self) -> int:
+        """Dead-letter the events of every outbox overdue past max_age_s (bounded per
+        outbox and call: hook_expire.lua); returns how many."""
+        expired = sum(self.outbox.expire(tag, self.hooks.max_age_s, SWEEP_MAX_N)
+                      for tag in self.outbox.every_outbox())
+        if expired:
+            log.warning("%d webhook events dead-lettered: no dispatcher took them within "
+                        "%g s", expired, self.hooks.max_age_s)
+            self.metrics.deliveries.labels("dead").inc(expired)
+        return expired
 
     def _acquire_free(self) -> list[None]:
         free: list[None] = []
@@ -107,15 +132,23 @@ class Dispatcher:
         return True
 
     def _bodies(self, events: Sequence[Event]) -> list[str]:
-        """Each event's POST body: the job's document as a client reads it (without its
+        """Each event's POST body: the one its first settled try sent (kept with the event,
+        so every try of one webhook-id carries the same body, the result included after
+        the record expired); else the job's document as a client reads it (without its
         webhook state, which changes with every try), and the event; one round trip."""
         if not events:
             return []
-        if all(e.event.startswith("batch.") for e in events):
-            return [batch_event_body(e) for e in events]
-        rows = self.queue.read_records([e.job_id for e in events])
+        fresh = [e for e in events if not e.body and not e.event.startswith("batch.")]
+        rows = iter(self.queue.read_records([e.job_id for e in fresh]) if fresh else [])
         out = []
-        for event, row in zip(events, rows, strict=True):
+        for event in events:
+            if event.body:
+                out.append(event.body)
+                continue
+            if event.event.startswith("batch."):
+                out.append(batch_event_body(event))
+                continue
+            row = next(rows)
             doc: dict[str, Any]
             if row and "status" in row:
                 view = view_from_record(event.job_id, row)
@@ -162,7 +195,8 @@ class Dispatcher:
         delivery = Delivery(state, attempts, answer.status, answer.error, event.t_ms)
         self.metrics.deliveries.labels(outcome).inc()
         self.outbox.settle(event, "retry" if state == RETRYING else state, delivery,
-                           delay_ms=int(delay_s * 1000), max_age_s=self.hooks.max_age_s)
+                           delay_ms=int(delay_s * 1000), max_age_s=self.hooks.max_age_s,
+                           body=body if state == RETRYING else "")
         if state == DEAD:
             log.warning("webhook %s dead after %d tries: %s", event.webhook_id, attempts,
                         answer.error)

@@ -22,6 +22,7 @@ from carpool.backend.keys import Keys
 from carpool.backend.outbox import Outbox
 from carpool.backend.queue import Queue
 from carpool.core.jobs import JobStatus
+from carpool.core.webhooks import hook_field
 from tests.conftest import make_env
 from tests.support.faults import all_final, spawn_worker, stop_process
 from tests.support.hookstack import (
@@ -33,6 +34,7 @@ from tests.support.hookstack import (
     outbox_empty,
     submit,
 )
+from tests.support.jobs import admit, synthetic
 from tests.support.procs import (
     REPO_ROOT,
     dispatcher_command,
@@ -45,6 +47,8 @@ from tests.support.receiver import Received, always, receiver
 from tests.support.redisproc import RedisProc, private_redis
 
 ARRIVAL_TIMEOUT_S = 90.0
+#: A dispatcher's log says this each time Redis failed it (carpool/dispatch/dispatcher.py).
+REDIS_DOWN_LOG = "Redis unavailable"
 LEASE_MS = 1500
 
 
@@ -157,3 +161,35 @@ def test_a_receivers_retry_after_is_waited_out(server: RedisProc, key_prefix: st
         assert second.at_s - first.at_s >= 3.0  # the backoff alone would be under 0.2 s
         assert document(base, KEY_SHARED, job)["webhook"]["state"] == "delivered"
 
+
+
+def test_a_dispatcher_delivers_again_once_redis_is_back(key_prefix: str,
+                                                        tmp_path: Path) -> None:
+    """Redis killed under a running dispatcher process, down through its retries (a take
+    that fails must give its delivery slots back), then restarted: events recorded
+    after it came back are delivered."""
+    log = tmp_path / "dispatcher.log"
+    with private_redis() as srv, receiver() as rx, log.open("wb") as out:
+        env = make_env(srv.url, key_prefix, **hook_env(CARPOOL_DISPATCH_METRICS_PORT="0"))
+        proc = subprocess.Popen(dispatcher_command(), cwd=REPO_ROOT, env={**os.environ, **env},
+                                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: "dispatching webhooks" in log.read_text(), 30.0,
+                       "the dispatcher to start")
+            srv.kill()
+            # Two failures: the second one at least is a take (after its 1 s pause). A
+            # dispatcher whose failed take kept its slots never calls Redis again.
+            wait_until(lambda: log.read_text().count(REDIS_DOWN_LOG) >= 2, 20.0,
+                       "the dispatcher to keep retrying Redis")
+            srv.restart()
+            client = connect(srv.url)
+            queue = Queue(client, Keys(key_prefix))
+            spec = synthetic()
+            ids = [admit(queue, spec, hook=hook_field(f"{rx.url}/h", ("cancelled",)))
+                   for _ in range(3)]
+            for job_id in ids:
+                assert queue.cancel(job_id, 60) == "cancelled"
+            rx.wait_for_ids({f"{i}.cancelled" for i in ids}, 30.0)
+            client.close()
+        finally:
+            stop_process(proc)

@@ -154,3 +154,22 @@ def test_https_verifies_the_receivers_certificate_against_the_name(tmp_path: Pat
                       lambda _h, _p: [LOOPBACK])
     assert answer.status is None and "CERTIFICATE_VERIFY_FAILED" in (answer.error or "")
     assert got == []
+
+
+def test_a_resolver_that_hangs_fails_the_try_within_its_deadline() -> None:
+    """getaddrinfo has no timeout: a try waits for it no longer than the connect timeout,
+    so the whole try ends inside try_s (below its lease) and cannot be sent twice."""
+    hold = threading.Event()
+
+    def hanging(_host: str, _port: int) -> list[IPAddress]:
+        hold.wait(30)
+        return [LOOPBACK]
+
+    t0 = time.monotonic()
+    try:
+        answer = post("http://slow-dns.example/", b"{}", {}, PRIVATE, hanging)
+    finally:
+        hold.set()
+    assert answer.status is None and not answer.refused
+    assert "cannot resolve slow-dns.example" in (answer.error or "")
+    assert time.monotonic() - t0 < PRIVATE.try_s

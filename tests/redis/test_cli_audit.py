@@ -52,3 +52,19 @@ def test_audit_lists_dead_webhook_deliveries(
     out = capsys.readouterr().out
     assert "1 dead webhook deliveries shown" in out
     assert f"  {job} cancelled https://example.com/h attempts=7 last_status=500" in out
+
+
+def test_audit_names_an_outbox_no_dispatcher_takes_with_how_to_drop_it(
+        env: None, queue: Queue, capsys: pytest.CaptureFixture[str]) -> None:
+    from carpool.core.webhooks import hook_field
+
+    job = admit(queue, synthetic(), hook=hook_field("https://example.com/h", ("cancelled",)))
+    queue.cancel(job, 60)  # a pending event of a catalogued model: counted, not flagged
+    gone = queue.keys.outbox("zz")  # a shard of a model since removed from the catalogue
+    queue.client.zadd(gone, {"old\tdone\t1\t\thttps://example.com/h": 1})
+    assert main(["audit"]) == 0
+    out = capsys.readouterr().out
+    assert "2 webhook events waiting in 2 outboxes" in out
+    assert f"  shard {shard('synthetic')}: 1 events" in out
+    assert ("shard zz: 1 events" in out and "no dispatcher takes them" in out
+            and f"redis-cli DEL '{gone}'" in out)

@@ -22,6 +22,7 @@ from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.support.redisproc import private_redis
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, web_client
+from web.v2 import MIN_INFER_WAIT_S
 
 #: A python model whose tensors are UINT8 and INT64, and a model to refuse part of a
 #: request: it batches 3 and holds 3.
@@ -135,6 +136,9 @@ CORPUS: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "zero-rows": _case(INFER, {"inputs": [{**value([[1.0]]), "shape": [0, 1], "data": []}]}),
     "string-for-fp32": _case(INFER, {"inputs": [value([["1.0"]])]}),  # type: ignore[list-item]
     "bool-for-fp32": _case(INFER, {"inputs": [value([[True]])]}),
+    "integer-of-309-digits": _case(INFER, {"inputs": [value([[10**309]])]}),
+    "fp32-beyond-its-range": _case(INFER, {"inputs": [value([[1.0, 1e39]])]}),
+    "int-beyond-fp32-range": _case(INFER, {"inputs": [value([[1, -(10**39)]])]}),
     "uint8-out-of-range": _case("/v2/models/pixels/infer", {"inputs": [
         {"name": "PIXELS", "datatype": "UINT8", "shape": [1, 4], "data": [1, 2, 3, 256]},
         {"name": "COUNT", "datatype": "INT64", "shape": [1, 1], "data": [4]}]}),
@@ -290,6 +294,31 @@ def test_priority_and_timeout_map_onto_carpools_priority_and_deadline(
     record = records.read(client, keys.job(job_id)) or {}
     assert record["priority"] == "9"  # carpool's highest
     assert 100 <= int(record["deadline"]) - t0_ms <= 1000
+
+
+@pytest.mark.timeout(60)
+def test_an_infer_waits_no_longer_than_max_wait_s_whatever_its_timeout(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    settings = settings_for(redis_url, key_prefix, tmp_path, CARPOOL_MAX_WAIT_S="6")
+    with web_client(settings) as http:
+        t0 = time.monotonic()
+        resp = http.post("/v2/models/tiny/infer", json={  # a 60 s timeout; no worker
+            "inputs": [value([[1.0]])], "parameters": {"timeout": 60_000_000}})
+        assert resp.status_code == 504, resp.get_json()
+        assert "within 6 s" in resp.get_json()["error"]
+        assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.timeout(60)
+def test_with_max_wait_s_0_an_infer_still_waits_its_floor(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    settings = settings_for(redis_url, key_prefix, tmp_path, CARPOOL_MAX_WAIT_S="0")
+    with web_client(settings) as http:
+        t0 = time.monotonic()
+        resp = http.post("/v2/models/tiny/infer", json={"inputs": [value([[1.0]])]})
+        assert resp.status_code == 504, resp.get_json()  # no worker serves tiny
+        assert f"within {MIN_INFER_WAIT_S:g} s" in resp.get_json()["error"]
+        assert time.monotonic() - t0 >= MIN_INFER_WAIT_S - 0.5  # not at once
 
 
 def test_infer_needs_the_api_key_and_its_jobs_are_the_keys_own(

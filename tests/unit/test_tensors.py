@@ -10,7 +10,7 @@ import pytest
 
 from carpool.core.errors import ConfigError, InvalidInput
 from carpool.core.tensor_specs import tensors_from
-from web.tensors import encode_output, parse_request
+from web.tensors import ModelOutputMismatch, encode_output, parse_request
 
 
 def binary(header: dict[str, Any], data: bytes) -> tuple[bytes, str]:
@@ -60,6 +60,14 @@ def test_binary_outputs_round_trip_and_say_their_size() -> None:
     assert raw == b"\x03\x00\x00\x00cat\x03\x00\x00\x00owl"
     entry, raw = encode_output("L", "BYTES", [1, 1], ["cat"], binary=False)
     assert entry["data"] == ["cat"] and raw == b""
+
+
+@pytest.mark.parametrize(("datatype", "value"), [
+    ("INT32", 2**40), ("UINT8", -1), ("FP32", 1e39), ("FP16", 70000.0)])
+def test_a_binary_output_its_datatype_cannot_hold_is_a_model_output_mismatch(
+        datatype: str, value: Any) -> None:
+    with pytest.raises(ModelOutputMismatch, match=f"does not fit {datatype}"):
+        encode_output("Y", datatype, [1, 1], [value], binary=True)
 
 
 @pytest.mark.parametrize("raw, message", [

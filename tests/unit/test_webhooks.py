@@ -98,9 +98,18 @@ def test_allow_private_lets_loopback_through_but_never_metadata() -> None:
     assert check_url("http://127.0.0.1:9/", allow_private=True).port == 9
     assert check_url("http://localhost:9/", allow_private=True).host == "localhost"
     for url in ("http://169.254.169.254/", "http://[fd00:ec2::254]/",
-                "http://metadata.google.internal/"):
+                "http://metadata.google.internal/", "http://192.0.0.192/",
+                "http://168.63.129.16/", "http://[::ffff:168.63.129.16]/"):
         with pytest.raises(WebhookRefused, match="metadata"):
             check_url(url, allow_private=True)
+
+
+@pytest.mark.parametrize("address", ["169.254.1.1", "169.254.0.1", "fe80::1",
+                                     "febf::1", "::ffff:169.254.7.7"])
+def test_link_local_addresses_stay_refused_where_private_ones_are_allowed(
+        address: str) -> None:
+    assert "link-local" in str(address_refusal(ipaddress.ip_address(address), True))
+    assert address_refusal(ipaddress.ip_address("10.1.2.3"), True) is None
 
 
 @pytest.mark.parametrize(("address", "refused"), [

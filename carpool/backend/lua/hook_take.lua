@@ -7,9 +7,12 @@
 --                        that dies with it leaves it due again after the lease
 -- ARGV[3]  state_prefix  "{p.s}:hook:" (same slot): each job's delivery states
 --
--- Returns {now_ms, next_due_ms (-1: the outbox is empty), member_1, state_1, ...}: each
--- event taken with its delivery state so far (JSON, "" before its first try), and
--- when the earliest event still waiting is due, so a dispatcher waits that long at most.
+-- Returns {now_ms, next_due_ms (-1: the outbox is empty), member_1, state_1, body_1, ...}:
+-- each event taken with its delivery state so far (JSON, "" before its first try) and
+-- the body its first settled try sent (field "<event>:body", "" before: the dispatcher
+-- reads the job's record then), and when the earliest event still waiting is due, so a
+-- dispatcher waits that long at most. Each taken event's score, now_ms + lease_ms, is
+-- its lease: hook_settle.lua writes only for the holder of that lease.
 redis.replicate_commands()
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -23,6 +26,7 @@ if #due > 0 then
     local id, event = string.match(member, "^([^\t]+)\t([^\t]+)\t")
     out[#out + 1] = member
     out[#out + 1] = (id and redis.call("HGET", ARGV[3] .. id, event)) or ""
+    out[#out + 1] = (id and redis.call("HGET", ARGV[3] .. id, event .. ":body")) or ""
   end
   redis.call("ZADD", KEYS[1], "XX", unpack(leased))
 end
