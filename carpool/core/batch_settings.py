@@ -40,6 +40,9 @@ class BatchSettings:
     #: the n-th time it reaches ``point`` (CRASH_POINTS): the fault tests' crash
     #: between two writes that no kill can time.
     crash_at: str = ""
+    #: Port of the feeder's Prometheus endpoint; 0 turns it off (bound on
+    #: CARPOOL_WORKER_METRICS_ADDR, as the dispatcher's is).
+    metrics_port: int = 9400
 
 
 #: Where ``crash_at`` may stop the feeder: after admitting a round's lines but before
@@ -78,7 +81,15 @@ def load_batch_settings(env: Mapping[str, str]) -> BatchSettings:
                                     QUEUED_BATCHES_PER_BIN_DEFAULT, 1),
         keep_s=_int(env, "CARPOOL_BATCH_KEEP_S", BatchSettings.keep_s, 60),
         crash_at=_crash_at(env.get("CARPOOL_FEEDER_CRASH_AT", "")),
+        metrics_port=_port(env, "CARPOOL_FEEDER_METRICS_PORT", BatchSettings.metrics_port),
     )
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    port = _int(env, name, default, 0)
+    if port > 65535:
+        raise ConfigError(f"{name}={port} is not a TCP port (0 turns it off)")
+    return port
 
 
 def _crash_at(raw: str) -> str:

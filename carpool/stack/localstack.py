@@ -24,8 +24,8 @@ from carpool.stack.supervisor import Child, Supervisor
 STOP_GRACE_S = 30.0
 #: The ports `carpool up` takes unless told otherwise (a taken one is replaced).
 DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
-#: The dispatcher's metrics port (carpool.core.webhook_settings' default).
-DEFAULT_DISPATCH_PORT = 9300
+#: The dispatcher's and the feeder's metrics ports (their settings' defaults).
+DEFAULT_DISPATCH_PORT, DEFAULT_FEEDER_PORT = 9300, 9400
 
 
 # The shipped command lines (carpool/stack/commands.toml), run by this interpreter.
@@ -170,7 +170,11 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
             "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
             "CARPOOL_WORKER_METRICS_PORT": str(port)})
     _spawn_dispatcher(stack, env, notes)
-    stack.spawn("feeder", python_argv("feeder"), env)  # runs bulk batches
+    stack.spawn("feeder", python_argv("feeder"), {  # runs bulk batches
+        "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
+        "CARPOOL_FEEDER_METRICS_PORT": str(pick_port(
+            None, int(env.get("CARPOOL_FEEDER_METRICS_PORT") or DEFAULT_FEEDER_PORT),
+            "feeder metrics", notes))})
     urls = {"api": f"http://127.0.0.1:{web_port}", "redis": url}
     if opts.flower:
         stack.spawn("flower", flower_command(flower_port), env)

@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
                CARPOOL_SYNTHETIC_COST_MS=args.cost_ms, CARPOOL_MODELS="synthetic",
-               CARPOOL_WORKER_METRICS_PORT="0", CARPOOL_FILES_DIR=str(tmp / "files"))
+               CARPOOL_WORKER_METRICS_PORT="0", CARPOOL_FEEDER_METRICS_PORT="0",
+               CARPOOL_FILES_DIR=str(tmp / "files"))
     procs = []
     try:
         with open(tmp / "procs.log", "ab") as logs:

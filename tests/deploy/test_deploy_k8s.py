@@ -196,14 +196,12 @@ def test_k8s_alert_rules_equal_the_prometheus_alert_file() -> None:
     assert rule["spec"]["groups"] == alert_groups()
 
 
-def test_k8s_pod_monitor_scrapes_web_workers_and_flower() -> None:
+def test_k8s_pod_monitor_scrapes_every_carpool_process_kind() -> None:
     monitor = k8s_named("PodMonitor", "carpool")
     selected = set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
-    # The feeder serves no metrics yet: its progress is in each batch's document.
-    scraped = [n for n in CARPOOL_SERVICES if n != "feeder"]
-    assert selected == {f"carpool-{n}" for n in scraped}
+    assert selected == {f"carpool-{n}" for n in CARPOOL_SERVICES}
     endpoints = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    for name in scraped:
+    for name in CARPOOL_SERVICES:
         ports = {p["name"] for p in k8s_container(f"carpool-{name}")["ports"]}
         assert ports & endpoints, f"carpool-{name} has no port the PodMonitor scrapes"
 

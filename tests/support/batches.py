@@ -45,7 +45,9 @@ def feeder_command() -> list[str]:
 
 @contextmanager
 def start_feeder(env: dict[str, str], log_path: Path) -> Iterator[Any]:
-    """The real feeder process; ready when its log says so."""
+    """The real feeder process; ready when its log says so. Its metrics endpoint is off
+    unless ``env`` sets CARPOOL_FEEDER_METRICS_PORT (parallel runs would fight over 9400)."""
+    env = {"CARPOOL_FEEDER_METRICS_PORT": "0", **env}
     cmd = ["bash", "-c", f'exec "$0" "$@" >>{log_path} 2>&1', *feeder_command()]
     with running(cmd, env, lambda: log_says(log_path, "feeder ready"), "feeder",
                  FEEDER_START_TIMEOUT_S) as proc:

@@ -92,6 +92,14 @@ def test_gpu_and_worker_metrics_settings_are_read_and_checked() -> None:
         load_settings({"CARPOOL_WORKER_METRICS_PORT": "70000"})
 
 
+def test_the_feeder_metrics_port_is_9400_unless_set_and_is_checked() -> None:
+    assert load_settings({}).batches.metrics_port == 9400
+    assert load_settings({"CARPOOL_FEEDER_METRICS_PORT": "0"}).batches.metrics_port == 0
+    for bad in ("70000", "-1", "http"):
+        with pytest.raises(ConfigError, match="CARPOOL_FEEDER_METRICS_PORT"):
+            load_settings({"CARPOOL_FEEDER_METRICS_PORT": bad})
+
+
 def test_a_gpu_list_without_the_gpu_claim_is_refused_naming_both() -> None:
     with pytest.raises(ConfigError, match="CARPOOL_GPU_DEVICES.*CARPOOL_GPU_CLAIM"):
         load_settings({"CARPOOL_GPU_DEVICES": "GPU-a"})

@@ -52,6 +52,7 @@ def main() -> None:
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     feeder = Feeder(settings, queue, BatchDb(client, keys), file_store(settings.batches))
+    feeder.metrics.serve(settings.batches.metrics_port, settings.worker_metrics_addr)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

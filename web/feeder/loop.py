@@ -26,6 +26,7 @@ from carpool.core.jobs import Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
 from web.batchlines import parse_file
 from web.feeder import chunks
+from web.feeder.metrics import FeederMetrics
 from web.feeder.run import Run, ended_line, error_line, stored_set
 from web.v1_files import store_name
 
@@ -50,6 +51,7 @@ class Feeder:
         self.runs: dict[str, Run] = {}
         self.turn = 0  # which API key goes first this round
         self.reached: dict[str, int] = defaultdict(int)  # crash points passed (tests)
+        self.metrics = FeederMetrics()
 
     def _crash_point(self, point: str) -> None:
         """TEST ONLY (CARPOOL_FEEDER_CRASH_AT): exit here, as kill -9 would."""
@@ -105,9 +107,10 @@ class Feeder:
         self.runs.pop(batch_id, None)
         error = {"code": "internal_error", "message": message[:500], "param": None,
                  "line": None}
-        self.db.move(batch_id, ("validating", "in_progress", "finalizing", "cancelling"),
-                     "failed", failed_at=int(time.time()),
-                     errors=json.dumps({"object": "list", "data": [error]}))
+        if self.db.move(batch_id, ("validating", "in_progress", "finalizing", "cancelling"),
+                        "failed", failed_at=int(time.time()),
+                        errors=json.dumps({"object": "list", "data": [error]})):
+            self.metrics.ended.labels("failed").inc()
 
     # --- validating ---
     def _validate(self, batch_id: str, h: dict[str, str]) -> None:
@@ -121,15 +124,18 @@ class Feeder:
                                 self.settings.batches.max_lines)
             errors = parsed.errors
         if errors:
-            self.db.move(batch_id, ("validating",), "failed", failed_at=now,
-                         errors=json.dumps({"object": "list", "data": errors}))
-            self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now)
+            if self.db.move(batch_id, ("validating",), "failed", failed_at=now,
+                            errors=json.dumps({"object": "list", "data": errors})):
+                self.metrics.ended.labels("failed").inc()
+            elif self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now):
+                self.metrics.ended.labels("cancelled").inc()
             return
         assert parsed.spec is not None
         if not self.db.move(batch_id, ("validating",), "in_progress", in_progress_at=now,
                             total=len(parsed.lines), model=parsed.spec.name):
-            self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now,
-                         total=len(parsed.lines), model=parsed.spec.name)
+            if self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now,
+                            total=len(parsed.lines), model=parsed.spec.name):
+                self.metrics.ended.labels("cancelled").inc()
 
     def _load(self, batch_id: str, h: dict[str, str]) -> Run:
         data = self.store.get(store_name(h["input_file_id"]))
@@ -187,6 +193,8 @@ class Feeder:
                 pipe.delete(self.queue.keys.job(j))
 
         self.db.record_stored(run.id, done, run.chunks, len(out), len(err), drop_jobs)
+        self.metrics.stored.labels("done").inc(len(out))
+        self.metrics.stored.labels("failed").inc(len(err))
         run.chunks += 1
         for i in done:
             run.jobs.pop(i, None)
@@ -257,6 +265,7 @@ class Feeder:
         now = int(time.time())
         moved = self.db.move(run.id, (h["status"],), final, **names, **{f"{final}_at": now})
         if moved:
+            self.metrics.ended.labels(final).inc()
             self.db.drop_line_state(run.id, self.settings.batches.keep_s)
             chunks.drop_chunks(self.store, run.id, run.chunks)
             self.runs.pop(run.id, None)
@@ -316,6 +325,7 @@ class Feeder:
         if admitted:
             self._crash_point("admitted")
             self.db.record_admitted(run.id, admitted)
+            self.metrics.admitted.inc(len(admitted))
             run.jobs.update(admitted)
             run.advance()
         return len(admitted)
@@ -346,7 +356,9 @@ def run_forever(feeder: Feeder, stop: threading.Event, wake: Any) -> None:
     failures = 0
     while not stop.is_set():
         try:
-            busy = feeder.step()
+            with feeder.metrics.step_seconds.time():
+                busy = feeder.step()
+            feeder.metrics.running.set(len(feeder.runs))
             failures = 0
         except BackendUnavailable as exc:
             log.warning("feeder: %s; retrying", exc)
