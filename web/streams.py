@@ -168,10 +168,20 @@ class JobStream:
             if not self._wait(min(tick, keepalive_at, self.end_at)):
                 return  # the client has gone
             now = self.clock()
+            # What is ready now goes in one write: each chunk costs the web a send.
+            ready: list[str] = []
             if now >= keepalive_at:
-                yield ": keep-alive\n\n"
+                ready.append(": keep-alive\n\n")
                 keepalive_at = now + KEEPALIVE_S
-            yield from self._step(self.follow.take(), now)
+            try:
+                for event in self._step(self.follow.take(), now):
+                    ready.append(event)
+            except BackendUnavailable:
+                if ready:  # told (the cursor counts them): sent before the error
+                    yield "".join(ready)
+                raise
+            if ready:
+                yield "".join(ready)
 
     def _step(self, woken: set[str], now: float) -> Iterator[str]:
         due: list[_Job] = []

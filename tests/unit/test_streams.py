@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from carpool.core.errors import InvalidInput
+from carpool.core.errors import BackendUnavailable, InvalidInput
 from carpool.core.jobs import JobStatus, JobView
 from web.followers import Claimed, Follow, parse_claimed
 from web.streams import JobStream, parse_last_event_id, version, version_char
@@ -156,3 +156,37 @@ def test_claimed_messages_parse_and_a_broken_one_is_refused() -> None:
     with pytest.raises(ValueError):
         parse_claimed("17 a")
     assert replace(view(), position=None).to_json().get("queue_position") is None
+
+
+def test_events_ready_at_one_wake_up_go_in_one_write() -> None:
+    clock = Clock()
+    a, b = view(), replace(view(), id="k" * 26)
+    done_a, done_b = (replace(v, status=JobStatus.DONE, result={"r": 1}, position=None)
+                      for v in (a, b))
+    follow = Follow(event=FakeEvent(clock))
+    s = JobStream([a, b], [None, None], follow, lambda ids: [done_a, done_b][:len(ids)],
+                  lambda _: None, None, 60.0, clock=clock)
+    follow.wake(a.id)
+    follow.wake(b.id)
+    chunks = list(s.events())
+    assert len(chunks) == 2  # the start, then both ends together
+    assert [e for _, e, _ in parsed(chunks[1:])] == ["done", "done"]
+    assert parsed(chunks)[-1][0] == "11"
+
+
+def test_an_event_told_before_a_lost_backend_is_sent_before_the_error() -> None:
+    clock = Clock()
+    a, b = view(), replace(view(), id="k" * 26)
+
+    def lost(ids: list[str]) -> list[JobView | None]:
+        raise BackendUnavailable("redis is gone")
+
+    follow = Follow(event=FakeEvent(clock))
+    s = JobStream([a, b], [None, None], follow, lost,
+                  lambda i: Claimed(1_700_000_000_500, 1) if i == a.id else None, None, 60.0,
+                  clock=clock)
+    follow.wake(a.id)
+    follow.wake(b.id)
+    events = parsed(list(s.events()))
+    assert [(i, e) for i, e, _ in events] == [("0z", "queued"), ("00", "queued"),
+                                              ("10", "running"), ("10", "error")]
