@@ -23,6 +23,7 @@ from tests.unit.test_worker_metrics import (
     read,
     run_batch_of_three,
 )
+from web.feeder.metrics import FeederMetrics
 from web.metrics import WebMetrics
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
@@ -42,8 +43,10 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
     web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
     hooks = DispatchMetrics()
     hooks.latency.observe(0.02)
+    feeder = FeederMetrics()
     emitted = {**read(m).families, **Scrape(web.render().decode()).families,
-               **Scrape(generate_latest(hooks.registry).decode()).families}
+               **Scrape(generate_latest(hooks.registry).decode()).families,
+               **Scrape(generate_latest(feeder.registry).decode()).families}
     listed = load_metrics()
     assert set(emitted) == set(listed)
     for name, metric in listed.items():
