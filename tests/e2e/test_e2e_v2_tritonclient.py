@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -28,7 +27,7 @@ from tests.e2e.test_e2e_models import CATALOGUE as TINYIMG_TOML
 from tests.e2e.test_e2e_own_model import EXAMPLES, catalogue, reference_outputs
 from tests.redis.test_web_v2 import CORPUS, V2_TOML
 from tests.support.images import image_file
-from tests.support.procs import REPO_ROOT, start_web, start_worker
+from tests.support.procs import REPO_ROOT, start_web, start_worker, wait_until
 from tests.support.webtools import CATALOGUE_TOML
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -79,9 +78,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def triton(stack: str) -> Iterator[object]:
     client = httpclient.InferenceServerClient(url=stack.removeprefix("http://"),
                                               network_timeout=120.0, concurrency=4)
-    deadline = time.monotonic() + READY_S
-    while not client.is_model_ready("synthetic") and time.monotonic() < deadline:
-        time.sleep(0.1)  # the worker publishes what it serves once its models loaded
+    # The worker publishes what it serves once its models loaded.
+    wait_until(lambda: client.is_model_ready("synthetic"), READY_S, "synthetic to be ready")
     yield client
     client.close()
 
