@@ -46,7 +46,7 @@ from typing import Protocol
 
 import redis
 
-from carpool.backend.connection import redis_errors
+from carpool.backend.connection import open_pubsub, redis_errors
 from carpool.backend.pushed import parse
 from carpool.backend.queue import ended_ids
 from carpool.core.errors import BackendUnavailable
@@ -163,7 +163,7 @@ class _Listener:
 
     def listen(self) -> None:
         """Subscribe and dispatch until stopped; raises when Redis is lost."""
-        pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pubsub = open_pubsub(self.client)
         try:
             with redis_errors():
                 # One command, one connection: its messages arrive in publish order.

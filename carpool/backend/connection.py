@@ -17,6 +17,7 @@ from importlib.resources import files
 from typing import Any, cast
 
 import redis
+from redis.client import PubSub
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
@@ -54,6 +55,17 @@ def redis_errors() -> Iterator[None]:
 #: A line of a script that stands for the whole of ``carpool/backend/lua/<name>.lua`` (Redis
 #: scripts cannot load each other, so code two scripts share is pasted in at load).
 _INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
+
+
+def open_pubsub(client: redis.Redis, *, ignore_subscribe_messages: bool = False) -> PubSub:
+    """A pub/sub connection of ``client``: the one place that calls ``Redis.pubsub``.
+
+    redis-py left ``pubsub()`` untyped before 8.2 and types it since; the call goes
+    through ``Any`` so that strict type checking passes on either, without a
+    ``type: ignore`` that one version needs and the other flags as unused."""
+    untyped: Any = client
+    pubsub: PubSub = untyped.pubsub(ignore_subscribe_messages=ignore_subscribe_messages)
+    return pubsub
 
 
 def script_source(name: str) -> str:

@@ -19,7 +19,7 @@ import redis
 
 from carpool.backend import records as job_records
 from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
-from carpool.backend.connection import connect
+from carpool.backend.connection import connect, open_pubsub
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids
 from carpool.bench.arrivals import Arrival
@@ -61,7 +61,7 @@ class _Listener:
 
 
 def _subscribe(client: redis.Redis, channel: str) -> redis.client.PubSub:
-    pubsub: redis.client.PubSub = client.pubsub()  # type: ignore[no-untyped-call]
+    pubsub = open_pubsub(client)
     pubsub.subscribe(channel)
     # Admit nothing before the subscription is live, or early ends would be missed.
     confirmed = pubsub.get_message(timeout=5.0)

@@ -11,10 +11,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# .dockerignore lets in only pyproject.toml, README.md and the package folders.
+# .dockerignore lets in only pyproject.toml, the lock, README.md and the package folders.
 COPY . .
 # The flower extra: Celery and Flower, no torch.
-RUN pip install '.[flower]' \
+RUN pip install --constraint requirements/lock.txt '.[flower]' \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin carpool
 USER 10001
 

@@ -9,13 +9,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# .dockerignore lets in only pyproject.toml, README.md and the package folders.
+# .dockerignore lets in only pyproject.toml, the lock, README.md and the package folders.
 COPY . .
 # The base install and boto3 (the s3 extra: batch files in object storage, for the
 # web and the feeder, which share this image); the worker extra would bring torch
-# (gigabytes) into an image that never imports it. The fixed uid lets Kubernetes'
-# runAsNonRoot verify the user without reading /etc/passwd.
-RUN pip install '.[s3]' \
+# (gigabytes) into an image that never imports it. The lock, as a constraint, pins
+# every version and installs only what these extras need. The fixed uid lets
+# Kubernetes' runAsNonRoot verify the user without reading /etc/passwd.
+RUN pip install --constraint requirements/lock.txt '.[s3]' \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin carpool
 USER 10001
 

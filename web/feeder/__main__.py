@@ -10,7 +10,7 @@ from types import FrameType
 import redis
 
 from carpool.backend.batchdb import BatchDb
-from carpool.backend.connection import connect
+from carpool.backend.connection import connect, open_pubsub
 from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
@@ -34,8 +34,7 @@ class DoneWake:
     def __call__(self, stop: threading.Event) -> None:
         try:
             if self.pubsub is None:
-                self.pubsub = self.client.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True)
+                self.pubsub = open_pubsub(self.client, ignore_subscribe_messages=True)
                 self.pubsub.subscribe(self.channel)
             message = self.pubsub.get_message(timeout=IDLE_WAIT_S)
             while message is not None:  # drain: one step answers them all
