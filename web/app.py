@@ -16,14 +16,20 @@ from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
-from web import custom, errors, routes, shedding, stream_routes, v1_batches, v1_files, v2
-from web.bodies import BodyLimits
-from web.metrics import WebMetrics
-from web.polls import PollCounter
-from web.pushed_views import max_age_for
-from web.reads import ReadBatcher
+from carpool.intake import custom
+from web.common import errors, shedding
+from web.common.bodies import BodyLimits
+from web.common.metrics import WebMetrics
+from web.events import routes as stream_routes
+from web.jobs import routes
+from web.open_inference import routes as v2
+from web.openai import bulk as v1_batches
+from web.openai import files as v1_files
+from web.results.polls import PollCounter
+from web.results.pushed_views import max_age_for
+from web.results.reads import ReadBatcher
+from web.results.waiters import Notifier
 from web.state import EXTENSION, WebState
-from web.waiters import Notifier
 
 #: Bounds a hung Redis: a request answers 503 after this, instead of hanging.
 REDIS_SOCKET_TIMEOUT_S = 5.0
@@ -43,7 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         if spec.kind == PYTHON_KIND:
             custom.check_schema(spec)  # a broken schema stops the web at start, not per job
     app = Flask(__name__)
-    # read_body (web/bodies.py) bounds each body by what its route takes; this is
+    # read_body (web/common/bodies.py) bounds each body by what its route takes; this is
     # Flask's own backstop, so it is the largest of those.
     app.config["MAX_CONTENT_LENGTH"] = BodyLimits(settings).largest
     client = connect(settings.redis_url, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S,

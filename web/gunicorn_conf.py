@@ -23,7 +23,7 @@ from carpool.core.settings import load_settings
 GRACE_MARGIN_S = 10
 #: A worker's own files beside its client sockets: Redis connections, metric files, logs.
 FDS_PER_WORKER_BESIDES_CLIENTS = 200
-#: prometheus_client's multiprocess mode reads this (web/metrics.py).
+#: prometheus_client's multiprocess mode reads this (web/common/metrics.py).
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -103,14 +103,14 @@ bind = os.environ.get("CARPOOL_WEB_BIND") or "127.0.0.1:8000"
 workers = _env_int("CARPOOL_WEB_WORKERS", 2)
 # gevent, because a long-poll mostly waits: each one is a parked greenlet and an
 # event, so a 2-core box holds thousands of `?wait=30` polls and still answers
-# submits. The worker monkey-patches threading, so web.waiters' lock, events and
+# submits. The worker monkey-patches threading, so web.results.waiters' lock, events and
 # listener thread become greenlet-friendly: that is intended.
 worker_class = "gevent"
 # Per worker: the most connections it serves at once (long-polls and bodies still
 # arriving included); the rest wait in the listen backlog, /healthz among them. So
 # there are more slots than slow clients can take before they are let go: bodies
-# time out (web/bodies.py), dropped polls end within a second and one client holds
-# at most CARPOOL_MAX_POLLS_PER_CLIENT polls (web/polls.py). Still bounded: an idle
+# time out (web/common/bodies.py), dropped polls end within a second and one client holds
+# at most CARPOOL_MAX_POLLS_PER_CLIENT polls (web/results/polls.py). Still bounded: an idle
 # connection costs a greenlet and a socket, tens of KB.
 worker_connections = _env_int("CARPOOL_WEB_WORKER_CONNECTIONS", 5000)
 # A graceful stop (SIGTERM) lets the longest allowed long-poll finish first.
@@ -126,14 +126,14 @@ control_socket_disable = True
 
 def post_worker_init(worker: Any) -> None:
     """Check Redis's persistence and eviction settings before this worker serves, and
-    start its lag monitor (web/shedding.py).
+    start its lag monitor (web/common/shedding.py).
 
     Here, not in the master: the master must not import redis before a gevent worker
     has monkey-patched. A refusal (CARPOOL_REQUIRE_DURABLE=1) raises before the worker
     counts as booted, and gunicorn halts with "Worker failed to boot".
     """
     from web.app import check_redis_durability
-    from web.shedding import start_lag_monitor
+    from web.common.shedding import start_lag_monitor
 
     check_redis_durability(worker.wsgi)
     start_lag_monitor(worker.wsgi)  # this worker's event-loop lag, for shedding

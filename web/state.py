@@ -12,11 +12,11 @@ from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
 from carpool.core.settings import Settings
-from web.bodies import BodyLimits
-from web.metrics import WebMetrics
-from web.polls import PollCounter
-from web.reads import ReadBatcher
-from web.waiters import Notifier
+from web.common.bodies import BodyLimits
+from web.common.metrics import WebMetrics
+from web.results.polls import PollCounter
+from web.results.reads import ReadBatcher
+from web.results.waiters import Notifier
 
 #: The key of the app's WebState in ``app.extensions``.
 EXTENSION = "carpool"
@@ -36,7 +36,7 @@ class WebState:
     models: RegistryCache
     polls: PollCounter
     body_limits: BodyLimits
-    #: Files' and batches' records (Redis) and the files' bytes (web/v1_files.py).
+    #: Files' and batches' records (Redis) and the files' bytes (web/openai/files.py).
     batchdb: BatchDb
     files: FileStore
 

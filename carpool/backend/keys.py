@@ -46,9 +46,9 @@ leases) has a tag of its own, ``{p}``.
     {p}:results               chan  pub/sub: the views of the jobs a batch wrote
                                     (carpool/backend/pushed.py)
     {p}:admitted              chan  pub/sub: ids of jobs just queued, one message per
-                                    admit.lua call, space-separated (web/waiters.py)
+                                    admit.lua call, space-separated (web/results/waiters.py)
     {p}:claimed               chan  pub/sub: "<ms> <id> <attempts> ..." of the jobs one
-                                    claim leased (claim.lua; web/followers.py)
+                                    claim leased (claim.lua; web/results/followers.py)
     {p}:gpu:<uuid>            str   the worker that holds this GPU; expires with its lease
     {p}:gpu-free              list  tokens that wake a worker waiting for a GPU (capped)
     {p}:workers               hash  worker name -> "<until_ms> <JSON>": the models it serves

@@ -6,7 +6,7 @@ are most of Redis's CPU per job. Instead complete.lua publishes, on the results
 channel, the views of the jobs it wrote, built by the worker (it knows every
 field but the completion time) and kept by the script only for the jobs it did
 write (fenced like the write itself). Each web process keeps what it hears for a
-short while (web/waiters.py) and answers polls from it.
+short while (web/results/waiters.py) and answers polls from it.
 
 Messages (one per batch, or per deletion):
 

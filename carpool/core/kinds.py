@@ -1,7 +1,7 @@
 """The model kinds carpool serves, in one table that the worker and the web both read.
 
-A kind names how the web reads one input (``input_form``: web/inputs.py validates
-and bins it, web/schemas.py publishes its schema, each with one function per form)
+A kind names how the web reads one input (``input_form``: carpool/intake/inputs.py validates
+and bins it, web/openapi/schemas.py publishes its schema, each with one function per form)
 and where the worker's handler lives (``handler``, ``"module:function"``, imported
 only when a model of that kind is served, so the web never imports torch). Adding a
 kind whose inputs take one of the forms is one row here.

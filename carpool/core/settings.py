@@ -111,15 +111,15 @@ class Settings:
     #: Fair-share weight per key digest (``<key> weight=N`` in the keys file); default 1.
     api_key_weights: Mapping[str, float] = field(default_factory=dict)
     #: A request body must arrive within this many seconds, plus one second per
-    #: ``body_min_rate_bytes_per_s`` bytes received; else 408 (web/bodies.py).
+    #: ``body_min_rate_bytes_per_s`` bytes received; else 408 (web/common/bodies.py).
     body_timeout_s: float = 10.0
     body_min_rate_bytes_per_s: int = 32 << 10
     #: Long-polls one client (address, or API key when keys are on) may hold open in
-    #: one web process at once; more answer 429 (web/polls.py).
+    #: one web process at once; more answer 429 (web/results/polls.py).
     max_polls_per_client: int = 1000
     #: A submit that waited longer than this inside the web before it was handled
     #: (event-loop lag, or a proxy's X-Request-Start) answers 503 overloaded at once
-    #: (web/shedding.py); 0: never shed.
+    #: (web/common/shedding.py); 0: never shed.
     web_max_queue_ms: int = 300
     #: Webhooks: where they may go, retries, signing secrets (docs/webhooks.md).
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)

@@ -25,7 +25,7 @@ from tests.e2e.test_faults_worker import held_by
 from tests.support.faults import DoneCounter, admit_jobs, all_final, assert_one_place
 from tests.support.procs import WORKER_START_TIMEOUT_S, start_web, start_worker, wait_until
 from tests.support.redisproc import RedisProc, close_cluster_client, private_cluster, private_redis
-from web.waiters import Notifier
+from web.results.waiters import Notifier
 
 #: Four models; their shard tags hash to four different slots (checked below).
 MODELS = ("alpha", "bravo", "charlie", "delta")

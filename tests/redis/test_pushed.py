@@ -1,6 +1,6 @@
-"""Results pushed with their completion (carpool/backend/pushed.py, web/pushed_views.py), on a
-real redis-server: what complete.lua and cancel.lua publish, and a web process
-answering from it without a Redis read, exactly as a read would."""
+"""Results pushed with their completion (carpool/backend/pushed.py, web/results/pushed_views.py),
+on a real redis-server: what complete.lua and cancel.lua publish, and a web process answering
+from it without a Redis read, exactly as a read would."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from carpool.core.jobs import Claim, JobStatus, Outcome
 from tests.redis.test_web_waiters import listener_ids
 from tests.support.jobs import admit, synthetic
 from tests.support.procs import wait_until
-from web.pushed_views import PushedViews, max_age_for
-from web.reads import ReadBatcher
-from web.waiters import Notifier
+from web.results.pushed_views import PushedViews, max_age_for
+from web.results.reads import ReadBatcher
+from web.results.waiters import Notifier
 
 #: Bound on any one wait here; each normally takes milliseconds.
 BOUND_S = 10.0

@@ -13,9 +13,9 @@ from flask.testing import FlaskClient
 from carpool.backend import records
 from carpool.backend.keys import Keys
 from carpool.core.catalogue import load_catalogue
+from carpool.intake.inputs import MAX_BATCH_INPUTS
 from tests.support.procs import free_port
 from tests.support.webtools import app_state, web_client, web_settings
-from web.inputs import MAX_BATCH_INPUTS
 
 BATCH = "/submit/batch"
 

@@ -16,8 +16,8 @@ from PIL import Image
 from carpool.backend import records
 from carpool.backend.keys import Keys
 from carpool.core.errors import InputTooLarge, InvalidInput
+from carpool.intake.images import ImageLimits, probe
 from tests.support.webtools import jpeg, png, png_claiming, web_client, web_settings
-from web.images import ImageLimits, probe
 
 
 @pytest.fixture

@@ -115,16 +115,16 @@ def test_without_redis_a_scrape_still_answers_with_counters_and_no_bin_gauges(
 
 def test_a_refused_json_body_is_parsed_once_and_still_labelled_by_its_model(
         http: FlaskClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    import web.inputs
+    import carpool.intake.inputs
 
     parses = []
-    real_loads = web.inputs.json.loads
+    real_loads = carpool.intake.inputs.json.loads
 
     def counting_loads(*args: Any, **kwargs: Any) -> Any:
         parses.append(1)
         return real_loads(*args, **kwargs)
 
-    monkeypatch.setattr(web.inputs.json, "loads", counting_loads)
+    monkeypatch.setattr(carpool.intake.inputs.json, "loads", counting_loads)
     assert submit(http, size=-1) == 400
     monkeypatch.undo()
     assert len(parses) == 1

@@ -13,9 +13,9 @@ import redis
 from flask.testing import FlaskClient
 
 from carpool.core.errors import InvalidInput
+from carpool.intake import inputs
 from tests.support.webtools import png, web_client, web_settings
-from web import inputs
-from web.schemas import input_schema
+from web.openapi.schemas import input_schema
 
 
 @pytest.fixture

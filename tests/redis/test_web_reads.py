@@ -1,4 +1,4 @@
-"""Concurrent result reads (web.reads) and one-job admissions (Admissions with coalesce)
+"""Concurrent result reads (web.results.reads) and one-job admissions (Admissions with coalesce)
 share round trips; each gets its own answer."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from carpool.core.catalogue import builtin_models
 from carpool.core.errors import BinFull
 from carpool.core.jobs import Admitted, JobView, new_job_id
 from tests.support.procs import wait_until
-from web.reads import ReadBatcher
+from web.results.reads import ReadBatcher
 
 
 class HeldQueue(Queue):

@@ -16,7 +16,7 @@ from carpool.core.settings import load_settings
 from tests.support.procs import free_port
 from tests.support.promtext import Scrape
 from tests.support.webtools import app_state, web_client, web_settings
-from web.shedding import (
+from web.common.shedding import (
     EXTENSION,
     REASON_LAG,
     REASON_REQUEST_START,

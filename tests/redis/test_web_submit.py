@@ -15,9 +15,9 @@ from carpool.admission.retry_after import RETRY_AFTER_MAX_S
 from carpool.backend import records
 from carpool.backend.keys import Keys
 from carpool.core.jobs import JOB_ID_CHARS
+from carpool.intake import inputs
 from tests.support.procs import free_port
 from tests.support.webtools import MAX_BODY_BYTES, web_client, web_settings
-from web import inputs
 
 SUBMIT = "/submit"
 

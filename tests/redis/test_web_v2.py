@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's routes (web/v2.py) on a real Redis: metadata and
+"""The Open Inference Protocol's routes (web/open_inference/routes.py) on a real Redis: metadata and
 configuration, the malformed-request corpus, refusals, options, API keys."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from carpool.core.settings import api_key_digest, load_settings
 from tests.conftest import make_env
 from tests.support.redisproc import private_redis
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, web_client
-from web.v2 import MIN_INFER_WAIT_S
+from web.open_inference.routes import MIN_INFER_WAIT_S
 
 #: A python model whose tensors are UINT8 and INT64, and a model to refuse part of a
 #: request: it batches 3 and holds 3.

@@ -1,7 +1,7 @@
-"""Webhooks on ``POST /v2/models/{m}/infer`` (web/v2_model.py ``webhook_of``): the request's
-``parameters.webhook`` and ``parameters.webhook_events`` are checked as /submit checks
-them, a bad or forbidden one is the protocol's 400 with nothing queued, and a good one is
-kept with every row's job."""
+"""Webhooks on ``POST /v2/models/{m}/infer`` (web/open_inference/model.py ``webhook_of``): the
+request's ``parameters.webhook`` and ``parameters.webhook_events`` are checked as /submit checks
+them, a bad or forbidden one is the protocol's 400 with nothing queued, and a good one is kept
+with every row's job."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import builtin_models
 from carpool.core.jobs import JobStatus, JobView, Outcome, new_job_id
 from tests.support.procs import wait_until
-from web import waiters
-from web.waiters import Notifier, wait_for_final
+from web.results import waiters
+from web.results.waiters import Notifier, wait_for_final
 
 #: Bound on any one wait here; each normally takes milliseconds.
 BOUND_S = 10.0

@@ -23,8 +23,8 @@ from tests.unit.test_worker_metrics import (
     read,
     run_batch_of_three,
 )
+from web.common.metrics import WebMetrics
 from web.feeder.metrics import FeederMetrics
-from web.metrics import WebMetrics
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler

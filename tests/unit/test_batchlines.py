@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from carpool.core.catalogue import Catalogue, load_catalogue
+from carpool.intake.bulk_lines import MAX_ERRORS, parse_file
 from tests.support.batches import CATALOGUE_TOML, embedding_lines
-from web.batchlines import MAX_ERRORS, parse_file
 
 
 @pytest.fixture

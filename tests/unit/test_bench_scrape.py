@@ -17,7 +17,7 @@ from carpool.bench.scrape import (
     quantile_bound,
     quantile_estimate,
 )
-from web.metrics import HTTP_BUCKETS_S, HTTP_LABELS
+from web.common.metrics import HTTP_BUCKETS_S, HTTP_LABELS
 
 
 def _histogram() -> tuple[CollectorRegistry, Histogram]:

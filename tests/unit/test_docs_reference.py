@@ -123,7 +123,7 @@ def test_every_metric_listed_has_one_row_with_its_type_and_labels() -> None:
 
 
 def test_every_rejection_reason_is_documented() -> None:
-    from web.metrics import REASONS
+    from web.common.metrics import REASONS
 
     row = dict(zip(first_names(table_after("## Metrics")), table_after("## Metrics"),
                    strict=True))["carpool_jobs_rejected_total"]

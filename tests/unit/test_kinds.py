@@ -11,7 +11,8 @@ from carpool.core.catalogue import builtin_models
 from carpool.core.errors import ConfigError
 from carpool.core.kinds import INPUT_FORMS, KINDS, kind_of
 from carpool.core.settings import load_settings
-from web import inputs, schemas
+from carpool.intake import inputs
+from web.openapi.document import schemas
 from worker.handlers import TORCH_KINDS, make_handler
 from worker.handlers.synthetic import SyntheticHandler
 

@@ -14,8 +14,8 @@ import pytest
 
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
 from carpool.core.errors import ConfigError, InvalidInput
-from web import inputs
-from web.schemas import input_schema
+from carpool.intake import inputs
+from web.openapi.schemas import input_schema
 
 SCHEMA = {"type": "object", "required": ["values"], "additionalProperties": False,
           "properties": {"values": {"type": "array", "items": {"type": "number"},
@@ -136,7 +136,7 @@ def test_openapi_input_schema_is_the_models_own_without_json_schema_keywords(
 
 
 def test_web_refuses_to_start_with_an_invalid_schema(tmp_path: Path) -> None:
-    from web.custom import check_schema
+    from carpool.intake.custom import check_schema
 
     spec = mine(tmp_path)
     broken = ModelSpec(**{**spec.__dict__, "input_schema": {"type": "no-such-type"}})

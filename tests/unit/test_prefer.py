@@ -1,11 +1,11 @@
-"""``Prefer: wait=N`` (web/prefer.py): what is accepted, capped, ignored and refused."""
+"""``Prefer: wait=N`` (web/results/prefer.py): what is accepted, capped, ignored and refused."""
 
 from __future__ import annotations
 
 import pytest
 
 from carpool.core.errors import InvalidInput
-from web.prefer import applied, preferred_wait_s
+from web.results.prefer import applied, preferred_wait_s
 
 
 @pytest.mark.parametrize(("header", "wait_s"), [

@@ -1,4 +1,4 @@
-"""The event stream's rules (web/streams.py) on a fake clock: what is told, when, and
+"""The event stream's rules (web/events/streams.py) on a fake clock: what is told, when, and
 what a resumed stream skips. No Redis: reads and claim notices are handed in."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from carpool.core.errors import BackendUnavailable, InvalidInput
 from carpool.core.jobs import JobStatus, JobView
-from web.followers import Claimed, Follow, parse_claimed
-from web.streams import JobStream, parse_last_event_id, version, version_char
+from web.events.streams import JobStream, parse_last_event_id, version, version_char
+from web.results.followers import Claimed, Follow, parse_claimed
 
 
 class Clock:

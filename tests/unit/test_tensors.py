@@ -1,4 +1,5 @@
-"""web/tensors.py and carpool/core/tensor_specs.py: tensors in and out, declarations."""
+"""web/open_inference/tensors.py and carpool/core/tensor_specs.py: tensors in and out,
+declarations."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from carpool.core.errors import ConfigError, InvalidInput
 from carpool.core.tensor_specs import tensors_from
-from web.tensors import ModelOutputMismatch, encode_output, parse_request
+from web.open_inference.tensors import ModelOutputMismatch, encode_output, parse_request
 
 
 def binary(header: dict[str, Any], data: bytes) -> tuple[bytes, str]:

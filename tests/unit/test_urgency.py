@@ -7,7 +7,7 @@ import pytest
 from carpool.admission.urgency import effective_deadline_ms, score_us, sort_offset_ms
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import InvalidInput
-from web.inputs import submission_from_json
+from carpool.intake.inputs import submission_from_json
 
 SPEC = replace(load_catalogue(None).get("synthetic"), max_deadline_ms=60_000,
                priority_step_ms=1000)
@@ -42,7 +42,7 @@ def test_the_models_default_deadline_applies_when_none_is_asked() -> None:
 @pytest.mark.parametrize("deadline_ms,priority", [(60_001, 0), (100, 10), (100, -1)])
 def test_deadlines_over_the_maximum_and_unknown_priorities_are_refused(
         deadline_ms: int, priority: int) -> None:
-    # The web checks both where it reads them (web/inputs.py), before anything is queued.
+    # The web checks both where it reads them (carpool/intake/inputs.py), before anything is queued.
     doc = {"model": SPEC.name, "input": {"value": 1, "size": 1}, "deadline_ms": deadline_ms,
            "priority": priority}
     with pytest.raises(InvalidInput):

@@ -1,4 +1,4 @@
-"""web/refusals.py: one row per refusal, read by both the error answers and the metrics.
+"""web/common/refusals.py: one row per refusal, read by both the error answers and the metrics.
 
 Every refusal admit.lua's reply can give (carpool/admission/admit_reply.py) has a row
 of its own, not only its base class's: a 429 of a new kind would otherwise answer
@@ -23,9 +23,9 @@ from carpool.core.errors import (
     NotSent,
 )
 from carpool.core.jobs import Admitted
-from web.errors import status_and_code
-from web.metrics import rejection_reason
-from web.refusals import INTERNAL, REASONS, REFUSALS, Refusal, refusal_of
+from web.common.errors import status_and_code
+from web.common.metrics import rejection_reason
+from web.common.refusals import INTERNAL, REASONS, REFUSALS, Refusal, refusal_of
 
 #: A reply of each refusing kind, as admit.lua returns it (none of its jobs admitted).
 REFUSING_REPLIES: dict[str, list[Any]] = {

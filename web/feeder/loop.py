@@ -24,11 +24,11 @@ from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable, NotCancellable
 from carpool.core.jobs import Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
-from web.batchlines import parse_file
+from carpool.intake.bulk_lines import parse_file
 from web.feeder import chunks
 from web.feeder.metrics import FeederMetrics
 from web.feeder.run import Run, ended_line, error_line, stored_set
-from web.v1_files import store_name
+from web.openai.files import store_name
 
 log = logging.getLogger("carpool.feeder")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import JobStatus, JobView
-from web.batchlines import Line
-from web.embeddings_shape import embeddings_answer
+from carpool.intake.bulk_lines import Line
+from carpool.intake.embeddings import embeddings_answer
 
 #: Lines past the lowest unfinished one that a feed looks at for a bin with room.
 SCAN_WINDOW = 4096

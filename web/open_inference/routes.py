@@ -3,7 +3,7 @@ tools call, in front of the same admission as ``POST /submit`` (docs/v2.md).
 
 An infer request is one job per row, admitted in one ``Admissions.admit`` call (one
 admit.lua call per bin, each against its bin's bound), watched before admission as
-``POST /submit?wait`` is (web/waiters.py), and answered when every row has ended,
+``POST /submit?wait`` is (web/results/waiters.py), and answered when every row has ended,
 rows in order. A refused row refuses the request: the rows admitted with it are
 cancelled, and the answer is the refusal's 429/503 with ``Retry-After``. Errors
 are the protocol's ``{"error": "<message>"}`` with carpool's status for each.
@@ -30,16 +30,13 @@ from carpool.core.errors import (
     UnknownModel,
 )
 from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
-from web import inputs
-from web.auth import request_owner
-from web.bodies import read_body
-from web.errors import AdmissionUnknown, retry_after_s, status_and_code
-from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
-from web.polls import client_gone_check
-from web.refusals import UnsupportedMediaType
-from web.state import WebState, current_state
-from web.tensors import encode_output, parse_request
-from web.v2_model import (
+from carpool.intake import inputs
+from web.common.auth import request_owner
+from web.common.bodies import read_body
+from web.common.errors import AdmissionUnknown, retry_after_s, status_and_code
+from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.common.refusals import UnsupportedMediaType
+from web.open_inference.model import (
     VERSION,
     JobOptions,
     config,
@@ -51,7 +48,10 @@ from web.v2_model import (
     statistics,
     tensors_of,
 )
-from web.waiters import await_final_after
+from web.open_inference.tensors import encode_output, parse_request
+from web.results.polls import client_gone_check
+from web.results.waiters import await_final_after
+from web.state import WebState, current_state
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class NotServed(InvalidInput):
 
 @blueprint.before_request
 def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/bodies.py)."""
+    """Every POST body is read here, within its limits and time (web/common/bodies.py)."""
     if request.method != "POST":
         return
     if request.headers.get("Content-Encoding", "identity") != "identity":
@@ -270,7 +270,7 @@ def unknown(rest: str) -> Response:
     raise NotFound(f"no such endpoint /v2/{rest[:80]} (docs/v2.md lists them)")
 
 
-#: Statuses of this module's own errors (the rest: web/refusals.py's table).
+#: Statuses of this module's own errors (the rest: web/common/refusals.py's table).
 _OWN_STATUS = {ResultTimeout: 504, NotServed: 400, JobFailed: 500}
 
 

@@ -2,7 +2,7 @@
 
 Each line is ``{"custom_id", "method": "POST", "url", "body"}``; ``url`` is the
 batch's endpoint, ``/v1/embeddings`` (OpenAI's embeddings body,
-web/embeddings_shape.py) or ``/submit`` (carpool's own body, web/inputs.py).
+carpool/intake/embeddings.py) or ``/submit`` (carpool's own body, carpool/intake/inputs.py).
 Every line names the same model (as OpenAI requires). A file with any bad line
 fails as a whole, with one error per bad line (its 1-based line number), at
 most MAX_ERRORS of them; empty lines are skipped, as OpenAI does.
@@ -16,8 +16,8 @@ from typing import Any
 
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError
-from web import inputs
-from web.embeddings_shape import embed_request
+from carpool.intake import inputs
+from carpool.intake.embeddings import embed_request
 
 ENDPOINTS = ("/v1/embeddings", "/submit")
 #: Errors listed for a failed file; past it the last error says how many more.

@@ -11,9 +11,9 @@ its input looks like; its ``measure`` decides which bin it goes to:
   the bin the worker computes it in.
 
 A ``kind = "python"`` model (a user's own handler) instead takes whatever its
-``input_schema`` allows, measured by ``measure_field`` (``web.custom``).
+``input_schema`` allows, measured by ``measure_field`` (``carpool.intake.custom``).
 
-Everything here works on plain Python values; ``web.routes`` takes them out of
+Everything here works on plain Python values; ``web.jobs.routes`` takes them out of
 the HTTP request.
 """
 
@@ -35,9 +35,9 @@ from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
 from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
-from web import custom
-from web.images import ALLOWED_FORMATS, ImageLimits, probe
-from web.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
+from carpool.intake import custom
+from carpool.intake.images import ALLOWED_FORMATS, ImageLimits, probe
+from web.common.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 #: JSON values (commas, opening brackets) in one request body: what a batch of

@@ -1,7 +1,7 @@
-"""The JSON schema of each model's input, as ``web.inputs`` enforces it.
+"""The JSON schema of each model's input, as ``carpool.intake.inputs`` enforces it.
 
 Published in the OpenAPI document (``GET /openapi.json``) so clients and fuzzers
-see the contract; ``web.inputs`` stays the enforcement (it also measures and
+see the contract; ``carpool.intake.inputs`` stays the enforcement (it also measures and
 bins), and a test keeps the two in agreement on examples of every kind.
 """
 
@@ -14,8 +14,8 @@ from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
 from carpool.core.kinds import kind_of
 from carpool.core.webhooks import DEFAULT_EVENTS, EVENTS, MAX_URL_CHARS
-from web import inputs
-from web.images import ImageLimits
+from carpool.intake import inputs
+from carpool.intake.images import ImageLimits
 
 #: base64 of ``n`` bytes is at most this many characters (plus padding slack).
 _B64_CHARS_PER_BYTE = 4 / 3
@@ -30,7 +30,7 @@ def input_schema(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _custom_schema(spec: ModelSpec) -> dict[str, Any]:
-    # The model's own (web.custom enforces the same); OpenAPI 3.0 has no $schema/$id.
+    # The model's own (carpool.intake.custom enforces the same); OpenAPI 3.0 has no $schema/$id.
     # The catalogue refuses a python model without one.
     return {k: v for k, v in (spec.input_schema or {}).items() if k not in _JSON_SCHEMA_ONLY}
 
@@ -88,7 +88,7 @@ def batch_schema(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _options_properties(spec: ModelSpec) -> dict[str, Any]:
-    # null means "not given" (the default), as in web.inputs; the model's own bounds
+    # null means "not given" (the default), as in carpool.intake.inputs; the model's own bounds
     # (carpool.admission.urgency): its max_deadline_ms, priorities 0..9.
     return {
         "deadline_ms": {"type": "integer", "minimum": 1, "maximum": spec.max_deadline_ms,

@@ -3,12 +3,12 @@
 An infer request body is JSON, or, with the ``Inference-Header-Content-Length: N``
 header, N bytes of JSON followed by each input's raw bytes in order (an input names
 its share with ``parameters.binary_data_size``). Sizes are checked against the body
-(already read within its limit, web/bodies.py) before a byte is interpreted: a
+(already read within its limit, web/common/bodies.py) before a byte is interpreted: a
 header longer than the body, or binary sizes that do not add up to the rest, is a
 400. Numbers are little-endian; a BYTES element is a 4-byte little-endian length
 and that many bytes, in binary as in the protocol.
 
-Here tensors are flat lists of Python values with a shape; web/v2.py turns rows
+Here tensors are flat lists of Python values with a shape; web/open_inference/routes.py turns rows
 into jobs and results back into tensors.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from carpool.core.errors import CarpoolError, InvalidInput
 from carpool.core.tensor_specs import DATATYPES
-from web.inputs import parse_json
+from carpool.intake.inputs import parse_json
 
 #: ``struct`` codes of the fixed-size datatypes (BYTES has none: length-prefixed).
 STRUCT_CODES = {"BOOL": "?", "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q",

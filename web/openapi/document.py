@@ -1,7 +1,7 @@
 """The OpenAPI 3.0 document of the HTTP API, built from the live catalogue.
 
 ``GET /openapi.json`` serves it; each model's input schema comes from
-``web.schemas``. A schemathesis run against real gunicorn fuzzes every operation
+``web.openapi.schemas``. A schemathesis run against real gunicorn fuzzes every operation
 from this document (tests/e2e/test_faults_input.py).
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
-from web.openapi_events import JOB_FIELDS, PREFER, event_paths
-from web.openapi_v1 import v1_paths
-from web.schemas import batch_schema, input_schema, submit_schema
+from web.openapi.event_paths import JOB_FIELDS, PREFER, event_paths
+from web.openapi.openai_paths import v1_paths
+from web.openapi.schemas import batch_schema, input_schema, submit_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 

@@ -17,11 +17,11 @@ stream sends each job's state unless the id says the client saw that very versio
 and a queued job's place again (it may have moved); once every job is final and
 seen, it answers 204, which tells an ``EventSource`` to stop reconnecting.
 
-**Cost.** A stream waits on the process's pub/sub listener (web/waiters.py,
-web/followers.py), as a long-poll does: a claim or an end wakes it, and what a
+**Cost.** A stream waits on the process's pub/sub listener (web/results/waiters.py,
+web/results/followers.py), as a long-poll does: a claim or an end wakes it, and what a
 claim notice says is enough for ``running`` without a read. While a job is queued
 it is read once a second, on the second (so concurrent streams' reads share round
-trips: web/reads.py), for its place; a running one every ``RUNNING_RECHECK_S``, in
+trips: web/results/reads.py), for its place; a running one every ``RUNNING_RECHECK_S``, in
 case its worker died and it went back to its bin.
 """
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 
 from carpool.core.errors import BackendUnavailable, InvalidInput
 from carpool.core.jobs import JobStatus, JobView
-from web.followers import Claimed, Follow
-from web.polls import CLIENT_CHECK_S, ClientGone
+from web.results.followers import Claimed, Follow
+from web.results.polls import CLIENT_CHECK_S, ClientGone
 
 #: Most jobs one ``GET /events`` follows: a longer list is refused (400).
 MAX_STREAM_IDS = 100

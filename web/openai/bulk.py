@@ -23,19 +23,19 @@ from carpool.core.batch_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
 from carpool.core.webhooks import check_url
-from web import inputs
-from web.auth import request_owner
-from web.batchlines import ENDPOINTS
-from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
-from web.polls import client_gone_check
-from web.refusals import JobFailed, ResourceNotFound, ResultsLate
-from web.routes import read_post_body
+from carpool.intake import inputs
+from carpool.intake.bulk_lines import ENDPOINTS
+from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
+from web.common.auth import request_owner
+from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
+from web.jobs.routes import read_post_body
+from web.openai.files import owned_file, page_args, page_document
+from web.results.polls import client_gone_check
+from web.results.waiters import await_final_after
 from web.state import WebState, current_state
-from web.v1_files import owned_file, page_args, page_document
-from web.waiters import await_final_after
 
 blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
-# Bodies read within their limits and time, as on /submit (web/bodies.py).
+# Bodies read within their limits and time, as on /submit (web/common/bodies.py).
 blueprint.before_request(read_post_body)
 
 #: A completion window: OpenAI's "24h", or a shorter one in s, m or h (carpool's own).

@@ -1,4 +1,4 @@
-"""The OpenAPI entries of the event streams and of ``Prefer: wait`` (web/openapi.py
+"""The OpenAPI entries of the event streams and of ``Prefer: wait`` (web/openapi/document.py
 puts them in the document; docs/events.md describes them)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from carpool.backend.outbox import DEAD, DELIVERED, PENDING, RETRYING
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.webhooks import EVENTS
-from web.streams import MAX_STREAM_IDS
+from web.events.streams import MAX_STREAM_IDS
 
 #: What a stream answers: text/event-stream, one schema per event.
 _STREAM = {"text/event-stream": {"schema": {
@@ -51,7 +51,7 @@ PREFER = {"name": "Prefer", "in": "header", "required": False, "schema": {"type"
 
 
 def event_paths(responses: Any, job_id: dict[str, Any]) -> dict[str, Any]:
-    """The two stream routes; ``responses`` builds the error answers (web/openapi.py)."""
+    """The two stream routes; ``responses`` builds the error answers (web/openapi/document.py)."""
     def stream(summary: str, parameters: list[dict[str, Any]], *errors: str) -> dict[str, Any]:
         answers = responses(("200", "the stream", {"type": "string"}), *errors)
         answers["200"]["content"] = _STREAM

@@ -1,6 +1,6 @@
 """Errors as HTTP answers: every failure is JSON ``{"error": {"code", "message"}}``.
 
-Each carpool error class maps to one status and code in web/refusals.py's table,
+Each carpool error class maps to one status and code in web/common/refusals.py's table,
 so a route raises and never formats an error body itself. ``/submit/batch`` uses
 the same table for its per-item errors.
 """
@@ -17,7 +17,7 @@ from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
 from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
-from web.refusals import TooManyPolls, refusal_of
+from web.common.refusals import TooManyPolls, refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _HTTP_CODES = {413: "body_too_large", 415: "unsupported_media_type"}
 
 
 def status_and_code(exc: CarpoolError) -> tuple[int, str]:
-    """The HTTP status and error code that answer ``exc`` (web/refusals.py)."""
+    """The HTTP status and error code that answer ``exc`` (web/common/refusals.py)."""
     row = refusal_of(exc)
     return row.status, row.code
 

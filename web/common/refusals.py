@@ -1,7 +1,7 @@
 """Refusals: one table from each error a request may end in to its HTTP status, its
 error code, and the ``reason`` label of ``carpool_jobs_rejected_total``.
 
-``web/errors.py`` answers with the status and code, ``web/metrics.py`` counts the
+``web/common/errors.py`` answers with the status and code, ``web/common/metrics.py`` counts the
 reason; both read ``REFUSALS``, so a new refusal is one row. The web's own error
 classes are defined here, beside their rows.
 """
@@ -39,11 +39,11 @@ class TooManyInputs(InputTooLarge):
 
 
 class BodyTooLarge(InputTooLarge):
-    """Raised when a request body is over the limit of what it may carry (web/bodies.py)."""
+    """Raised when a request body is over the limit of what it may carry (web/common/bodies.py)."""
 
 
 class BodyTimeout(CarpoolError):
-    """Raised when a request body does not arrive within its time limit (web/bodies.py)."""
+    """Raised when a request body does not arrive within its time limit (web/common/bodies.py)."""
 
 
 class TooManyJsonValues(InputTooLarge):
@@ -114,7 +114,7 @@ REFUSALS: tuple[Refusal, ...] = (
 #: Any other carpool error (ConfigError and the like): the server's fault.
 INTERNAL = Refusal(CarpoolError, 500, "internal_error", "error")
 #: werkzeug's own errors (not carpool's): a body over MAX_CONTENT_LENGTH, a malformed
-#: multipart body; web/errors.py answers them with their own status.
+#: multipart body; web/common/errors.py answers them with their own status.
 HTTP_TOO_LARGE_REASON, HTTP_OTHER_REASON = "too_large", "invalid"
 #: Every value the ``reason`` label takes.
 REASONS: tuple[str, ...] = tuple(dict.fromkeys(

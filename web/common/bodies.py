@@ -15,7 +15,7 @@ connection stays open for what is left of the body: gunicorn reads and drops it
 before the next request, for at most its keep-alive time (2 s), then closes. (Closing
 it here instead would race a client that already reuses the connection.)
 
-Then ``parse_json`` (web/inputs.py) refuses a document with more JSON values than
+Then ``parse_json`` (carpool/intake/inputs.py) refuses a document with more JSON values than
 any input needs, before it builds them: a 16 MiB array of empty objects is a
 gigabyte of Python objects.
 """
@@ -34,7 +34,7 @@ from flask import request
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.settings import Settings
-from web.refusals import BodyTimeout, BodyTooLarge
+from web.common.refusals import BodyTimeout, BodyTooLarge
 
 #: Room in a JSON body for the envelope: model, options, idempotency key.
 ENVELOPE_BYTES = 16 << 10

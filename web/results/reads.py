@@ -13,7 +13,7 @@ from carpool.core.jobs import JobView
 
 class ReadBatcher:
     """``get`` like ``Queue.get``, but concurrent calls share round trips; a final view
-    this process was pushed (``pushed``: web/waiters.py) needs none."""
+    this process was pushed (``pushed``: web/results/waiters.py) needs none."""
 
     def __init__(self, queue: Queue,
                  pushed: Callable[[str], JobView | None] = lambda _: None) -> None:

@@ -14,13 +14,13 @@ from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.batchdb import file_document, new_file_id
 from carpool.core.errors import InvalidInput
-from web.auth import request_owner
-from web.refusals import BodyTooLarge, ResourceNotFound
-from web.routes import read_post_body
+from web.common.auth import request_owner
+from web.common.refusals import BodyTooLarge, ResourceNotFound
+from web.jobs.routes import read_post_body
 from web.state import WebState, current_state
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")
-# Bodies read within their limits and time, as on /submit (web/bodies.py).
+# Bodies read within their limits and time, as on /submit (web/common/bodies.py).
 blueprint.before_request(read_post_body)
 
 #: Purposes a client may upload; ``batch_output`` files are the feeder's.

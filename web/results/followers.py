@@ -1,9 +1,9 @@
 """Event streams' wake-ups: which jobs each stream follows, and the claims this process heard.
 
-A long-poll waits for its job's end; an event stream (web/streams.py) also reports
+A long-poll waits for its job's end; an event stream (web/events/streams.py) also reports
 when the job starts running. claim.lua writes no record, so it PUBLISHes each
 claim's jobs on the claimed channel instead: ``<now_ms> <id> <attempts> ...``, one
-message per claim. The notifier's listener (web/waiters.py) hears it on the
+message per claim. The notifier's listener (web/results/waiters.py) hears it on the
 connection it hears the done channel on, so a job's claim notice comes before its end
 notice. Here it wakes the streams that follow those jobs (never the long-polls: a
 claim would only make them read a job that is still not final), and keeps each

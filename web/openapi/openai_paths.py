@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.batchlines import ENDPOINTS
+from carpool.intake.bulk_lines import ENDPOINTS
 
 _OBJECT = {"type": "object"}
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from web.refusals import TooManyPolls
+from web.common.refusals import TooManyPolls
 
 #: How often a waiting poll looks whether its client has gone.
 CLIENT_CHECK_S = 1.0

@@ -23,7 +23,7 @@ from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
 from carpool.core.webhooks import EVENTS, webhook_option
-from web.tensors import InferRequest, ModelOutputMismatch, Tensor
+from web.open_inference.tensors import InferRequest, ModelOutputMismatch, Tensor
 
 #: The one version of each model: carpool serves what its catalogue names.
 VERSION = "1"

@@ -28,7 +28,7 @@ deleted by hand or evicted) costs a poll its wait, then the read answers.
 
 The same connection hears the results channel: the final views of the jobs each
 batch wrote (carpool/backend/pushed.py). The listener keeps them a short while
-(web/pushed_views.py), so that re-read, and the first read of a poll for a job
+(web/results/pushed_views.py), so that re-read, and the first read of a poll for a job
 that already ended, is answered from memory. Whenever the subscription breaks
 they are dropped, as a message may have been lost.
 """
@@ -51,9 +51,9 @@ from carpool.backend.pushed import parse
 from carpool.backend.queue import ended_ids
 from carpool.core.errors import BackendUnavailable
 from carpool.core.jobs import JobView
-from web.followers import Claimed, Follow, Followers
-from web.polls import CLIENT_CHECK_S, ClientGone
-from web.pushed_views import MAX_AGE_S, PushedViews
+from web.results.followers import Claimed, Follow, Followers
+from web.results.polls import CLIENT_CHECK_S, ClientGone
+from web.results.pushed_views import MAX_AGE_S, PushedViews
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class _Listener:
         self.channels = (done_channel, admitted_channel, results_channel,
                          *([claimed_channel] if claimed_channel else []))
         self.views = views
-        #: The event streams' wake-ups, and the claims heard (web/followers.py).
+        #: The event streams' wake-ups, and the claims heard (web/results/followers.py).
         self.followers = Followers()
         self.waiters: dict[str, set[threading.Event]] = {}
         #: Ids seen admitted and not seen ended since the subscription, oldest first.
@@ -322,7 +322,7 @@ class Notifier:
 
 
 class JobReader(Protocol):
-    """Reads one job: ``Queue``, or ``web.reads.ReadBatcher`` sharing round trips."""
+    """Reads one job: ``Queue``, or ``web.results.reads.ReadBatcher`` sharing round trips."""
 
     def get(self, job_id: str) -> JobView | None: ...
 

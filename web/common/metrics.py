@@ -6,8 +6,8 @@ maps every name to Triton's):
 - ``carpool_jobs_submitted_total{model,bin}``: each job newly queued (a 202). A
   repeated idempotency key queues nothing and counts nothing.
 - ``carpool_jobs_rejected_total{model,reason}``: each job refused, by a closed
-  set of reasons (``REASONS``, web/refusals.py); a ``/submit/batch`` item refused alone counts
-  once, a request refused as a whole before its items were read counts once.
+  set of reasons (``REASONS``, web/common/refusals.py); a ``/submit/batch`` item refused
+  alone counts once, a request refused as a whole before its items were read counts once.
   ``model`` is "" when the request named no model of the catalogue: a label
   never takes a value a client made up.
 - ``carpool_http_requests_total{route,method,status}`` and
@@ -15,7 +15,7 @@ maps every name to Triton's):
   request, by its route's pattern (``/result/<job_id>``, never the id; "unmatched"
   for a path no route has) — a long-poll's time includes its wait.
 - ``carpool_web_shed_total{reason}``: each admitting request answered 503
-  ``overloaded`` before it ran (web/shedding.py); it counts nowhere else.
+  ``overloaded`` before it ran (web/common/shedding.py); it counts nowhere else.
 
 Under gunicorn each worker process counts into its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
@@ -43,7 +43,7 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import Catalogue
 from carpool.core.errors import BackendUnavailable, CarpoolError, ConfigError, UnknownModel
 from carpool.core.jobs import Admitted
-from web.refusals import (
+from web.common.refusals import (
     HTTP_OTHER_REASON,
     HTTP_TOO_LARGE_REASON,
     INTERNAL,
@@ -51,7 +51,7 @@ from web.refusals import (
     Unauthorized,
     refusal_of,
 )
-from web.shedding import SHED_REASONS
+from web.common.shedding import SHED_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
                   10.0, 30.0, 60.0)
 
 def rejection_reason(exc: Exception) -> str:
-    """The ``reason`` label for ``exc`` (web/refusals.py's table)."""
+    """The ``reason`` label for ``exc`` (web/common/refusals.py's table)."""
     if isinstance(exc, CarpoolError):
         return refusal_of(exc).reason
     if isinstance(exc, HTTPException):  # werkzeug's own 4xx, e.g. a malformed multipart body
@@ -205,7 +205,7 @@ class WebMetrics:
     def count_refused_request(self, exc: Exception) -> None:
         """Count a refused submission (an error raised while a submit route ran, its
         body read or its jobs admitted) under the model it named; other routes' errors
-        are not job rejections. The error handlers call this (web/errors.py)."""
+        are not job rejections. The error handlers call this (web/common/errors.py)."""
         if (request.endpoint in SUBMIT_ENDPOINTS and not g.get("carpool_admitted")
                 and not isinstance(exc, Unauthorized)):  # a credential, not a job, refused
             self.count_rejected(requested_model(self.catalogue, exc), exc,

@@ -1,6 +1,6 @@
 """The HTTP routes. Each takes values out of the request, calls inputs/queue, answers JSON.
 
-Errors are raised, never formatted here: ``web.errors`` turns each into its status.
+Errors are raised, never formatted here: ``web.common.errors`` turns each into its status.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
-from web import inputs
-from web.auth import check_owner, request_owner
-from web.bodies import read_body
-from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
-from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
-from web.openapi import openapi_document
-from web.polls import client_gone_check
-from web.prefer import PREFER, applied, preferred_wait_s
-from web.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
+from carpool.intake import inputs
+from web.common.auth import check_owner, request_owner
+from web.common.bodies import read_body
+from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
+from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.common.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
+from web.events.streams import with_claim
+from web.openapi.document import openapi_document
+from web.results.polls import client_gone_check
+from web.results.prefer import PREFER, applied, preferred_wait_s
+from web.results.waiters import await_final_after, wait_for_final
+from web.results.waiting_for import waiting_for
 from web.state import WebState, current_state
-from web.streams import with_claim
-from web.waiters import await_final_after, wait_for_final
-from web.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
 
@@ -42,7 +42,7 @@ blueprint = Blueprint("carpool", __name__)
 
 @blueprint.before_request
 def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/bodies.py)."""
+    """Every POST body is read here, within its limits and time (web/common/bodies.py)."""
     if request.method != "POST":
         return
     state = current_state()
@@ -155,7 +155,7 @@ def _admit_batch(
 
 def _hold_poll(state: WebState, stack: ExitStack, owner: str, wait_s: float) -> float:
     """``wait_s`` with one of this client's long-poll slots held on ``stack``; 0 (no
-    wait: the answer is the 202) when it holds all of them (web/polls.py)."""
+    wait: the answer is the 202) when it holds all of them (web/results/polls.py)."""
     if wait_s <= 0:
         return wait_s
     try:
@@ -195,7 +195,7 @@ def result(job_id: str) -> Response:
         view = state.reads.get(job_id)
     else:
         # Registered after the owner check's read: a job pending now had not ended by
-        # then, so the wait comes first (web/waiters.py); else it reads again.
+        # then, so the wait comes first (web/results/waiters.py); else it reads again.
         with state.polls.hold(owner or request.remote_addr or ""), \
                 state.metrics.long_polls.track_inprogress():
             view = wait_for_final(state.reads, state.notifier, job_id, wait_s,
@@ -364,7 +364,7 @@ def _require_job_id(job_id: str) -> None:
 
 def _request_wait(max_wait_s: float) -> tuple[float, bool]:
     """The long-poll this request asks for: ``?wait=`` if given, else ``Prefer: wait=``
-    (web/prefer.py); and whether it came from ``Prefer`` (answered with
+    (web/results/prefer.py); and whether it came from ``Prefer`` (answered with
     ``Preference-Applied``)."""
     raw = request.args.get("wait")
     if raw is None:

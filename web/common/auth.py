@@ -13,7 +13,7 @@ from flask import request
 
 from carpool.core.jobs import JobView
 from carpool.core.settings import Settings, api_key_digest
-from web.refusals import JobNotFound, Unauthorized
+from web.common.refusals import JobNotFound, Unauthorized
 
 #: The header a client may use instead of ``Authorization: Bearer``.
 API_KEY_HEADER = "X-API-Key"

@@ -1,7 +1,7 @@
 """The event-stream routes: ``GET /result/<id>/events`` and ``GET /events?ids=a,b``
-(web/streams.py has the stream; docs/events.md the format).
+(web/events/streams.py has the stream; docs/events.md the format).
 
-A stream holds one of its client's long-poll slots (web/polls.py) for its life, which
+A stream holds one of its client's long-poll slots (web/results/polls.py) for its life, which
 is at most ``CARPOOL_MAX_WAIT_S`` (at least a second): gunicorn's gevent worker parks
 it as a greenlet, and a graceful stop waits for it as for the longest long-poll.
 Its client reconnects with ``Last-Event-ID``. Ids are owner-scoped as reads are: a
@@ -16,11 +16,11 @@ from flask import Blueprint, Response, request
 
 from carpool.core.errors import InvalidInput
 from carpool.core.jobs import JobView, is_job_id
-from web.auth import check_owner, request_owner
-from web.polls import client_gone_check
-from web.refusals import JobNotFound
+from web.common.auth import check_owner, request_owner
+from web.common.refusals import JobNotFound
+from web.events.streams import MAX_STREAM_IDS, JobStream, parse_last_event_id
+from web.results.polls import client_gone_check
 from web.state import current_state
-from web.streams import MAX_STREAM_IDS, JobStream, parse_last_event_id
 
 blueprint = Blueprint("carpool_events", __name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import InvalidInput
 from carpool.core.kinds import kind_of
-from web import inputs
+from carpool.intake import inputs
 
 #: Strings in one embeddings request (OpenAI's own bound).
 MAX_INPUTS = 2048

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface (``/v1``): files, bulk batches and embeddings."""
