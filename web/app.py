@@ -20,6 +20,7 @@ from carpool.intake import custom
 from web.common import errors, shedding
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
+from web.common.state import EXTENSION, WebState
 from web.events import routes as stream_routes
 from web.jobs import routes
 from web.open_inference import routes as v2
@@ -29,7 +30,6 @@ from web.results.polls import PollCounter
 from web.results.pushed_views import max_age_for
 from web.results.reads import ReadBatcher
 from web.results.waiters import Notifier
-from web.state import EXTENSION, WebState
 
 #: Bounds a hung Redis: a request answers 503 after this, instead of hanging.
 REDIS_SOCKET_TIMEOUT_S = 5.0

@@ -25,6 +25,22 @@ class InputTooLarge(InvalidInput):
     """Raised when an input is over a byte, pixel or length limit."""
 
 
+class UnsupportedMediaType(InvalidInput):
+    """Raised when a request's Content-Type is not one that its model takes."""
+
+
+class InvalidJson(InvalidInput):
+    """Raised when a request body is not valid JSON."""
+
+
+class TooManyInputs(InputTooLarge):
+    """Raised when a batch submission holds more inputs than one request may."""
+
+
+class TooManyJsonValues(InputTooLarge):
+    """Raised when a JSON body holds more values than any input needs."""
+
+
 class UnknownModel(CarpoolError):
     """Raised when a request names a model that is not in the catalogue."""
 

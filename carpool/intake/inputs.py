@@ -31,13 +31,20 @@ from typing import Any
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
-from carpool.core.errors import ConfigError, InputTooLarge, InvalidInput
+from carpool.core.errors import (
+    ConfigError,
+    InputTooLarge,
+    InvalidInput,
+    InvalidJson,
+    TooManyInputs,
+    TooManyJsonValues,
+    UnsupportedMediaType,
+)
 from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
 from carpool.intake import custom
 from carpool.intake.images import ALLOWED_FORMATS, ImageLimits, probe
-from web.common.refusals import InvalidJson, TooManyInputs, TooManyJsonValues, UnsupportedMediaType
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 #: JSON values (commas, opening brackets) in one request body: what a batch of

@@ -30,7 +30,7 @@ from werkzeug.test import TestResponse
 from carpool.core.settings import load_settings
 from carpool.stack.redis_local import start_redis
 from web import create_app
-from web.state import EXTENSION
+from web.common.state import EXTENSION
 
 KINDS = ("healthz", "submit", "shed")
 BODY = {"model": "synthetic", "input": {"value": 0, "size": 1}}

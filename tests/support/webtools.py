@@ -15,7 +15,7 @@ from PIL import Image
 from carpool.core.settings import Settings, load_settings
 from tests.conftest import make_env
 from web import create_app
-from web.state import EXTENSION, WebState
+from web.common.state import EXTENSION, WebState
 
 #: Models beside the built-in synthetic one: a tiny bin to fill, an image and a text model.
 CATALOGUE_TOML = """

@@ -18,24 +18,16 @@ from carpool.core.errors import (
     IdempotencyConflict,
     InputTooLarge,
     InvalidInput,
+    InvalidJson,
     ModelRefused,
     NotCancellable,
     OverShare,
+    TooManyInputs,
+    TooManyJsonValues,
     UnknownModel,
+    UnsupportedMediaType,
     WaitTooLong,
 )
-
-
-class UnsupportedMediaType(InvalidInput):
-    """Raised when a request's Content-Type is not one that its model takes."""
-
-
-class InvalidJson(InvalidInput):
-    """Raised when a request body is not valid JSON."""
-
-
-class TooManyInputs(InputTooLarge):
-    """Raised when a batch submission holds more inputs than one request may."""
 
 
 class BodyTooLarge(InputTooLarge):
@@ -44,10 +36,6 @@ class BodyTooLarge(InputTooLarge):
 
 class BodyTimeout(CarpoolError):
     """Raised when a request body does not arrive within its time limit (web/common/bodies.py)."""
-
-
-class TooManyJsonValues(InputTooLarge):
-    """Raised when a JSON body holds more values than any input needs."""
 
 
 class TooManyPolls(CarpoolError):

@@ -18,9 +18,9 @@ from carpool.core.errors import InvalidInput
 from carpool.core.jobs import JobView, is_job_id
 from web.common.auth import check_owner, request_owner
 from web.common.refusals import JobNotFound
+from web.common.state import current_state
 from web.events.streams import MAX_STREAM_IDS, JobStream, parse_last_event_id
 from web.results.polls import client_gone_check
-from web.state import current_state
 
 blueprint = Blueprint("carpool_events", __name__)
 

@@ -20,21 +20,27 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
 from carpool.core.catalogue import Catalogue, ModelSpec
-from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
+from carpool.core.errors import (
+    BackendUnavailable,
+    CarpoolError,
+    InvalidInput,
+    NotSent,
+    UnsupportedMediaType,
+)
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
 from web.common.bodies import read_body
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
-from web.common.refusals import JobNotFound, TooManyPolls, Unauthorized, UnsupportedMediaType
+from web.common.refusals import JobNotFound, TooManyPolls, Unauthorized
+from web.common.state import WebState, current_state
 from web.events.streams import with_claim
 from web.openapi.document import openapi_document
 from web.results.polls import client_gone_check
 from web.results.prefer import PREFER, applied, preferred_wait_s
 from web.results.waiters import await_final_after, wait_for_final
 from web.results.waiting_for import waiting_for
-from web.state import WebState, current_state
 
 blueprint = Blueprint("carpool", __name__)
 

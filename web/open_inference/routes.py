@@ -28,6 +28,7 @@ from carpool.core.errors import (
     InvalidInput,
     NotCancellable,
     UnknownModel,
+    UnsupportedMediaType,
 )
 from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
 from carpool.intake import inputs
@@ -35,7 +36,7 @@ from web.common.auth import request_owner
 from web.common.bodies import read_body
 from web.common.errors import AdmissionUnknown, retry_after_s, status_and_code
 from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
-from web.common.refusals import UnsupportedMediaType
+from web.common.state import WebState, current_state
 from web.open_inference.model import (
     VERSION,
     JobOptions,
@@ -51,7 +52,6 @@ from web.open_inference.model import (
 from web.open_inference.tensors import encode_output, parse_request
 from web.results.polls import client_gone_check
 from web.results.waiters import await_final_after
-from web.state import WebState, current_state
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from carpool.backend.batchdb import file_document, new_file_id
 from carpool.core.errors import InvalidInput
 from web.common.auth import request_owner
 from web.common.refusals import BodyTooLarge, ResourceNotFound
+from web.common.state import WebState, current_state
 from web.jobs.routes import read_post_body
-from web.state import WebState, current_state
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
