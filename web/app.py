@@ -17,15 +17,16 @@ from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
 from carpool.intake import custom
+from web import server_routes
 from web.common import errors, shedding
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
 from web.common.state import EXTENSION, WebState
-from web.events import routes as stream_routes
-from web.jobs import routes
-from web.open_inference import routes as v2
-from web.openai import bulk as v1_batches
-from web.openai import files as v1_files
+from web.events import routes as event_routes
+from web.jobs import routes as job_routes
+from web.open_inference import routes as open_inference_routes
+from web.openai import bulk as openai_bulk
+from web.openai import files as openai_files
 from web.results.polls import PollCounter
 from web.results.pushed_views import max_age_for
 from web.results.reads import ReadBatcher
@@ -71,11 +72,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         batchdb=BatchDb(client, keys), files=file_store(settings.batches),
     )
     metrics.instrument(app)
-    app.register_blueprint(routes.blueprint)
-    app.register_blueprint(v2.blueprint)  # the Open Inference Protocol (docs/v2.md)
-    app.register_blueprint(stream_routes.blueprint)
-    app.register_blueprint(v1_files.blueprint)
-    app.register_blueprint(v1_batches.blueprint)
+    app.register_blueprint(server_routes.blueprint)
+    app.register_blueprint(job_routes.blueprint)
+    app.register_blueprint(open_inference_routes.blueprint)  # docs/v2.md
+    app.register_blueprint(event_routes.blueprint)
+    app.register_blueprint(openai_files.blueprint)
+    app.register_blueprint(openai_bulk.blueprint)
     errors.register(app, on_refused=metrics.count_refused_request)
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app

@@ -23,6 +23,11 @@ from carpool.core.errors import BackendUnavailable
 STREAM_CHUNK_BYTES = 1 << 20
 
 
+def store_name(file_id: str) -> str:
+    """Where a file's bytes live in the file store."""
+    return f"files/{file_id}"
+
+
 class FileStore(Protocol):
     """Whole objects by name: put, get, stream, delete."""
 

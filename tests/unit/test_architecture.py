@@ -32,6 +32,13 @@ def importers(folder: str, prefix: str) -> list[str]:
         if any(m == prefix or m.startswith(prefix + ".") for m in imported_modules(path)))
 
 
+#: What any room of the web may import of the core.
+CORE_FOR_WEB = {"carpool.core", "carpool.scheduling", "carpool.admission", "carpool.backend",
+                "carpool.intake"}
+#: The modules at web/'s top that assemble the web process; each other module there, and
+#: each folder, is a room of its own with its own row.
+WEB_ASSEMBLY = {"app", "gunicorn_conf"}
+
 #: Each layer and the layers it may import (besides itself and the standard library).
 #: Lower layers never import higher ones; docs/architecture.md draws the same map.
 ALLOWED: dict[str, set[str]] = {
@@ -49,7 +56,21 @@ ALLOWED: dict[str, set[str]] = {
     "carpool.cli": {"carpool.core", "carpool.backend", "carpool.stack", "carpool.client",
                     "carpool.dispatch",
                     "carpool.bench", "carpool.sim"},
-    "web": {"carpool.core", "carpool.scheduling", "carpool.admission", "carpool.backend"},
+    "carpool.intake": {"carpool.core", "carpool.admission"},
+    # The web, one row per room: results (the listener) < common < the surfaces < the
+    # assembly at web/'s top (the app, gunicorn's config), which alone sees every surface.
+    "web.results": CORE_FOR_WEB,
+    "web.common": CORE_FOR_WEB | {"web.results"},
+    "web.events": CORE_FOR_WEB | {"web.common", "web.results"},
+    "web.jobs": CORE_FOR_WEB | {"web.common", "web.results"},
+    "web.open_inference": CORE_FOR_WEB | {"web.common", "web.results"},
+    "web.openai": CORE_FOR_WEB | {"web.common", "web.results"},
+    "web.openapi": CORE_FOR_WEB | {"web.events"},
+    "web.server_routes": CORE_FOR_WEB | {"web.common", "web.openapi"},
+    "web": CORE_FOR_WEB | {"web.common", "web.results", "web.events", "web.jobs",
+                           "web.open_inference", "web.openai", "web.openapi",
+                           "web.server_routes"},
+    "web.feeder": {"carpool.core", "carpool.admission", "carpool.backend", "carpool.intake"},
     "worker.device": {"carpool.core", "carpool.backend"},
     "worker.handlers": {"carpool.core", "worker.device"},
     "worker.executors": {"carpool.core", "worker.device", "worker.handlers"},
@@ -70,10 +91,11 @@ FORBIDDEN_PACKAGES: dict[str, set[str]] = {
 
 
 def layer_of(module: str) -> str | None:
-    """The layer ``carpool.core.jobs`` or ``worker.loop.loop`` belongs to (None: not ours)."""
+    """The layer ``carpool.core.jobs``, ``worker.loop.loop`` or ``web.jobs.routes`` belongs
+    to (None: not ours)."""
     parts = module.split(".")
     if parts[0] == "web":
-        return "web"
+        return "web" if len(parts) == 1 or parts[1] in WEB_ASSEMBLY else f"web.{parts[1]}"
     if parts[0] not in ("carpool", "worker") or len(parts) == 1:
         return None
     return f"{parts[0]}.{parts[1]}"

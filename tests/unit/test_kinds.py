@@ -12,7 +12,7 @@ from carpool.core.errors import ConfigError
 from carpool.core.kinds import INPUT_FORMS, KINDS, kind_of
 from carpool.core.settings import load_settings
 from carpool.intake import inputs
-from web.openapi.document import schemas
+from web.openapi import schemas
 from worker.handlers import TORCH_KINDS, make_handler
 from worker.handlers.synthetic import SyntheticHandler
 

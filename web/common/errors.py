@@ -17,7 +17,8 @@ from flask import Flask, Response, current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
 from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
-from web.common.refusals import TooManyPolls, refusal_of
+from web.common.refusals import refusal_of
+from web.results.polls import TooManyPolls
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from carpool.core.errors import (
     UnsupportedMediaType,
     WaitTooLong,
 )
+from web.results.polls import TooManyPolls
 
 
 class BodyTooLarge(InputTooLarge):
@@ -36,10 +37,6 @@ class BodyTooLarge(InputTooLarge):
 
 class BodyTimeout(CarpoolError):
     """Raised when a request body does not arrive within its time limit (web/common/bodies.py)."""
-
-
-class TooManyPolls(CarpoolError):
-    """Raised when a client already holds as many long-polls as one process allows it."""
 
 
 class JobNotFound(CarpoolError):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from carpool.core.errors import BackendUnavailable, InvalidInput
 from carpool.core.jobs import JobStatus, JobView
-from web.results.followers import Claimed, Follow
+from web.results.followers import Claimed, Follow, with_claim
 from web.results.polls import CLIENT_CHECK_S, ClientGone
 
 #: Most jobs one ``GET /events`` follows: a longer list is refused (400).
@@ -84,15 +84,6 @@ def parse_last_event_id(raw: str | None, jobs: int) -> list[str | None]:
             f"Last-Event-ID {raw[:40]!r} is not an id of this stream: it has one character "
             f"in [0-9a-z] per job followed ({jobs}); reconnect without it to start over")
     return [None if c == UNSEEN else c for c in raw]
-
-
-def with_claim(view: JobView, claimed: Claimed | None) -> JobView:
-    """A running job's view with its claim's start time, when this process heard the
-    claim of the run it is in (its attempt count says so)."""
-    if (view.status is JobStatus.RUNNING and claimed is not None
-            and claimed.attempts == view.attempts and view.started_ms is None):
-        return replace(view, started_ms=claimed.t_claim_ms)
-    return view
 
 
 def running_from_claim(view: JobView, claimed: Claimed | None) -> JobView | None:

@@ -19,7 +19,7 @@ from typing import Any
 from carpool.admission.urgency import BATCH_PRIORITY
 from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.batchdb import BatchDb
-from carpool.backend.filestore import FileStore
+from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable, NotCancellable
 from carpool.core.jobs import Admitted, JobView, new_job_id
@@ -28,7 +28,6 @@ from carpool.intake.bulk_lines import parse_file
 from web.feeder import chunks
 from web.feeder.metrics import FeederMetrics
 from web.feeder.run import Run, ended_line, error_line, stored_set
-from web.openai.files import store_name
 
 log = logging.getLogger("carpool.feeder")
 

@@ -1,23 +1,20 @@
-"""The HTTP routes. Each takes values out of the request, calls inputs/queue, answers JSON.
+"""The job API's routes: /submit, /submit/batch, /result. Each takes values out of the
+request, calls inputs/queue, answers JSON.
 
 Errors are raised, never formatted here: ``web.common.errors`` turns each into its status.
 """
 
 from __future__ import annotations
 
-import hmac
 import math
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import (
@@ -30,30 +27,19 @@ from carpool.core.errors import (
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
-from web.common.bodies import read_body
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
-from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
-from web.common.refusals import JobNotFound, TooManyPolls, Unauthorized
+from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
+from web.common.post_body import read_post_body
+from web.common.refusals import JobNotFound
 from web.common.state import WebState, current_state
-from web.events.streams import with_claim
-from web.openapi.document import openapi_document
-from web.results.polls import client_gone_check
+from web.results.followers import with_claim
+from web.results.polls import TooManyPolls, client_gone_check
 from web.results.prefer import PREFER, applied, preferred_wait_s
 from web.results.waiters import await_final_after, wait_for_final
 from web.results.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
-
-
-
-@blueprint.before_request
-def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/common/bodies.py)."""
-    if request.method != "POST":
-        return
-    state = current_state()
-    read_body(state.settings, state.body_limits)  # a refusal is counted by the error handler
-    body_read()
+blueprint.before_request(read_post_body)
 
 
 @blueprint.post("/submit")
@@ -230,52 +216,6 @@ def delete_result(job_id: str) -> Response:
     raise JobNotFound(f"no job {job_id}: it expired just now")
 
 
-@blueprint.get("/models")
-def models() -> Response:
-    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)
-    and what the live workers say about each model (served, refused and why, none)."""
-    state = current_state()
-    specs = list(state.settings.catalogue)
-    depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
-    return jsonify({"models": [{**_describe(spec, depths),
-                                "workers": state.models.availability(spec.name).to_json()}
-                               for spec in specs]})
-
-
-@blueprint.get("/metrics")
-def metrics() -> Response:
-    """Prometheus text format: this process's view, or under gunicorn all processes' sum.
-
-    Open unless ``CARPOOL_METRICS_TOKEN`` is set; API keys do not cover it (Prometheus
-    scrapes with a token of its own).
-    """
-    token = current_state().settings.metrics_token
-    if token:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
-            raise Unauthorized("GET /metrics needs 'Authorization: Bearer <metrics token>' "
-                               "(CARPOOL_METRICS_TOKEN)")
-    return Response(current_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
-
-
-@blueprint.get("/healthz")
-def healthz() -> Response:
-    """Liveness: the process answers. Redis is /readyz's business."""
-    return jsonify({"status": "ok"})
-
-
-@blueprint.get("/readyz")
-def readyz() -> Response:
-    current_state().queue.ping()  # BackendUnavailable answers 503
-    return jsonify({"status": "ready"})
-
-
-@blueprint.get("/openapi.json")
-def openapi() -> Response:
-    """The API's OpenAPI 3.0 document, with each model's input schema."""
-    return jsonify(openapi_document(current_state().settings))
-
-
 def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submission:
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
@@ -390,17 +330,3 @@ def _wait_s(raw: str | None, max_wait_s: float) -> float:
     if not 0 <= wait_s <= max_wait_s:  # also refuses nan
         raise InvalidInput(f"wait must be seconds between 0 and {max_wait_s:g}, got {raw[:40]!r}")
     return wait_s
-
-
-def _describe(spec: ModelSpec, depths: Iterator[int]) -> dict[str, Any]:
-    bins = [
-        {"name": b.name, "max_size": b.max_size, "max_batch": b.max_batch,
-         "max_wait_ms": b.max_wait_ms, "max_depth": b.max_depth, "depth": next(depths)}
-        for b in spec.bins
-    ]
-    scheduling = {"default_deadline_ms": spec.default_deadline_ms,
-                  "max_deadline_ms": spec.max_deadline_ms,
-                  "priorities": [MIN_PRIORITY, MAX_PRIORITY],
-                  "priority_step_ms": spec.priority_step_ms, "p99_target_ms": spec.p99_target_ms}
-    return {"name": spec.name, "kind": spec.kind, "measure": spec.measure,
-            "limits": inputs.input_limits(spec), "scheduling": scheduling, "bins": bins}

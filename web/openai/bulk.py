@@ -27,9 +27,9 @@ from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
 from web.common.auth import request_owner
+from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
 from web.common.state import WebState, current_state
-from web.jobs.routes import read_post_body
 from web.openai.files import owned_file, page_args, page_document
 from web.results.polls import client_gone_check
 from web.results.waiters import await_final_after

@@ -13,11 +13,12 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.batchdb import file_document, new_file_id
+from carpool.backend.filestore import store_name
 from carpool.core.errors import InvalidInput
 from web.common.auth import request_owner
+from web.common.post_body import read_post_body
 from web.common.refusals import BodyTooLarge, ResourceNotFound
 from web.common.state import WebState, current_state
-from web.jobs.routes import read_post_body
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
@@ -29,11 +30,6 @@ UPLOAD_PURPOSES = ("batch",)
 MAX_FILENAME_CHARS = 255
 #: Items in one page of a listing at most, and by default (OpenAI's numbers).
 MAX_PAGE, DEFAULT_PAGE = 10_000, 20
-
-
-def store_name(file_id: str) -> str:
-    """Where a file's bytes live in the file store."""
-    return f"files/{file_id}"
 
 
 @blueprint.post("/files")

@@ -19,7 +19,9 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from carpool.core.jobs import JobStatus, JobView
 
 log = logging.getLogger(__name__)
 
@@ -132,3 +134,12 @@ class Followers:
         """How many streams in this process follow ``job_id`` now (tests)."""
         with self._lock:
             return len(self._follows.get(job_id, ()))
+
+
+def with_claim(view: JobView, claimed: Claimed | None) -> JobView:
+    """A running job's view with its claim's start time, when this process heard the
+    claim of the run it is in (its attempt count says so)."""
+    if (view.status is JobStatus.RUNNING and claimed is not None
+            and claimed.attempts == view.attempts and view.started_ms is None):
+        return replace(view, started_ms=claimed.t_claim_ms)
+    return view

@@ -20,13 +20,17 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from web.common.refusals import TooManyPolls
+from carpool.core.errors import CarpoolError
 
 #: How often a waiting poll looks whether its client has gone.
 CLIENT_CHECK_S = 1.0
 
 #: True once the client that sent the request has closed its connection.
 ClientGone = Callable[[], bool]
+
+
+class TooManyPolls(CarpoolError):
+    """Raised when a client already holds as many long-polls as one process allows it."""
 
 
 class PollCounter:
