@@ -36,7 +36,7 @@ leases) has a tag of its own, ``{p}``.
                                     "<id>\t<event>\t<t_ms>\t<owner>\t<url>", scored by
                                     when each is due (ms); added by the script that
                                     changes the job's state (lua/outbox.lua), leased and
-                                    settled by the dispatcher (carpool/dispatch/)
+                                    settled by the dispatcher (dispatcher/)
     {p.s}:hook-wake           list  tokens that wake a blocked dispatcher (capped)
     {p.s}:hook:<id>           hash  one job's webhook deliveries: event -> JSON state
                                     (state, attempts, last_status, last_error, ...)

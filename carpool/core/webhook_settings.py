@@ -50,7 +50,7 @@ class WebhookSettings:
     @property
     def try_s(self) -> float:
         """The deadline of one whole try, DNS, connect, TLS, request and answer together
-        (carpool/dispatch/delivery.py cuts it there)."""
+        (dispatcher/delivery.py cuts it there)."""
         return self.connect_timeout_s + self.read_timeout_s
 
     @property

@@ -3,7 +3,7 @@
 A submit may name ``webhook`` (an http or https URL) and ``webhook_events`` (any of
 ``EVENTS``; default: the terminal ones). Both are checked here, once at submit (the web)
 and again before every delivery (the dispatcher, after DNS resolution:
-carpool/dispatch/delivery.py), by the same rules, so no request goes where the operator
+dispatcher/delivery.py), by the same rules, so no request goes where the operator
 did not allow it (docs/webhooks.md, "Where a webhook may go").
 
 The job's record keeps the subscription as one header field, ``hook``

@@ -40,6 +40,6 @@ def python_argv(name: str, *, node: str | None = None, port: int | None = None) 
     """``argv`` run by this interpreter (``python -m gunicorn ...``): no reliance on the
     venv's scripts being on PATH."""
     program, *rest = argv(name, node=node, port=port)
-    if program == "python":  # already a module run: ``python -m carpool.dispatch``
+    if program == "python":  # already a module run: ``python -m dispatcher``
         return [sys.executable, *rest]
     return [sys.executable, "-m", program, *rest]

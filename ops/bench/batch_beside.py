@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     procs = []
     try:
         with open(tmp / "procs.log", "ab") as logs:
-            for cmd in (web_command(), worker_command(0), [sys.executable, "-m", "web.feeder"]):
+            for cmd in (web_command(), worker_command(0), [sys.executable, "-m", "feeder"]):
                 procs.append(subprocess.Popen(cmd, env=env, stdout=logs,
                                               stderr=subprocess.STDOUT))
         wait_until(lambda: _answers(f"{base}/models"), START_TIMEOUT_S, "the web")

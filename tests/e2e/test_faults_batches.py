@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from feeder.feeder import CRASH_EXIT_STATUS
 from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import (
     CATALOGUE_TOML,
@@ -22,7 +23,6 @@ from tests.support.batches import (
 from tests.support.faults import record
 from tests.support.procs import start_web, start_worker
 from tests.support.redisproc import private_redis
-from web.feeder.loop import CRASH_EXIT_STATUS
 
 pytestmark = pytest.mark.e2e
 

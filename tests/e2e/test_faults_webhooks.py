@@ -47,7 +47,7 @@ from tests.support.receiver import Received, always, receiver
 from tests.support.redisproc import RedisProc, private_redis
 
 ARRIVAL_TIMEOUT_S = 90.0
-#: A dispatcher's log says this each time Redis failed it (carpool/dispatch/dispatcher.py).
+#: A dispatcher's log says this each time Redis failed it (dispatcher/dispatcher.py).
 REDIS_DOWN_LOG = "Redis unavailable"
 LEASE_MS = 1500
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress
-from carpool.dispatch.delivery import MAX_ANSWER_BYTES, post
+from dispatcher.delivery import MAX_ANSWER_BYTES, post
 from tests.support.receiver import receiver
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")

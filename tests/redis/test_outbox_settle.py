@@ -17,8 +17,8 @@ from carpool.core.jobs import Outcome
 from carpool.core.settings import load_settings
 from carpool.core.shards import shard
 from carpool.core.webhooks import hook_field
-from carpool.dispatch.dispatcher import Dispatcher
 from carpool.stack.waiting import wait_until
+from dispatcher.dispatcher import Dispatcher
 from tests.conftest import make_env
 from tests.support.hookstack import hook_env
 from tests.support.jobs import admit, synthetic

@@ -11,7 +11,8 @@ from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single
 from carpool.backend.queue import Queue
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import Settings
-from carpool.dispatch.metrics import DispatchMetrics
+from dispatcher.metrics import DispatchMetrics
+from feeder.metrics import FeederMetrics
 from tests.support.deployfiles import load_metrics
 from tests.support.procs import wait_until
 from tests.support.promtext import Scrape
@@ -24,7 +25,6 @@ from tests.unit.test_worker_metrics import (
     run_batch_of_three,
 )
 from web.common.metrics import WebMetrics
-from web.feeder.metrics import FeederMetrics
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler

@@ -159,7 +159,7 @@ DISPATCHER_START_TIMEOUT_S = 30.0
 
 
 def dispatcher_command() -> list[str]:
-    """The shipped dispatcher command line (``python -m carpool.dispatch``), this venv's."""
+    """The shipped dispatcher command line (``python -m dispatcher``), this venv's."""
     _python, *args = argv("dispatcher")
     return [sys.executable, *args]
 

@@ -32,6 +32,8 @@ def importers(folder: str, prefix: str) -> list[str]:
         if any(m == prefix or m.startswith(prefix + ".") for m in imported_modules(path)))
 
 
+#: The top folders whose imports are ruled: the torch-free core, and one per process kind.
+PROCESS_KINDS = ("carpool", "web", "worker", "dispatcher", "feeder")
 #: What any room of the web may import of the core.
 CORE_FOR_WEB = {"carpool.core", "carpool.scheduling", "carpool.admission", "carpool.backend",
                 "carpool.intake"}
@@ -48,13 +50,11 @@ ALLOWED: dict[str, set[str]] = {
     "carpool.backend": {"carpool.core", "carpool.scheduling", "carpool.admission"},
     "carpool.client": {"carpool.core"},
     "carpool.stack": {"carpool.core", "carpool.backend"},
-    "carpool.dispatch": {"carpool.core", "carpool.backend"},
     "carpool.bench": {"carpool.core", "carpool.scheduling", "carpool.admission",
                       "carpool.backend", "carpool.stack", "carpool.client"},
     "carpool.sim": {"carpool.core", "carpool.scheduling", "carpool.admission",
                     "carpool.backend", "carpool.bench"},
     "carpool.cli": {"carpool.core", "carpool.backend", "carpool.stack", "carpool.client",
-                    "carpool.dispatch",
                     "carpool.bench", "carpool.sim"},
     "carpool.intake": {"carpool.core", "carpool.admission"},
     # The web, one row per room: results (the listener) < common < the surfaces < the
@@ -70,7 +70,9 @@ ALLOWED: dict[str, set[str]] = {
     "web": CORE_FOR_WEB | {"web.common", "web.results", "web.events", "web.jobs",
                            "web.open_inference", "web.openai", "web.openapi",
                            "web.server_routes"},
-    "web.feeder": {"carpool.core", "carpool.admission", "carpool.backend", "carpool.intake"},
+    # The two torch-free process kinds beside web/ and worker/.
+    "dispatcher": {"carpool.core", "carpool.backend"},
+    "feeder": {"carpool.core", "carpool.admission", "carpool.backend", "carpool.intake"},
     "worker.device": {"carpool.core", "carpool.backend"},
     "worker.handlers": {"carpool.core", "worker.device"},
     "worker.executors": {"carpool.core", "worker.device", "worker.handlers"},
@@ -86,6 +88,8 @@ ALLOWED: dict[str, set[str]] = {
 FORBIDDEN_PACKAGES: dict[str, set[str]] = {
     "carpool": {"torch", "celery", "flask"},  # the core installs without the worker's stack
     "web": {"torch", "celery"},  # a web replica starts in well under a second
+    "feeder": {"torch", "celery", "flask"},  # it runs from the web image, without the web
+    "dispatcher": {"torch", "celery", "flask"},
     "carpool.scheduling": {"redis"},  # the batch decision is pure
 }
 
@@ -96,6 +100,8 @@ def layer_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] == "web":
         return "web" if len(parts) == 1 or parts[1] in WEB_ASSEMBLY else f"web.{parts[1]}"
+    if parts[0] in PROCESS_KINDS and parts[0] not in ("carpool", "worker"):
+        return parts[0]
     if parts[0] not in ("carpool", "worker") or len(parts) == 1:
         return None
     return f"{parts[0]}.{parts[1]}"
@@ -107,7 +113,7 @@ def module_name(path: Path) -> str:
 
 def wrong_arrows() -> list[str]:
     found = []
-    for top in ("carpool", "web", "worker"):
+    for top in PROCESS_KINDS:
         for path in sorted((ROOT / top).rglob("*.py")):
             own = layer_of(module_name(path))
             if own is None:
@@ -124,7 +130,7 @@ def wrong_arrows() -> list[str]:
 
 
 def test_every_module_belongs_to_a_layer_with_rules() -> None:
-    for top in ("carpool", "web", "worker"):
+    for top in PROCESS_KINDS:
         for path in (ROOT / top).rglob("*.py"):
             own = layer_of(module_name(path))
             assert own is None or own in ALLOWED, f"{path}: layer {own} has no rule"

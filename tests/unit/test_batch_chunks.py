@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from carpool.backend.filestore import LocalFileStore
-from web.feeder.chunks import assemble, chunk_name, drop_chunks, write_chunk
-from web.feeder.run import stored_set
+from feeder.chunks import assemble, chunk_name, drop_chunks, write_chunk
+from feeder.run import stored_set
 
 
 def test_an_unrecorded_chunk_is_written_over_and_a_stale_one_past_the_counter_ignored(

@@ -6,7 +6,7 @@ import email.utils
 
 import pytest
 
-from carpool.dispatch.schedule import (
+from dispatcher.schedule import (
     JITTER_FLOOR,
     MAX_RETRY_AFTER_S,
     backoff_s,

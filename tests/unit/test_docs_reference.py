@@ -100,7 +100,7 @@ def test_every_setting_read_has_one_row_and_every_row_is_read() -> None:
 def test_the_other_processes_variables_are_not_settings_and_exist() -> None:
     others = first_names(table_after("### Read by other processes"))
     assert not set(others) & settings_read()
-    code = "".join(p.read_text() for folder in ("carpool", "web", "worker")
+    code = "".join(p.read_text() for folder in ("carpool", "web", "worker", "dispatcher", "feeder")
                    for p in (ROOT / folder).rglob("*.py"))
     for name in others:
         assert f'"{name}"' in code or f"'{name}'" in code, f"{name} is read nowhere"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from carpool.dispatch.signing import delivery_headers
+from dispatcher.signing import delivery_headers
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
 SECRET = "whsec_" + base64.b64encode(b"r" * 32).decode()

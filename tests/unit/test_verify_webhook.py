@@ -11,7 +11,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from carpool.client import WebhookInvalid, verify_webhook
-from carpool.dispatch.signing import delivery_headers
+from dispatcher.signing import delivery_headers
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 BODY = json.dumps({"id": "abc", "status": "done", "event": "done"})

@@ -1,6 +1,6 @@
 """OpenAI's Batches API (``/v1/batches``) and the synchronous ``/v1/embeddings``.
 
-A batch is created ``validating``; the feeder (``python -m web.feeder``) checks
+A batch is created ``validating``; the feeder (``python -m feeder``) checks
 its file, feeds its lines into the model's bins and writes its output and error
 files (docs/batches.md). Cancel asks the feeder to stop: ``cancelling`` until the
 lines in flight end, then ``cancelled``.

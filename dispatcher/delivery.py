@@ -6,7 +6,7 @@ the name only in the Host header and the TLS server name: a DNS answer that chan
 between the check and the connect (rebinding) cannot send the request elsewhere.
 Redirects are never followed (http.client does not), each connect and read has a
 timeout, and the whole try, DNS included, one deadline (``WebhookSettings.try_s``,
-below the event's lease: carpool/dispatch/deadlines.py cuts the connection there), so
+below the event's lease: dispatcher/deadlines.py cuts the connection there), so
 no try outlives its lease and is sent twice; at most ``MAX_ANSWER_BYTES`` of the answer
 are read; the rest goes with the connection.
 """
@@ -26,8 +26,8 @@ from functools import cache
 
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress, Target, WebhookRefused, address_refusal, check_url
-from carpool.dispatch.deadlines import DEADLINES
-from carpool.dispatch.schedule import parse_retry_after
+from dispatcher.deadlines import DEADLINES
+from dispatcher.schedule import parse_retry_after
 
 #: The answer's body is read this far, then dropped: a receiver has nothing to tell.
 MAX_ANSWER_BYTES = 4096

@@ -25,9 +25,9 @@ from carpool.core.errors import BackendUnavailable, NotCancellable
 from carpool.core.jobs import Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
 from carpool.intake.bulk_lines import parse_file
-from web.feeder import chunks
-from web.feeder.metrics import FeederMetrics
-from web.feeder.run import Run, ended_line, error_line, stored_set
+from feeder import chunks
+from feeder.metrics import FeederMetrics
+from feeder.run import Run, ended_line, error_line, stored_set
 
 log = logging.getLogger("carpool.feeder")
 

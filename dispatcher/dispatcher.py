@@ -27,10 +27,10 @@ from carpool.core.jobs import JobStatus, job_urls, view_from_record
 from carpool.core.settings import Settings
 from carpool.core.shards import shard
 from carpool.core.webhook_settings import WebhookSettings
-from carpool.dispatch.delivery import Answer, post
-from carpool.dispatch.metrics import DispatchMetrics
-from carpool.dispatch.schedule import next_wait_s
-from carpool.dispatch.signing import delivery_headers
+from dispatcher.delivery import Answer, post
+from dispatcher.metrics import DispatchMetrics
+from dispatcher.schedule import next_wait_s
+from dispatcher.signing import delivery_headers
 
 log = logging.getLogger(__name__)
 

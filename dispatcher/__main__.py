@@ -1,4 +1,4 @@
-"""``python -m carpool.dispatch``: run one webhook dispatcher until SIGTERM or SIGINT."""
+"""``python -m dispatcher``: run one webhook dispatcher until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from types import FrameType
 from carpool.backend.connection import connect
 from carpool.core.errors import ConfigError
 from carpool.core.settings import load_settings
-from carpool.dispatch.dispatcher import Dispatcher
+from dispatcher.dispatcher import Dispatcher
 
-log = logging.getLogger("carpool.dispatch")
+log = logging.getLogger("dispatcher")
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""``python -m web.feeder``: run bulk batches until SIGTERM or SIGINT (docs/batches.md)."""
+"""``python -m feeder``: run bulk batches until SIGTERM or SIGINT (docs/batches.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.settings import load_settings
-from web.feeder.loop import Feeder, run_forever
+from feeder.feeder import Feeder, run_forever
 
 log = logging.getLogger("carpool.feeder")
 
