@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from collections import defaultdict
@@ -37,8 +36,6 @@ QUANTUM_LINES = 8
 READ_BATCH = 500
 #: How often a batch's projected completion is written back, in seconds.
 PROJECT_EVERY_S = 1.0
-#: The exit status of a feeder stopped at a crash point (tests only).
-CRASH_EXIT_STATUS = 70
 #: Waits after a lost Redis or file store, doubling up to the last.
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
@@ -49,17 +46,7 @@ class Feeder:
         self.admissions = Admissions(queue.client, queue.keys)
         self.runs: dict[str, Run] = {}
         self.turn = 0  # which API key goes first this round
-        self.reached: dict[str, int] = defaultdict(int)  # crash points passed (tests)
         self.metrics = FeederMetrics()
-
-    def _crash_point(self, point: str) -> None:
-        """TEST ONLY (CARPOOL_FEEDER_CRASH_AT): exit here, as kill -9 would."""
-        name, _, n = self.settings.batches.crash_at.partition(":")
-        if name == point:
-            self.reached[point] += 1
-            if self.reached[point] == int(n):
-                log.warning("feeder: crashing at %s (CARPOOL_FEEDER_CRASH_AT)", point)
-                os._exit(CRASH_EXIT_STATUS)
 
     def step(self) -> bool:
         """One pass over every active batch; True when it did something."""
@@ -184,7 +171,6 @@ class Feeder:
     def _store(self, run: Run, out: list[tuple[int, str]], err: list[tuple[int, str]]) -> None:
         done = [i for i, _ in out + err]
         chunks.write_chunk(self.store, run.id, run.chunks, out, err)
-        self._crash_point("chunk")
         ended = [j for i in done for j in run.jobs.get(i, [])]
 
         def drop_jobs(pipe: Any) -> None:  # the results, now stored, leave Redis
@@ -260,7 +246,6 @@ class Feeder:
                               "filename": f"{run.id}_{kind}.jsonl", "purpose": "batch_output",
                               "owner": run.owner}, self.settings.batches.keep_s)
             names[f"{kind}_file_id"] = file_id
-        self._crash_point("finalize")
         now = int(time.time())
         moved = self.db.move(run.id, (h["status"],), final, **names, **{f"{final}_at": now})
         if moved:
@@ -322,7 +307,6 @@ class Feeder:
                 room[k] -= 1
             admitted[i] = ids
         if admitted:
-            self._crash_point("admitted")
             self.db.record_admitted(run.id, admitted)
             self.metrics.admitted.inc(len(admitted))
             run.jobs.update(admitted)

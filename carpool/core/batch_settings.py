@@ -36,19 +36,9 @@ class BatchSettings:
     queued_batches_per_bin: int = QUEUED_BATCHES_PER_BIN_DEFAULT
     #: How long a finished batch's document (and its files) is kept, in seconds.
     keep_s: int = 30 * 24 * 3600
-    #: TEST ONLY: ``point:n`` makes the feeder exit at once (no cleanup, like kill -9)
-    #: the n-th time it reaches ``point`` (CRASH_POINTS): the fault tests' crash
-    #: between two writes that no kill can time.
-    crash_at: str = ""
     #: Port of the feeder's Prometheus endpoint; 0 turns it off (bound on
     #: CARPOOL_WORKER_METRICS_ADDR, as the dispatcher's is).
     metrics_port: int = 9400
-
-
-#: Where ``crash_at`` may stop the feeder: after admitting a round's lines but before
-#: recording them; after writing a chunk but before marking its lines stored; after
-#: writing the output files but before the final status.
-CRASH_POINTS = ("admitted", "chunk", "finalize")
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
@@ -80,7 +70,6 @@ def load_batch_settings(env: Mapping[str, str]) -> BatchSettings:
         queued_batches_per_bin=_int(env, "CARPOOL_BATCH_QUEUED_PER_BIN",
                                     QUEUED_BATCHES_PER_BIN_DEFAULT, 1),
         keep_s=_int(env, "CARPOOL_BATCH_KEEP_S", BatchSettings.keep_s, 60),
-        crash_at=_crash_at(env.get("CARPOOL_FEEDER_CRASH_AT", "")),
         metrics_port=_port(env, "CARPOOL_FEEDER_METRICS_PORT", BatchSettings.metrics_port),
     )
 
@@ -90,11 +79,3 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     if port > 65535:
         raise ConfigError(f"{name}={port} is not a TCP port (0 turns it off)")
     return port
-
-
-def _crash_at(raw: str) -> str:
-    point, _, n = raw.partition(":")
-    if raw and (point not in CRASH_POINTS or not n.isdigit()):
-        raise ConfigError(f"CARPOOL_FEEDER_CRASH_AT={raw!r} must be POINT:N, POINT one of "
-                          f"{', '.join(CRASH_POINTS)}")
-    return raw

@@ -4,6 +4,7 @@ every line is in exactly one of the output and error files, none twice."""
 from __future__ import annotations
 
 import io
+import signal
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from feeder.feeder import CRASH_EXIT_STATUS
+from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import (
     CATALOGUE_TOML,
@@ -21,7 +22,8 @@ from tests.support.batches import (
     wait_batch,
 )
 from tests.support.faults import record
-from tests.support.procs import start_web, start_worker
+from tests.support.feeder_held import HELD
+from tests.support.procs import log_says, start_web, start_worker
 from tests.support.redisproc import private_redis
 
 pytestmark = pytest.mark.e2e
@@ -88,9 +90,10 @@ def wait_batch_counts(client: openai.OpenAI, batch_id: str) -> None:
 @pytest.mark.parametrize("point", ["admitted:3", "chunk:3", "finalize:1"])
 def test_a_feeder_stopped_between_two_writes_resumes_without_losing_or_repeating_a_line(
         point: str, tmp_path: Path) -> None:
-    """The crash points no kill can time: after admitting lines but before recording
-    them, after writing a chunk but before marking it, after writing the files but
-    before the final status (CARPOOL_FEEDER_CRASH_AT)."""
+    """SIGKILL at the points no kill from outside can time: after admitting lines but
+    before recording them, after writing a chunk but before marking it, after writing
+    the files but before the final status. The feeder is held there by a test-side
+    launcher (tests/support/feeder_held.py); the shipped feeder has no crash switch."""
     (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML)
     lines = 3000
     with ExitStack() as stack:
@@ -101,14 +104,16 @@ def test_a_feeder_stopped_between_two_writes_resumes_without_losing_or_repeating
         stack.callback(drop_keys, env["CARPOOL_KEY_PREFIX"])
         base_url = stack.enter_context(start_web(env))
         stack.enter_context(start_worker({**env, "CARPOOL_MODELS": "hemb"}))
-        crashing = stack.enter_context(start_feeder(
-            {**env, "CARPOOL_FEEDER_CRASH_AT": point}, tmp_path / "feeder.log"))
+        held = stack.enter_context(start_feeder(env, tmp_path / "held.log", held_at=point))
         client = stack.enter_context(openai.OpenAI(base_url=f"{base_url}/v1", api_key="-"))
         file_id = client.files.create(file=("in.jsonl", io.BytesIO(embedding_lines(lines))),
                                       purpose="batch").id
         batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                       completion_window="24h")
-        assert crashing.wait(timeout=120) == CRASH_EXIT_STATUS
+        wait_until(lambda: log_says(tmp_path / "held.log", f"{HELD} {point}"), 120,
+                   f"the feeder held at {point}")
+        held.send_signal(signal.SIGKILL)
+        assert held.wait(timeout=30) == -signal.SIGKILL
         stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
         done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=120)
         assert done.status == "completed", done

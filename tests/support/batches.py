@@ -44,11 +44,15 @@ def feeder_command() -> list[str]:
 
 
 @contextmanager
-def start_feeder(env: dict[str, str], log_path: Path) -> Iterator[Any]:
+def start_feeder(env: dict[str, str], log_path: Path, held_at: str = "") -> Iterator[Any]:
     """The real feeder process; ready when its log says so. Its metrics endpoint is off
-    unless ``env`` sets CARPOOL_FEEDER_METRICS_PORT (parallel runs would fight over 9400)."""
+    unless ``env`` sets CARPOOL_FEEDER_METRICS_PORT (parallel runs would fight over 9400).
+    ``held_at`` (``POINT:N``) runs it under tests/support/feeder_held.py, which holds
+    it between two writes for the test to kill."""
     env = {"CARPOOL_FEEDER_METRICS_PORT": "0", **env}
-    cmd = ["bash", "-c", f'exec "$0" "$@" >>{log_path} 2>&1', *feeder_command()]
+    command = ([sys.executable, "-m", "tests.support.feeder_held", held_at] if held_at
+               else feeder_command())
+    cmd = ["bash", "-c", f'exec "$0" "$@" >>{log_path} 2>&1', *command]
     with running(cmd, env, lambda: log_says(log_path, "feeder ready"), "feeder",
                  FEEDER_START_TIMEOUT_S) as proc:
         yield proc
