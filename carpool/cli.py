@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from carpool.client import ApiError, Client, Job
 from carpool.client.bulk import run_batch_command
-from carpool.client.commands import add_commands
+from carpool.client.cli_commands import add_commands
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack

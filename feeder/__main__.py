@@ -9,7 +9,7 @@ from types import FrameType
 
 import redis
 
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.connection import connect, open_pubsub
 from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys

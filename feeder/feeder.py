@@ -1,6 +1,6 @@
 """The feeder's loop: validate, collect, feed, finish; one step for all batches at once.
 
-Every step starts from what Redis says (carpool/backend/batchdb.py); a lost
+Every step starts from what Redis says (carpool/backend/bulkdb.py); a lost
 Redis drops the copy in memory, and the next step rebuilds it, so a restart and
 a reconnect are the same path (docs/batches.md, "Nothing lost, nothing twice").
 """
@@ -16,8 +16,8 @@ from collections import defaultdict
 from typing import Any
 
 from carpool.admission.urgency import BATCH_PRIORITY
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable, NotCancellable

@@ -1,6 +1,6 @@
 """One batch as the feeder holds it: its lines and which are admitted or stored.
 
-Redis is the truth (carpool/backend/batchdb.py); this is its copy in memory,
+Redis is the truth (carpool/backend/bulkdb.py); this is its copy in memory,
 rebuilt from Redis after a restart or a lost connection.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flask import Flask
 
 from carpool.admission.budget import check_catalogue_memory
-from carpool.backend.admitting import Admissions
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.admissions import Admissions
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.connection import connect
 from carpool.backend.durability import check_durability, read_persistence
 from carpool.backend.filestore import file_store

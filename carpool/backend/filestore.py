@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from carpool.core.batch_settings import BatchSettings
+from carpool.core.bulk_settings import BatchSettings
 from carpool.core.errors import BackendUnavailable
 
 #: Bytes per piece when a file is streamed to a client.

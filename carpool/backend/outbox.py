@@ -219,7 +219,7 @@ def add_event(pipe: Any, keys: Keys, subject_id: str, event: str, owner: str,
               url: str) -> None:
     """Queue on ``pipe`` (a ``MULTI`` that makes the state change) what outbox.lua adds:
     the event, due at once, and a wake token. For events whose change is not a script
-    call (a batch's end: carpool/backend/batchdb.py)."""
+    call (a batch's end: carpool/backend/bulkdb.py)."""
     tag = hook_tag_of(event, subject_id)
     t_ms = time.time_ns() // 1_000_000
     member = "\t".join((subject_id, event, str(t_ms), owner, url))

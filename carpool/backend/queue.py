@@ -60,7 +60,7 @@ def ended_ids(message: str) -> list[str]:
 
 class Queue:
     """Peek, claim, complete and cancel jobs; each is one Lua script call. Admission is
-    carpool/backend/admitting.py's."""
+    carpool/backend/admissions.py's."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client

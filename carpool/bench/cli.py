@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from carpool.bench import commands
+from carpool.bench import subcommands as commands
 from carpool.bench.ceiling import DEFAULT_RATES
 from carpool.bench.client import PROTOCOLS
 from carpool.bench.policies import POLICIES

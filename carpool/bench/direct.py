@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from carpool.backend import records as job_records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect, open_pubsub
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids

@@ -24,7 +24,7 @@ from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.bench.policies import Policy, write_config
 from carpool.core.settings import Settings, load_settings
-from carpool.stack.commands import argv
+from carpool.stack.command_lines import argv
 from carpool.stack.waiting import wait_until
 
 # The shipped command lines (carpool/stack/commands.toml); the port and worker count travel

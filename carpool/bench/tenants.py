@@ -41,7 +41,7 @@ def drive_tenants(target: Target, tenants: Sequence[tuple[str, list[Arrival]]],
 
 
 def cmd_tenants(args: argparse.Namespace, out: Path, header: str) -> int:
-    from carpool.bench.commands import _finish, _targets
+    from carpool.bench.subcommands import _finish, _targets
 
     sizes = SizeMix.parse(args.sizes)
     quiet_key, flood_key = secrets.token_hex(16), secrets.token_hex(16)

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from carpool.client.batches import BatchRun
+from carpool.client.bulk_run import BatchRun
 from carpool.client.handle import AsyncJob, JobDoc
 from carpool.client.protocol import (
     POLL_WAIT_S,

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from carpool.client.batches import BatchRun
+from carpool.client.bulk_run import BatchRun
 from carpool.client.handle import Job, JobDoc
 from carpool.client.protocol import (
     POLL_WAIT_S,

@@ -17,7 +17,7 @@ JOB_ID_BYTES = 16
 #: characters; all of [A-Za-z0-9_-].
 JOB_ID_CHARS = SHARD_CHARS + 22
 #: A failed job's error that starts "<code>: " with one of these codes shows the code
-#: as ``error_code`` in its document too (carpool/backend/refusals.py writes one).
+#: as ``error_code`` in its document too (carpool/backend/refused_models.py writes one).
 MODEL_UNAVAILABLE = "model_unavailable"
 JOB_ERROR_CODES = frozenset({MODEL_UNAVAILABLE})
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from carpool.core.batch_settings import BatchSettings, load_batch_settings
+from carpool.core.bulk_settings import BatchSettings, load_batch_settings
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import ConfigError
 from carpool.core.webhook_settings import WebhookSettings, check_secret, read_webhook_settings
@@ -101,7 +101,7 @@ class Settings:
     stop_grace_s: float = 45.0
     #: A model that every live worker refused, with none serving it, this long: its
     #: queued jobs end "failed" (model_unavailable) instead of waiting out
-    #: ``queued_ttl_s`` (carpool/backend/refusals.py). Above the slowest worker's load
+    #: ``queued_ttl_s`` (carpool/backend/refused_models.py). Above the slowest worker's load
     #: time, so a worker still loading the model is waited for.
     refused_grace_s: float = 30.0
     #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
@@ -135,7 +135,7 @@ class Settings:
     #: TEST ONLY: the synthetic model appends each batch's input values here, one
     #: JSON line per model call, so tests can see exactly what reached the model.
     synthetic_call_log: str = ""
-    #: Bulk batches and the file store (carpool/core/batch_settings.py).
+    #: Bulk batches and the file store (carpool/core/bulk_settings.py).
     batches: BatchSettings = field(default_factory=BatchSettings)
 
     @property

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from carpool.core.errors import ConfigError
 from carpool.core.settings import DEFAULT_WORKER_METRICS_PORT
-from carpool.stack.commands import python_argv
+from carpool.stack.command_lines import python_argv
 from carpool.stack.redis_local import LocalRedis, choose_redis, free_port
 from carpool.stack.supervisor import Child, Supervisor
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue

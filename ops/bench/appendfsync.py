@@ -3,7 +3,7 @@
     python ops/bench/appendfsync.py --jobs 3000 --clients 8
 
 For each mode it starts a private redis-server on this machine's disk, then
-admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.backend.admitting):
+admits synthetic jobs of ~1 KiB through the real admit.lua (carpool.backend.admissions):
 first from one client, one at a time (latency per admission), then from
 ``--clients`` threads at once (throughput: Redis groups the writes of one event
 loop turn into one fsync, so concurrency hides part of the cost).
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue

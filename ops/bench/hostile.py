@@ -39,7 +39,7 @@ import psutil
 import redis
 import requests
 
-from carpool.stack.commands import python_argv
+from carpool.stack.command_lines import python_argv
 from carpool.stack.redis_local import free_port, start_redis
 
 SOCKETS = 4100

@@ -40,14 +40,14 @@ import torch
 from preprocess import photo, stored  # this folder
 
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import ExecutorSettings
-from carpool.stack.commands import python_argv
+from carpool.stack.command_lines import python_argv
 from carpool.stack.waiting import wait_until
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.image import ImageHandler

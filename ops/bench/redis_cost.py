@@ -36,7 +36,7 @@ from typing import Any
 import redis
 import requests
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue

@@ -31,7 +31,7 @@ import httpx
 from carpool.backend import records
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
-from carpool.stack.commands import python_argv
+from carpool.stack.command_lines import python_argv
 from carpool.stack.redis_local import free_port, start_redis
 from carpool.stack.waiting import wait_until
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.connection import connect
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys, shard
 from carpool.backend.outbox import Outbox

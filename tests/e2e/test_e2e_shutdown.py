@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.settings import Settings

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.outbox import Outbox

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue

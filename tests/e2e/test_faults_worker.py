@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys, shard, shard_of_job
 from carpool.backend.leases import Leases

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import Settings

@@ -15,7 +15,7 @@ import pytest
 import redis
 import requests
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import Outcome, new_job_id
 from carpool.core.settings import load_settings

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from carpool.admission.fair_share import FAIR_SHARE_NEAR
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BinFull, OverShare, WaitTooLong

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
 from carpool.core.errors import BinFull, WaitTooLong

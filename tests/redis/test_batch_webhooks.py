@@ -12,7 +12,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from tests.support.batches import embedding_lines

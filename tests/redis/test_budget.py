@@ -10,7 +10,7 @@ import redis
 
 from carpool.admission.budget import FINISHED_RECORD_BYTES, RECORD_OVERHEAD_BYTES, memory_report
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue

@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from carpool.core.jobs import Claim, ClaimedJob
-from worker.loop.hooks import BatchReport
+from worker.loop.observers import BatchReport
 from worker.observe.flower import FLUSH_EVERY_S, FlowerBatchEvents
 
 

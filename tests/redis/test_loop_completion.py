@@ -23,7 +23,7 @@ from carpool.core.settings import load_settings
 from carpool.scheduling.batching import Go
 from tests.conftest import make_env
 from tests.support.faults import admit_jobs, statuses
-from tests.support.hookrec import Recorder
+from tests.support.observed import Recorder
 from tests.support.procs import wait_until
 from tests.support.redisproc import private_redis
 from worker.executors.pipelined import PipelinedExecutor

@@ -17,9 +17,9 @@ from carpool.core.settings import Settings
 from carpool.core.synthetic import expected_result
 from tests.support.faults import admit_jobs, attempts_of
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop.hooks import BatchReport
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import BatchLoop, Peeked
+from worker.loop.observers import BatchReport
 
 
 class Raising:

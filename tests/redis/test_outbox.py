@@ -10,7 +10,7 @@ import pytest
 from carpool.backend.leases import Leases
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Outbox, webhook_doc
 from carpool.backend.queue import Queue
-from carpool.backend.refusals import RefusedJobs
+from carpool.backend.refused_models import RefusedJobs
 from carpool.core.catalogue import Catalogue
 from carpool.core.jobs import Outcome
 from carpool.core.shards import shard

@@ -12,7 +12,7 @@ import pytest
 
 import worker.loop.loop
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, load_catalogue
 from carpool.core.errors import BackendUnavailable
@@ -20,7 +20,7 @@ from carpool.core.jobs import BinState, ClaimedJob, JobStatus, Outcome, new_job_
 from carpool.core.settings import Settings, load_settings
 from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
-from tests.support.hookrec import Recorder
+from tests.support.observed import Recorder
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import shard_of_job
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue

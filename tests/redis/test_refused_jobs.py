@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
-from carpool.backend.refusals import RefusedJobs
+from carpool.backend.refused_models import RefusedJobs
 from carpool.backend.registry import Registry
 from carpool.core.catalogue import load_catalogue
 from carpool.core.jobs import JobStatus, new_job_id
 from tests.support.procs import wait_until
 from tests.support.webtools import jpeg, web_client, web_settings
-from worker.shell.refusals import RefusalWatch
+from worker.shell.refusal_watch import RefusalWatch
 
 NO_WEIGHTS = "model 'imgs' has no weights: set [models.imgs.options] weights = ..."
 SPEC = load_catalogue(None).get("synthetic")

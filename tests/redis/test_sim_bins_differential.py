@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull

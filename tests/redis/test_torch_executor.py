@@ -16,8 +16,8 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
 from carpool.core.jobs import JobStatus
 from carpool.core.settings import ExecutorSettings, Settings
-from tests.support.hookrec import Recorder
 from tests.support.jobs import admit
+from tests.support.observed import Recorder
 from worker.device.memory import MemoryGuard
 from worker.executors.torch_executor import TorchExecutor
 from worker.handlers.synthetic import SyntheticHandler

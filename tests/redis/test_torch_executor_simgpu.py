@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.settings import Settings
-from tests.support.hookrec import Recorder
+from tests.support.observed import Recorder
 from tests.support.simcuda import SimCuda, SimHandler
 from tests.unit.test_torch_executor import BIN, KEY, SPEC, executor
 from worker.loop.loop import BatchLoop

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from carpool.backend.admitting import (
+from carpool.backend.admissions import (
     Admissions,
     AdmitJob,
     AdmitOutcome,

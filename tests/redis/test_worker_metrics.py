@@ -7,7 +7,7 @@ import redis
 from prometheus_client import generate_latest
 
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.jobs import new_job_id
 from carpool.core.settings import Settings

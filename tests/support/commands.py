@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from carpool.stack.commands import argv, load_commands
+from carpool.stack.command_lines import argv, load_commands
 
 COMMANDS_FILE = Path(str(files("carpool.stack").joinpath("commands.toml")))
 

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from carpool.backend import records
-from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.audit import snapshot, violations
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from carpool.backend.batchdb import FINAL, BatchDb
+from carpool.backend.bulkdb import FINAL, BatchDb
 from feeder import __main__ as feeder_main
 from feeder import chunks
 

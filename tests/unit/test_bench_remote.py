@@ -13,7 +13,7 @@ import pytest
 
 from carpool.bench import remote
 from carpool.bench.cli import build_parser
-from carpool.bench.commands import dispatch
+from carpool.bench.subcommands import dispatch
 
 
 def serve(models: Any) -> Iterator[str]:
@@ -68,7 +68,7 @@ def test_unreachable_target_is_unknown_not_an_error() -> None:
 def test_bench_header_for_a_url_never_shows_the_defaults_it_would_set(
         plain_target: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    monkeypatch.setattr("carpool.bench.commands.cmd_run",
+    monkeypatch.setattr("carpool.bench.subcommands.cmd_run",
                         lambda args, out, header: seen.append(header) or 0)
     argv = ["run", "--url", plain_target, "--rate", "1", "--out", str(tmp_path)]
     assert dispatch(build_parser().parse_args(argv), argv) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import tomllib
 
-from carpool.stack.commands import argv, python_argv
+from carpool.stack.command_lines import argv, python_argv
 from carpool.stack.localstack import flower_command, web_command, worker_command
 from tests.support.procs import REPO_ROOT
 

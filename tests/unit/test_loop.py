@@ -14,7 +14,7 @@ from carpool.core.catalogue import BinSpec
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
 from carpool.core.settings import load_settings
 from tests.conftest import make_env
-from tests.support.hookrec import Recorder
+from tests.support.observed import Recorder
 from worker.device.memory import MemoryGuard
 from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler

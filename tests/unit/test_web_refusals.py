@@ -35,7 +35,7 @@ REFUSING_REPLIES: dict[str, list[Any]] = {
     "over": ["over", 0, 5, "model", 10, 20],
 }
 #: admit.lua's answers that are not a refusal of the job: admitted, or an idempotent
-#: repeat (carpool/backend/admitting.py reads those two itself).
+#: repeat (carpool/backend/admissions.py reads those two itself).
 NOT_REFUSALS = {"ok", "dup", "conflict"}
 
 

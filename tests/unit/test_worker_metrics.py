@@ -12,7 +12,7 @@ from carpool.scheduling.batching import Limits
 from tests.support.promtext import Scrape
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
-from worker.loop.hooks import BatchReport
+from worker.loop.observers import BatchReport
 from worker.observe.metrics import GpuMemory, WorkerMetrics
 
 SPEC = load_catalogue(None).get("synthetic")

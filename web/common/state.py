@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from flask import current_app
 
-from carpool.backend.admitting import Admissions
-from carpool.backend.batchdb import BatchDb
+from carpool.backend.admissions import Admissions
+from carpool.backend.bulkdb import BatchDb
 from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache

@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.admissions import AdmitJob, AdmitRequest, single_admitted
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import (
     BackendUnavailable,

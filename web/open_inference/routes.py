@@ -20,7 +20,7 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
 import carpool
-from carpool.backend.admitting import AdmitJob, AdmitRequest
+from carpool.backend.admissions import AdmitJob, AdmitRequest
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
     BackendUnavailable,

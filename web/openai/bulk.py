@@ -16,10 +16,10 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from carpool.backend.admitting import AdmitJob, AdmitRequest
-from carpool.backend.batchdb import FINAL, batch_document, new_batch_id
+from carpool.backend.admissions import AdmitJob, AdmitRequest
+from carpool.backend.bulkdb import FINAL, batch_document, new_batch_id
 from carpool.backend.outbox import webhook_doc
-from carpool.core.batch_settings import MAX_WINDOW_S
+from carpool.core.bulk_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
 from carpool.core.webhooks import check_url

@@ -1,6 +1,6 @@
 """OpenAI's Files API (``/v1/files``) for batch inputs and outputs.
 
-Metadata in Redis (carpool/backend/batchdb.py), bytes in the file store
+Metadata in Redis (carpool/backend/bulkdb.py), bytes in the file store
 (carpool/backend/filestore.py). Files are scoped to the API key that made them:
 another key's file answers the same 404 as an unknown id.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from carpool.backend.batchdb import file_document, new_file_id
+from carpool.backend.bulkdb import file_document, new_file_id
 from carpool.backend.filestore import store_name
 from carpool.core.errors import InvalidInput
 from web.common.auth import request_owner

@@ -1,6 +1,6 @@
 """Job reads of concurrent requests, coalesced into shared round trips
 (carpool/backend/coalescing.py says why and how; admissions coalesce the same way,
-behind ``carpool.backend.admitting.Admissions``)."""
+behind ``carpool.backend.admissions.Admissions``)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``GET /result/<id>`` of a queued job adds ``waiting_for``: ``{"state", "reason"}``,
 the registry's view of the model (carpool/backend/registry.py, cached a few seconds,
 so no Redis round trip of its own): "refused" when every live worker that tried
-refused it (the job fails after ``CARPOOL_REFUSED_GRACE_S``: worker/shell/refusals.py),
+refused it (the job fails after ``CARPOOL_REFUSED_GRACE_S``: worker/shell/refusal_watch.py),
 "no worker" when no worker is live at all (it starts on queue depth). A model that a
 live worker serves adds nothing: the job is next in line.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from carpool.backend.refusals import refusal_message
+from carpool.backend.refused_models import refusal_message
 from carpool.backend.registry import RegistryCache
 from carpool.core.jobs import JobStatus, JobView
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from worker.device.device import Accelerator, Event
-from worker.device.tensors import map_tensors
+from worker.device.tensor_tree import map_tensors
 
 #: Buffers per key: one being filled while the other's copy is in flight.
 BUFFERS_PER_SHAPE = 2

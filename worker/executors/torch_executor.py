@@ -33,7 +33,7 @@ from carpool.core.catalogue import BinSpec
 from carpool.core.settings import ExecutorSettings
 from worker.device.device import Accelerator, Event, accelerator_for
 from worker.device.memory import MemoryGuard
-from worker.device.tensors import map_tensors
+from worker.device.tensor_tree import map_tensors
 from worker.executors.ladder import padded, snap_down
 from worker.executors.pipelined import PipelinedExecutor
 from worker.executors.staging import Staged, Staging, to_host

@@ -24,7 +24,7 @@ import torch
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError
-from worker.device.tensors import map_tensors
+from worker.device.tensor_tree import map_tensors
 
 #: The ``dtype`` option's values, and the autocast dtype each means (None: no autocast).
 DTYPES: Mapping[str, torch.dtype | None] = {

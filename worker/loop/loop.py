@@ -11,7 +11,7 @@ none, and the next decision peeks every bin.
 
 Leases are not hooks: the loop calls its lease keeper by name (``hold``,
 ``finished``, ``hand_back``, ``reply_lost``: worker/loop/leasekeeper.py). Hooks are
-monitoring only (worker/loop/hooks.py).
+monitoring only (worker/loop/observers.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.loop.completion import CompletionWriter, GaveUp
-from worker.loop.hooks import BatchHooks, BatchReport, call_hooks
 from worker.loop.leasekeeper import LeaseHolder, NoLeaseKeeper
+from worker.loop.observers import BatchHooks, BatchReport, call_hooks
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Told of each claim's life (worker/loop/hooks.py): Flower events and metrics hook
+    #: Told of each claim's life (worker/loop/observers.py): Flower events and metrics hook
     #: in here. Monitoring only: what a hook raises is logged, and no job depends on it.
     hooks: list[BatchHooks] = field(default_factory=list)
     #: Keeps the leases of the batches in hand, and hands back the ones that end

@@ -32,7 +32,7 @@ import torch
 
 from carpool.core.catalogue import BinSpec
 from carpool.core.settings import ExecutorSettings
-from worker.device.tensors import map_tensors
+from worker.device.tensor_tree import map_tensors
 from worker.executors.ladder import rungs
 from worker.executors.runner import is_out_of_memory, is_sticky
 from worker.executors.staging import to_host

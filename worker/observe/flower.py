@@ -30,8 +30,8 @@ from typing import Any
 
 from carpool.core.jobs import Claim
 from worker.device.gpu import Gpu, describe_gpu
-from worker.loop.hooks import BatchReport, Hooks
 from worker.loop.loop import BatchLoop
+from worker.loop.observers import BatchReport, Hooks
 
 #: The task name under which batches appear in Flower.
 BATCH_TASK_NAME = "carpool.batch"

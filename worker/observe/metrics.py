@@ -38,7 +38,7 @@ from carpool.core.settings import DEFAULT_WORKER_METRICS_ADDR
 from carpool.scheduling.batching import Limits
 from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler
-from worker.loop.hooks import BatchReport, Hooks
+from worker.loop.observers import BatchReport, Hooks
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from carpool.backend.durability import check_durability
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
-from carpool.backend.refusals import RefusedJobs
+from carpool.backend.refused_models import RefusedJobs
 from carpool.backend.registry import Registry
 from carpool.core.errors import ConfigError, DeviceLost
 from carpool.core.settings import Settings, load_settings
@@ -42,7 +42,7 @@ from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
-from worker.shell.refusals import RefusalWatch
+from worker.shell.refusal_watch import RefusalWatch
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the worker adds to the ``carpool`` command line: ``carpool calibrate``.
 
-Registered through the ``carpool.stack.commands`` entry point group (pyproject.toml),
+Registered through the ``carpool.stack.command_lines`` entry point group (pyproject.toml),
 so ``carpool/`` never imports ``worker/``. This module is torch-free: ``carpool
 --help`` lists the command on a web-only install, and running it there says
 which extra to install.

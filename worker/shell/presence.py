@@ -29,7 +29,7 @@ class Presence:
         self.served = tuple(served)
         self.refused = dict(refused)
         self.interval_s = interval_s
-        #: Run after each beat (worker/shell/refusals.py's tick), on this thread.
+        #: Run after each beat (worker/shell/refusal_watch.py's tick), on this thread.
         self.on_beat = on_beat
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None

@@ -4,7 +4,7 @@ The web refuses such a model at submit (carpool/backend/registry.py), but jobs
 admitted before the first worker registered (start-up, a restart, scale from zero)
 are already queued: without this they would wait out ``CARPOOL_QUEUED_TTL_S``. A
 worker that refused a model ends them "failed" once the refusal has lasted
-``CARPOOL_REFUSED_GRACE_S`` with no live worker serving it (worker/shell/refusals.py),
+``CARPOOL_REFUSED_GRACE_S`` with no live worker serving it (worker/shell/refusal_watch.py),
 with one script call per bin (lua/fail_queued.lua), safe from several workers at once.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from carpool.core.jobs import Claim
-from worker.loop.hooks import BatchReport
+from worker.loop.observers import BatchReport
 
 
 class Recorder:

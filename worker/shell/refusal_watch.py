@@ -5,7 +5,7 @@ admitted while no worker was live: start-up, a restart, scale from zero). On eac
 heartbeat (worker/shell/presence.py) a worker looks at the registry for each model
 it refused; once every live worker that tried has refused it, with none serving it,
 for ``grace_s`` as this worker saw it, its queued jobs end "failed"
-(carpool/backend/refusals.py). The grace starts at the first beat that sees the
+(carpool/backend/refused_models.py). The grace starts at the first beat that sees the
 refusal, so it counts from when the last server lapsed or this worker registered:
 a worker still loading the model has that long to register.
 """
@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from carpool.backend.refusals import RefusedJobs, failed_message
+from carpool.backend.refused_models import RefusedJobs, failed_message
 from carpool.backend.registry import Registry, availability
 from carpool.core.catalogue import Catalogue
 
