@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carpool.client import ApiError, Client, Job
-from carpool.client.bulk import run_batch_command
+from carpool.client.bulk import run_bulk_command
 from carpool.client.cli_commands import add_commands
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
@@ -193,7 +193,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    return run_batch_command(args)
+    return run_bulk_command(args)
 
 
 def _audit_outboxes(outbox: Outbox, keys: Keys, tags: set[str], max_age_s: float) -> None:

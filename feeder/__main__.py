@@ -9,7 +9,7 @@ from types import FrameType
 
 import redis
 
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect, open_pubsub
 from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
@@ -50,8 +50,8 @@ def main() -> None:
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
-    feeder = Feeder(settings, queue, BatchDb(client, keys), file_store(settings.batches))
-    feeder.metrics.serve(settings.batches.metrics_port, settings.worker_metrics_addr)
+    feeder = Feeder(settings, queue, BulkDb(client, keys), file_store(settings.bulk))
+    feeder.metrics.serve(settings.bulk.metrics_port, settings.worker_metrics_addr)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -59,8 +59,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("feeder ready (files: %s)", settings.batches.s3_bucket or
-             settings.batches.files_dir)
+    log.info("feeder ready (files: %s)", settings.bulk.s3_bucket or
+             settings.bulk.files_dir)
     run_forever(feeder, stop, DoneWake(client, keys.done_channel))
     log.info("feeder stopped")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from carpool.admission.urgency import BATCH_PRIORITY
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable, NotCancellable
@@ -41,7 +41,7 @@ BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 class Feeder:
-    def __init__(self, settings: Settings, queue: Queue, db: BatchDb, store: FileStore) -> None:
+    def __init__(self, settings: Settings, queue: Queue, db: BulkDb, store: FileStore) -> None:
         self.settings, self.queue, self.db, self.store = settings, queue, db, store
         self.admissions = Admissions(queue.client, queue.keys)
         self.runs: dict[str, Run] = {}
@@ -56,11 +56,11 @@ class Feeder:
         busy = False
         feedable: list[Run] = []
         for batch_id in active:
-            h = self.db.batch(batch_id)
+            h = self.db.bulk(batch_id)
             if h is None:
                 continue
             try:
-                busy |= self._step_batch(batch_id, h, feedable)
+                busy |= self._step_bulk(batch_id, h, feedable)
             except BackendUnavailable:
                 raise
             except Exception as exc:  # one broken batch must not stop the others
@@ -69,7 +69,7 @@ class Feeder:
                 busy = True
         return self._feed(feedable) or busy
 
-    def _step_batch(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
+    def _step_bulk(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
         busy = False
         if h["status"] == "validating":
             self._validate(batch_id, h)
@@ -107,7 +107,7 @@ class Feeder:
                        "param": "input_file_id", "line": None}]
         else:
             parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                                self.settings.batches.max_lines)
+                                self.settings.bulk.max_lines)
             errors = parsed.errors
         if errors:
             if self.db.move(batch_id, ("validating",), "failed", failed_at=now,
@@ -128,7 +128,7 @@ class Feeder:
         if data is None:
             raise LookupError(f"its input file {h['input_file_id']} was deleted")
         parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                            self.settings.batches.max_lines)
+                            self.settings.bulk.max_lines)
         if parsed.spec is None or parsed.errors:
             raise ValueError("its input file no longer passes validation (the catalogue "
                              "changed?)")
@@ -244,20 +244,20 @@ class Feeder:
             self.store.put(store_name(file_id), data)
             self.db.add_file({"id": file_id, "bytes": len(data), "created_at": int(time.time()),
                               "filename": f"{run.id}_{kind}.jsonl", "purpose": "batch_output",
-                              "owner": run.owner}, self.settings.batches.keep_s)
+                              "owner": run.owner}, self.settings.bulk.keep_s)
             names[f"{kind}_file_id"] = file_id
         now = int(time.time())
         moved = self.db.move(run.id, (h["status"],), final, **names, **{f"{final}_at": now})
         if moved:
             self.metrics.ended.labels(final).inc()
-            self.db.drop_line_state(run.id, self.settings.batches.keep_s)
+            self.db.drop_line_state(run.id, self.settings.bulk.keep_s)
             chunks.drop_chunks(self.store, run.id, run.chunks)
             self.runs.pop(run.id, None)
 
     # --- feeding ---
     def _feed(self, runs: list[Run]) -> bool:
         """Admit lines where their bins have room, API keys taking turns."""
-        cap = self.settings.batches.queued_batches_per_bin
+        cap = self.settings.bulk.queued_batches_per_bin
         room: dict[tuple[str, str], int] = {}
         for run in runs:
             for b in run.spec.bins:

@@ -6,7 +6,7 @@ from flask import Flask
 
 from carpool.admission.budget import check_catalogue_memory
 from carpool.backend.admissions import Admissions
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect
 from carpool.backend.durability import check_durability, read_persistence
 from carpool.backend.filestore import file_store
@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),
-        batchdb=BatchDb(client, keys), files=file_store(settings.batches),
+        bulkdb=BulkDb(client, keys), files=file_store(settings.bulk),
     )
     metrics.instrument(app)
     app.register_blueprint(server_routes.blueprint)

@@ -40,7 +40,7 @@ def new_file_id() -> str:
     return "file-" + secrets.token_hex(12)
 
 
-def new_batch_id() -> str:
+def new_bulk_id() -> str:
     return "batch_" + secrets.token_hex(12)
 
 
@@ -52,7 +52,7 @@ class Page:
     has_more: bool
 
 
-class BatchDb:
+class BulkDb:
     """Typed reads and writes of the file and batch records."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
@@ -86,7 +86,7 @@ class BatchDb:
         return Page([r for r in rows if r], len(ids) > limit)
 
     # --- batches ---
-    def add_batch(self, fields: Mapping[str, str | int], keep_s: int) -> None:
+    def add_bulk(self, fields: Mapping[str, str | int], keep_s: int) -> None:
         batch_id, owner = str(fields["id"]), str(fields.get("owner", ""))
         with redis_errors():
             pipe = self.client.pipeline(transaction=True)
@@ -96,14 +96,14 @@ class BatchDb:
             pipe.sadd(self.keys.batches_active, batch_id)
             pipe.execute()
 
-    def batch(self, batch_id: str) -> dict[str, str] | None:
+    def bulk(self, batch_id: str) -> dict[str, str] | None:
         with redis_errors():
             h = self.client.hgetall(self.keys.batch(batch_id))
         return _decoded(h) or None
 
-    def list_batches(self, owner: str, after: str, limit: int) -> Page:
+    def list_bulk(self, owner: str, after: str, limit: int) -> Page:
         ids = self._page_ids(self.keys.batches(owner), after, limit)
-        rows = [self.batch(i) for i in ids[:limit]]
+        rows = [self.bulk(i) for i in ids[:limit]]
         return Page([r for r in rows if r], len(ids) > limit)
 
     def active(self) -> list[str]:
@@ -223,7 +223,7 @@ def _decoded(h: Mapping[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in h.items()}
 
 
-def batch_document(h: Mapping[str, str]) -> dict[str, Any]:
+def bulk_document(h: Mapping[str, str]) -> dict[str, Any]:
     """The batch as OpenAI's API shows it, from its hash."""
     def stamp(name: str) -> int | None:
         return int(h[name]) if h.get(name) else None

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from carpool.core.bulk_settings import BatchSettings
+from carpool.core.bulk_settings import BulkSettings
 from carpool.core.errors import BackendUnavailable
 
 #: Bytes per piece when a file is streamed to a client.
@@ -162,7 +162,7 @@ class _s3_errors:  # noqa: N801 — used as a context manager, like contextlib's
             raise BackendUnavailable(f"file store (S3): {exc}") from exc
 
 
-def file_store(settings: BatchSettings) -> FileStore:
+def file_store(settings: BulkSettings) -> FileStore:
     """The store the settings name: S3 with a bucket, else the local folder."""
     if settings.s3_bucket:
         return S3FileStore(settings.s3_bucket, settings.s3_prefix, settings.s3_endpoint_url)

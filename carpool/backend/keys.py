@@ -67,7 +67,7 @@ leases) has a tag of its own, ``{p}``.
                                     the same webhook outbox for batch events
                                     (batch.completed, ...): in the batches' slot, so a
                                     batch's end and its event are one MULTI
-                                    (batchdb.py); ``BATCH_HOOK_TAG`` names it
+                                    (bulkdb.py); ``BATCH_HOOK_TAG`` names it
 """
 
 from dataclasses import dataclass

@@ -114,7 +114,7 @@ def progress_bar(out: TextIO = sys.stderr, width: int = 30) -> Callable[[dict[st
     return draw
 
 
-def run_batch_command(args: Any) -> int:
+def run_bulk_command(args: Any) -> int:
     """``carpool batch submit|status|results`` (carpool/cli.py parses the arguments)."""
     bulk = Bulk(args.url, args.api_key or None)
     try:

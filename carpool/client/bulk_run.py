@@ -18,7 +18,7 @@ from carpool.client.protocol import (
 )
 
 
-class BatchRun:
+class BulkRun:
     """Inputs of one ``map`` call, each ending as a Job (or a raised error)."""
 
     def __init__(self, model: str, inputs: Sequence[Any], options: Mapping[str, Any]) -> None:

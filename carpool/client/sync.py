@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from carpool.client.bulk_run import BatchRun
+from carpool.client.bulk_run import BulkRun
 from carpool.client.handle import Job, JobDoc
 from carpool.client.protocol import (
     POLL_WAIT_S,
@@ -168,7 +168,7 @@ class Client:
         """Each input's result, in order, through /submit/batch (1000 inputs a request).
         Refused items (429/503) are retried by the policy; raises like ``run``."""
         start = time.monotonic()
-        batch = BatchRun(model, inputs, options)
+        batch = BulkRun(model, inputs, options)
         while True:
             wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
             for chunk, call in batch.calls(wait_s):

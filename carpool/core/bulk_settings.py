@@ -1,7 +1,7 @@
 """Settings of bulk batches (``/v1/files``, ``/v1/batches``) and of the file store.
 
 Read once with the other settings (``carpool.core.settings.load_settings``); a
-field of ``Settings.batches``.
+field of ``Settings.bulk``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAX_WINDOW_S = 24 * 3600
 
 
 @dataclass(frozen=True)
-class BatchSettings:
+class BulkSettings:
     #: Where files live: a local folder (the default) unless ``s3_bucket`` is set.
     files_dir: Path = Path(".carpool") / "files"
     #: S3-compatible object storage: bucket, endpoint (empty: AWS), key prefix.
@@ -54,23 +54,23 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
     return value
 
 
-def load_batch_settings(env: Mapping[str, str]) -> BatchSettings:
-    """``BatchSettings`` from the ``CARPOOL_FILES_*`` and ``CARPOOL_BATCH_*`` variables."""
+def load_bulk_settings(env: Mapping[str, str]) -> BulkSettings:
+    """``BulkSettings`` from the ``CARPOOL_FILES_*`` and ``CARPOOL_BATCH_*`` variables."""
     endpoint = env.get("CARPOOL_FILES_S3_ENDPOINT_URL", "")
     bucket = env.get("CARPOOL_FILES_S3_BUCKET", "")
     if endpoint and not bucket:
         raise ConfigError("CARPOOL_FILES_S3_ENDPOINT_URL is set but CARPOOL_FILES_S3_BUCKET "
                           "is not: name the bucket, or drop the endpoint")
-    return BatchSettings(
-        files_dir=Path(env.get("CARPOOL_FILES_DIR") or BatchSettings.files_dir).absolute(),
+    return BulkSettings(
+        files_dir=Path(env.get("CARPOOL_FILES_DIR") or BulkSettings.files_dir).absolute(),
         s3_bucket=bucket, s3_endpoint_url=endpoint,
-        s3_prefix=env.get("CARPOOL_FILES_S3_PREFIX", BatchSettings.s3_prefix),
+        s3_prefix=env.get("CARPOOL_FILES_S3_PREFIX", BulkSettings.s3_prefix),
         max_lines=_int(env, "CARPOOL_BATCH_MAX_LINES", MAX_BATCH_LINES_DEFAULT, 1),
         max_file_bytes=_int(env, "CARPOOL_BATCH_MAX_FILE_BYTES", MAX_FILE_BYTES_DEFAULT, 1024),
         queued_batches_per_bin=_int(env, "CARPOOL_BATCH_QUEUED_PER_BIN",
                                     QUEUED_BATCHES_PER_BIN_DEFAULT, 1),
-        keep_s=_int(env, "CARPOOL_BATCH_KEEP_S", BatchSettings.keep_s, 60),
-        metrics_port=_port(env, "CARPOOL_FEEDER_METRICS_PORT", BatchSettings.metrics_port),
+        keep_s=_int(env, "CARPOOL_BATCH_KEEP_S", BulkSettings.keep_s, 60),
+        metrics_port=_port(env, "CARPOOL_FEEDER_METRICS_PORT", BulkSettings.metrics_port),
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from carpool.core.bulk_settings import BatchSettings, load_batch_settings
+from carpool.core.bulk_settings import BulkSettings, load_bulk_settings
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import ConfigError
 from carpool.core.webhook_settings import WebhookSettings, check_secret, read_webhook_settings
@@ -136,7 +136,7 @@ class Settings:
     #: JSON line per model call, so tests can see exactly what reached the model.
     synthetic_call_log: str = ""
     #: Bulk batches and the file store (carpool/core/bulk_settings.py).
-    batches: BatchSettings = field(default_factory=BatchSettings)
+    bulk: BulkSettings = field(default_factory=BulkSettings)
 
     @property
     def lease_tick_ms(self) -> int:
@@ -354,7 +354,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         synthetic_poison=_flag(env, "CARPOOL_SYNTHETIC_POISON"),
         adaptive_batching=_flag(env, "CARPOOL_ADAPTIVE_BATCHING", True),
         synthetic_call_log=env.get("CARPOOL_SYNTHETIC_CALL_LOG", ""),
-        batches=load_batch_settings(env),
+        bulk=load_bulk_settings(env),
     )
     check_consistency(settings)
     return settings

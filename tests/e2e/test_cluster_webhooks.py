@@ -10,7 +10,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys, shard
 from carpool.backend.outbox import Outbox
@@ -63,8 +63,8 @@ def test_a_batch_end_and_its_event_are_one_multi_on_a_cluster(cluster: list[Redi
                                                             key_prefix: str) -> None:
     client = connect(cluster[0].url, cluster=True)
     keys = Keys(key_prefix)
-    db, outbox = BatchDb(client, keys), Outbox(client, keys)
-    db.add_batch({"id": "batch_c1", "owner": "", "status": "in_progress",
+    db, outbox = BulkDb(client, keys), Outbox(client, keys)
+    db.add_bulk({"id": "batch_c1", "owner": "", "status": "in_progress",
                   "webhook": "https://hooks.example.com/b"}, 600)
     assert db.move("batch_c1", ("in_progress",), "completed")  # CROSSSLOT if not one slot
     taken = outbox.take(BATCH_HOOK_TAG, 10, 60_000).events

@@ -12,7 +12,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from tests.support.batches import embedding_lines
@@ -80,8 +80,8 @@ def test_a_batch_with_a_webhook_shows_it_pending_and_null_without(http: FlaskCli
     assert bare.get_json()["carpool"]["webhook"] is None
 
 
-def _batch(db: BatchDb, batch_id: str, webhook: str) -> None:
-    db.add_batch({"id": batch_id, "owner": "own", "status": "in_progress",
+def _batch(db: BulkDb, batch_id: str, webhook: str) -> None:
+    db.add_bulk({"id": batch_id, "owner": "own", "status": "in_progress",
                   "webhook": webhook}, 3600)
 
 
@@ -94,7 +94,7 @@ def _events(outbox: Outbox) -> list[Event]:
     ("expired", "batch.expired"), ("cancelled", "batch.cancelled")])
 def test_a_final_move_records_its_event_once_in_the_batch_outbox(
         client: redis.Redis, keys: Keys, final: str, event: str) -> None:
-    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_a", HOOK)
     assert db.move("batch_a", ("in_progress",), final)
     assert not db.move("batch_a", ("in_progress",), final)  # the second move is refused
@@ -107,7 +107,7 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
 
 
 def test_no_event_without_a_webhook_or_before_the_end(client: redis.Redis, keys: Keys) -> None:
-    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_b", HOOK)
     assert db.move("batch_b", ("in_progress",), "finalizing")
     _batch(db, "batch_c", "")
@@ -116,7 +116,7 @@ def test_no_event_without_a_webhook_or_before_the_end(client: redis.Redis, keys:
 
 
 def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Keys) -> None:
-    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_d", HOOK)
     db.move("batch_d", ("in_progress",), "completed")
     (event,) = _events(outbox)
@@ -128,7 +128,7 @@ def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Ke
 
 def test_a_dead_batch_event_is_listed_with_the_dead_letters(client: redis.Redis,
                                                            keys: Keys) -> None:
-    db, outbox = BatchDb(client, keys), Outbox(client, keys)
+    db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_e", HOOK)
     db.move("batch_e", ("in_progress",), "expired")
     (event,) = _events(outbox)

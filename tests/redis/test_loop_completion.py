@@ -58,7 +58,7 @@ def test_a_failed_completion_is_reported_for_its_own_batch_not_the_one_computing
         settings = load_settings(make_env(server.url, key_prefix))
         spec = settings.catalogue.get("synthetic")
         handler = GatedHandler(SyntheticHandler(spec, (0, 0)))
-        loop = BatchLoop(settings, queue, {"synthetic": handler}, "w-test", hooks=[heard],
+        loop = BatchLoop(settings, queue, {"synthetic": handler}, "w-test", observers=[heard],
                          executor=PipelinedExecutor(depth=2, preprocess_threads=1))
         thread = threading.Thread(target=loop.run, daemon=True)
         admit_jobs(queue, spec, range(2))
@@ -72,7 +72,7 @@ def test_a_failed_completion_is_reported_for_its_own_batch_not_the_one_computing
         try:
             loop.stop()  # so the writer gives up on A after one try
             handler.gate.set()
-            wait_until(lambda: any(h in ("finished", "failed") for h in heard.hooks()), 30,
+            wait_until(lambda: any(h in ("finished", "failed") for h in heard.events()), 30,
                        "a batch to be reported ended")
             first_ended = next((h, c.token) for h, c, _ in heard.calls
                                if h in ("finished", "failed"))

@@ -56,7 +56,7 @@ def leased(queue: Queue, spec: ModelSpec) -> list[str]:
 def loop_of(queue: Queue, settings: Settings, keeper: LeaseKeeper) -> BatchLoop:
     spec = synthetic()
     loop = BatchLoop(settings, queue, {spec.name: SyntheticHandler(spec, (0, 0))}, "w",
-                     hooks=[Raising()], keeper=keeper)
+                     observers=[Raising()], keeper=keeper)
     loop.scheduler.tune(spec.name, "small", max_wait_ms=0)  # go at once
     return loop
 

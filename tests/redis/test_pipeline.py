@@ -59,13 +59,13 @@ def test_synthetic_batches_overlap_and_every_job_gets_its_own_result(
            for x in inputs]
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
-                     "w-test", hooks=[heard], executor=executor)
+                     "w-test", observers=[heard], executor=executor)
     serve_until_final(loop, queue, ids)
     executor.close()
     views = [queue.get(i) for i in ids]
     assert [v.status for v in views if v] == [JobStatus.DONE] * 70
     assert [v.result for v in views if v] == [expected_result(x) for x in inputs]
-    assert heard.hooks()[:3] == ["claimed", "claimed", "finished"]  # 2 claimed during 1
+    assert heard.events()[:3] == ["claimed", "claimed", "finished"]  # 2 claimed during 1
 
 
 def test_a_batch_holding_a_retried_job_runs_with_no_other_batch_in_flight(
@@ -98,7 +98,7 @@ def test_the_cost_model_sees_a_batchs_own_time_not_its_wait_behind_the_batch_ahe
     ids = admit_small(queue, 64)
     executor = PipelinedExecutor(depth=2, preprocess_threads=2)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (5, 0))},
-                     "w-test", hooks=[heard], executor=executor)
+                     "w-test", observers=[heard], executor=executor)
     serve_until_final(loop, queue, ids)
     executor.close()
     first, second = heard.reports()[:2]
@@ -111,7 +111,7 @@ def test_the_loop_feeds_each_finished_batch_to_its_scheduler(
     heard = Recorder()
     ids = admit_small(queue, 40)
     loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (0, 0))},
-                     "w-test", hooks=[heard])
+                     "w-test", observers=[heard])
     serve_until_final(loop, queue, ids)
     loop.executor.close()
     seen = next(e for e in loop.scheduler.snapshot() if e["bin"] == "small")

@@ -140,7 +140,7 @@ def test_hooks_hear_claimed_and_finished_for_every_claim_in_order(
         settings: Settings, queue: Queue) -> None:
     heard = Recorder()
     loop, executor = make_loop(settings, queue, TinyHandler())
-    loop.hooks.append(heard)
+    loop.observers.append(heard)
     ids = admit_each(queue, range(9))
     serve_until_done(loop, queue, ids)
     executor.close()
@@ -148,7 +148,7 @@ def test_hooks_hear_claimed_and_finished_for_every_claim_in_order(
     assert heard.tokens("finished") == tokens
     assert len(tokens) == 3 and sum(r.size for r in heard.reports()) == 9
     # Pipelined: batch 2 starts before batch 1 finishes.
-    assert heard.hooks()[:3] == ["claimed", "claimed", "finished"]
+    assert heard.events()[:3] == ["claimed", "claimed", "finished"]
 
 
 def test_a_poison_input_fails_alone_and_a_bad_input_fails_in_preprocessing(

@@ -23,7 +23,7 @@ def test_the_loop_claims_no_more_than_the_memory_guards_cap(
     ex.guard.on_out_of_memory(KEY, 4)  # capped at 2 for the next CLEAN_BATCHES batches
     heard = Recorder()
     loop = BatchLoop(settings, queue, {"sim": handler}, "w-sim",
-                     hooks=[heard], executor=ex)
+                     observers=[heard], executor=ex)
     ids = [single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
         SPEC, (AdmitJob(BIN, new_job_id(SPEC.name), json.dumps({"x": x})),), queued_ttl_s=60))).id
            for x in range(8)]

@@ -65,7 +65,7 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
     handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
     loop = BatchLoop(settings, queue, handlers, "w")
     m = WorkerMetrics(handlers, limits=lambda: loop.limits)
-    loop.hooks.append(m)
+    loop.observers.append(m)
 
     def drained() -> bool:
         loop.step()

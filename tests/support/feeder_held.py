@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from carpool.backend.bulkdb import FINAL, BatchDb
+from carpool.backend.bulkdb import FINAL, BulkDb
 from feeder import __main__ as feeder_main
 from feeder import chunks
 
@@ -59,12 +59,12 @@ def main(spec: str) -> None:
     point, _, count = spec.partition(":")
     n = int(count)
     if point == "admitted":
-        BatchDb.record_admitted = hold_before(point, n, BatchDb.record_admitted)  # type: ignore[method-assign]
+        BulkDb.record_admitted = hold_before(point, n, BulkDb.record_admitted)  # type: ignore[method-assign]
     elif point == "chunk":
         chunks.write_chunk = hold_after(point, n, chunks.write_chunk)
     elif point == "finalize":
-        BatchDb.move = hold_before(  # type: ignore[method-assign]
-            point, n, BatchDb.move, lambda db, batch_id, allowed_from, to, **f: to in FINAL)
+        BulkDb.move = hold_before(  # type: ignore[method-assign]
+            point, n, BulkDb.move, lambda db, batch_id, allowed_from, to, **f: to in FINAL)
     else:
         raise SystemExit(f"unknown point {point!r}: admitted, chunk or finalize")
     feeder_main.main()

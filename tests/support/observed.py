@@ -1,4 +1,4 @@
-"""A ``BatchHooks`` that records every call, for tests of the batch loop."""
+"""A ``BatchObserver`` that records every call, for tests of the batch loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from worker.loop.observers import BatchReport
 
 
 class Recorder:
-    """Each hook call as ``(hook, claim, report)``; hook is "claimed", "expired",
+    """Each event as ``(event, claim, report)``; event is "claimed", "expired",
     "finished" or "failed"; report is None but for "finished".
     ``on_idle``, which has no claim, is counted apart (``idles``)."""
 
@@ -18,9 +18,9 @@ class Recorder:
         self.idles = 0
         self._lock = threading.Lock()
 
-    def _add(self, hook: str, claim: Claim, report: BatchReport | None = None) -> None:
+    def _add(self, event: str, claim: Claim, report: BatchReport | None = None) -> None:
         with self._lock:
-            self.calls.append((hook, claim, report))
+            self.calls.append((event, claim, report))
 
     def on_claimed(self, claim: Claim) -> None:
         self._add("claimed", claim)
@@ -38,13 +38,13 @@ class Recorder:
         with self._lock:
             self.idles += 1
 
-    def hooks(self) -> list[str]:
+    def events(self) -> list[str]:
         with self._lock:
             return [h for h, _, _ in self.calls]
 
-    def tokens(self, hook: str) -> list[str]:
+    def tokens(self, event: str) -> list[str]:
         with self._lock:
-            return [c.token for h, c, _ in self.calls if h == hook]
+            return [c.token for h, c, _ in self.calls if h == event]
 
     def reports(self) -> list[BatchReport]:
         with self._lock:

@@ -95,7 +95,7 @@ def loop(queue: StubQueue, heard: Recorder, monkeypatch: pytest.MonkeyPatch) -> 
                                       CARPOOL_ADAPTIVE_BATCHING="0"))
     handler = SyntheticHandler(settings.catalogue.get("synthetic"), (0, 0))
     return BatchLoop(settings, queue, {"synthetic": handler}, "w-test",  # type: ignore[arg-type]
-                     hooks=[heard], executor=NeverDone())
+                     observers=[heard], executor=NeverDone())
 
 
 def test_an_idle_loop_tells_its_hooks_before_it_blocks_for_work(
@@ -110,7 +110,7 @@ def test_no_idle_while_a_batch_is_in_flight(
         loop: BatchLoop, queue: StubQueue, heard: Recorder) -> None:
     queue.depth, queue.oldest_admit_ms = 64, NOW_MS  # a full bin: it goes at once
     loop.step()
-    assert heard.hooks() == ["claimed"]
+    assert heard.events() == ["claimed"]
     queue.depth, queue.oldest_admit_ms = 0, None
     loop.step()  # nothing to claim: waits on the batch in flight, not on Redis
     loop.step()
@@ -148,4 +148,4 @@ def test_a_lost_device_hands_the_batch_back_and_ends_the_loop_for_a_restart(
     done.join(TIMEOUT_S)
     assert not done.is_alive(), "the loop went on retrying on a lost device"
     assert len(lost) == 1 and "device-side assert" in str(lost[0])
-    assert "failed" in heard.hooks()  # handed back, not written as failed results
+    assert "failed" in heard.events()  # handed back, not written as failed results

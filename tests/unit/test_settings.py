@@ -93,8 +93,8 @@ def test_gpu_and_worker_metrics_settings_are_read_and_checked() -> None:
 
 
 def test_the_feeder_metrics_port_is_9400_unless_set_and_is_checked() -> None:
-    assert load_settings({}).batches.metrics_port == 9400
-    assert load_settings({"CARPOOL_FEEDER_METRICS_PORT": "0"}).batches.metrics_port == 0
+    assert load_settings({}).bulk.metrics_port == 9400
+    assert load_settings({"CARPOOL_FEEDER_METRICS_PORT": "0"}).bulk.metrics_port == 0
     for bad in ("70000", "-1", "http"):
         with pytest.raises(ConfigError, match="CARPOOL_FEEDER_METRICS_PORT"):
             load_settings({"CARPOOL_FEEDER_METRICS_PORT": bad})

@@ -70,7 +70,7 @@ class BodyLimits:
         self.infer = {s.name: min(cap, max(b.max_batch for b in s.bins) * json_limit_bytes(s))
                       for s in specs}
         #: A batch input file (CARPOOL_BATCH_MAX_FILE_BYTES) in its multipart envelope.
-        self.upload = settings.batches.max_file_bytes + MULTIPART_SLACK_BYTES
+        self.upload = settings.bulk.max_file_bytes + MULTIPART_SLACK_BYTES
 
     @property
     def largest(self) -> int:

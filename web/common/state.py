@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from flask import current_app
 
 from carpool.backend.admissions import Admissions
-from carpool.backend.bulkdb import BatchDb
+from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
@@ -37,7 +37,7 @@ class WebState:
     polls: PollCounter
     body_limits: BodyLimits
     #: Files' and batches' records (Redis) and the files' bytes (web/openai/files.py).
-    batchdb: BatchDb
+    bulkdb: BulkDb
     files: FileStore
 
     def close(self) -> None:

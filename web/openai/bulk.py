@@ -17,7 +17,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admissions import AdmitJob, AdmitRequest
-from carpool.backend.bulkdb import FINAL, batch_document, new_batch_id
+from carpool.backend.bulkdb import FINAL, bulk_document, new_bulk_id
 from carpool.backend.outbox import webhook_doc
 from carpool.core.bulk_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
@@ -71,7 +71,7 @@ def _metadata(raw: Any) -> str:
 
 
 @blueprint.post("/batches")
-def create_batch() -> tuple[Response, int]:
+def create_bulk() -> tuple[Response, int]:
     state = current_state()
     owner = request_owner(state.settings)
     doc = inputs.parse_json(request.get_data())
@@ -92,54 +92,54 @@ def create_batch() -> tuple[Response, int]:
         webhook = check_url(webhook, state.settings.webhooks.allow_private).url
     now = int(time.time())
     fields: dict[str, str | int] = {
-        "id": new_batch_id(), "owner": owner, "endpoint": doc["endpoint"],
+        "id": new_bulk_id(), "owner": owner, "endpoint": doc["endpoint"],
         "input_file_id": file_id, "completion_window": doc["completion_window"],
         "window_s": window, "metadata": _metadata(doc.get("metadata")),
         "created_at": now, "expires_at": now + window, "status": "validating",
         "total": 0, "completed": 0, "failed": 0, "chunks": 0, "webhook": webhook or "",
     }
-    state.batchdb.add_batch(fields, state.settings.batches.keep_s)
-    return jsonify(batch_document({k: str(v) for k, v in fields.items()})), 200
+    state.bulkdb.add_bulk(fields, state.settings.bulk.keep_s)
+    return jsonify(bulk_document({k: str(v) for k, v in fields.items()})), 200
 
 
-def _owned_batch(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
-    h = state.batchdb.batch(batch_id[:64]) if batch_id.startswith("batch_") else None
+def _owned_bulk(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
+    h = state.bulkdb.bulk(batch_id[:64]) if batch_id.startswith("batch_") else None
     if h is None or h.get("owner", "") != owner:
         raise ResourceNotFound(f"no batch {batch_id[:64]!r}")
     return h
 
 
 @blueprint.get("/batches/<batch_id>")
-def retrieve_batch(batch_id: str) -> Response:
+def retrieve_bulk(batch_id: str) -> Response:
     """The batch; with a webhook, its delivery as a job's document shows one
     (``carpool.webhook_delivery``: docs/batches.md)."""
     state = current_state()
-    h = _owned_batch(state, batch_id, request_owner(state.settings))
-    doc = batch_document(h)
+    h = _owned_bulk(state, batch_id, request_owner(state.settings))
+    doc = bulk_document(h)
     if h.get("webhook"):
-        doc["carpool"]["webhook_delivery"] = webhook_doc(state.batchdb.deliveries(h["id"]))
+        doc["carpool"]["webhook_delivery"] = webhook_doc(state.bulkdb.deliveries(h["id"]))
     return jsonify(doc)
 
 
 @blueprint.post("/batches/<batch_id>/cancel")
-def cancel_batch(batch_id: str) -> Response:
+def cancel_bulk(batch_id: str) -> Response:
     state = current_state()
     owner = request_owner(state.settings)
-    h = _owned_batch(state, batch_id, owner)
-    if not state.batchdb.move(batch_id, ("validating", "in_progress"), "cancelling",
+    h = _owned_bulk(state, batch_id, owner)
+    if not state.bulkdb.move(batch_id, ("validating", "in_progress"), "cancelling",
                               cancelling_at=int(time.time())):
-        h = _owned_batch(state, batch_id, owner)
+        h = _owned_bulk(state, batch_id, owner)
         if h["status"] in FINAL and h["status"] != "cancelled":
             raise NotCancellable(f"batch {batch_id} is {h['status']}: nothing to cancel")
-    return jsonify(batch_document(_owned_batch(state, batch_id, owner)))
+    return jsonify(bulk_document(_owned_bulk(state, batch_id, owner)))
 
 
 @blueprint.get("/batches")
-def list_batches() -> Response:
+def list_bulk() -> Response:
     state = current_state()
     limit, after = page_args()
-    page = state.batchdb.list_batches(request_owner(state.settings), after, limit)
-    return jsonify(page_document([batch_document(h) for h in page.items], page.has_more))
+    page = state.bulkdb.list_bulk(request_owner(state.settings), after, limit)
+    return jsonify(page_document([bulk_document(h) for h in page.items], page.has_more))
 
 
 @blueprint.post("/embeddings")

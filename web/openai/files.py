@@ -46,7 +46,7 @@ def create_file() -> tuple[Response, int]:
     files = request.files.getlist("file")
     if len(files) != 1 or set(request.files) != {"file"}:
         raise InvalidInput("send exactly one file, in the form field 'file'")
-    limit = state.settings.batches.max_file_bytes
+    limit = state.settings.bulk.max_file_bytes
     data = files[0].read(limit + 1)
     if len(data) > limit:
         raise BodyTooLarge(f"the file is over {limit} bytes (CARPOOL_BATCH_MAX_FILE_BYTES)")
@@ -57,7 +57,7 @@ def create_file() -> tuple[Response, int]:
             "filename": (files[0].filename or "upload.jsonl")[:MAX_FILENAME_CHARS],
             "purpose": purpose, "owner": owner}
     state.files.put(store_name(str(meta["id"])), data)  # the bytes first: a record never
-    state.batchdb.add_file(meta, state.settings.batches.keep_s)  # names a missing file
+    state.bulkdb.add_file(meta, state.settings.bulk.keep_s)  # names a missing file
     return jsonify(file_document({k: str(v) for k, v in meta.items()})), 200
 
 
@@ -80,7 +80,7 @@ def delete_file(file_id: str) -> Response:
     state = current_state()
     owner = request_owner(state.settings)
     owned_file(state, file_id, owner)
-    state.batchdb.drop_file(file_id, owner)
+    state.bulkdb.drop_file(file_id, owner)
     state.files.delete(store_name(file_id))
     return jsonify({"id": file_id, "object": "file", "deleted": True})
 
@@ -90,14 +90,14 @@ def list_files() -> Response:
     state = current_state()
     owner = request_owner(state.settings)
     limit, after = page_args()
-    page = state.batchdb.list_files(owner, after, limit)
+    page = state.bulkdb.list_files(owner, after, limit)
     purpose = request.args.get("purpose")
     docs = [file_document(h) for h in page.items if purpose in (None, h["purpose"])]
     return jsonify(page_document(docs, page.has_more))
 
 
 def owned_file(state: WebState, file_id: str, owner: str) -> dict[str, str]:
-    meta = state.batchdb.file(file_id[:64]) if file_id.startswith("file-") else None
+    meta = state.bulkdb.file(file_id[:64]) if file_id.startswith("file-") else None
     if meta is None or meta.get("owner", "") != owner:
         raise ResourceNotFound(f"no file {file_id[:64]!r}")
     return meta

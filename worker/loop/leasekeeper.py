@@ -1,7 +1,7 @@
 """Keeping leases: renew the ones in hand, reap the expired ones, hand them back at stop.
 
-``LeaseKeeper`` is a collaborator of ``BatchLoop``, which calls it by name (not a hook:
-hooks are monitoring, and what they raise is swallowed): ``hold`` when a batch
+``LeaseKeeper`` is a collaborator of ``BatchLoop``, which calls it by name (not an observer:
+observers are monitoring, and what they raise is swallowed): ``hold`` when a batch
 starts, ``finished`` when its results are written, ``hand_back`` when it ends
 without them, ``reply_lost`` when a claim's reply never came. Its own thread wakes
 every third of a lease and (1) renews every claim in hand, so a long batch keeps its

@@ -9,8 +9,8 @@ asks Redis only for the bins they leave out. Nothing else carries states from on
 step to the next: a step that waited, failed or was followed by a back-off passes
 none, and the next decision peeks every bin.
 
-Leases are not hooks: the loop calls its lease keeper by name (``hold``,
-``finished``, ``hand_back``, ``reply_lost``: worker/loop/leasekeeper.py). Hooks are
+Leases are not observed: the loop calls its lease keeper by name (``hold``,
+``finished``, ``hand_back``, ``reply_lost``: worker/loop/leasekeeper.py). Observers are
 monitoring only (worker/loop/observers.py).
 """
 
@@ -39,7 +39,7 @@ from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.loop.completion import CompletionWriter, GaveUp
 from worker.loop.leasekeeper import LeaseHolder, NoLeaseKeeper
-from worker.loop.observers import BatchHooks, BatchReport, call_hooks
+from worker.loop.observers import BatchObserver, BatchReport, tell_observers
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +84,14 @@ class BatchLoop:
     queue: Queue
     handlers: dict[str, ModelHandler]
     worker_name: str
-    #: Told of each claim's life (worker/loop/observers.py): Flower events and metrics hook
-    #: in here. Monitoring only: what a hook raises is logged, and no job depends on it.
-    hooks: list[BatchHooks] = field(default_factory=list)
+    #: Told of each claim's life (worker/loop/observers.py): Flower events and metrics.
+    #: Monitoring only: what an observer raises is logged, and no job depends on it.
+    observers: list[BatchObserver] = field(default_factory=list)
     #: Keeps the leases of the batches in hand, and hands back the ones that end
     #: without their results (worker/loop/leasekeeper.py): the loop calls it by name.
     keeper: LeaseHolder = field(default_factory=NoLeaseKeeper)
     #: Each may narrow a fresh claim before it runs (handing jobs back): isolation of
-    #: suspect inputs hooks in here.
+    #: suspect inputs plugs in here.
     claim_filters: list[Callable[[Claim], Claim]] = field(default_factory=list)
     #: Runs claimed batches: one at a time by default; the torch executor keeps two in
     #: flight (while batch N computes, batch N+1 is claimed, preprocessed and copied in).
@@ -189,7 +189,7 @@ class BatchLoop:
             self._tell_failed(claim)
 
     def _tell_failed(self, claim: Claim) -> None:
-        call_hooks(self.hooks, lambda h: h.on_failed(claim))
+        tell_observers(self.observers, lambda h: h.on_failed(claim))
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
@@ -238,9 +238,9 @@ class BatchLoop:
             return None
         if decision.until_ms is None:
             # No job waits either: idle until one arrives. A bin filling its batch
-            # window (until_ms set) is not idle: telling hooks then would make Flower
+            # window (until_ms set) is not idle: telling observers then would make Flower
             # send a message per batch again at moderate load.
-            call_hooks(self.hooks, lambda h: h.on_idle())
+            tell_observers(self.observers, lambda h: h.on_idle())
         models = sorted({m for m, _ in self.scheduler.bins})
         self.queue.wait_for_work(models, wait_s)
         return None
@@ -265,7 +265,7 @@ class BatchLoop:
             self.keeper.reply_lost(token)
             raise
         if claim.expired:
-            call_hooks(self.hooks, lambda h: h.on_expired(claim))
+            tell_observers(self.observers, lambda h: h.on_expired(claim))
         for narrow in self.claim_filters:
             claim = narrow(claim)
         return claim
@@ -280,7 +280,7 @@ class BatchLoop:
         self.batches += 1
         self.jobs += len(claim.jobs)
         self.keeper.hold(claim)
-        call_hooks(self.hooks, lambda h: h.on_claimed(claim))
+        tell_observers(self.observers, lambda h: h.on_claimed(claim))
         # A job on a retry may be the input that kills workers (worker/loop/isolation.py):
         # it runs with no other batch in flight, before or after it, so a crash it
         # causes costs an attempt to it alone, not to a batch overlapping it.
@@ -309,10 +309,10 @@ class BatchLoop:
         try:
             self.keeper.hand_back(claim, refund_attempt=False)
         finally:
-            call_hooks(self.hooks, lambda h: h.on_failed(claim))
+            tell_observers(self.observers, lambda h: h.on_failed(claim))
 
     def _finish(self, flight: _Flight) -> Peeked | None:
-        """Write a batch's outcomes (waiting for them) and call the hooks; returns the
+        """Write a batch's outcomes (waiting for them) and tell the observers; returns the
         states the completion answered. If that fails, hand the batch back, then
         raise."""
         try:
@@ -350,6 +350,6 @@ class BatchLoop:
                              service_s=now - service_start)
         if report.refused:
             log.warning("%d results of %s refused: lease lost", report.refused, claim.token)
-        call_hooks(self.hooks, lambda h: h.on_finished(claim, report))
+        tell_observers(self.observers, lambda h: h.on_finished(claim, report))
         self._fit(report)
         return None if done.states is None else (done.now_ms, done.states)

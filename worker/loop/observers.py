@@ -1,11 +1,12 @@
-"""What the batch loop tells the rest of the worker: named hooks, one per event.
+"""What the batch loop tells the rest of the worker: its observers, one named method
+per event.
 
-Like dramatiq's middleware, each listener implements the hooks it needs on a
-subclass of ``Hooks`` (whose hooks do nothing): Flower events and metrics hook in
-here. Hooks are monitoring only: the loop calls them in order, on its own thread,
-and logs (never raises) what a hook raises, so a hook may fail without effect on
-any job. What jobs depend on is no hook: the loop feeds its scheduler directly and
-calls its lease keeper by name (worker/loop/leasekeeper.py).
+Like dramatiq's middleware, each observer implements the events it needs on a
+subclass of ``Observer`` (whose methods do nothing): Flower events and metrics
+observe the loop here. Observers are monitoring only: the loop tells them in order,
+on its own thread, and logs (never raises) what one raises, so an observer may fail
+without effect on any job. What jobs depend on is no observer: the loop feeds its
+scheduler directly and calls its lease keeper by name (worker/loop/leasekeeper.py).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class BatchReport:
     service_s: float = 0.0
 
 
-class BatchHooks(Protocol):
-    """The events of a claim's life, each with its own hook."""
+class BatchObserver(Protocol):
+    """The events of a claim's life, each with its own method."""
 
     def on_claimed(self, claim: Claim) -> None:
         """The claim's jobs are in hand and about to run (``claim.jobs`` is not empty)."""
@@ -69,8 +70,8 @@ class BatchHooks(Protocol):
         while the worker idles, so it must be cheap when it has nothing to do."""
 
 
-class Hooks:
-    """A ``BatchHooks`` that does nothing: subclass it and override what you need."""
+class Observer:
+    """A ``BatchObserver`` that does nothing: subclass it and override what you need."""
 
     def on_claimed(self, claim: Claim) -> None:
         return None
@@ -88,11 +89,12 @@ class Hooks:
         return None
 
 
-def call_hooks(hooks: Sequence[BatchHooks], call: Callable[[BatchHooks], None]) -> None:
-    """``call`` each of ``hooks`` (``lambda h: h.on_claimed(claim)``); log what one
+def tell_observers(observers: Sequence[BatchObserver],
+                   call: Callable[[BatchObserver], None]) -> None:
+    """``call`` each of ``observers`` (``lambda o: o.on_claimed(claim)``); log what one
     raises and go on with the next."""
-    for hook in hooks:
+    for observer in observers:
         try:
-            call(hook)
+            call(observer)
         except Exception:  # noqa: BLE001 — monitoring must never fail a batch
-            log.exception("batch hook %r failed", hook)
+            log.exception("batch observer %r failed", observer)

@@ -31,7 +31,7 @@ from typing import Any
 from carpool.core.jobs import Claim
 from worker.device.gpu import Gpu, describe_gpu
 from worker.loop.loop import BatchLoop
-from worker.loop.observers import BatchReport, Hooks
+from worker.loop.observers import BatchReport, Observer
 
 #: The task name under which batches appear in Flower.
 BATCH_TASK_NAME = "carpool.batch"
@@ -42,8 +42,8 @@ FLUSH_EVERY_S = 1.0
 BUFFER_LIMIT = 1000
 
 
-class FlowerBatchEvents(Hooks):
-    """Hooks for ``BatchLoop`` that send task events under one hostname."""
+class FlowerBatchEvents(Observer):
+    """An observer of ``BatchLoop`` that sends task events under one hostname."""
 
     def __init__(self, app: Any, hostname: str,
                  clock: Callable[[], float] = time.monotonic) -> None:

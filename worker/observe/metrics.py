@@ -14,7 +14,7 @@ submissions and rejections; ``README.md`` maps every name to Triton's):
 
 Read at scrape time: each bin's live batch limit, the executor's counters
 (``ExecutorStats``: padding waste per bin, batches split after a failure), and
-GPU memory (absent on the CPU). Hooks for other parts of the worker:
+GPU memory (absent on the CPU). Methods for other parts of the worker:
 ``record_shrink`` (the memory guard halved a bin's limit), ``record_reclaimed``
 (expired leases taken back), and the ``gpu_memory`` reader.
 """
@@ -38,7 +38,7 @@ from carpool.core.settings import DEFAULT_WORKER_METRICS_ADDR
 from carpool.scheduling.batching import Limits
 from worker.executors.base import ExecutorStats
 from worker.handlers.base import ModelHandler
-from worker.loop.observers import BatchReport, Hooks
+from worker.loop.observers import BatchReport, Observer
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ class _ScrapeTimeGauges(Collector):
             yield family
 
 
-class WorkerMetrics(Hooks):
-    """One worker's metrics, in its own registry; hooks into ``BatchLoop``."""
+class WorkerMetrics(Observer):
+    """One worker's metrics, in its own registry; an observer of ``BatchLoop``."""
 
     def __init__(self, handlers: Mapping[str, ModelHandler],
                  limits: Callable[[], Mapping[tuple[str, str], Limits]],

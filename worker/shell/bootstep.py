@@ -166,7 +166,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
-                              hooks=[self.events], keeper=self.keeper,
+                              observers=[self.events], keeper=self.keeper,
                               claim_filters=[SuspectIsolation(leases, settings.max_attempts)],
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
@@ -176,7 +176,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
         self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats,
                                      gpu_memory=gpu_memory_reader(executor))
-        loop.hooks.append(self.metrics)
+        loop.observers.append(self.metrics)
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         # A worker under this name that held claims is dead (this process holds the
