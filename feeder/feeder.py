@@ -20,6 +20,7 @@ from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
+from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.errors import BackendUnavailable, NotCancellable
 from carpool.core.jobs import Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
@@ -36,6 +37,9 @@ QUANTUM_LINES = 8
 READ_BATCH = 500
 #: How often a batch's projected completion is written back, in seconds.
 PROJECT_EVERY_S = 1.0
+#: The statuses a batch that failed on its own can leave.
+UNENDED = (BulkStatus.VALIDATING, BulkStatus.IN_PROGRESS, BulkStatus.FINALIZING,
+           BulkStatus.CANCELLING)
 #: Waits after a lost Redis or file store, doubling up to the last.
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
@@ -56,11 +60,11 @@ class Feeder:
         busy = False
         feedable: list[Run] = []
         for batch_id in active:
-            h = self.db.bulk(batch_id)
-            if h is None:
+            view = self.db.bulk(batch_id)
+            if view is None:
                 continue
             try:
-                busy |= self._step_bulk(batch_id, h, feedable)
+                busy |= self._step_bulk(batch_id, view, feedable)
             except BackendUnavailable:
                 raise
             except Exception as exc:  # one broken batch must not stop the others
@@ -69,21 +73,21 @@ class Feeder:
                 busy = True
         return self._feed(feedable) or busy
 
-    def _step_bulk(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
+    def _step_bulk(self, batch_id: str, view: BulkView, feedable: list[Run]) -> bool:
         busy = False
-        if h["status"] == "validating":
-            self._validate(batch_id, h)
+        if view.status is BulkStatus.VALIDATING:
+            self._validate(batch_id, view)
             return True
-        if batch_id not in self.runs and h["status"] != "finalizing":
-            self.runs[batch_id] = self._load(batch_id, h)
-        if h["status"] == "finalizing":
-            self._finalize(self.runs.get(batch_id) or self._load(batch_id, h), h)
+        if batch_id not in self.runs and view.status is not BulkStatus.FINALIZING:
+            self.runs[batch_id] = self._load(batch_id, view)
+        if view.status is BulkStatus.FINALIZING:
+            self._finalize(self.runs.get(batch_id) or self._load(batch_id, view), view.status)
             return True
         run = self.runs.get(batch_id)
         if run is not None:
             busy |= self._collect(run)
-            busy |= self._wind_down(run, h)
-            if (h["status"] == "in_progress" and run.expires_at > time.time()
+            busy |= self._wind_down(run, view.status)
+            if (view.status is BulkStatus.IN_PROGRESS and run.expires_at > time.time()
                     and batch_id in self.runs):
                 feedable.append(run)
         return busy
@@ -93,48 +97,48 @@ class Feeder:
         self.runs.pop(batch_id, None)
         error = {"code": "internal_error", "message": message[:500], "param": None,
                  "line": None}
-        if self.db.move(batch_id, ("validating", "in_progress", "finalizing", "cancelling"),
-                        "failed", failed_at=int(time.time()),
+        if self.db.move(batch_id, UNENDED, BulkStatus.FAILED, failed_at=int(time.time()),
                         errors=json.dumps({"object": "list", "data": [error]})):
             self.metrics.ended.labels("failed").inc()
 
     # --- validating ---
-    def _validate(self, batch_id: str, h: dict[str, str]) -> None:
-        data = self.store.get(store_name(h["input_file_id"]))
+    def _validate(self, batch_id: str, view: BulkView) -> None:
+        data = self.store.get(store_name(view.input_file_id))
         now = int(time.time())
         if data is None:
             errors = [{"code": "missing_file", "message": "the input file was deleted",
                        "param": "input_file_id", "line": None}]
         else:
-            parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
+            parsed = parse_file(data, view.endpoint, self.settings.catalogue,
                                 self.settings.bulk.max_lines)
             errors = parsed.errors
         if errors:
-            if self.db.move(batch_id, ("validating",), "failed", failed_at=now,
-                            errors=json.dumps({"object": "list", "data": errors})):
+            if self.db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.FAILED,
+                            failed_at=now, errors=json.dumps({"object": "list", "data": errors})):
                 self.metrics.ended.labels("failed").inc()
-            elif self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now):
+            elif self.db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
+                              cancelled_at=now):
                 self.metrics.ended.labels("cancelled").inc()
             return
         assert parsed.spec is not None
-        if not self.db.move(batch_id, ("validating",), "in_progress", in_progress_at=now,
-                            total=len(parsed.lines), model=parsed.spec.name):
-            if self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now,
-                            total=len(parsed.lines), model=parsed.spec.name):
+        if not self.db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.IN_PROGRESS,
+                            in_progress_at=now, total=len(parsed.lines), model=parsed.spec.name):
+            if self.db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
+                            cancelled_at=now, total=len(parsed.lines), model=parsed.spec.name):
                 self.metrics.ended.labels("cancelled").inc()
 
-    def _load(self, batch_id: str, h: dict[str, str]) -> Run:
-        data = self.store.get(store_name(h["input_file_id"]))
+    def _load(self, batch_id: str, view: BulkView) -> Run:
+        data = self.store.get(store_name(view.input_file_id))
         if data is None:
-            raise LookupError(f"its input file {h['input_file_id']} was deleted")
-        parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
+            raise LookupError(f"its input file {view.input_file_id} was deleted")
+        parsed = parse_file(data, view.endpoint, self.settings.catalogue,
                             self.settings.bulk.max_lines)
         if parsed.spec is None or parsed.errors:
             raise ValueError("its input file no longer passes validation (the catalogue "
                              "changed?)")
         jobs, bitmap = self.db.line_state(batch_id)
-        run = Run(batch_id, h.get("owner", ""), parsed.spec, h["endpoint"], parsed.lines,
-                  float(h["expires_at"]), int(h.get("chunks", 0)), jobs, stored_set(bitmap))
+        run = Run(batch_id, view.owner, parsed.spec, view.endpoint, parsed.lines,
+                  float(view.expires_at), view.chunks, jobs, stored_set(bitmap))
         run.sampled = (time.monotonic(), len(run.stored))
         run.advance()
         return run
@@ -202,16 +206,15 @@ class Feeder:
                                at_risk=int(at > run.expires_at))
 
     # --- ending ---
-    def _wind_down(self, run: Run, h: dict[str, str]) -> bool:
-        status = h["status"]
-        expired = status == "in_progress" and time.time() >= run.expires_at
-        if status == "in_progress" and not expired:
+    def _wind_down(self, run: Run, status: BulkStatus) -> bool:
+        expired = status is BulkStatus.IN_PROGRESS and time.time() >= run.expires_at
+        if status is BulkStatus.IN_PROGRESS and not expired:
             if len(run.stored) == len(run.lines):
-                self.db.move(run.id, ("in_progress",), "finalizing",
+                self.db.move(run.id, (BulkStatus.IN_PROGRESS,), BulkStatus.FINALIZING,
                              finalizing_at=int(time.time()))
                 return True
             return False
-        if status not in ("in_progress", "cancelling"):
+        if status not in (BulkStatus.IN_PROGRESS, BulkStatus.CANCELLING):
             return False
         for job_id in [j for ids in run.jobs.values() for j in ids]:
             view = self.queue.get(job_id)
@@ -222,17 +225,18 @@ class Feeder:
                     pass  # claimed meanwhile: it ends on its own
         if run.jobs:
             return True  # wait for the running ones
-        code, final = (("batch_expired", "expired") if expired
-                       else ("batch_cancelled", "cancelled"))
+        code, final = (("batch_expired", BulkStatus.EXPIRED) if expired
+                       else ("batch_cancelled", BulkStatus.CANCELLED))
         rest = [i for i in run.unstored if i not in run.jobs]
         if rest:
             message = ("the batch's completion window ended first" if expired
                        else "the batch was cancelled first")
             self._store(run, [], [(i, error_line(run, i, code, message)) for i in rest])
-        self._finalize(run, {**h, "status": status}, final)
+        self._finalize(run, status, final)
         return True
 
-    def _finalize(self, run: Run, h: dict[str, str], final: str = "completed") -> None:
+    def _finalize(self, run: Run, status: BulkStatus,
+                  final: BulkStatus = BulkStatus.COMPLETED) -> None:
         """Make the output and error files from the recorded chunks; then the end status.
         Repeatable: the file ids follow from the batch's id."""
         names = {}
@@ -247,9 +251,9 @@ class Feeder:
                               "owner": run.owner}, self.settings.bulk.keep_s)
             names[f"{kind}_file_id"] = file_id
         now = int(time.time())
-        moved = self.db.move(run.id, (h["status"],), final, **names, **{f"{final}_at": now})
+        moved = self.db.move(run.id, (status,), final, **names, **{f"{final.value}_at": now})
         if moved:
-            self.metrics.ended.labels(final).inc()
+            self.metrics.ended.labels(final.value).inc()
             self.db.drop_line_state(run.id, self.settings.bulk.keep_s)
             chunks.drop_chunks(self.store, run.id, run.chunks)
             self.runs.pop(run.id, None)

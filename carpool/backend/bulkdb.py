@@ -11,29 +11,25 @@ All keys carry the ``{p}`` tag: one slot, so the transactions hold on a cluster.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import redis
 
 from carpool.backend.connection import redis_errors
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import Delivery, add_event
+from carpool.core.bulk import FINAL, STAMPS, BulkStatus, BulkView
 
-#: A batch's statuses (OpenAI's), and those it never leaves.
-STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
-            "cancelling", "cancelled")
-FINAL = frozenset({"failed", "completed", "expired", "cancelled"})
 #: The webhook event of each final status (OpenAI's names; docs/batches.md).
-FINAL_EVENTS = {"completed": "batch.completed", "failed": "batch.failed",
-                "expired": "batch.expired", "cancelled": "batch.cancelled"}
-#: Fields of the batch hash that are integers in the document.
-_INT_FIELDS = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
-               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
+FINAL_EVENTS = {BulkStatus.COMPLETED: "batch.completed", BulkStatus.FAILED: "batch.failed",
+                BulkStatus.EXPIRED: "batch.expired", BulkStatus.CANCELLED: "batch.cancelled"}
+
+#: A listed record: a file's fields, or a bulk batch's view.
+Row = TypeVar("Row")
 
 
 def new_file_id() -> str:
@@ -45,10 +41,10 @@ def new_bulk_id() -> str:
 
 
 @dataclass(frozen=True)
-class Page:
+class Page(Generic[Row]):
     """One page of a listing, newest first, as OpenAI lists: ``has_more`` past it."""
 
-    items: list[dict[str, str]]
+    items: list[Row]
     has_more: bool
 
 
@@ -80,7 +76,7 @@ class BulkDb:
             pipe.zrem(self.keys.files(owner), file_id)
             pipe.execute()
 
-    def list_files(self, owner: str, after: str, limit: int) -> Page:
+    def list_files(self, owner: str, after: str, limit: int) -> Page[dict[str, str]]:
         ids = self._page_ids(self.keys.files(owner), after, limit)
         rows = [self.file(i) for i in ids[:limit]]
         return Page([r for r in rows if r], len(ids) > limit)
@@ -96,12 +92,12 @@ class BulkDb:
             pipe.sadd(self.keys.batches_active, batch_id)
             pipe.execute()
 
-    def bulk(self, batch_id: str) -> dict[str, str] | None:
+    def bulk(self, batch_id: str) -> BulkView | None:
         with redis_errors():
             h = self.client.hgetall(self.keys.batch(batch_id))
-        return _decoded(h) or None
+        return BulkView.from_hash(_decoded(h)) if h else None
 
-    def list_bulk(self, owner: str, after: str, limit: int) -> Page:
+    def list_bulk(self, owner: str, after: str, limit: int) -> Page[BulkView]:
         ids = self._page_ids(self.keys.batches(owner), after, limit)
         rows = [self.bulk(i) for i in ids[:limit]]
         return Page([r for r in rows if r], len(ids) > limit)
@@ -110,7 +106,7 @@ class BulkDb:
         with redis_errors():
             return sorted(_s(m) for m in self.client.smembers(self.keys.batches_active))
 
-    def move(self, batch_id: str, allowed_from: Sequence[str], to: str,
+    def move(self, batch_id: str, allowed_from: Sequence[BulkStatus], to: BulkStatus,
              **fields: str | int) -> bool:
         """Set status ``to`` (and ``fields``) if the status is one of ``allowed_from``;
         False, changing nothing, otherwise. Atomic against every other ``move``.
@@ -122,11 +118,11 @@ class BulkDb:
 
         def step(pipe: Any) -> bool:
             status, webhook, owner = pipe.hmget(key, "status", "webhook", "owner")
-            if status is None or _s(status) not in allowed_from:
+            if status is None or BulkStatus(_s(status)) not in allowed_from:
                 pipe.multi()
                 return False
             pipe.multi()
-            pipe.hset(key, mapping=cast(Any, {"status": to, **fields}))
+            pipe.hset(key, mapping=cast(Any, {"status": to.value, **fields}))
             if to in FINAL:
                 pipe.srem(self.keys.batches_active, batch_id)
             if to in FINAL_EVENTS and webhook:
@@ -223,28 +219,23 @@ def _decoded(h: Mapping[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in h.items()}
 
 
-def bulk_document(h: Mapping[str, str]) -> dict[str, Any]:
-    """The batch as OpenAI's API shows it, from its hash."""
-    def stamp(name: str) -> int | None:
-        return int(h[name]) if h.get(name) else None
-
+def bulk_document(view: BulkView) -> dict[str, Any]:
+    """The batch as OpenAI's API shows it."""
+    counts = view.counts
     doc: dict[str, Any] = {
-        "id": h["id"], "object": "batch", "endpoint": h["endpoint"],
-        "errors": json.loads(h["errors"]) if h.get("errors") else None,
-        "input_file_id": h["input_file_id"], "completion_window": h["completion_window"],
-        "status": h["status"], "output_file_id": h.get("output_file_id") or None,
-        "error_file_id": h.get("error_file_id") or None,
-        **{name: stamp(name) for name in _INT_FIELDS},
-        "request_counts": {"total": int(h.get("total", 0)),
-                           "completed": int(h.get("completed", 0)),
-                           "failed": int(h.get("failed", 0))},
-        "metadata": json.loads(h["metadata"]) if h.get("metadata") else None,
+        "id": view.id, "object": "batch", "endpoint": view.endpoint, "errors": view.errors,
+        "input_file_id": view.input_file_id, "completion_window": view.completion_window,
+        "status": view.status.value, "output_file_id": view.output_file_id,
+        "error_file_id": view.error_file_id, **{name: view.stamps[name] for name in STAMPS},
+        "request_counts": {"total": counts.total, "completed": counts.completed,
+                           "failed": counts.failed},
+        "metadata": view.metadata,
     }
     # carpool's own: when the batch ends at the rate it has gone so far, and whether
     # that is past its window (docs/batches.md).
-    doc["carpool"] = {"model": h.get("model") or None, "webhook": h.get("webhook") or None,
-                      "projected_completion_at": stamp("projected_at"),
-                      "window_at_risk": h.get("at_risk") == "1"}
+    doc["carpool"] = {"model": view.model, "webhook": view.webhook,
+                      "projected_completion_at": view.projected_at,
+                      "window_at_risk": view.at_risk}
     return doc
 
 

@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
+from carpool.core.bulk import BulkStatus
 from tests.support.batches import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
@@ -96,8 +97,9 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
         client: redis.Redis, keys: Keys, final: str, event: str) -> None:
     db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_a", HOOK)
-    assert db.move("batch_a", ("in_progress",), final)
-    assert not db.move("batch_a", ("in_progress",), final)  # the second move is refused
+    assert db.move("batch_a", (BulkStatus.IN_PROGRESS,), BulkStatus(final))
+    # the second move is refused
+    assert not db.move("batch_a", (BulkStatus.IN_PROGRESS,), BulkStatus(final))
     got = _events(outbox)
     assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id) for e in got] == [
         ("batch_a", event, "own", HOOK, f"batch_a.{event}")]
@@ -109,16 +111,16 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
 def test_no_event_without_a_webhook_or_before_the_end(client: redis.Redis, keys: Keys) -> None:
     db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_b", HOOK)
-    assert db.move("batch_b", ("in_progress",), "finalizing")
+    assert db.move("batch_b", (BulkStatus.IN_PROGRESS,), BulkStatus.FINALIZING)
     _batch(db, "batch_c", "")
-    assert db.move("batch_c", ("in_progress",), "completed")
+    assert db.move("batch_c", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
     assert outbox.waiting([BATCH_HOOK_TAG]) == 0
 
 
 def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Keys) -> None:
     db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_d", HOOK)
-    db.move("batch_d", ("in_progress",), "completed")
+    db.move("batch_d", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
     (event,) = _events(outbox)
     assert outbox.settle(event, DELIVERED, Delivery(DELIVERED, 1, 200, None, event.t_ms))
     assert outbox.waiting([BATCH_HOOK_TAG]) == 0
@@ -130,7 +132,7 @@ def test_a_dead_batch_event_is_listed_with_the_dead_letters(client: redis.Redis,
                                                            keys: Keys) -> None:
     db, outbox = BulkDb(client, keys), Outbox(client, keys)
     _batch(db, "batch_e", HOOK)
-    db.move("batch_e", ("in_progress",), "expired")
+    db.move("batch_e", (BulkStatus.IN_PROGRESS,), BulkStatus("expired"))
     (event,) = _events(outbox)
     assert outbox.settle(event, DEAD, Delivery(DEAD, 3, 500, "HTTP 500", event.t_ms))
     (dead,) = outbox.dead([BATCH_HOOK_TAG], 10)

@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from carpool.backend.bulkdb import FINAL, BulkDb
+from carpool.backend.bulkdb import BulkDb
+from carpool.core.bulk import FINAL
 from feeder import __main__ as feeder_main
 from feeder import chunks
 

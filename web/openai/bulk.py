@@ -17,8 +17,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admissions import AdmitJob, AdmitRequest
-from carpool.backend.bulkdb import FINAL, bulk_document, new_bulk_id
+from carpool.backend.bulkdb import bulk_document, new_bulk_id
 from carpool.backend.outbox import webhook_doc
+from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.bulk_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobStatus, new_job_id
@@ -95,18 +96,18 @@ def create_bulk() -> tuple[Response, int]:
         "id": new_bulk_id(), "owner": owner, "endpoint": doc["endpoint"],
         "input_file_id": file_id, "completion_window": doc["completion_window"],
         "window_s": window, "metadata": _metadata(doc.get("metadata")),
-        "created_at": now, "expires_at": now + window, "status": "validating",
+        "created_at": now, "expires_at": now + window, "status": BulkStatus.VALIDATING.value,
         "total": 0, "completed": 0, "failed": 0, "chunks": 0, "webhook": webhook or "",
     }
     state.bulkdb.add_bulk(fields, state.settings.bulk.keep_s)
-    return jsonify(bulk_document({k: str(v) for k, v in fields.items()})), 200
+    return jsonify(bulk_document(BulkView.from_hash({k: str(v) for k, v in fields.items()}))), 200
 
 
-def _owned_bulk(state: WebState, batch_id: str, owner: str) -> dict[str, str]:
-    h = state.bulkdb.bulk(batch_id[:64]) if batch_id.startswith("batch_") else None
-    if h is None or h.get("owner", "") != owner:
+def _owned_bulk(state: WebState, batch_id: str, owner: str) -> BulkView:
+    view = state.bulkdb.bulk(batch_id[:64]) if batch_id.startswith("batch_") else None
+    if view is None or view.owner != owner:
         raise ResourceNotFound(f"no batch {batch_id[:64]!r}")
-    return h
+    return view
 
 
 @blueprint.get("/batches/<batch_id>")
@@ -114,10 +115,10 @@ def retrieve_bulk(batch_id: str) -> Response:
     """The batch; with a webhook, its delivery as a job's document shows one
     (``carpool.webhook_delivery``: docs/batches.md)."""
     state = current_state()
-    h = _owned_bulk(state, batch_id, request_owner(state.settings))
-    doc = bulk_document(h)
-    if h.get("webhook"):
-        doc["carpool"]["webhook_delivery"] = webhook_doc(state.bulkdb.deliveries(h["id"]))
+    view = _owned_bulk(state, batch_id, request_owner(state.settings))
+    doc = bulk_document(view)
+    if view.webhook:
+        doc["carpool"]["webhook_delivery"] = webhook_doc(state.bulkdb.deliveries(view.id))
     return jsonify(doc)
 
 
@@ -125,12 +126,12 @@ def retrieve_bulk(batch_id: str) -> Response:
 def cancel_bulk(batch_id: str) -> Response:
     state = current_state()
     owner = request_owner(state.settings)
-    h = _owned_bulk(state, batch_id, owner)
-    if not state.bulkdb.move(batch_id, ("validating", "in_progress"), "cancelling",
-                              cancelling_at=int(time.time())):
-        h = _owned_bulk(state, batch_id, owner)
-        if h["status"] in FINAL and h["status"] != "cancelled":
-            raise NotCancellable(f"batch {batch_id} is {h['status']}: nothing to cancel")
+    _owned_bulk(state, batch_id, owner)
+    if not state.bulkdb.move(batch_id, (BulkStatus.VALIDATING, BulkStatus.IN_PROGRESS),
+                             BulkStatus.CANCELLING, cancelling_at=int(time.time())):
+        status = _owned_bulk(state, batch_id, owner).status
+        if status.final and status is not BulkStatus.CANCELLED:
+            raise NotCancellable(f"batch {batch_id} is {status.value}: nothing to cancel")
     return jsonify(bulk_document(_owned_bulk(state, batch_id, owner)))
 
 
