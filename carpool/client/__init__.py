@@ -16,19 +16,17 @@ This package imports neither torch nor flask.
 """
 
 from carpool.client.aio import AsyncClient
-from carpool.client.handle import AsyncJob, Detached, JobDoc
-from carpool.client.protocol import (
-    ApiError,
-    ClientError,
-    Job,
-    JobFailed,
-    JobTimeout,
-    Overloaded,
-    RequestRejected,
-    RetryPolicy,
-    ServerUnreachable,
-    Unavailable,
+from carpool.client.errors import (
+           ApiError,
+           ClientError,
+           Overloaded,
+           RequestRejected,
+           ServerUnreachable,
+           Unavailable,
 )
+from carpool.client.handle import AsyncJob, Detached, Job
+from carpool.client.jobdoc import JobDoc, JobFailed, JobTimeout
+from carpool.client.protocol import RetryPolicy
 from carpool.client.sse import Event
 from carpool.client.sync import Client
 from carpool.client.webhooks import WebhookInvalid, verify_webhook

@@ -12,7 +12,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from carpool.client.protocol import ApiError, ClientError, headers
+from carpool.client.errors import ApiError, ClientError
+from carpool.client.protocol import headers
 
 #: Statuses a batch never leaves.
 FINAL = ("failed", "completed", "expired", "cancelled")

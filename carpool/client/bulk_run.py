@@ -6,16 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from carpool.client.protocol import (
-    BATCH_INPUTS,
-    ApiError,
-    Call,
-    Job,
-    JobDoc,
-    RetryPolicy,
-    batch_call,
-    item_error,
-)
+from carpool.client.errors import ApiError
+from carpool.client.handle import Job
+from carpool.client.jobdoc import JobDoc
+from carpool.client.protocol import BATCH_INPUTS, Call, RetryPolicy, batch_call, item_error
 
 
 class BulkRun:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from carpool.client.protocol import ApiError
+from carpool.client.errors import ApiError
 from carpool.client.sync import Client
 
 #: Adds --url and --api-key to a command's parser (carpool/cli.py owns them).

@@ -5,19 +5,14 @@ same calls, as coroutines). A handle is immutable: each call answers a new one."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from carpool.client.jobdoc import JobDoc
+from carpool.client.sse import Event
 from carpool.core.errors import CarpoolError
 
-if TYPE_CHECKING:
-    from carpool.client.aio import AsyncClient
-    from carpool.client.sse import Event
-    from carpool.client.sync import Client
-
-#: The statuses after which a job never changes again.
-FINAL = frozenset({"done", "failed", "expired", "cancelled"})
 #: How long ``wait`` waits by default, in seconds.
 WAIT_TIMEOUT_S = 60.0
 
@@ -27,34 +22,28 @@ class Detached(CarpoolError):
     to call the server."""
 
 
-@dataclass(frozen=True)
-class JobDoc:
-    """The job document's main fields; ``doc`` is the whole document."""
+class JobClient(Protocol):
+    """What a ``Job`` calls on the blocking client that made it (carpool/client/sync.py)."""
 
-    id: str
-    status: str
-    model: str
-    result: Any = None
-    error: str | None = None
-    doc: Mapping[str, Any] = field(default_factory=dict)
+    def result(self, job_id: str, wait: float = 0.0) -> Job: ...
 
-    @property
-    def final(self) -> bool:
-        return self.status in FINAL
+    def wait(self, job: JobDoc, timeout_s: float) -> Job: ...
 
-    @property
-    def queue_position(self) -> int | None:
-        """Its place in its bin while queued (0: next), as last described."""
-        position = self.doc.get("queue_position")
-        return position if isinstance(position, int) else None
+    def cancel(self, job_id: str) -> bool: ...
 
-    def outcome(self) -> Any:
-        """The result of a done job; raises ``JobFailed`` for any other final status."""
-        from carpool.client.protocol import JobFailed
+    def events(self, job_ids: Sequence[str], last_event_id: str = "") -> Iterator[Event]: ...
 
-        if self.status != "done":
-            raise JobFailed(self)
-        return self.result
+
+class AsyncJobClient(Protocol):
+    """What an ``AsyncJob`` awaits on the asyncio client that made it (carpool/client/aio.py)."""
+
+    async def result(self, job_id: str, wait: float = 0.0) -> AsyncJob: ...
+
+    async def wait(self, job: JobDoc, timeout_s: float) -> AsyncJob: ...
+
+    async def cancel(self, job_id: str) -> bool: ...
+
+    def events(self, job_ids: Sequence[str], last_event_id: str = "") -> AsyncIterator[Event]: ...
 
 
 def _fields(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,13 +56,13 @@ def _fields(doc: Mapping[str, Any]) -> dict[str, Any]:
 class Job(JobDoc):
     """A job of the blocking ``Client``."""
 
-    client: Client | None = field(default=None, compare=False, repr=False)
+    client: JobClient | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any], client: Client | None = None) -> Job:
+    def from_doc(cls, doc: Mapping[str, Any], client: JobClient | None = None) -> Job:
         return cls(**_fields(doc), client=client)
 
-    def _client(self) -> Client:
+    def _client(self) -> JobClient:
         if self.client is None:
             raise Detached(f"job {self.id} has no client: get it from Client.submit or "
                            "Client.result")
@@ -100,13 +89,13 @@ class Job(JobDoc):
 class AsyncJob(JobDoc):
     """A job of the ``AsyncClient``: the calls of ``Job``, as coroutines."""
 
-    client: AsyncClient | None = field(default=None, compare=False, repr=False)
+    client: AsyncJobClient | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any], client: AsyncClient | None = None) -> AsyncJob:
+    def from_doc(cls, doc: Mapping[str, Any], client: AsyncJobClient | None = None) -> AsyncJob:
         return cls(**_fields(doc), client=client)
 
-    def _client(self) -> AsyncClient:
+    def _client(self) -> AsyncJobClient:
         if self.client is None:
             raise Detached(f"job {self.id} has no client: get it from AsyncClient.submit "
                            "or AsyncClient.result")

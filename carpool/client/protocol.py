@@ -1,5 +1,5 @@
-"""What the sync and asyncio clients share: the errors, the job document, the retry
-policy, and how a request is built and its answer read. No I/O here."""
+"""What the sync and asyncio clients share: the retry policy, and how a request is
+built and its answer read. No I/O here."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from typing import Any
 
 import httpx
 
-# The handles, re-exported where they were before they became handles.
-from carpool.client.handle import FINAL as FINAL
-from carpool.client.handle import AsyncJob as AsyncJob
-from carpool.client.handle import Job as Job
-from carpool.client.handle import JobDoc as JobDoc
-from carpool.core.errors import CarpoolError
+from carpool.client.errors import (
+    ApiError,
+    ClientError,
+    Overloaded,
+    RequestRejected,
+    ServerUnreachable,
+    Unavailable,
+)
 
 #: The longest ``?wait=`` one request asks for: under the server's default cap (60 s),
 #: and short enough that a proxy's idle timeout does not cut the request.
@@ -25,54 +27,6 @@ POLL_WAIT_S = 30.0
 TIMEOUT_MARGIN_S = 10.0
 #: Inputs per /submit/batch request: the server refuses more (413).
 BATCH_INPUTS = 1000
-
-
-class ClientError(CarpoolError):
-    """Raised for any failure that carpool's client reports."""
-
-
-class ServerUnreachable(ClientError):
-    """Raised when nothing answers at the server's URL (refused, unknown host, timeout)."""
-
-
-class ApiError(ClientError):
-    """Raised when the server answers with an error status."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-
-class Overloaded(ApiError):
-    """Raised on 429: the bin is full or the job would wait too long; see retry_after_s."""
-
-
-class Unavailable(ApiError):
-    """Raised on 503: the server cannot reach Redis, or no worker will serve the model."""
-
-
-class RequestRejected(ApiError):
-    """Raised on another 4xx: the request itself is wrong (input, model, key)."""
-
-
-class JobFailed(ClientError):
-    """Raised when a job ended failed, expired or cancelled instead of done."""
-
-    def __init__(self, job: JobDoc) -> None:
-        super().__init__(f"job {job.id} {job.status}: {job.error or 'no reason given'}")
-        self.job = job
-
-
-class JobTimeout(ClientError):
-    """Raised when a job is not final within the time the caller gave it."""
-
-    def __init__(self, job: JobDoc, timeout_s: float) -> None:
-        super().__init__(f"job {job.id} still {job.status} after {timeout_s:g} s")
-        self.job = job
 
 
 @dataclass(frozen=True)

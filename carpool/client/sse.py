@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from carpool.client.handle import FINAL
+from carpool.client.jobdoc import FINAL
 
 #: A stream sends a comment at least this often (the server's keep-alive is 15 s):
 #: a read that waits longer means the connection is dead.

@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 
 from carpool.client.bulk_run import BulkRun
-from carpool.client.handle import Job, JobDoc
+from carpool.client.errors import ClientError
+from carpool.client.handle import Job
+from carpool.client.jobdoc import JobDoc, JobTimeout
 from carpool.client.protocol import (
     POLL_WAIT_S,
     Call,
-    ClientError,
-    JobTimeout,
     RetryPolicy,
     cancel_call,
     cancelled,
