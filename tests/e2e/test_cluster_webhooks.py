@@ -14,6 +14,7 @@ from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys, shard
 from carpool.backend.outbox import Outbox
+from carpool.core.bulk import BulkStatus
 from tests.e2e.test_cluster import CATALOGUE, MODELS, env_for
 from tests.support.hookstack import DEPLOY_SECRET
 from tests.support.procs import start_dispatcher, start_web, start_worker
@@ -66,7 +67,8 @@ def test_a_batch_end_and_its_event_are_one_multi_on_a_cluster(cluster: list[Redi
     db, outbox = BulkDb(client, keys), Outbox(client, keys)
     db.add_bulk({"id": "batch_c1", "owner": "", "status": "in_progress",
                   "webhook": "https://hooks.example.com/b"}, 600)
-    assert db.move("batch_c1", ("in_progress",), "completed")  # CROSSSLOT if not one slot
+    # CROSSSLOT if not one slot
+    assert db.move("batch_c1", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
     taken = outbox.take(BATCH_HOOK_TAG, 10, 60_000).events
     assert [e.webhook_id for e in taken] == ["batch_c1.batch.completed"]
     close_cluster_client(client)
