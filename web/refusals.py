@@ -46,6 +46,15 @@ class BodyTimeout(CarpoolError):
     """Raised when a request body does not arrive within its time limit (web/bodies.py)."""
 
 
+class MalformedBody(InvalidInput):
+    """Raised when a request body breaks its framing: a bad chunk size, a chunk without
+    its CRLF, a malformed trailer (web/bodies.py)."""
+
+
+class BodyCutShort(CarpoolError):
+    """Raised when the client stops sending a request body before its end (web/bodies.py)."""
+
+
 class TooManyJsonValues(InputTooLarge):
     """Raised when a JSON body holds more values than any input needs."""
 
@@ -93,6 +102,8 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(BodyTooLarge, 413, "body_too_large", "too_large"),
     Refusal(TooManyJsonValues, 413, "too_many_json_values", "too_large"),
     Refusal(BodyTimeout, 408, "body_timeout", "invalid"),
+    Refusal(BodyCutShort, 408, "body_incomplete", "invalid"),
+    Refusal(MalformedBody, 400, "malformed_body", "invalid"),
     Refusal(TooManyPolls, 429, "too_many_polls", "error"),
     Refusal(InputTooLarge, 413, "input_too_large", "too_large"),
     Refusal(InvalidInput, 400, "invalid_input", "invalid"),

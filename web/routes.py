@@ -24,9 +24,9 @@ from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, 
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from web import inputs
 from web.auth import check_owner, request_owner
-from web.bodies import read_body
+from web.bodies import read_post_body
 from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
-from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.metrics import jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
 from web.prefer import PREFER, applied, preferred_wait_s
@@ -37,17 +37,7 @@ from web.waiters import await_final_after, wait_for_final
 from web.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
-
-
-
-@blueprint.before_request
-def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/bodies.py)."""
-    if request.method != "POST":
-        return
-    state = current_state()
-    read_body(state.settings, state.body_limits)  # a refusal is counted by the error handler
-    body_read()
+blueprint.before_request(read_post_body)  # every POST body, read within its limits
 
 
 @blueprint.post("/submit")

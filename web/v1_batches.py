@@ -26,10 +26,10 @@ from carpool.core.webhooks import check_url
 from web import inputs
 from web.auth import request_owner
 from web.batchlines import ENDPOINTS
+from web.bodies import read_post_body
 from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
 from web.polls import client_gone_check
 from web.refusals import JobFailed, ResourceNotFound, ResultsLate
-from web.routes import read_post_body
 from web.state import WebState, current_state
 from web.v1_files import owned_file, page_args, page_document
 from web.waiters import await_final_after
