@@ -153,7 +153,7 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
     prepared = []
     for i, job_input in enumerate(job_inputs(spec, tensors, req)):
         try:
-            prepared.append(inputs.prepare(spec, job_input))
+            prepared.append(inputs.prepare(spec, job_input, state.settings.input_limits))
         except CarpoolError as exc:
             exc.args = (f"row {i}: {exc}",)
             raise
