@@ -19,14 +19,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.backend.admitting import AdmitJob, AdmitRequest, single_admitted
-from carpool.core.catalogue import Catalogue, ModelSpec
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotSent
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
+from carpool.core.settings import Settings
 from web import inputs
 from web.auth import check_owner, request_owner
-from web.bodies import read_body
+from web.bodies import read_post_body
 from web.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
-from web.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.metrics import jobs_admitted, refusing_jobs, remember_model
 from web.openapi import openapi_document
 from web.polls import client_gone_check
 from web.prefer import PREFER, applied, preferred_wait_s
@@ -37,17 +38,7 @@ from web.waiters import await_final_after, wait_for_final
 from web.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
-
-
-
-@blueprint.before_request
-def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/bodies.py)."""
-    if request.method != "POST":
-        return
-    state = current_state()
-    read_body(state.settings, state.body_limits)  # a refusal is counted by the error handler
-    body_read()
+blueprint.before_request(read_post_body)  # every POST body, read within its limits
 
 
 @blueprint.post("/submit")
@@ -56,7 +47,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state.settings.catalogue, state.settings.webhooks.allow_private)
+    sub = _read_submission(state.settings)
     deadline = time.monotonic() + wait_s
     job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
@@ -123,7 +114,7 @@ def _admit_batch(
     places: list[tuple[int, threading.Event | None]] = []
     for i, raw in enumerate(batch.inputs):
         try:
-            prepared = inputs.prepare(batch.spec, raw)
+            prepared = inputs.prepare(batch.spec, raw, state.settings.input_limits)
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
             items.append(_item_error(exc))
@@ -270,7 +261,8 @@ def openapi() -> Response:
     return jsonify(openapi_document(current_state().settings))
 
 
-def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submission:
+def _read_submission(settings: Settings) -> inputs.Submission:
+    catalogue, allow_private = settings.catalogue, settings.webhooks.allow_private
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
@@ -287,7 +279,8 @@ def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submis
     _require_json()
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    return inputs.submission_from_json(doc, catalogue, header_key, allow_private)
+    return inputs.submission_from_json(doc, catalogue, settings.input_limits, header_key,
+                                       allow_private)
 
 
 def _require_json() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flask import current_app
 
@@ -12,11 +13,13 @@ from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
 from carpool.core.settings import Settings
-from web.bodies import BodyLimits
 from web.metrics import WebMetrics
 from web.polls import PollCounter
 from web.reads import ReadBatcher
 from web.waiters import Notifier
+
+if TYPE_CHECKING:  # web.bodies reads the state of each request: imported there at run time
+    from web.bodies import BodyLimits
 
 #: The key of the app's WebState in ``app.extensions``.
 EXTENSION = "carpool"

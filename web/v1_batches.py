@@ -26,10 +26,10 @@ from carpool.core.webhooks import check_url
 from web import inputs
 from web.auth import request_owner
 from web.batchlines import ENDPOINTS
+from web.bodies import read_post_body
 from web.embeddings_shape import check_dimensions, embed_request, embeddings_answer
 from web.polls import client_gone_check
 from web.refusals import JobFailed, ResourceNotFound, ResultsLate
-from web.routes import read_post_body
 from web.state import WebState, current_state
 from web.v1_files import owned_file, page_args, page_document
 from web.waiters import await_final_after
@@ -149,7 +149,7 @@ def embeddings() -> Response:
     state = current_state()
     owner = request_owner(state.settings)
     doc = inputs.parse_json(request.get_data())
-    req = embed_request(doc, state.settings.catalogue)
+    req = embed_request(doc, state.settings.catalogue, state.settings.input_limits)
     state.models.check(req.spec.name)
     jobs = tuple(AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json)
                  for p in req.prepared)

@@ -15,8 +15,8 @@ from flask import Blueprint, Response, jsonify, request
 from carpool.backend.batchdb import file_document, new_file_id
 from carpool.core.errors import InvalidInput
 from web.auth import request_owner
+from web.bodies import read_post_body
 from web.refusals import BodyTooLarge, ResourceNotFound
-from web.routes import read_post_body
 from web.state import WebState, current_state
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")

@@ -25,6 +25,11 @@ class InputTooLarge(InvalidInput):
     """Raised when an input is over a byte, pixel or length limit."""
 
 
+class InputOverLimit(InvalidInput):
+    """Raised when an input nests deeper, or one of its arrays or objects holds more
+    items, than the input limits allow (carpool/core/input_limits.py)."""
+
+
 class UnknownModel(CarpoolError):
     """Raised when a request names a model that is not in the catalogue."""
 

@@ -186,6 +186,26 @@ def test_a_malformed_file_fails_validation_naming_each_bad_line(stack: Stack) ->
     assert "UTF-8" in failed.errors.data[5].message
 
 
+def test_a_line_nested_past_the_input_depth_fails_validation_naming_its_line(
+        stack: Stack) -> None:
+    client = stack.client()
+
+    def submit_line(custom_id: str, value: str) -> str:
+        return (f'{{"custom_id": "{custom_id}", "method": "POST", "url": "/submit", "body": '
+                f'{{"model": "synthetic", "input": {{"value": {value}, "size": 1}}}}}}')
+
+    data = (submit_line("a", "1") + "\n" + submit_line("b", "[" * 900 + "]" * 900)).encode()
+    batch = client.batches.create(input_file_id=upload(client, data),
+                                  endpoint="/submit",
+                                  completion_window="24h")
+    failed = wait_batch(client, batch.id, {"failed", "completed"}, timeout_s=30)
+    assert failed.status == "failed" and failed.errors is not None
+    [error] = failed.errors.data
+    assert error.line == 2 and error.message is not None
+    assert error.message.startswith("input.value[0][0]")
+    assert "CARPOOL_MAX_INPUT_DEPTH" in error.message
+
+
 def test_batches_are_scoped_to_their_api_key_and_listed_newest_first(stack: Stack) -> None:
     a, b = stack.client(KEY_A), stack.client(KEY_B)
     file_id = upload(a, embedding_lines(3, prefix="scoped"))

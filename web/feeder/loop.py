@@ -121,7 +121,7 @@ class Feeder:
                        "param": "input_file_id", "line": None}]
         else:
             parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                                self.settings.batches.max_lines)
+                                self.settings.input_limits, self.settings.batches.max_lines)
             errors = parsed.errors
         if errors:
             if self.db.move(batch_id, ("validating",), "failed", failed_at=now,
@@ -142,7 +142,7 @@ class Feeder:
         if data is None:
             raise LookupError(f"its input file {h['input_file_id']} was deleted")
         parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                            self.settings.batches.max_lines)
+                            self.settings.input_limits, self.settings.batches.max_lines)
         if parsed.spec is None or parsed.errors:
             raise ValueError("its input file no longer passes validation (the catalogue "
                              "changed?)")
