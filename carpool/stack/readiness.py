@@ -81,10 +81,11 @@ def wait_registered(registry: Registry, workers: Sequence[str], timeout_s: float
 def report_until_ready(env: Mapping[str, str], workers: Sequence[str], log_dir: str,
                        check: Callable[[], None], pause: Callable[[float], object],
                        say: Callable[[str], None] = print,
-                       timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+                       timeout_s: float = REGISTER_TIMEOUT_S) -> list[str]:
     """Print each model's state now (when a worker is still loading), wait for every
-    worker to register, print the states again and "ready"; raise ``CarpoolError``
-    naming the workers that did not register within ``timeout_s``."""
+    worker to register, print the states again and "ready", and answer the models
+    served; raise ``CarpoolError`` naming the workers that did not register within
+    ``timeout_s``."""
     settings = load_settings(env)
     models = list(settings.worker_models) or [spec.name for spec in settings.catalogue]
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
@@ -106,3 +107,4 @@ def report_until_ready(env: Mapping[str, str], workers: Sequence[str], log_dir: 
         raise CarpoolError(f"{', '.join(missing)} did not register its models within "
                            f"{timeout_s:.0f} s (still loading?); see {logs}")
     say(f"ready   every worker registered its models ({len(workers)} of {len(workers)})")
+    return sorted({model for w in live for model in w.served})

@@ -81,4 +81,5 @@ def test_carpool_up_prints_each_model_and_sends_the_demo_job_once_the_worker_reg
     states = {line.split()[1]: line for line in lines[:ready] if line.startswith("model   ")}
     assert "served (worker0@" in states["synthetic"], proc.stdout
     assert "refused by worker0@" in states["resnet18"] and "has no weights" in states["resnet18"]
+    assert "served (worker0@" in states["efficientnet_lite0"], proc.stdout
     assert '"status": "done"' in proc.stdout
