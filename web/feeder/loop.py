@@ -24,10 +24,10 @@ from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable, NotCancellable
 from carpool.core.jobs import Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
-from web.batchlines import parse_file
-from web.feeder import chunks
+from web.feeder import chunks, intake
+from web.feeder.labels import drop_labels
 from web.feeder.metrics import FeederMetrics
-from web.feeder.run import Run, ended_line, error_line, stored_set
+from web.feeder.run import Ending, Run, ended_line, ending_of, error_line
 from web.v1_files import store_name
 
 log = logging.getLogger("carpool.feeder")
@@ -84,26 +84,26 @@ class Feeder:
         return self._feed(feedable) or busy
 
     def _step_batch(self, batch_id: str, h: dict[str, str], feedable: list[Run]) -> bool:
-        busy = False
         if h["status"] == "validating":
-            self._validate(batch_id, h)
+            intake.validate(self.settings, self.db, self.store, self.metrics, batch_id, h)
             return True
-        if batch_id not in self.runs and h["status"] != "finalizing":
-            self.runs[batch_id] = self._load(batch_id, h)
         if h["status"] == "finalizing":
             self._finalize(self.runs.get(batch_id) or self._load(batch_id, h), h)
             return True
         run = self.runs.get(batch_id)
-        if run is not None:
-            busy |= self._collect(run)
-            busy |= self._wind_down(run, h)
-            if (h["status"] == "in_progress" and run.expires_at > time.time()
-                    and batch_id in self.runs):
-                feedable.append(run)
+        if run is None:
+            run = self.runs[batch_id] = self._load(batch_id, h)
+        intake.watch(self.db, self.store, run, h)
+        run.ending = ending_of(h["status"], "input_lost_at" in h,
+                               time.time() >= run.expires_at, h["input_file_id"])
+        busy = self._collect(run)
+        busy |= self._wind_down(run, h)
+        if run.ending is None and run.lines and batch_id in self.runs:
+            feedable.append(run)
         return busy
 
     def _fail(self, batch_id: str, message: str) -> None:
-        """End a batch ``failed`` for a reason of its own (its input file went away)."""
+        """End a batch ``failed`` for a reason of its own (it cannot be run at all)."""
         self.runs.pop(batch_id, None)
         error = {"code": "internal_error", "message": message[:500], "param": None,
                  "line": None}
@@ -112,46 +112,8 @@ class Feeder:
                         errors=json.dumps({"object": "list", "data": [error]})):
             self.metrics.ended.labels("failed").inc()
 
-    # --- validating ---
-    def _validate(self, batch_id: str, h: dict[str, str]) -> None:
-        data = self.store.get(store_name(h["input_file_id"]))
-        now = int(time.time())
-        if data is None:
-            errors = [{"code": "missing_file", "message": "the input file was deleted",
-                       "param": "input_file_id", "line": None}]
-        else:
-            parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                                self.settings.input_limits, self.settings.batches.max_lines)
-            errors = parsed.errors
-        if errors:
-            if self.db.move(batch_id, ("validating",), "failed", failed_at=now,
-                            errors=json.dumps({"object": "list", "data": errors})):
-                self.metrics.ended.labels("failed").inc()
-            elif self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now):
-                self.metrics.ended.labels("cancelled").inc()
-            return
-        assert parsed.spec is not None
-        if not self.db.move(batch_id, ("validating",), "in_progress", in_progress_at=now,
-                            total=len(parsed.lines), model=parsed.spec.name):
-            if self.db.move(batch_id, ("cancelling",), "cancelled", cancelled_at=now,
-                            total=len(parsed.lines), model=parsed.spec.name):
-                self.metrics.ended.labels("cancelled").inc()
-
     def _load(self, batch_id: str, h: dict[str, str]) -> Run:
-        data = self.store.get(store_name(h["input_file_id"]))
-        if data is None:
-            raise LookupError(f"its input file {h['input_file_id']} was deleted")
-        parsed = parse_file(data, h["endpoint"], self.settings.catalogue,
-                            self.settings.input_limits, self.settings.batches.max_lines)
-        if parsed.spec is None or parsed.errors:
-            raise ValueError("its input file no longer passes validation (the catalogue "
-                             "changed?)")
-        jobs, bitmap = self.db.line_state(batch_id)
-        run = Run(batch_id, h.get("owner", ""), parsed.spec, h["endpoint"], parsed.lines,
-                  float(h["expires_at"]), int(h.get("chunks", 0)), jobs, stored_set(bitmap))
-        run.sampled = (time.monotonic(), len(run.stored))
-        run.advance()
-        return run
+        return intake.load(self.settings, self.db, self.store, batch_id, h)
 
     # --- collecting ---
     def _collect(self, run: Run) -> bool:
@@ -210,7 +172,7 @@ class Feeder:
         rate = (len(run.stored) - count) / (now - then)
         run.rate_per_s = rate if run.rate_per_s == 0 else 0.7 * run.rate_per_s + 0.3 * rate
         run.sampled = (now, len(run.stored))
-        left = len(run.lines) - len(run.stored)
+        left = run.total - len(run.stored)
         if run.rate_per_s > 0:
             at = time.time() + left / run.rate_per_s
             self.db.set_fields(run.id, projected_at=int(at),
@@ -218,15 +180,15 @@ class Feeder:
 
     # --- ending ---
     def _wind_down(self, run: Run, h: dict[str, str]) -> bool:
-        status = h["status"]
-        expired = status == "in_progress" and time.time() >= run.expires_at
-        if status == "in_progress" and not expired:
-            if len(run.stored) == len(run.lines):
+        """A running batch with every line stored goes to ``finalizing``; one with an
+        ending (cancelled, expired, input lost) withdraws its queued jobs, waits for the
+        running ones, errors every other line with the ending's reason and ends."""
+        ending = run.ending
+        if ending is None:
+            if h["status"] == "in_progress" and len(run.stored) == run.total:
                 self.db.move(run.id, ("in_progress",), "finalizing",
                              finalizing_at=int(time.time()))
                 return True
-            return False
-        if status not in ("in_progress", "cancelling"):
             return False
         for job_id in [j for ids in run.jobs.values() for j in ids]:
             view = self.queue.get(job_id)
@@ -237,20 +199,23 @@ class Feeder:
                     pass  # claimed meanwhile: it ends on its own
         if run.jobs:
             return True  # wait for the running ones
-        code, final = (("batch_expired", "expired") if expired
-                       else ("batch_cancelled", "cancelled"))
         rest = [i for i in run.unstored if i not in run.jobs]
         if rest:
-            message = ("the batch's completion window ended first" if expired
-                       else "the batch was cancelled first")
-            self._store(run, [], [(i, error_line(run, i, code, message)) for i in rest])
-        self._finalize(run, {**h, "status": status}, final)
+            self._store(run, [], [(i, error_line(run, i, ending.code, ending.message))
+                                  for i in rest])
+        self._finalize(run, h, ending)
         return True
 
-    def _finalize(self, run: Run, h: dict[str, str], final: str = "completed") -> None:
-        """Make the output and error files from the recorded chunks; then the end status.
-        Repeatable: the file ids follow from the batch's id."""
-        names = {}
+    def _finalize(self, run: Run, h: dict[str, str], ending: Ending | None = None) -> None:
+        """Make the output and error files from the recorded chunks; then the end status
+        (``completed``, or the ending's). Repeatable: the file ids follow from the
+        batch's id."""
+        names: dict[str, str] = {}
+        final = ending.final if ending is not None else "completed"
+        if ending is not None and ending.batch_error:
+            names["errors"] = json.dumps({"object": "list", "data": [{
+                "code": ending.code, "message": ending.batch_error,
+                "param": "input_file_id", "line": None}]})
         for part, kind in (("out", "output"), ("err", "error")):
             data = chunks.assemble(self.store, run.id, run.chunks, part)
             if not data:
@@ -268,6 +233,7 @@ class Feeder:
             self.metrics.ended.labels(final).inc()
             self.db.drop_line_state(run.id, self.settings.batches.keep_s)
             chunks.drop_chunks(self.store, run.id, run.chunks)
+            drop_labels(self.store, run.id)
             self.runs.pop(run.id, None)
 
     # --- feeding ---
@@ -279,6 +245,8 @@ class Feeder:
             for b in run.spec.bins:
                 room.setdefault((run.spec.name, b.name), cap * b.max_batch)
         for run in self.runs.values():
+            if not run.lines:
+                continue  # its input is gone: its jobs' bins are unknown; it admits none
             for i in run.jobs:
                 for job in run.lines[i].jobs:
                     room[(run.spec.name, job.bin.name)] = room.get(
