@@ -77,7 +77,7 @@ def test_a_jpeg_for_a_refused_model_answers_503_naming_the_weights_then_the_advi
         assert workers["state"] == "refused" and workers["served_by"] == 0
         assert "has no weights" in workers["refused"][0]["reason"]
         assert models_entry(base, "synthetic")["workers"] == {
-            "state": "served", "served_by": 1, "refused": []}
+            "state": "served", "served_by": 1, "loading_by": 0, "refused": []}
     message = error["message"]
 
     torch.manual_seed(0)
