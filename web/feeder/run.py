@@ -93,7 +93,8 @@ _CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancell
 
 
 def error_line(run: Run, line: int, code: str, message: str) -> str:
-    """A line that never got an answer: its batch expired or was cancelled first."""
+    """A line that never got an answer: its batch expired or was cancelled first, or
+    its model was refused by every live worker."""
     return json.dumps({"id": request_id(run, line), "custom_id": run.lines[line].custom_id,
                        "response": None, "error": {"code": code, "message": message}},
                       separators=(",", ":"))
