@@ -39,10 +39,6 @@ class Presence:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def entry(self) -> WorkerModels:
-        return self._entry
-
     def refuse(self, model: str, reason: str) -> None:
         """``model`` cannot load here: no longer loading, refused with ``reason``."""
         with self._lock:
