@@ -73,7 +73,7 @@ def _components(settings: Settings) -> dict[str, Any]:
         "result": {}, "error": {"type": "string"},
         "error_code": {"type": "string", "enum": ["model_unavailable"]},
         "waiting_for": {"type": "object", "required": ["state", "reason"], "properties": {
-            "state": {"type": "string", "enum": ["refused", "no worker"]},
+            "state": {"type": "string", "enum": ["loading", "refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
         "batch": {"type": "object"}, **JOB_FIELDS}}

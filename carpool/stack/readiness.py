@@ -1,12 +1,12 @@
 """`carpool up` is ready when each worker it started has registered its models.
 
 The web answering /readyz says nothing about the workers: each loads (and may
-calibrate) its models before it publishes, in the model registry
-(carpool/backend/registry.py), which it serves and which it refused, and why. Until
-then a job waits in its queue. So `carpool up` waits for every worker's entry
-before it says "ready" (and sends the demo's job), and prints each model's state:
-served, refused (with the reason), or loading (a worker it started has not
-registered yet).
+calibrate) its models, its entry in the model registry (carpool/backend/registry.py)
+saying "loading" meanwhile, before it publishes which it serves and which it refused,
+and why. Until then a job waits in its queue. So `carpool up` waits until every
+worker's entry has finished loading before it says "ready" (and sends the demo's
+job), and prints each model's state: served, refused (with the reason), or loading
+(a worker it started has not registered, or is still loading).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ REGISTER_POLL_S = 0.2
 
 
 def unregistered(live: Sequence[WorkerModels], workers: Sequence[str]) -> list[str]:
-    """The workers (by node name, "worker0", ...) that have no live entry yet. An entry
-    is named after the Celery node, "worker0@<host>"."""
-    names = {w.worker.partition("@")[0] for w in live}
+    """The workers (by node name, "worker0", ...) that have no live entry yet, or whose
+    entry is still loading models. An entry is named after the Celery node,
+    "worker0@<host>"."""
+    names = {w.worker.partition("@")[0] for w in live if not w.loading}
     return [w for w in workers if w not in names]
 
 

@@ -78,7 +78,7 @@ def test_a_jpeg_for_a_refused_model_answers_503_naming_the_weights_then_the_advi
         assert "has no weights" in workers["refused"][0]["reason"]
         for served in ("synthetic", "efficientnet_lite0"):  # its weights come with it
             assert models_entry(base, served)["workers"] == {
-                "state": "served", "served_by": 1, "refused": []}
+                "state": "served", "served_by": 1, "loading_by": 0, "refused": []}
     message = error["message"]
 
     torch.manual_seed(0)

@@ -21,8 +21,9 @@ from carpool.backend.admitting import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.batchdb import BatchDb
 from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
-from carpool.core.errors import BackendUnavailable, NotCancellable
-from carpool.core.jobs import Admitted, JobView, new_job_id
+from carpool.backend.registry import Registry, RegistryCache
+from carpool.core.errors import BackendUnavailable, ModelRefused, NotCancellable
+from carpool.core.jobs import MODEL_UNAVAILABLE, Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
 from web.feeder import chunks, intake
 from web.feeder.labels import drop_labels
@@ -52,6 +53,9 @@ class Feeder:
         self.turn = 0  # which API key goes first this round
         self.reached: dict[str, int] = defaultdict(int)  # crash points passed (tests)
         self.metrics = FeederMetrics()
+        #: What the workers serve: the lines of a model every live worker refused
+        #: fail at once, as /submit answers 503 (carpool/backend/registry.py).
+        self.models = RegistryCache(Registry(queue.client, queue.keys))
 
     def _crash_point(self, point: str) -> None:
         """TEST ONLY (CARPOOL_FEEDER_CRASH_AT): exit here, as kill -9 would."""
@@ -273,6 +277,14 @@ class Feeder:
         return fed_any
 
     def _feed_run(self, run: Run, room: dict[tuple[str, str], int], most: int) -> int:
+        try:
+            self.models.check(run.spec.name)
+        except ModelRefused as refused:  # the scan window's lines end, not admitted
+            lines = list(run.waiting())
+            if lines:
+                self._store(run, [], [(i, error_line(run, i, MODEL_UNAVAILABLE, str(refused)))
+                                      for i in lines])
+            return len(lines)
         admitted: dict[int, list[str]] = {}
         bins = [(run.spec.name, b.name) for b in run.spec.bins]
         for i in run.waiting():

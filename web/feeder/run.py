@@ -140,7 +140,7 @@ _CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancell
 
 def error_line(run: Run, line: int, code: str, message: str) -> str:
     """A line that never got an answer: its batch expired, was cancelled or lost its
-    input first."""
+    input first, or its model was refused by every live worker."""
     custom_id = run.labels[line].custom_id
     if custom_id is None:  # its labels are gone with the input: say which line it was
         message += f" (request {line + 1} of the input file)"
