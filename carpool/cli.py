@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 #: The demo long-polls this long at most (a first start warms models up first), in
 #: polls of DEMO_POLL_S, so a child that crash-loops meanwhile is reported at once.
 DEMO_TIMEOUT_S, DEMO_POLL_S = 180.0, 5
+#: The demo's image goes to the built-in classifier whose weights a pip package ships.
+DEMO_IMAGE_MODEL, DEMO_IMAGE_PX = "efficientnet_lite0", 256
 #: How long `carpool up` waits for the web tier to answer /readyz, asking this often.
 READY_TIMEOUT_S, READY_POLL_S = 60.0, 0.2
 
@@ -60,26 +62,61 @@ def _wait_ready(base_url: str, supervisor: Supervisor) -> None:
                            f"{READY_TIMEOUT_S:.0f} s") from None
 
 
-def demo(base_url: str, supervisor: Supervisor) -> int:
-    """Send one synthetic job through the stack and print its result."""
+def _follow(client: Client, job: Job, supervisor: Supervisor) -> Job:
+    # The first start of a worker loads and calibrates every model it serves before
+    # its first batch, so the demo keeps long-polling, within a bound.
+    deadline = time.monotonic() + DEMO_TIMEOUT_S
+    while not job.final and time.monotonic() < deadline:
+        job = client.result(job.id, wait=DEMO_POLL_S)
+        _check(supervisor)
+    return job
+
+
+def demo_jpeg() -> bytes:
+    """A DEMO_IMAGE_PX square JPEG made on the spot (colour gradients: no photo to fetch)."""
+    import io
+
+    from PIL import Image
+
+    side = DEMO_IMAGE_PX
+    red = Image.linear_gradient("L").resize((side, side))
+    image = Image.merge("RGB", (red, red.rotate(90), red.rotate(180)))
+    out = io.BytesIO()
+    image.save(out, format="JPEG")
+    return out.getvalue()
+
+
+def demo(base_url: str, supervisor: Supervisor, served: Sequence[str]) -> int:
+    """Send one synthetic job through the stack and print its result; then, when a
+    worker serves it, one image to the built-in classifier and print its top labels."""
     job_input = {"value": "hello from carpool", "size": 12}
     with Client(base_url) as client:
         try:
             job = client.submit("synthetic", job_input)
             print("POST /submit")
             _print(dict(job.doc))
-            # The first start of a worker loads and calibrates every model it serves
-            # before its first batch, so the demo keeps long-polling, within a bound.
-            deadline = time.monotonic() + DEMO_TIMEOUT_S
-            while not job.final and time.monotonic() < deadline:
-                job = client.result(job.id, wait=DEMO_POLL_S)
-                _check(supervisor)
+            job = _follow(client, job, supervisor)
+            print(f"GET /result/{job.id}?wait={DEMO_POLL_S}")
+            _print(dict(job.doc))
+            if job.status != "done":
+                return 1
+            if DEMO_IMAGE_MODEL not in served:
+                print(f"no image job: no worker serves {DEMO_IMAGE_MODEL} (its line above "
+                      "says why)")
+                return 0
+            image = client.submit_file(DEMO_IMAGE_MODEL, demo_jpeg(), "image/jpeg")
+            image = _follow(client, image, supervisor)
         except ApiError as exc:
             print(f"carpool: {exc}", file=sys.stderr)
             return 1
-    print(f"GET /result/{job.id}?wait={DEMO_POLL_S}")
-    _print(dict(job.doc))
-    return 0 if job.status == "done" else 1
+    print(f"POST /submit?model={DEMO_IMAGE_MODEL} (a {DEMO_IMAGE_PX}x{DEMO_IMAGE_PX} JPEG of "
+          f"colour gradients): {image.status}")
+    if image.status != "done":
+        _print(dict(image.doc))
+        return 1
+    for top in image.result["top_k"]:
+        print(f"  {top['score']:6.1%}  {top['label']}")
+    return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -104,10 +141,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         for name, url in urls.items():
             print(f"{name:7s} {url}")
         print(f"logs    {opts.state_dir}/", flush=True)
-        report_until_ready(stack.env, stack.workers, str(opts.state_dir),
-                           check=lambda: _check(supervisor), pause=supervisor.failed.wait,
-                           say=lambda line: print(line, flush=True))
-        code = demo(urls["api"], supervisor) if args.demo else 0
+        served = report_until_ready(stack.env, stack.workers, str(opts.state_dir),
+                                    check=lambda: _check(supervisor),
+                                    pause=supervisor.failed.wait,
+                                    say=lambda line: print(line, flush=True))
+        code = demo(urls["api"], supervisor, served) if args.demo else 0
         if args.once:
             return code
         print("carpool is up; Ctrl-C stops it.", flush=True)
@@ -270,7 +308,8 @@ def parser() -> argparse.ArgumentParser:
                     help=f"Flower's port (default {DEFAULT_FLOWER_PORT}, or a free one if taken)")
     up.add_argument("--models", default="", help="comma list the workers serve (default: all)")
     up.add_argument("--state-dir", default=".carpool", help="logs and the local Redis's data")
-    up.add_argument("--demo", action="store_true", help="send one job through once it is up")
+    up.add_argument("--demo", action="store_true",
+                    help="send one job and one image through once it is up")
     up.add_argument("--once", action="store_true", help="stop after start-up (and the demo)")
     up.set_defaults(func=cmd_up)
     s = sub.add_parser("submit", help="submit one job")

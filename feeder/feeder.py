@@ -20,14 +20,15 @@ from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
+from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.bulk import BulkStatus, BulkView
-from carpool.core.errors import BackendUnavailable, NotCancellable
-from carpool.core.jobs import Admitted, JobView, new_job_id
+from carpool.core.errors import BackendUnavailable, ModelRefused, NotCancellable
+from carpool.core.jobs import MODEL_UNAVAILABLE, Admitted, JobView, new_job_id
 from carpool.core.settings import Settings
-from carpool.intake.bulk_lines import parse_file
-from feeder import chunks
+from feeder import chunks, intake
+from feeder.labels import drop_labels
 from feeder.metrics import FeederMetrics
-from feeder.run import Run, ended_line, error_line, stored_set
+from feeder.run import Ending, Run, ended_line, ending_of, error_line
 
 log = logging.getLogger("carpool.feeder")
 
@@ -51,6 +52,9 @@ class Feeder:
         self.runs: dict[str, Run] = {}
         self.turn = 0  # which API key goes first this round
         self.metrics = FeederMetrics()
+        #: What the workers serve: the lines of a model every live worker refused
+        #: fail at once, as /submit answers 503 (carpool/backend/registry.py).
+        self.models = RegistryCache(Registry(queue.client, queue.keys))
 
     def step(self) -> bool:
         """One pass over every active batch; True when it did something."""
@@ -74,26 +78,26 @@ class Feeder:
         return self._feed(feedable) or busy
 
     def _step_bulk(self, batch_id: str, view: BulkView, feedable: list[Run]) -> bool:
-        busy = False
         if view.status is BulkStatus.VALIDATING:
-            self._validate(batch_id, view)
+            intake.validate(self.settings, self.db, self.store, self.metrics, view)
             return True
-        if batch_id not in self.runs and view.status is not BulkStatus.FINALIZING:
-            self.runs[batch_id] = self._load(batch_id, view)
         if view.status is BulkStatus.FINALIZING:
-            self._finalize(self.runs.get(batch_id) or self._load(batch_id, view), view.status)
+            self._finalize(self.runs.get(batch_id) or self._load(view), view.status)
             return True
         run = self.runs.get(batch_id)
-        if run is not None:
-            busy |= self._collect(run)
-            busy |= self._wind_down(run, view.status)
-            if (view.status is BulkStatus.IN_PROGRESS and run.expires_at > time.time()
-                    and batch_id in self.runs):
-                feedable.append(run)
+        if run is None:
+            run = self.runs[batch_id] = self._load(view)
+        view = intake.watch(self.db, self.store, run, view)
+        run.ending = ending_of(view.status, view.input_lost_at is not None,
+                               time.time() >= run.expires_at, view.input_file_id)
+        busy = self._collect(run)
+        busy |= self._wind_down(run, view.status)
+        if run.ending is None and run.lines and batch_id in self.runs:
+            feedable.append(run)
         return busy
 
     def _fail(self, batch_id: str, message: str) -> None:
-        """End a batch ``failed`` for a reason of its own (its input file went away)."""
+        """End a batch ``failed`` for a reason of its own (it cannot be run at all)."""
         self.runs.pop(batch_id, None)
         error = {"code": "internal_error", "message": message[:500], "param": None,
                  "line": None}
@@ -101,47 +105,8 @@ class Feeder:
                         errors=json.dumps({"object": "list", "data": [error]})):
             self.metrics.ended.labels("failed").inc()
 
-    # --- validating ---
-    def _validate(self, batch_id: str, view: BulkView) -> None:
-        data = self.store.get(store_name(view.input_file_id))
-        now = int(time.time())
-        if data is None:
-            errors = [{"code": "missing_file", "message": "the input file was deleted",
-                       "param": "input_file_id", "line": None}]
-        else:
-            parsed = parse_file(data, view.endpoint, self.settings.catalogue,
-                                self.settings.bulk.max_lines)
-            errors = parsed.errors
-        if errors:
-            if self.db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.FAILED,
-                            failed_at=now, errors=json.dumps({"object": "list", "data": errors})):
-                self.metrics.ended.labels("failed").inc()
-            elif self.db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
-                              cancelled_at=now):
-                self.metrics.ended.labels("cancelled").inc()
-            return
-        assert parsed.spec is not None
-        if not self.db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.IN_PROGRESS,
-                            in_progress_at=now, total=len(parsed.lines), model=parsed.spec.name):
-            if self.db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
-                            cancelled_at=now, total=len(parsed.lines), model=parsed.spec.name):
-                self.metrics.ended.labels("cancelled").inc()
-
-    def _load(self, batch_id: str, view: BulkView) -> Run:
-        data = self.store.get(store_name(view.input_file_id))
-        if data is None:
-            raise LookupError(f"its input file {view.input_file_id} was deleted")
-        parsed = parse_file(data, view.endpoint, self.settings.catalogue,
-                            self.settings.bulk.max_lines)
-        if parsed.spec is None or parsed.errors:
-            raise ValueError("its input file no longer passes validation (the catalogue "
-                             "changed?)")
-        jobs, bitmap = self.db.line_state(batch_id)
-        run = Run(batch_id, view.owner, parsed.spec, view.endpoint, parsed.lines,
-                  float(view.expires_at), view.chunks, jobs, stored_set(bitmap))
-        run.sampled = (time.monotonic(), len(run.stored))
-        run.advance()
-        return run
+    def _load(self, view: BulkView) -> Run:
+        return intake.load(self.settings, self.db, self.store, view)
 
     # --- collecting ---
     def _collect(self, run: Run) -> bool:
@@ -199,7 +164,7 @@ class Feeder:
         rate = (len(run.stored) - count) / (now - then)
         run.rate_per_s = rate if run.rate_per_s == 0 else 0.7 * run.rate_per_s + 0.3 * rate
         run.sampled = (now, len(run.stored))
-        left = len(run.lines) - len(run.stored)
+        left = run.total - len(run.stored)
         if run.rate_per_s > 0:
             at = time.time() + left / run.rate_per_s
             self.db.set_fields(run.id, projected_at=int(at),
@@ -207,14 +172,15 @@ class Feeder:
 
     # --- ending ---
     def _wind_down(self, run: Run, status: BulkStatus) -> bool:
-        expired = status is BulkStatus.IN_PROGRESS and time.time() >= run.expires_at
-        if status is BulkStatus.IN_PROGRESS and not expired:
-            if len(run.stored) == len(run.lines):
+        """A running batch with every line stored goes to ``finalizing``; one with an
+        ending (cancelled, expired, input lost) withdraws its queued jobs, waits for the
+        running ones, errors every other line with the ending's reason and ends."""
+        ending = run.ending
+        if ending is None:
+            if status is BulkStatus.IN_PROGRESS and len(run.stored) == run.total:
                 self.db.move(run.id, (BulkStatus.IN_PROGRESS,), BulkStatus.FINALIZING,
                              finalizing_at=int(time.time()))
                 return True
-            return False
-        if status not in (BulkStatus.IN_PROGRESS, BulkStatus.CANCELLING):
             return False
         for job_id in [j for ids in run.jobs.values() for j in ids]:
             view = self.queue.get(job_id)
@@ -225,21 +191,23 @@ class Feeder:
                     pass  # claimed meanwhile: it ends on its own
         if run.jobs:
             return True  # wait for the running ones
-        code, final = (("batch_expired", BulkStatus.EXPIRED) if expired
-                       else ("batch_cancelled", BulkStatus.CANCELLED))
         rest = [i for i in run.unstored if i not in run.jobs]
         if rest:
-            message = ("the batch's completion window ended first" if expired
-                       else "the batch was cancelled first")
-            self._store(run, [], [(i, error_line(run, i, code, message)) for i in rest])
-        self._finalize(run, status, final)
+            self._store(run, [], [(i, error_line(run, i, ending.code, ending.message))
+                                  for i in rest])
+        self._finalize(run, status, ending)
         return True
 
-    def _finalize(self, run: Run, status: BulkStatus,
-                  final: BulkStatus = BulkStatus.COMPLETED) -> None:
-        """Make the output and error files from the recorded chunks; then the end status.
-        Repeatable: the file ids follow from the batch's id."""
-        names = {}
+    def _finalize(self, run: Run, status: BulkStatus, ending: Ending | None = None) -> None:
+        """Make the output and error files from the recorded chunks; then the end status
+        (``completed``, or the ending's). Repeatable: the file ids follow from the
+        batch's id."""
+        names: dict[str, str] = {}
+        final = ending.final if ending is not None else BulkStatus.COMPLETED
+        if ending is not None and ending.batch_error:
+            names["errors"] = json.dumps({"object": "list", "data": [{
+                "code": ending.code, "message": ending.batch_error,
+                "param": "input_file_id", "line": None}]})
         for part, kind in (("out", "output"), ("err", "error")):
             data = chunks.assemble(self.store, run.id, run.chunks, part)
             if not data:
@@ -256,6 +224,7 @@ class Feeder:
             self.metrics.ended.labels(final.value).inc()
             self.db.drop_line_state(run.id, self.settings.bulk.keep_s)
             chunks.drop_chunks(self.store, run.id, run.chunks)
+            drop_labels(self.store, run.id)
             self.runs.pop(run.id, None)
 
     # --- feeding ---
@@ -267,6 +236,8 @@ class Feeder:
             for b in run.spec.bins:
                 room.setdefault((run.spec.name, b.name), cap * b.max_batch)
         for run in self.runs.values():
+            if not run.lines:
+                continue  # its input is gone: its jobs' bins are unknown; it admits none
             for i in run.jobs:
                 for job in run.lines[i].jobs:
                     room[(run.spec.name, job.bin.name)] = room.get(
@@ -293,6 +264,14 @@ class Feeder:
         return fed_any
 
     def _feed_run(self, run: Run, room: dict[tuple[str, str], int], most: int) -> int:
+        try:
+            self.models.check(run.spec.name)
+        except ModelRefused as refused:  # the scan window's lines end, not admitted
+            lines = list(run.waiting())
+            if lines:
+                self._store(run, [], [(i, error_line(run, i, MODEL_UNAVAILABLE, str(refused)))
+                                      for i in lines])
+            return len(lines)
         admitted: dict[int, list[str]] = {}
         bins = [(run.spec.name, b.name) for b in run.spec.bins]
         for i in run.waiting():

@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from carpool.core.bulk import BulkStatus
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import JobStatus, JobView
 from carpool.intake.bulk_lines import Line
 from carpool.intake.embeddings import embeddings_answer
+from feeder.labels import Label
 
 #: Lines past the lowest unfinished one that a feed looks at for a bin with room.
 SCAN_WINDOW = 4096
@@ -27,13 +29,47 @@ def stored_set(bitmap: bytes) -> set[int]:
             for b in range(8) if byte & (0x80 >> b)}
 
 
+@dataclass(frozen=True)
+class Ending:
+    """Why a batch stops before all its lines ran: the error of each line that did not
+    finish, and the batch's final status."""
+
+    code: str
+    message: str
+    final: BulkStatus
+    #: The batch's own error (its ``errors``) when ``final`` is ``failed``.
+    batch_error: str = ""
+
+
+def ending_of(status: BulkStatus, input_lost: bool, expired: bool, input_file_id: str
+              ) -> Ending | None:
+    """The batch's ending, or None while it runs on. A cancel goes first (asked for);
+    then a lost input (the rest cannot run), then the window."""
+    if status is BulkStatus.CANCELLING:
+        return Ending("batch_cancelled", "the batch was cancelled first", BulkStatus.CANCELLED)
+    if status is not BulkStatus.IN_PROGRESS:
+        return None
+    if input_lost:
+        return Ending("input_file_deleted", f"the batch's input file {input_file_id} was "
+                      "deleted before this line finished", BulkStatus.FAILED,
+                      f"the input file {input_file_id} was deleted before every line "
+                      "finished: the finished lines are in the output file, the others in "
+                      "the error file (input_file_deleted)")
+    if expired:
+        return Ending("batch_expired", "the batch's completion window ended first",
+                      BulkStatus.EXPIRED)
+    return None
+
+
 @dataclass
 class Run:
     id: str
     owner: str
     spec: ModelSpec
     endpoint: str
+    #: The input's lines; empty when the input file was gone at load (nothing to feed).
     lines: list[Line]
+    labels: list[Label]  # one per line, even when ``lines`` is empty
     expires_at: float  # Unix seconds
     chunks: int
     jobs: dict[int, list[str]] = field(default_factory=dict)  # admitted, not stored
@@ -42,10 +78,18 @@ class Run:
     #: (time, lines stored) when the rate was last sampled, for the projection.
     sampled: tuple[float, int] = (0.0, 0)
     rate_per_s: float = 0.0
+    #: The input file was found gone; when it was last looked for (monotonic s).
+    input_gone: bool = False
+    input_checked_at: float = 0.0
+    #: Set once the batch winds down: the error of its lines that end unanswered.
+    ending: Ending | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.labels)
 
     def advance(self) -> None:
-        while self.next < len(self.lines) and (self.next in self.stored
-                                               or self.next in self.jobs):
+        while self.next < self.total and (self.next in self.stored or self.next in self.jobs):
             self.next += 1
 
     def waiting(self) -> Iterator[int]:
@@ -57,7 +101,7 @@ class Run:
 
     @property
     def unstored(self) -> list[int]:
-        return [i for i in range(len(self.lines)) if i not in self.stored]
+        return [i for i in range(self.total) if i not in self.stored]
 
     def idempotency(self, line: int, k: int) -> str:
         """The idempotency digest of job ``k`` of ``line``: an admission repeated after a
@@ -70,18 +114,21 @@ def request_id(run: Run, line: int) -> str:
 
 
 def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
-    """(success, the output/error file line) of a line whose jobs all ended."""
-    spec_line = run.lines[line]
-    base: dict[str, Any] = {"id": request_id(run, line), "custom_id": spec_line.custom_id}
+    """(success, the output/error file line) of a line whose jobs all ended. A job
+    withdrawn while the batch winds down carries the batch's ending."""
+    label = run.labels[line]
+    base: dict[str, Any] = {"id": request_id(run, line), "custom_id": label.custom_id}
     bad = next((v for v in views if v.status is not JobStatus.DONE), None)
     if bad is None:
         body = (embeddings_answer(run.spec.name, [v.result for v in views],
-                                  spec_line.encoding_format)
+                                  label.encoding_format)
                 if run.endpoint == "/v1/embeddings" else views[0].to_json())
         doc = {**base, "response": {"status_code": 200, "request_id": views[0].id,
                                     "body": body}, "error": None}
         return True, json.dumps(doc, separators=(",", ":"))
     if bad.status in (JobStatus.EXPIRED, JobStatus.CANCELLED):
+        if run.ending is not None:
+            return False, error_line(run, line, run.ending.code, run.ending.message)
         return False, error_line(run, line, _CODE[bad.status], bad.error or bad.status.value)
     doc = {**base, "response": {"status_code": 500, "request_id": bad.id, "body": {
         "error": {"message": bad.error or "the job failed", "type": "job_failed",
@@ -93,7 +140,11 @@ _CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancell
 
 
 def error_line(run: Run, line: int, code: str, message: str) -> str:
-    """A line that never got an answer: its batch expired or was cancelled first."""
-    return json.dumps({"id": request_id(run, line), "custom_id": run.lines[line].custom_id,
+    """A line that never got an answer: its batch expired, was cancelled or lost its
+    input first, or its model was refused by every live worker."""
+    custom_id = run.labels[line].custom_id
+    if custom_id is None:  # its labels are gone with the input: say which line it was
+        message += f" (request {line + 1} of the input file)"
+    return json.dumps({"id": request_id(run, line), "custom_id": custom_id,
                        "response": None, "error": {"code": code, "message": message}},
                       separators=(",", ":"))

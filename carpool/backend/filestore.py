@@ -29,13 +29,16 @@ def store_name(file_id: str) -> str:
 
 
 class FileStore(Protocol):
-    """Whole objects by name: put, get, stream, delete."""
+    """Whole objects by name: put, get, exists, stream, delete."""
 
     def put(self, name: str, data: bytes) -> None:
         """Store ``data`` under ``name``, replacing any object of that name atomically."""
 
     def get(self, name: str) -> bytes | None:
         """The object's bytes; None when there is none."""
+
+    def exists(self, name: str) -> bool:
+        """Whether there is an object of that name (without reading it)."""
 
     def stream(self, name: str) -> Iterator[bytes]:
         """The object in pieces of at most STREAM_CHUNK_BYTES (empty when missing)."""
@@ -80,6 +83,9 @@ class LocalFileStore:
         except FileNotFoundError:
             return None
 
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
     def stream(self, name: str) -> Iterator[bytes]:
         try:
             f = self._path(name).open("rb")
@@ -119,6 +125,18 @@ class S3FileStore:
             data = bytes(body.read())
         return data
 
+    def exists(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            with _s3_errors(ClientError):
+                self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+        except ClientError as exc:
+            if _missing(exc):
+                return False
+            raise BackendUnavailable(f"file store (S3): {exc}") from exc
+        return True
+
     def stream(self, name: str) -> Iterator[bytes]:
         body = self._body(name)
         if body is None:
@@ -137,9 +155,14 @@ class S3FileStore:
             with _s3_errors(ClientError):
                 return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            if _missing(exc):
                 return None
             raise BackendUnavailable(f"file store (S3): {exc}") from exc
+
+
+def _missing(exc: Any) -> bool:
+    """Whether a boto3 ClientError says the object is not there (HEAD answers a bare 404)."""
+    return exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
 
 
 class _s3_errors:  # noqa: N801 — used as a context manager, like contextlib's

@@ -57,7 +57,8 @@ leases) has a tag of its own, ``{p}``.
     {p}:file:<id>             hash  one file's metadata (its bytes live in the file store)
     {p}:files:<owner>         zset  an API key's file ids, scored by creation (µs)
     {p}:batch:<id>            hash  one batch's document: status, counts, times, cursor,
-                                    chunks written (carpool/backend/bulkdb.py)
+                                    chunks written, input_lost_at once its input is gone
+                                    (carpool/backend/bulkdb.py, feeder/intake.py)
     {p}:batches:<owner>       zset  an API key's batch ids, scored by creation (µs)
     {p}:batches:active        set   batches the feeder still works on
     {p}:batch:<id>:jobs       hash  line index -> its admitted job ids (space-separated),

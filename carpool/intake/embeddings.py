@@ -18,6 +18,7 @@ from typing import Any
 
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import InvalidInput
+from carpool.core.input_limits import InputLimits
 from carpool.core.kinds import kind_of
 from carpool.intake import inputs
 
@@ -34,8 +35,8 @@ class EmbedRequest:
     encoding_format: str
 
 
-def embed_request(doc: Any, catalogue: Catalogue, max_inputs: int = MAX_INPUTS
-                  ) -> EmbedRequest:
+def embed_request(doc: Any, catalogue: Catalogue, limits: InputLimits,
+                  max_inputs: int = MAX_INPUTS) -> EmbedRequest:
     """Validate an embeddings body; InvalidInput (400) names what is wrong."""
     if not isinstance(doc, dict):
         raise InvalidInput("the body must be a JSON object {'model', 'input'}")
@@ -62,7 +63,7 @@ def embed_request(doc: Any, catalogue: Catalogue, max_inputs: int = MAX_INPUTS
     prepared = []
     for i, text in enumerate(texts):
         try:
-            prepared.append(inputs.prepare(spec, {"text": text}))
+            prepared.append(inputs.prepare(spec, {"text": text}, limits))
         except InvalidInput as exc:
             raise type(exc)(f"input[{i}]: {exc}") from None
     return EmbedRequest(spec, tuple(prepared), str(encoding))

@@ -40,6 +40,7 @@ from carpool.core.errors import (
     TooManyJsonValues,
     UnsupportedMediaType,
 )
+from carpool.core.input_limits import InputLimits, check_input
 from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
@@ -160,19 +161,22 @@ def parse_json(body: bytes) -> Any:
 
     try:
         return json.loads(body, parse_constant=no_constants, parse_float=finite)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidJson(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # Python's parser recurses: about a thousand levels deep
+        raise InvalidJson("request body is JSON nested too deeply to parse; an input may "
+                          "nest at most CARPOOL_MAX_INPUT_DEPTH levels") from None
 
 
-def submission_from_json(doc: Any, catalogue: Catalogue, header_key: str | None,
-                         allow_private: bool = False) -> Submission:
+def submission_from_json(doc: Any, catalogue: Catalogue, limits: InputLimits,
+                         header_key: str | None, allow_private: bool = False) -> Submission:
     """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``;
     ``allow_private``: CARPOOL_WEBHOOK_ALLOW_PRIVATE."""
     doc = _object(doc, "request body", required={"model", "input"}, allowed=SUBMIT_KEYS)
     spec = catalogue.get(_model_name(doc["model"]))
     options = _options(spec, doc, _idempotency_key(doc.get("idempotency_key"), header_key),
                        allow_private)
-    return Submission(spec, prepare(spec, doc["input"]), options)
+    return Submission(spec, prepare(spec, doc["input"], limits), options)
 
 
 def submission_from_file(
@@ -216,9 +220,10 @@ def batch_from_json(doc: Any, catalogue: Catalogue, allow_private: bool = False
     return BatchSubmission(spec, inputs, _options(spec, doc, None, allow_private))
 
 
-def prepare(spec: ModelSpec, raw: Any) -> Prepared:
+def prepare(spec: ModelSpec, raw: Any, limits: InputLimits) -> Prepared:
     """Validate one JSON input for ``spec`` and pick its bin (its kind's input form:
-    carpool/core/kinds.py)."""
+    carpool/core/kinds.py); first, its nesting and lengths against ``limits``."""
+    check_input(raw, limits)
     return _READERS[kind_of(spec).input_form](spec, raw)
 
 

@@ -1,12 +1,12 @@
 """`carpool up` is ready when each worker it started has registered its models.
 
 The web answering /readyz says nothing about the workers: each loads (and may
-calibrate) its models before it publishes, in the model registry
-(carpool/backend/registry.py), which it serves and which it refused, and why. Until
-then a job waits in its queue. So `carpool up` waits for every worker's entry
-before it says "ready" (and sends the demo's job), and prints each model's state:
-served, refused (with the reason), or loading (a worker it started has not
-registered yet).
+calibrate) its models, its entry in the model registry (carpool/backend/registry.py)
+saying "loading" meanwhile, before it publishes which it serves and which it refused,
+and why. Until then a job waits in its queue. So `carpool up` waits until every
+worker's entry has finished loading before it says "ready" (and sends the demo's
+job), and prints each model's state: served, refused (with the reason), or loading
+(a worker it started has not registered, or is still loading).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ REGISTER_POLL_S = 0.2
 
 
 def unregistered(live: Sequence[WorkerModels], workers: Sequence[str]) -> list[str]:
-    """The workers (by node name, "worker0", ...) that have no live entry yet. An entry
-    is named after the Celery node, "worker0@<host>"."""
-    names = {w.worker.partition("@")[0] for w in live}
+    """The workers (by node name, "worker0", ...) that have no live entry yet, or whose
+    entry is still loading models. An entry is named after the Celery node,
+    "worker0@<host>"."""
+    names = {w.worker.partition("@")[0] for w in live if not w.loading}
     return [w for w in workers if w not in names]
 
 
@@ -81,10 +82,11 @@ def wait_registered(registry: Registry, workers: Sequence[str], timeout_s: float
 def report_until_ready(env: Mapping[str, str], workers: Sequence[str], log_dir: str,
                        check: Callable[[], None], pause: Callable[[float], object],
                        say: Callable[[str], None] = print,
-                       timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+                       timeout_s: float = REGISTER_TIMEOUT_S) -> list[str]:
     """Print each model's state now (when a worker is still loading), wait for every
-    worker to register, print the states again and "ready"; raise ``CarpoolError``
-    naming the workers that did not register within ``timeout_s``."""
+    worker to register, print the states again and "ready", and answer the models
+    served; raise ``CarpoolError`` naming the workers that did not register within
+    ``timeout_s``."""
     settings = load_settings(env)
     models = list(settings.worker_models) or [spec.name for spec in settings.catalogue]
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
@@ -106,3 +108,4 @@ def report_until_ready(env: Mapping[str, str], workers: Sequence[str], log_dir: 
         raise CarpoolError(f"{', '.join(missing)} did not register its models within "
                            f"{timeout_s:.0f} s (still loading?); see {logs}")
     say(f"ready   every worker registered its models ({len(workers)} of {len(workers)})")
+    return sorted({model for w in live for model in w.served})

@@ -14,7 +14,7 @@ WORKDIR /app
 # .dockerignore lets in only pyproject.toml, the lock, README.md and the package folders.
 COPY . .
 # The flower extra: Celery and Flower, no torch.
-RUN pip install --constraint requirements/lock.txt '.[flower]' \
+RUN pip install --constraint requirements/constraints.txt '.[flower]' \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin carpool
 USER 10001
 

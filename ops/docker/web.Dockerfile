@@ -16,7 +16,7 @@ COPY . .
 # (gigabytes) into an image that never imports it. The lock, as a constraint, pins
 # every version and installs only what these extras need. The fixed uid lets
 # Kubernetes' runAsNonRoot verify the user without reading /etc/passwd.
-RUN pip install --constraint requirements/lock.txt '.[s3]' \
+RUN pip install --constraint requirements/constraints.txt '.[s3]' \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin carpool
 USER 10001
 

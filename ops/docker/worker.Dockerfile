@@ -10,7 +10,7 @@
 # (tests/deploy/test_deploy_compose.py checks the default tag); the constraint below then
 # holds pip to the torch it finds, so a mismatch fails the build loudly instead of
 # quietly downloading a second torch; every package is held to its version in
-# requirements/lock.txt, the lock every install path uses. torchvision, when the
+# requirements/constraints.txt, the lock every install path uses. torchvision, when the
 # base lacks the pinned one, is a small download built for that same torch.
 ARG TORCH_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
 FROM ${TORCH_IMAGE}
@@ -25,7 +25,7 @@ WORKDIR /app
 COPY . .
 RUN python -c "import importlib.metadata as md; print('torch==' + md.version('torch').split('+')[0])" \
         > /tmp/base-torch.txt \
- && pip install --constraint /tmp/base-torch.txt --constraint requirements/lock.txt '.[worker]' \
+ && pip install --constraint /tmp/base-torch.txt --constraint requirements/constraints.txt '.[worker]' \
  && useradd --uid 10001 --create-home --shell /usr/sbin/nologin carpool \
  && install -d -o carpool -g carpool /home/carpool/.cache /var/cache/carpool/profiles
 USER 10001

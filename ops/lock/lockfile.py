@@ -7,6 +7,11 @@ takes its versions from the lock::
 
     python ops/lock/lockfile.py celery redis --without pytest
     # name==version for celery, redis and all they need, less what pytest needs
+    python ops/lock/lockfile.py --constraints > requirements/constraints.txt
+
+``requirements/constraints.txt`` is the lock without its hashes, for ``pip install -c``:
+pip reads a hash in a constraints file as a demand that every requirement be hashed,
+which an editable or local-folder install (``-e .``, ``.[s3]``) cannot be.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from pathlib import Path
 
 #: The lock every install path uses (README, .ci/run, the images, the GPU wheelhouse).
 LOCK_PATH = Path(__file__).resolve().parents[2] / "requirements" / "lock.txt"
+#: The first lines of requirements/constraints.txt.
+CONSTRAINTS_HEADER = ("# requirements/lock.txt without its hashes, for `pip install -c`.\n"
+                      "# Made by `bash ops/lock/refresh.sh`; do not edit.\n")
 #: What uv writes in a ``# via`` line for a requirement of the project itself.
 PROJECT_ROOT = "carpool (pyproject.toml)"
 
@@ -74,9 +82,18 @@ def load(path: Path = LOCK_PATH) -> Lock:
     return parse(path.read_text())
 
 
+def constraints_text(lock: Lock) -> str:
+    """The lock's pins without hashes: the body of ``requirements/constraints.txt``."""
+    pins = "".join(f"{name}=={version}\n" for name, version in sorted(lock.versions.items()))
+    return CONSTRAINTS_HEADER + pins
+
+
 def main(argv: list[str]) -> int:
-    roots, _, without = " ".join(argv).partition("--without")
     lock = load()
+    if argv == ["--constraints"]:
+        print(constraints_text(lock), end="")
+        return 0
+    roots, _, without = " ".join(argv).partition("--without")
     wanted, held = set(roots.split()), set(without.split())
     missing = sorted(n for n in wanted | held if canonical(n) not in lock.versions)
     if missing:

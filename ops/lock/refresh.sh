@@ -6,8 +6,9 @@
 #   bash ops/lock/refresh.sh --upgrade-package redis    (move one package only)
 #
 # uv resolves in seconds from the index's metadata and writes pip-tools' format, which
-# plain pip installs (`--require-hashes -r`, or `-c` to pin a subset): the README, .ci/run,
-# the Docker images and ops/gpu/wheelhouse.sh all read this one file. Without
+# plain pip installs with `--require-hashes -r` (.ci/run); requirements/constraints.txt
+# is the same pins without hashes, for `pip install -c` of a subset (the README's first
+# command, the Docker images); ops/gpu/wheelhouse.sh reads its versions from the lock. Without
 # --upgrade(-package), uv keeps every pin the lock already has that still fits pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,3 +21,4 @@ TOOLS=.carpool/lock-tools
   --index-url https://pypi.org/simple \
   --custom-compile-command "bash ops/lock/refresh.sh" \
   --output-file requirements/lock.txt "$@"
+python3 ops/lock/lockfile.py --constraints > requirements/constraints.txt

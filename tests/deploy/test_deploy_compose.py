@@ -204,7 +204,7 @@ def test_web_image_installs_no_torch() -> None:
     assert dockerfile_values(WEB_DOCKERFILE, "FROM") == ["python:3.11-slim"]
     runs = " ".join(dockerfile_values(WEB_DOCKERFILE, "RUN"))
     # The s3 extra only (boto3, for batch files in object storage): no worker stack.
-    assert "pip install --constraint requirements/lock.txt '.[s3]'" in runs
+    assert "pip install --constraint requirements/constraints.txt '.[s3]'" in runs
     assert "torch" not in runs and "worker" not in runs, f"torch in the web image: {runs}"
     with (ROOT / "pyproject.toml").open("rb") as f:
         project = tomllib.load(f)["project"]

@@ -167,7 +167,7 @@ def test_killed_worker_jobs_complete_exactly_once_on_a_cluster(
         with start_worker(env_for(cluster, broker, key_prefix, config), "w2@cluster"):
             wait_until(lambda: all_final(cq, ids), LEASE_MS / 1000 + WORKER_START_TIMEOUT_S + 10,
                        "every job of the killed worker to complete")
-        counts = done.snapshot()
+        counts = done.counted(ids)
     finally:
         done.close()
     assert counts == {job_id: 1 for job_id in ids}  # each result written exactly once

@@ -30,7 +30,9 @@ def test_s3_store_puts_replaces_streams_and_deletes_objects() -> None:
     with moto_s3("store") as url:
         store = S3FileStore("store", "p/", client=s3_client(url))
         assert store.get("files/a") is None and list(store.stream("files/a")) == []
+        assert not store.exists("files/a")
         store.put("files/a", b"one")
+        assert store.exists("files/a")
         store.put("files/a", b"two")  # replaced whole
         assert store.get("files/a") == b"two"
         big = os.urandom(STREAM_CHUNK_BYTES + 10)
@@ -38,7 +40,7 @@ def test_s3_store_puts_replaces_streams_and_deletes_objects() -> None:
         assert b"".join(store.stream("files/big")) == big
         store.delete("files/a")
         store.delete("files/a")  # gone already: no error
-        assert store.get("files/a") is None
+        assert store.get("files/a") is None and not store.exists("files/a")
         with pytest.raises(ValueError, match="not a store name"):
             store.put("../x", b"")
 

@@ -1,5 +1,5 @@
 """A job queued before any worker registered, for a model the worker then refuses,
-ends "failed" (model_unavailable) after the grace, instead of waiting out its TTL;
+ends "failed" (model_unavailable) once it refuses it, instead of waiting out its TTL;
 a job of a model that no live worker knows at all stays queued. Real gunicorn and
 a real worker (the built-in catalogue: resnet18 has no weights, so it is refused).
 """
@@ -28,7 +28,7 @@ max_depth = 10
 """
 
 
-def test_a_job_queued_before_the_worker_refused_its_model_fails_after_the_grace(
+def test_a_job_queued_before_the_worker_refused_its_model_fails_once_it_refuses_it(
         redis_url: str, key_prefix: str, tmp_path: Path) -> None:
     config = tmp_path / "web.toml"
     config.write_text(ONLY_THE_WEB_KNOWS)

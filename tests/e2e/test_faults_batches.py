@@ -16,6 +16,9 @@ from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
 from tests.support.batches import (
     CATALOGUE_TOML,
+    FINAL,
+    SLOW_COST_MS,
+    SLOW_MODEL_TOML,
     embedding_lines,
     lines_of,
     start_feeder,
@@ -25,6 +28,7 @@ from tests.support.faults import record
 from tests.support.feeder_held import HELD
 from tests.support.procs import log_says, start_web, start_worker
 from tests.support.redisproc import private_redis
+from worker.handlers.hashembed import hash_vector
 
 pytestmark = pytest.mark.e2e
 
@@ -136,32 +140,78 @@ def drop_keys(prefix: str) -> None:
     client.close()
 
 
-def test_a_batch_whose_input_was_deleted_fails_at_the_feeders_restart_and_others_run(
-        tmp_path: Path) -> None:
-    (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML)
+#: Lines of the batch that loses its input, and how many are done when it does: at
+#: most 80 lines a second (hslow), so hundreds are still queued or unread then.
+DOOMED_LINES = 400
+DELETE_AFTER = 40
+
+
+@pytest.mark.parametrize(("how", "restart"), [("delete", True), ("delete", False),
+                                              ("store", True), ("store", False)])
+def test_a_batch_that_loses_its_input_keeps_its_finished_lines_and_errors_the_rest(
+        how: str, restart: bool, tmp_path: Path) -> None:
+    """The input goes away while lines run: by ``files.delete`` or from under the file
+    store (the folder's file removed); with or without a kill -9 of the feeder then.
+    The batch ends ``failed`` with both files: every finished line in the output, every
+    other in the error file (``input_file_deleted``), the counts those of the files."""
+    (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML + SLOW_MODEL_TOML)
     with ExitStack() as stack:
         env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:8]}",
                        CARPOOL_CONFIG=str(tmp_path / "catalogue.toml"),
                        CARPOOL_FILES_DIR=str(tmp_path / "files"),
-                       CARPOOL_SYNTHETIC_COST_MS="20,1")
+                       CARPOOL_SYNTHETIC_COST_MS=SLOW_COST_MS)
         stack.callback(drop_keys, env["CARPOOL_KEY_PREFIX"])
         base_url = stack.enter_context(start_web(env))
-        stack.enter_context(start_worker({**env, "CARPOOL_MODELS": "hemb"}))
+        stack.enter_context(start_worker({**env, "CARPOOL_MODELS": "hslow"}))
         feeder = stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
         client = stack.enter_context(openai.OpenAI(base_url=f"{base_url}/v1", api_key="-"))
-        doomed_file = client.files.create(
-            file=("a.jsonl", io.BytesIO(embedding_lines(5000, prefix="d"))), purpose="batch").id
-        doomed = client.batches.create(input_file_id=doomed_file, endpoint="/v1/embeddings",
+        file_id = client.files.create(file=("a.jsonl", io.BytesIO(
+            embedding_lines(DOOMED_LINES, model="hslow", prefix="d"))), purpose="batch").id
+        doomed = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                        completion_window="24h")
-        wait_batch(client, doomed.id, {"in_progress"}, timeout_s=30)
-        client.files.delete(doomed_file)
-        feeder.kill()
-        feeder.wait()
+        done_before = wait_counts(client, doomed.id, DELETE_AFTER)
+        if how == "delete":
+            client.files.delete(file_id)
+        else:
+            (tmp_path / "files" / "files" / file_id).unlink()
+        if restart:
+            feeder.kill()
+            feeder.wait()
+            stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
         fine = client.batches.create(input_file_id=client.files.create(
-            file=("b.jsonl", io.BytesIO(embedding_lines(50))), purpose="batch").id,
-            endpoint="/v1/embeddings", completion_window="24h")
-        stack.enter_context(start_feeder(env, tmp_path / "feeder.log"))
-        failed = wait_batch(client, doomed.id, {"failed", "completed"}, timeout_s=60)
-        assert failed.status == "failed" and failed.errors is not None
-        assert "was deleted" in str(failed.errors.data[0].message)
-        assert wait_batch(client, fine.id, {"completed", "failed"}, 60).status == "completed"
+            file=("b.jsonl", io.BytesIO(embedding_lines(20, model="hslow"))),
+            purpose="batch").id, endpoint="/v1/embeddings", completion_window="24h")
+        failed = wait_batch(client, doomed.id, FINAL, timeout_s=120)
+        assert failed.status == "failed", failed
+        assert failed.errors is not None and failed.errors.data[0].code == "input_file_deleted"
+        assert file_id in str(failed.errors.data[0].message)
+        out, err = lines_of(client, failed.output_file_id), lines_of(client, failed.error_file_id)
+        ids = [line["custom_id"] for line in out + err]
+        assert len(ids) == DOOMED_LINES, f"{len(ids) - len(set(ids))} duplicated"
+        assert set(ids) == {f"d-{i}" for i in range(DOOMED_LINES)}
+        assert len(out) >= done_before and err
+        for line in out:
+            text = "text number " + line["custom_id"].split("-")[1]
+            assert line["response"]["body"]["data"][0]["embedding"] == pytest.approx(
+                hash_vector(text, 8), abs=1e-6)
+        assert all(line["error"]["code"] == "input_file_deleted" for line in err), err[:3]
+        assert all(file_id in line["error"]["message"] for line in err)
+        counts = failed.request_counts
+        assert counts is not None and (counts.total, counts.completed, counts.failed) == (
+            DOOMED_LINES, len(out), len(err))
+        assert wait_batch(client, fine.id, FINAL, 60).status == "completed"
+        record(f"batch input lost ({how}, restart={restart})", lines=DOOMED_LINES,
+               output=len(out), errors=len(err))
+
+
+def wait_counts(client: openai.OpenAI, batch_id: str, at_least: int) -> int:
+    """Lines completed once at least ``at_least`` are."""
+    box = [0]
+
+    def far_enough() -> bool:
+        b = client.batches.retrieve(batch_id)
+        box[0] = b.request_counts.completed if b.request_counts else 0
+        return box[0] >= at_least
+
+    wait_until(far_enough, 60, f"{at_least} lines of {batch_id} completed")
+    return box[0]

@@ -115,7 +115,13 @@ CATALOGUE: list[Bad] = [
     Bad("body is not UTF-8", _raw(b'{"model": "\xff\xfe"}'), 400, "not valid JSON"),
     Bad("NaN in JSON", _raw(b'{"model":"synthetic","input":{"value":NaN,"size":1}}'), 400,
         "NaN is not valid JSON"),
-    Bad("JSON nested 100k deep", _raw(b"[" * 100_000), 400, "not valid JSON"),
+    Bad("JSON nested 100k deep", _raw(b"[" * 100_000), 400, "nested too deeply to parse"),
+    Bad("input nested 900 deep (was a RecursionError in the worker)",
+        _raw(b'{"model":"synthetic","input":{"value":' + b"[" * 900 + b"]" * 900
+             + b',"size":10}}'), 400, "input.value[0][0]"),
+    Bad("input array of 262,145 items", _raw(b'{"model":"synthetic","input":{"value":['
+                                             + b"0," * 262_144 + b'0],"size":1}}'), 400,
+        "at most 262144 per array or object (CARPOOL_MAX_INPUT_ITEMS)"),
     Bad("number out of float range (1e999)", _raw(b'{"model":"synthetic","input":'
                                                   b'{"value":1e999,"size":1}}'), 400,
         "the number 1e999 is out of range"),

@@ -121,7 +121,7 @@ def test_killed_worker_jobs_complete_exactly_once_within_the_lease_plus_a_bound(
             wait_until(recovered, LEASE_MS / 1000 + TICK_S + RECOVERY_SLACK_S,
                        "every job of the killed worker to complete")
             recovery_s = clock.s()
-        counts = done.snapshot()
+        counts = done.counted(ids)
     finally:
         done.close()
     assert counts == {job_id: 1 for job_id in ids}  # each result written exactly once
@@ -172,7 +172,7 @@ def test_frozen_worker_past_its_lease_cannot_overwrite_the_second_workers_result
                 w1.send_signal(signal.SIGCONT)
             wait_until(lambda: log_says(w1_log, "refused: lease lost"), 30,
                        "w1 to wake, finish its batch and be refused")
-        counts = done.snapshot()
+        counts = done.counted(ids)
     finally:
         done.close()
     assert set(check_results(fq, ids, values)) == {"w2@fault"}
@@ -280,7 +280,7 @@ def test_a_batch_longer_than_its_lease_keeps_it_by_renewal(
         done = DoneCounter(fq.client, fq.keys.done_channel)
         try:
             wait_until(lambda: all_final(fq, ids), 60, "the long batches to finish")
-            counts = done.snapshot()
+            counts = done.counted(ids)
         finally:
             done.close()
     check_results(fq, ids, values)

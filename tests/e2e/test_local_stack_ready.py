@@ -43,6 +43,21 @@ def test_the_wait_ends_when_every_worker_started_has_an_entry(
         "model   tiny       no worker serves it"]
 
 
+def test_a_worker_still_loading_its_models_is_waited_for_until_its_entry_says_what_it_serves(
+        client: redis.Redis, keys: Keys) -> None:
+    registry = Registry(client, keys)
+    registry.publish("worker0@host", [], {}, loading=["synthetic", "resnet18"])
+    beats: list[float] = []
+
+    def pause(_: float) -> None:  # it finishes loading during the first pause
+        beats.append(1.0)
+        registry.publish("worker0@host", ["synthetic"], {"resnet18": NO_WEIGHTS})
+
+    live, missing = wait_registered(registry, ["worker0"], 60.0, lambda: None, pause)
+    assert missing == [] and len(beats) == 1
+    assert live[0].served == ("synthetic",) and live[0].loading == ()
+
+
 def test_a_worker_not_registered_shows_its_models_loading_and_is_named_at_the_bound(
         redis_url: str, key_prefix: str, client: redis.Redis, keys: Keys) -> None:
     Registry(client, keys).publish("worker0@host", ["synthetic"], {})
@@ -81,4 +96,5 @@ def test_carpool_up_prints_each_model_and_sends_the_demo_job_once_the_worker_reg
     states = {line.split()[1]: line for line in lines[:ready] if line.startswith("model   ")}
     assert "served (worker0@" in states["synthetic"], proc.stdout
     assert "refused by worker0@" in states["resnet18"] and "has no weights" in states["resnet18"]
+    assert "served (worker0@" in states["efficientnet_lite0"], proc.stdout
     assert '"status": "done"' in proc.stdout

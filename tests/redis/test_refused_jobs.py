@@ -1,6 +1,7 @@
-"""Queued jobs of a model every live worker refused end "failed" after a grace: the
-script on a real Redis (fail_queued.lua), the worker's watch over the registry (a
-fake clock), and the waiting reason in GET /result."""
+"""Queued jobs of a model every live worker refused end "failed": at once when no live
+worker is still loading it, after a grace while one is. The script on a real Redis
+(fail_queued.lua), the worker's watch over the registry (a fake clock), and the
+waiting reason in GET /result."""
 
 from __future__ import annotations
 
@@ -86,34 +87,72 @@ def test_several_workers_failing_one_bin_at_once_end_each_job_exactly_once(
     assert all(v is not None and v.status is JobStatus.FAILED for v in queue.get_many(ids))
 
 
-def test_the_watch_fails_jobs_after_the_grace_of_refusal_by_every_live_worker_only(
+def watching(client: redis.Redis, keys: Keys, clock: FakeClock) -> RefusalWatch:
+    return RefusalWatch(Registry(client, keys), RefusedJobs(client, keys), load_catalogue(None),
+                        grace_s=30.0, clock=clock)
+
+
+def test_the_watch_fails_queued_jobs_at_once_when_every_live_worker_refused_and_none_loads_it(
         client: redis.Redis, keys: Keys, queue: Queue) -> None:
     registry = Registry(client, keys)
     clock = FakeClock()
+    watch = watching(client, keys, clock)
     refusal = {"synthetic": "no weights here"}
-    watch = RefusalWatch(registry, RefusedJobs(client, keys), load_catalogue(None), refusal,
-                         grace_s=30.0, clock=clock)
     ids = admit(queue, 2)
     registry.publish("w1", [], refusal)
     registry.publish("w2", ["synthetic"], {})
-    assert watch.tick() == 0  # served by w2: never failed, however long
+    assert watch.tick(refusal) == 0  # served by w2: never failed, however long
     clock.now_s += 100
-    assert watch.tick() == 0
-    registry.withdraw("w2")  # the last server went: the grace starts now
-    assert watch.tick() == 0
+    assert watch.tick(refusal) == 0
+    registry.withdraw("w2")  # the last server went: nobody will run it
+    assert watch.tick(refusal) == 2  # at once: the clock has not moved
+    view = queue.get(ids[0])
+    assert view is not None and view.status is JobStatus.FAILED
+    assert view.error == ("model_unavailable: no live worker serves model 'synthetic': "
+                          "worker w1 refused it: no weights here")
+    ids = admit(queue, 1)  # admitted by a web that had not seen the refusal yet
+    assert watch.tick(refusal) == 1  # the next beat fails it: none waits for ever
+
+
+def test_while_another_live_worker_is_still_loading_the_model_its_jobs_wait_the_grace(
+        client: redis.Redis, keys: Keys, queue: Queue) -> None:
+    registry = Registry(client, keys)
+    clock = FakeClock()
+    watch = watching(client, keys, clock)
+    refusal = {"synthetic": "no weights here"}
+    ids = admit(queue, 2)
+    registry.publish("w1", [], refusal)
+    registry.publish("w2", [], {}, loading=["synthetic"])
+    assert watch.tick(refusal) == 0
     clock.now_s += 29
-    assert watch.tick() == 0
-    registry.publish("w2", ["synthetic"], {})  # back within the grace: it starts again
-    assert watch.tick() == 0
-    registry.withdraw("w2")
+    assert watch.tick(refusal) == 0
+    registry.publish("w2", ["synthetic"], {})  # it serves it: the grace starts again
+    assert watch.tick(refusal) == 0
+    registry.publish("w2", [], {}, loading=["synthetic"])  # restarted, loading again
     clock.now_s += 20
-    assert watch.tick() == 0
-    clock.now_s += 30
-    assert watch.tick() == 2
+    assert watch.tick(refusal) == 0
+    clock.now_s += 29
+    assert watch.tick(refusal) == 0
+    clock.now_s += 1
+    assert watch.tick(refusal) == 2  # 30 s of refusal while it still loads: the grace ran out
     view = queue.get(ids[0])
     assert view is not None and view.status is JobStatus.FAILED and view.error is not None
     assert view.error.startswith("model_unavailable: no live worker serves model "
                                  "'synthetic': worker w1 refused it: no weights here")
+    assert "CARPOOL_REFUSED_GRACE_S, 30 s" in view.error
+
+
+def test_a_loading_worker_that_refuses_the_model_too_fails_its_jobs_at_once(
+        client: redis.Redis, keys: Keys, queue: Queue) -> None:
+    registry = Registry(client, keys)
+    watch = watching(client, keys, FakeClock())
+    refusal = {"synthetic": "no weights here"}
+    admit(queue, 3)
+    registry.publish("w1", [], refusal)
+    registry.publish("w2", [], {}, loading=["synthetic", "resnet18"])
+    assert watch.tick(refusal) == 0
+    registry.publish("w2", [], {"synthetic": "no weights there"}, loading=["resnet18"])
+    assert watch.tick(refusal) == 3  # still loading another model: no matter
 
 
 def test_a_queued_job_names_what_it_waits_for_while_its_model_is_refused(
@@ -130,10 +169,16 @@ def test_a_queued_job_names_what_it_waits_for_while_its_model_is_refused(
         assert doc["status"] == "queued"
         assert doc["waiting_for"]["state"] == "no worker"
         registry.publish("w1", ["synthetic"], {"imgs": NO_WEIGHTS})
+        registry.publish("w3", [], {}, loading=["imgs"])
+        wait_until(lambda: http.get(url).get_json()["waiting_for"]["state"] == "loading", 10,
+                   "the web's cache to see the refusal and the loading")
+        reason = http.get(url).get_json()["waiting_for"]["reason"]
+        assert "still loading" in reason and NO_WEIGHTS in reason and "within 7 s" in reason
+        registry.withdraw("w3")
         wait_until(lambda: http.get(url).get_json()["waiting_for"]["state"] == "refused", 10,
                    "the web's cache to see the refusal")
         reason = http.get(url).get_json()["waiting_for"]["reason"]
-        assert NO_WEIGHTS in reason and "worker w1" in reason and "after 7 s" in reason
+        assert NO_WEIGHTS in reason and "worker w1" in reason and "fail at once" in reason
         registry.publish("w2", ["imgs"], {})
         wait_until(lambda: "waiting_for" not in http.get(url).get_json(), 10,
                    "the web's cache to see a server")

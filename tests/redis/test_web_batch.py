@@ -118,3 +118,17 @@ def test_batch_that_loses_redis_midway_keeps_the_queued_and_marks_the_rest_503(
     assert resp.status_code == 202
     assert [j["status"] for j in resp.get_json()["jobs"]] == ["queued", 503, "queued", 503]
     assert len(calls) == 2  # no further round trip once Redis is known to be gone
+
+
+def test_a_batch_input_nested_past_the_depth_limit_fails_alone(
+        http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    deep: Any = 1
+    for _ in range(40):
+        deep = [deep]
+    resp = http.post(BATCH, json={"model": "synthetic", "inputs": [item(1), {"value": deep,
+                                                                              "size": 1}]})
+    first, second = resp.get_json()["jobs"]
+    assert first["status"] == "queued"
+    assert second["status"] == 400 and second["error"]["code"] == "input_over_limit"
+    assert "CARPOOL_MAX_INPUT_DEPTH" in second["error"]["message"]
+    assert client.zrange(keys.bin("synthetic", "small"), 0, -1) == [first["id"]]

@@ -13,6 +13,7 @@ import redis
 from flask.testing import FlaskClient
 
 from carpool.core.errors import InvalidInput
+from carpool.core.input_limits import InputLimits
 from carpool.intake import inputs
 from tests.support.webtools import png, web_client, web_settings
 from web.openapi.schemas import input_schema
@@ -72,7 +73,7 @@ def test_the_published_schema_and_the_validator_agree(
     spec = settings.catalogue.get(model)
     schema_ok = jsonschema.Draft4Validator(input_schema(spec)).is_valid(raw)
     try:
-        inputs.prepare(spec, raw)
+        inputs.prepare(spec, raw, InputLimits())
         web_ok = True
     except InvalidInput:
         web_ok = False

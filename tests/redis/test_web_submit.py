@@ -226,3 +226,23 @@ def test_a_model_applies_its_default_deadline_and_refuses_one_over_its_maximum(
     assert int(record["deadline"]) == int(record["t_admit"]) + 4000
     over = http.post(SUBMIT, json={**tiny, "deadline_ms": 60001})
     assert over.status_code == 400 and "60000" in over.get_json()["error"]["message"]
+
+
+def test_an_input_nested_900_deep_answers_400_naming_the_depth_limit_and_queues_nothing(
+        http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    body = (b'{"model": "synthetic", "input": {"value": ' + b"[" * 900 + b"]" * 900
+            + b', "size": 10}}')
+    resp = http.post(SUBMIT, data=body, content_type="application/json")
+    assert resp.status_code == 400
+    assert error_code(resp) == "input_over_limit"
+    message = resp.get_json()["error"]["message"]
+    assert message.startswith("input.value[0][0]") and "is nested 33 deep" in message
+    assert "at most 32 levels" in message and "CARPOOL_MAX_INPUT_DEPTH" in message
+    assert client.zcard(keys.bin("synthetic", "medium")) == 0
+
+
+def test_json_nested_past_pythons_parser_answers_400_not_500(http: FlaskClient) -> None:
+    resp = http.post(SUBMIT, data=b'{"model": "synthetic", "input": ' + b"[" * 50_000,
+                     content_type="application/json")
+    assert resp.status_code == 400 and error_code(resp) == "invalid_json"
+    assert "nested too deeply to parse" in resp.get_json()["error"]["message"]

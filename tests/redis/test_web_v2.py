@@ -171,6 +171,7 @@ CORPUS: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "timeout-not-a-number": _case(INFER, {**_GOOD, "parameters": {"timeout": "1s"}}),
     "sequence-id": _case(INFER, {**_GOOD, "parameters": {"sequence_id": 3}}),
     "deep-data": _case(INFER, {"inputs": [{**value([[1.0]]), "data": [[[[[[[[[[[1.0]]]]]]]]]]]}]}),
+    "json-nested-past-the-parser": _case(INFER, b'{"inputs": ' + b"[" * 5000),
     "unknown-model": _case("/v2/models/nope/infer", _GOOD, 404),
     "unknown-version": _case("/v2/models/synthetic/versions/2/infer", _GOOD, 404),
     "gzip-body": _case(INFER, b"\x1f\x8b\x08\x00", 415, {"Content-Encoding": "gzip"}),
@@ -195,6 +196,19 @@ def test_malformed_infer_answers_4xx_with_the_protocols_error_body(
 
 def test_the_corpus_has_at_least_25_cases_and_none_expects_a_5xx() -> None:
     assert len(CORPUS) >= 25 and all(400 <= s < 500 for *_, s in CORPUS.values())
+
+
+def test_a_row_nested_past_the_input_depth_is_refused_naming_the_row_and_the_limit(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis,
+        keys: Keys) -> None:
+    settings = settings_for(redis_url, key_prefix, tmp_path, CARPOOL_MAX_INPUT_DEPTH="1")
+    with web_client(settings) as http:
+        resp = http.post(INFER, json={"inputs": [value([[1.0, 2.0]])]})
+    assert resp.status_code == 400
+    assert resp.get_json()["error"] == (
+        "row 0: input.value is nested 2 deep: an input may nest at most 1 levels of arrays "
+        "and objects (CARPOOL_MAX_INPUT_DEPTH)")
+    assert not list(client.scan_iter(match=f"*{keys.bin('synthetic', 'small')}*"))
 
 
 def test_a_body_over_its_models_infer_limit_is_refused_before_it_is_parsed(

@@ -35,7 +35,32 @@ max_wait_ms = 5
 max_depth = 4096
 """
 
+#: A second hash embedder whose one bin takes 8 lines at a time: served by a worker
+#: with a fixed cost per batch (CARPOOL_SYNTHETIC_COST_MS="100,0": at most 80 lines
+#: a second), a batch of it runs in many small steps, and its speed has a ceiling that
+#: no machine, loaded or idle, can pass.
+SLOW_MODEL_TOML = """
+[models.hslow]
+kind = "hashembed"
+measure = "tokens"
+[models.hslow.options]
+dim = 8
+max_chars = 4000
+[[models.hslow.bins]]
+name = "all"
+max_size = 2048
+max_batch = 8
+max_wait_ms = 5
+max_depth = 4096
+"""
+#: The worker cost that makes ``hslow`` slow: 100 ms a batch of up to 8 lines.
+SLOW_COST_MS = "100,0"
+#: The most lines ``hslow`` ends per second, at SLOW_COST_MS.
+SLOW_MAX_LINES_PER_S = 8 / 0.1
+
 FEEDER_START_TIMEOUT_S = 30.0
+#: A batch's final statuses.
+FINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 def feeder_command() -> list[str]:

@@ -26,11 +26,13 @@ import redis
 from carpool.backend import records
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.audit import snapshot, violations
+from carpool.backend.connection import open_pubsub
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue, ended_ids
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.shards import shard_of_job
+from carpool.stack.waiting import wait_until
 from tests.support.procs import REPO_ROOT, worker_command
 
 #: How long a test waits for a process to exit once it was told to (or killed).
@@ -50,7 +52,7 @@ class DoneCounter:
 
     def __init__(self, client: redis.Redis, channel: str) -> None:
         self.counts: Counter[str] = Counter()
-        self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub = open_pubsub(client)
         self._pubsub.subscribe(channel)
         first = self._pubsub.get_message(timeout=5)
         assert first is not None and first["type"] == "subscribe"
@@ -72,6 +74,17 @@ class DoneCounter:
     def snapshot(self) -> Counter[str]:
         with self._lock:
             return Counter(self.counts)
+
+    def counted(self, ids: Iterable[str], timeout_s: float = 30.0) -> Counter[str]:
+        """The counts once every id in ``ids`` has been seen at least once.
+
+        A job's record is final a moment before this thread reads its publication,
+        longer on a busy machine: a snapshot taken when the records are final can
+        miss the last ones."""
+        wanted = set(ids)
+        wait_until(lambda: wanted <= set(self.snapshot()), timeout_s,
+                   f"a done publication for each of {len(wanted)} jobs")
+        return self.snapshot()
 
     def close(self) -> None:
         self._stop.set()

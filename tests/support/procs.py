@@ -123,10 +123,12 @@ def _log_says(log_path: Path, text: str) -> bool:
 
 @contextmanager
 def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
-                 log_path: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+                 log_path: Path | None = None, ready: Callable[[], bool] | None = None,
+                 ) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker (`--pool solo`) running the batch loop; yields the process.
 
-    Ready when its log says the node is ready: the bootstep has then started the loop.
+    Ready when its log says the node is ready: the bootstep has then started the loop;
+    or, given ``ready``, as soon as that is true (a worker still loading its models).
     The log is ``log_path`` when given (and kept, for the test to read), else a temp file.
     Its metrics endpoint is off unless ``env`` sets CARPOOL_WORKER_METRICS_PORT.
     """
@@ -140,8 +142,8 @@ def start_worker(env: dict[str, str], node_name: str = "w1@carpool-test",
     ready_log = log_path
     cmd = [*worker_command(node_name), "--logfile", str(log_path)]
     try:
-        with running(cmd, env, lambda: _log_says(ready_log, f"{node_name} ready."), "celery",
-                     WORKER_START_TIMEOUT_S) as proc:
+        with running(cmd, env, ready or (lambda: _log_says(ready_log, f"{node_name} ready.")),
+                     "celery", WORKER_START_TIMEOUT_S) as proc:
             yield proc
     finally:
         if not keep:

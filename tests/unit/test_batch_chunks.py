@@ -41,3 +41,12 @@ def test_store_names_cannot_leave_the_folder(tmp_path: Path) -> None:
 def test_stored_set_reads_redis_bit_order() -> None:
     assert stored_set(b"\x80\x01") == {0, 15}
     assert stored_set(b"") == set()
+
+
+def test_the_local_store_says_whether_an_object_exists(tmp_path: Path) -> None:
+    store = LocalFileStore(tmp_path)
+    assert not store.exists("files/a")
+    store.put("files/a", b"x")
+    assert store.exists("files/a") and not store.exists("files")  # a folder is no object
+    store.delete("files/a")
+    assert not store.exists("files/a")

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from carpool.core.catalogue import Catalogue, load_catalogue
+from carpool.core.input_limits import InputLimits
 from carpool.intake.bulk_lines import MAX_ERRORS, parse_file
 from tests.support.batches import CATALOGUE_TOML, embedding_lines
 
@@ -26,13 +27,13 @@ def line(custom_id: str = "a", **body: object) -> str:
 
 
 def errors_of(data: bytes, catalogue: Catalogue, max_lines: int = 100) -> list[tuple[int, str]]:
-    parsed = parse_file(data, "/v1/embeddings", catalogue, max_lines)
+    parsed = parse_file(data, "/v1/embeddings", catalogue, InputLimits(), max_lines)
     return [(e["line"], e["message"]) for e in parsed.errors]
 
 
 def test_a_good_file_gives_one_line_per_request_each_with_its_jobs(catalogue: Catalogue) -> None:
     data = (line("a") + "\n\n" + line("b", input=["x", "y"]) + "\n").encode()
-    parsed = parse_file(data, "/v1/embeddings", catalogue, 100)
+    parsed = parse_file(data, "/v1/embeddings", catalogue, InputLimits(), 100)
     assert parsed.errors == [] and parsed.spec is not None and parsed.spec.name == "hemb"
     assert [(ln.index, ln.custom_id, len(ln.jobs)) for ln in parsed.lines] == [
         (0, "a", 1), (1, "b", 2)]
@@ -112,7 +113,23 @@ _line_doc = st.fixed_dictionaries({}, optional={
 def test_any_file_is_either_runnable_or_fails_with_numbered_errors(
         catalogue: Catalogue, raw_lines: list[str]) -> None:
     data = "\n".join(raw_lines).encode("utf-8", "surrogateescape")
-    parsed = parse_file(data, "/v1/embeddings", catalogue, 100)
+    parsed = parse_file(data, "/v1/embeddings", catalogue, InputLimits(), 100)
     assert parsed.errors or parsed.lines  # never an exception, never nothing said
     for error in parsed.errors:
         assert error["message"] and (error["line"] is None or error["line"] >= 1)
+
+
+def test_a_submit_line_nested_past_the_input_depth_is_named_by_its_line_number(
+        catalogue: Catalogue) -> None:
+    def submit_line(custom_id: str, value: bytes) -> bytes:
+        head = {"custom_id": custom_id, "method": "POST", "url": "/submit",
+                "body": {"model": "synthetic", "input": {"value": "VALUE", "size": 1}}}
+        return json.dumps(head).encode().replace(b'"VALUE"', value)
+
+    data = (submit_line("a", b"[[1]]") + b"\n"
+            + submit_line("b", b"[" * 900 + b"]" * 900) + b"\n")
+    parsed = parse_file(data, "/submit", catalogue, InputLimits(max_depth=3, max_items=10), 100)
+    [(number, message)] = [(e["line"], e["message"]) for e in parsed.errors]
+    assert number == 2
+    assert message.startswith("input.value[0][0] is nested 4 deep")
+    assert "CARPOOL_MAX_INPUT_DEPTH" in message

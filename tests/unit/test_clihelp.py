@@ -50,7 +50,8 @@ def test_flag_help_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None
     assert "the web tier's port (default 8000, or a free one if taken)" in out
     assert "(default: None)" not in out
     assert "Celery workers to start (default: 1)" in out
-    assert "--demo send one job" in out and "--demo send one job through once it is up (" not in out
+    demo = "--demo send one job and one image through once it is up"
+    assert demo in out and f"{demo} (" not in out
 
 
 def test_a_zero_default_is_shown_like_any_other(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from carpool.core.catalogue import builtin_models
 from carpool.core.errors import ConfigError
+from carpool.core.input_limits import InputLimits
 from carpool.core.kinds import INPUT_FORMS, KINDS, kind_of
 from carpool.core.settings import load_settings
 from carpool.intake import inputs
@@ -38,8 +39,9 @@ def test_the_worker_builds_its_handler_from_the_table() -> None:
 
 def test_the_web_reads_each_builtin_models_input_by_its_kind() -> None:
     models = builtin_models()
-    assert inputs.prepare(models["synthetic"], {"value": 1, "size": 1}).bin.name == "small"
-    assert inputs.prepare(models["minilm"], {"text": "hello"}).input_json
+    limits = InputLimits()
+    assert inputs.prepare(models["synthetic"], {"value": 1, "size": 1}, limits).bin.name == "small"
+    assert inputs.prepare(models["minilm"], {"text": "hello"}, limits).input_json
     assert "image_b64" in schemas.input_schema(models["resnet18"])["properties"]
     assert "max_chars" in inputs.input_limits(models["minilm"])
 
@@ -51,4 +53,4 @@ def test_a_kind_nobody_registered_is_refused_by_both() -> None:
     with pytest.raises(ConfigError, match="no handler for kind"):
         make_handler(spec, load_settings({}))
     with pytest.raises(ConfigError, match="no handler for kind"):
-        inputs.prepare(spec, {"value": 1, "size": 1})
+        inputs.prepare(spec, {"value": 1, "size": 1}, InputLimits())

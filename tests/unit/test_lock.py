@@ -89,10 +89,10 @@ def test_the_parser_reads_one_and_several_parents() -> None:
 
 @pytest.mark.parametrize("path, line", [
     (".ci/run", "--require-hashes -r requirements/lock.txt"),
-    ("README.md", "pip install -c requirements/lock.txt -e '.[worker,local]'"),
-    ("ops/docker/web.Dockerfile", "--constraint requirements/lock.txt"),
-    ("ops/docker/worker.Dockerfile", "--constraint requirements/lock.txt"),
-    ("ops/docker/flower.Dockerfile", "--constraint requirements/lock.txt"),
+    ("README.md", "pip install -c requirements/constraints.txt -e '.[worker,local]'"),
+    ("ops/docker/web.Dockerfile", "--constraint requirements/constraints.txt"),
+    ("ops/docker/worker.Dockerfile", "--constraint requirements/constraints.txt"),
+    ("ops/docker/flower.Dockerfile", "--constraint requirements/constraints.txt"),
     ("ops/gpu/wheelhouse.sh", "ops/lock/lockfile.py"),
 ])
 def test_every_install_path_reads_the_lock(path: str, line: str) -> None:
@@ -104,5 +104,13 @@ def test_the_gpu_wheelhouse_names_no_version_of_its_own() -> None:
     assert not re.search(r"[A-Za-z0-9]==\d", script), "versions come from the lock"
 
 
-def test_the_dockerignore_lets_the_lock_into_the_images() -> None:
-    assert "!requirements/lock.txt" in (ROOT / ".dockerignore").read_text().splitlines()
+def test_the_dockerignore_lets_the_constraints_into_the_images() -> None:
+    assert "!requirements/constraints.txt" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_the_constraints_are_the_lock_without_its_hashes() -> None:
+    # pip reads a hash in a constraints file as hash-checking mode for everything,
+    # which `pip install -c ... -e .` cannot satisfy: so a second, hashless view.
+    constraints = (ROOT / "requirements" / "constraints.txt").read_text()
+    assert constraints == lockfile.constraints_text(LOCK), "bash ops/lock/refresh.sh"
+    assert "--hash" not in constraints

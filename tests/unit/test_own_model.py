@@ -14,6 +14,7 @@ import pytest
 
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
 from carpool.core.errors import ConfigError, InvalidInput
+from carpool.core.input_limits import InputLimits
 from carpool.intake import inputs
 from web.openapi.schemas import input_schema
 
@@ -86,15 +87,15 @@ def test_a_python_model_missing_what_it_needs_is_refused_naming_it(
 def test_input_that_breaks_the_schema_is_refused_with_where(tmp_path: Path) -> None:
     spec = mine(tmp_path)
     with pytest.raises(InvalidInput, match=r"input\.values\[1\]"):
-        inputs.prepare(spec, {"values": [1, "two"]})
+        inputs.prepare(spec, {"values": [1, "two"]}, InputLimits())
     with pytest.raises(InvalidInput, match="extra"):
-        inputs.prepare(spec, {"values": [1], "extra": True})
+        inputs.prepare(spec, {"values": [1], "extra": True}, InputLimits())
 
 
 def test_input_lands_in_the_bin_its_measure_field_picks(tmp_path: Path) -> None:
     spec = mine(tmp_path)
-    assert inputs.prepare(spec, {"values": [1.0] * 8}).bin.name == "short"
-    assert inputs.prepare(spec, {"values": [1.0] * 9}).bin.name == "long"
+    assert inputs.prepare(spec, {"values": [1.0] * 8}, InputLimits()).bin.name == "short"
+    assert inputs.prepare(spec, {"values": [1.0] * 9}, InputLimits()).bin.name == "long"
 
 
 def test_an_integer_measure_field_is_its_own_size_and_never_negative(tmp_path: Path) -> None:
@@ -107,11 +108,11 @@ def test_an_integer_measure_field_is_its_own_size_and_never_negative(tmp_path: P
         input_schema = {type = "object"}
         """)
     spec = load_catalogue(path).get("mine")
-    assert inputs.prepare(spec, {"n": 50}).bin.name == "long"
+    assert inputs.prepare(spec, {"n": 50}, InputLimits()).bin.name == "long"
     with pytest.raises(InvalidInput, match=">= 0"):
-        inputs.prepare(spec, {"n": -1})
+        inputs.prepare(spec, {"n": -1}, InputLimits())
     with pytest.raises(InvalidInput, match="key 'n'"):
-        inputs.prepare(spec, {"m": 1})
+        inputs.prepare(spec, {"m": 1}, InputLimits())
 
 
 def test_bytes_measure_bins_by_the_inputs_json_length(tmp_path: Path) -> None:
@@ -123,8 +124,8 @@ def test_bytes_measure_bins_by_the_inputs_json_length(tmp_path: Path) -> None:
         input_schema = {type = "object"}
         """)
     spec = load_catalogue(path).get("mine")
-    assert inputs.prepare(spec, {}).bin.name == "short"  # "{}": 2 bytes
-    assert inputs.prepare(spec, {"k": "x" * 20}).bin.name == "long"
+    assert inputs.prepare(spec, {}, InputLimits()).bin.name == "short"  # "{}": 2 bytes
+    assert inputs.prepare(spec, {"k": "x" * 20}, InputLimits()).bin.name == "long"
 
 
 def test_openapi_input_schema_is_the_models_own_without_json_schema_keywords(

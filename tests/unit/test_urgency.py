@@ -7,6 +7,7 @@ import pytest
 from carpool.admission.urgency import effective_deadline_ms, score_us, sort_offset_ms
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import InvalidInput
+from carpool.core.input_limits import InputLimits
 from carpool.intake.inputs import submission_from_json
 
 SPEC = replace(load_catalogue(None).get("synthetic"), max_deadline_ms=60_000,
@@ -46,7 +47,7 @@ def test_deadlines_over_the_maximum_and_unknown_priorities_are_refused(
     doc = {"model": SPEC.name, "input": {"value": 1, "size": 1}, "deadline_ms": deadline_ms,
            "priority": priority}
     with pytest.raises(InvalidInput):
-        submission_from_json(doc, Catalogue({SPEC.name: SPEC}), None)
+        submission_from_json(doc, Catalogue({SPEC.name: SPEC}), InputLimits(), None)
 
 
 def test_a_batch_line_sorts_behind_every_interactive_level_and_deadline() -> None:

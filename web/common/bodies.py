@@ -15,6 +15,12 @@ connection stays open for what is left of the body: gunicorn reads and drops it
 before the next request, for at most its keep-alive time (2 s), then closes. (Closing
 it here instead would race a client that already reuses the connection.)
 
+A chunked body that breaks its framing (a chunk size that is not hex, a chunk
+without its CRLF, a bad trailer) answers 400; one the client stops sending before
+its end (it closes mid-chunk, or sends less than its ``Content-Length``) answers 408.
+Either way gunicorn closes the connection: where the next request would start is
+unknown. A compressed body (``Content-Encoding``) answers 415: no route inflates one.
+
 Then ``parse_json`` (carpool/intake/inputs.py) refuses a document with more JSON values than
 any input needs, before it builds them: a 16 MiB array of empty objects is a
 gigabyte of Python objects.
@@ -31,10 +37,11 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from flask import request
+from gunicorn.http.errors import NoMoreData, ParseException
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.settings import Settings
-from web.common.refusals import BodyTimeout, BodyTooLarge
+from web.common.refusals import BodyCutShort, BodyTimeout, BodyTooLarge, MalformedBody
 
 #: Room in a JSON body for the envelope: model, options, idempotency key.
 ENVELOPE_BYTES = 16 << 10
@@ -45,6 +52,9 @@ JSON_SLACK_FACTOR = 3
 MULTIPART_SLACK_BYTES = 16 << 10
 #: Bytes read from the client per step; the deadline is checked between steps.
 READ_CHUNK_BYTES = 64 << 10
+#: Characters of gunicorn's account of a framing error quoted back: it may echo a
+#: chunk-size line of up to 8 KiB.
+MAX_QUOTED_CHARS = 120
 
 
 def json_limit_bytes(spec: ModelSpec) -> int:
@@ -102,7 +112,7 @@ def _infer_model(path: str) -> str | None:
 def read_body(settings: Settings, limits: BodyLimits) -> None:
     """Read this POST's body within its limits, and leave it for Flask to parse.
 
-    Raises BodyTooLarge (413) or BodyTimeout (408); both close the connection.
+    Raises BodyTooLarge (413), BodyTimeout or BodyCutShort (408), MalformedBody (400).
     """
     environ = request.environ
     limit = limits.for_request(request.path, request.mimetype, request.args.get("model"))
@@ -113,6 +123,8 @@ def read_body(settings: Settings, limits: BodyLimits) -> None:
     body = _read(environ, want, settings)
     if len(body) > limit:
         raise _too_large("longer", limit)
+    if length is not None and len(body) < length:
+        raise _cut_short(f": {len(body)} of the {length} bytes its Content-Length announced")
     environ["wsgi.input"] = io.BytesIO(body)
     environ["CONTENT_LENGTH"] = str(len(body))
     environ.pop("HTTP_TRANSFER_ENCODING", None)
@@ -140,11 +152,22 @@ def _read(environ: dict[str, Any], want: int, settings: Settings) -> bytes:
                 chunk = stream.read(min(READ_CHUNK_BYTES, want - got))
         except TimeoutError:
             raise _late(settings, got) from None
+        except NoMoreData:  # gunicorn's chunked reader met the end of the stream
+            raise _cut_short(" (its last chunk never came)") from None
+        except ParseException as exc:  # gunicorn's chunked reader: framing broken
+            raise MalformedBody(
+                "the request body is not valid chunked transfer encoding (RFC 9112 7.1): "
+                f"{str(exc)[:MAX_QUOTED_CHARS]}") from None
         if not chunk:
             break
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
+
+
+def _cut_short(detail: str) -> BodyCutShort:
+    return BodyCutShort(f"the client stopped sending the request body before its end{detail}; "
+                        "send it whole")
 
 
 def _late(settings: Settings, got: int) -> BodyTimeout:

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 from flask import request
 
+from carpool.core.errors import UnsupportedMediaType
 from web.common.bodies import read_body
 from web.common.metrics import body_read
 from web.common.state import current_state
 
 
 def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/common/bodies.py)."""
+    """Every POST body is read here, within its limits and time (web/common/bodies.py):
+    each blueprint with a POST route runs this before its routes (a refusal is counted
+    by the error handler)."""
     if request.method != "POST":
         return
+    if request.headers.get("Content-Encoding", "identity") != "identity":
+        raise UnsupportedMediaType("a compressed request body (Content-Encoding) is not "
+                                   "accepted: send it uncompressed")
     state = current_state()
-    read_body(state.settings, state.body_limits)  # a refusal is counted by the error handler
+    read_body(state.settings, state.body_limits)
     body_read()

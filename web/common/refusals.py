@@ -16,6 +16,7 @@ from carpool.core.errors import (
     BudgetFull,
     CarpoolError,
     IdempotencyConflict,
+    InputOverLimit,
     InputTooLarge,
     InvalidInput,
     InvalidJson,
@@ -37,6 +38,15 @@ class BodyTooLarge(InputTooLarge):
 
 class BodyTimeout(CarpoolError):
     """Raised when a request body does not arrive within its time limit (web/common/bodies.py)."""
+
+
+class MalformedBody(InvalidInput):
+    """Raised when a request body breaks its framing: a bad chunk size, a chunk without
+    its CRLF, a malformed trailer (web/common/bodies.py)."""
+
+
+class BodyCutShort(CarpoolError):
+    """Raised when the client stops sending a request body before its end (web/common/bodies.py)."""
 
 
 class JobNotFound(CarpoolError):
@@ -78,8 +88,11 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(BodyTooLarge, 413, "body_too_large", "too_large"),
     Refusal(TooManyJsonValues, 413, "too_many_json_values", "too_large"),
     Refusal(BodyTimeout, 408, "body_timeout", "invalid"),
+    Refusal(BodyCutShort, 408, "body_incomplete", "invalid"),
+    Refusal(MalformedBody, 400, "malformed_body", "invalid"),
     Refusal(TooManyPolls, 429, "too_many_polls", "error"),
     Refusal(InputTooLarge, 413, "input_too_large", "too_large"),
+    Refusal(InputOverLimit, 400, "input_over_limit", "invalid"),
     Refusal(InvalidInput, 400, "invalid_input", "invalid"),
     Refusal(UnknownModel, 404, "unknown_model", "unknown_model"),
     Refusal(JobNotFound, 404, "not_found", "error"),

@@ -16,7 +16,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admissions import AdmitJob, AdmitRequest, single_admitted
-from carpool.core.catalogue import Catalogue, ModelSpec
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
     BackendUnavailable,
     CarpoolError,
@@ -25,6 +25,7 @@ from carpool.core.errors import (
     UnsupportedMediaType,
 )
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
+from carpool.core.settings import Settings
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
@@ -39,7 +40,7 @@ from web.results.waiters import await_final_after, wait_for_final
 from web.results.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
-blueprint.before_request(read_post_body)
+blueprint.before_request(read_post_body)  # every POST body, read within its limits
 
 
 @blueprint.post("/submit")
@@ -48,7 +49,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state.settings.catalogue, state.settings.webhooks.allow_private)
+    sub = _read_submission(state.settings)
     deadline = time.monotonic() + wait_s
     job_id = new_job_id(sub.spec.name)
     with ExitStack() as stack:
@@ -115,7 +116,7 @@ def _admit_batch(
     places: list[tuple[int, threading.Event | None]] = []
     for i, raw in enumerate(batch.inputs):
         try:
-            prepared = inputs.prepare(batch.spec, raw)
+            prepared = inputs.prepare(batch.spec, raw, state.settings.input_limits)
         except CarpoolError as exc:
             state.metrics.count_rejected(batch.spec.name, exc)
             items.append(_item_error(exc))
@@ -216,7 +217,8 @@ def delete_result(job_id: str) -> Response:
     raise JobNotFound(f"no job {job_id}: it expired just now")
 
 
-def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submission:
+def _read_submission(settings: Settings) -> inputs.Submission:
+    catalogue, allow_private = settings.catalogue, settings.webhooks.allow_private
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
@@ -233,7 +235,8 @@ def _read_submission(catalogue: Catalogue, allow_private: bool) -> inputs.Submis
     _require_json()
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    return inputs.submission_from_json(doc, catalogue, header_key, allow_private)
+    return inputs.submission_from_json(doc, catalogue, settings.input_limits, header_key,
+                                       allow_private)
 
 
 def _require_json() -> None:

@@ -28,14 +28,13 @@ from carpool.core.errors import (
     InvalidInput,
     NotCancellable,
     UnknownModel,
-    UnsupportedMediaType,
 )
 from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
 from carpool.intake import inputs
 from web.common.auth import request_owner
-from web.common.bodies import read_body
 from web.common.errors import AdmissionUnknown, retry_after_s, status_and_code
-from web.common.metrics import body_read, jobs_admitted, refusing_jobs, remember_model
+from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
+from web.common.post_body import read_post_body
 from web.common.state import WebState, current_state
 from web.open_inference.model import (
     VERSION,
@@ -56,6 +55,7 @@ from web.results.waiters import await_final_after
 log = logging.getLogger(__name__)
 
 blueprint = Blueprint("v2", __name__, url_prefix="/v2")
+blueprint.before_request(read_post_body)  # every POST body, read within its limits
 #: Extensions of the protocol that carpool speaks (GET /v2).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 #: Past a request's own deadline, how long its answer may still take to come back.
@@ -79,19 +79,6 @@ class JobFailed(CarpoolError):
 
 class NotServed(InvalidInput):
     """Raised when a model's readiness is asked and no live worker serves it."""
-
-
-@blueprint.before_request
-def read_post_body() -> None:
-    """Every POST body is read here, within its limits and time (web/common/bodies.py)."""
-    if request.method != "POST":
-        return
-    if request.headers.get("Content-Encoding", "identity") != "identity":
-        raise UnsupportedMediaType("a compressed request body (Content-Encoding) is not "
-                                   "accepted: send it uncompressed")
-    state = current_state()
-    read_body(state.settings, state.body_limits)
-    body_read()
 
 
 @blueprint.get("")
@@ -166,7 +153,7 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
     prepared = []
     for i, job_input in enumerate(job_inputs(spec, tensors, req)):
         try:
-            prepared.append(inputs.prepare(spec, job_input))
+            prepared.append(inputs.prepare(spec, job_input, state.settings.input_limits))
         except CarpoolError as exc:
             exc.args = (f"row {i}: {exc}",)
             raise

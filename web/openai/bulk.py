@@ -150,7 +150,7 @@ def embeddings() -> Response:
     state = current_state()
     owner = request_owner(state.settings)
     doc = inputs.parse_json(request.get_data())
-    req = embed_request(doc, state.settings.catalogue)
+    req = embed_request(doc, state.settings.catalogue, state.settings.input_limits)
     state.models.check(req.spec.name)
     jobs = tuple(AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json)
                  for p in req.prepared)

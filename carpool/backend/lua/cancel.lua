@@ -16,7 +16,8 @@
 -- ARGV[8]  hook_wake        {p.s}:hook-wake
 -- ARGV[9]  notify           "1": the "cancelled" webhook is recorded (above); "0": not,
 --                           for a cancel that undoes the job's own admission (a /v2
---                           request refused in part: web/v2.py), of which no client knew
+--                           request refused in part: web/open_inference/routes.py), of
+--                           which no client knew
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.

@@ -21,7 +21,7 @@
 -- ARGV[9]  queued_ttl_s  a job admitted longer ago ends "expired" here (a queued record
 --                        has no TTL: admit.lua)
 -- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
---                        the jobs leased, one message per claim (web/followers.py: the
+--                        the jobs leased, one message per claim (web/results/followers.py: the
 --                        event streams' `running`)
 -- ARGV[11] outbox        {p.s}:outbox (outbox.lua; same slot): the webhook events of
 --                        this call, "running" for each job claimed and "expired" for

@@ -1,8 +1,9 @@
 -- fail_queued.lua: end the queued jobs of one bin "failed", with one message for all,
--- atomically: the jobs of a model that every live worker refused, once the refusal
--- has lasted its grace (carpool/backend/refusals.py). Several workers may run it at
--- once: a job leaves its bin by one ZREM, so exactly one call ends it, and a job a
--- claim took first (no longer in the bin) is left to its claim.
+-- atomically: the jobs of a model that every live worker refused, at once when none is
+-- still loading it, else once the refusal has lasted its grace
+-- (carpool/backend/refused_models.py). Several workers may run it at once: a job leaves
+-- its bin by one ZREM, so exactly one call ends it, and a job a claim took first (no
+-- longer in the bin) is left to its claim.
 --
 -- KEYS[1]  bin              {p.s}:q:<model>:<bin>
 -- KEYS[2]  bytes            {p.s}:bytes:<model> (its API keys' hashes are

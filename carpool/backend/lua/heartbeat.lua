@@ -1,10 +1,12 @@
--- heartbeat.lua: say which models one worker serves and which it refused (and why),
--- until a deadline; or withdraw the worker. Lapsed entries (dead workers) are dropped.
+-- heartbeat.lua: say which models one worker serves, which it refused (and why) and
+-- which it is still loading, until a deadline; or withdraw the worker. Lapsed entries
+-- (dead workers) are dropped.
 --
 -- KEYS[1]  workers  {p}:workers  hash worker -> "<until_ms> <JSON>"
 -- ARGV[1]  worker   the worker's name
 -- ARGV[2]  ttl_ms   the entry holds until now + ttl_ms; 0 withdraws the worker's entry
--- ARGV[3]  doc      JSON {"served": [model, ...], "refused": {model: reason}} (unread here)
+-- ARGV[3]  doc      JSON {"served": [model, ...], "refused": {model: reason},
+--                   "loading": [model, ...]} (unread here)
 --
 -- Returns now_ms (Redis time). The hash holds one field per live worker, plus those
 -- lapsed since the last heartbeat of any worker: readers skip entries whose until_ms

@@ -1,0 +1,49 @@
+"""A worker's presence on a real Redis: registered before its models load, every model
+it will try "loading"; a refusal published at once, then acted on (the beat's hook
+runs after the publish); the served models once the loop runs; withdrawn at stop."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from carpool.backend.keys import Keys
+from carpool.backend.registry import Registry, WorkerModels
+from tests.support.procs import wait_until
+from worker.shell.presence import Presence
+
+#: Far beyond the test: every publish seen here is one a change woke, not the timer.
+SLOW_BEAT_S = 600.0
+
+
+def test_a_refusal_is_published_at_once_and_the_hook_runs_after_it(
+        client: redis.Redis, keys: Keys) -> None:
+    registry = Registry(client, keys)
+    seen: list[tuple[WorkerModels, list[WorkerModels]]] = []
+    beat = threading.Event()
+
+    def on_beat(entry: WorkerModels) -> None:
+        seen.append((entry, registry.live()))  # what the registry said when the hook ran
+        beat.set()
+
+    presence = Presence(registry, "w1", ["synthetic", "resnet18"], interval_s=SLOW_BEAT_S,
+                        on_beat=on_beat)
+    presence.start()
+    try:
+        wait_until(beat.is_set, 10, "the first beat")
+        assert registry.live() == [WorkerModels("w1", (), {}, ("synthetic", "resnet18"))]
+        beat.clear()
+        presence.refuse("resnet18", "no weights")
+        wait_until(lambda: beat.is_set() and seen[-1][0].refused != {}, 10,
+                   "the beat after the refusal")
+        entry, live = seen[-1]
+        assert entry == WorkerModels("w1", (), {"resnet18": "no weights"}, ("synthetic",))
+        assert live == [entry]  # published before the hook ran
+        presence.serve(["synthetic"])
+        wait_until(lambda: registry.live() == [
+            WorkerModels("w1", ("synthetic",), {"resnet18": "no weights"}, ())], 10,
+            "the served models")
+    finally:
+        presence.stop()
+    assert registry.live() == []
