@@ -11,6 +11,7 @@ import pytest
 
 from carpool.admission.admit_args import FIRST_JOB, AdmitArgs
 from carpool.backend.args import SCRIPTS, ClaimArgs, PeekArgs
+from carpool.backend.connection import script_source
 from carpool.core.script_args import ScriptArgs, argv, field_names, keys_of
 
 LUA = files("carpool.backend").joinpath("lua")
@@ -41,15 +42,22 @@ def declared(name: str) -> dict[str, list[str]]:
     return out
 
 
-def included() -> set[str]:
-    """Scripts that are only ever pasted into others (``--#include``)."""
-    return {m for path in LUA.iterdir() if path.name.endswith(".lua")
-            for m in re.findall(r"^--#include (\w+)$", path.read_text(), re.M)}
-
-
 def test_every_script_called_from_python_has_its_arguments_declared() -> None:
+    """Every ``lua/*.lua`` is a script; fragments pasted into them live in ``lua/lib``."""
     scripts = {path.name[:-4] for path in LUA.iterdir() if path.name.endswith(".lua")}
-    assert sorted(cls.SCRIPT for cls in SCRIPTS) == sorted(scripts - included())
+    assert sorted(cls.SCRIPT for cls in SCRIPTS) == sorted(scripts)
+
+
+def test_no_lua_file_is_over_400_lines_and_every_included_fragment_exists() -> None:
+    paths = [*LUA.iterdir(), *LUA.joinpath("lib").iterdir()]
+    lua = {p.name: p.read_text() for p in paths if p.name.endswith(".lua")}
+    assert {name: n for name, text in lua.items() if (n := len(text.splitlines())) > 400} == {}
+    for cls in SCRIPTS:
+        source = script_source(cls.SCRIPT)
+        assert "--#include" not in source, cls.SCRIPT
+        for fragment in re.findall(r"^--#include lib/(\w+\.lua)$",
+                                   LUA.joinpath(f"{cls.SCRIPT}.lua").read_text(), re.M):
+            assert LUA.joinpath("lib", fragment).read_text().splitlines()[0] in source
 
 
 @pytest.mark.parametrize("cls", SCRIPTS, ids=lambda cls: cls.SCRIPT)

@@ -75,7 +75,7 @@
 -- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
 -- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
 -- empty in the record: every reader treats an empty one as its default.
---#include record
+--#include lib/record.lua
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
 -- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.

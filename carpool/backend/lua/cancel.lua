@@ -22,8 +22,8 @@
 -- deleted: a retry with that key queues a new job instead of finding this one.
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local rec = redis.call("GET", KEYS[1])

@@ -42,8 +42,8 @@
 -- holding it (out of its bin) is what makes it running. Readers tell the two apart by
 -- its bin (carpool/backend/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

@@ -49,10 +49,10 @@
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
 -- states (peek_bins.lua), as they are after the write and before any claim.
---#include record
---#include peek_bins
---#include leave_claim
---#include outbox
+--#include lib/record.lua
+--#include lib/peek_bins.lua
+--#include lib/leave_claim.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV

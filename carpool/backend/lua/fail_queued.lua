@@ -26,8 +26,8 @@
 --
 -- Returns {ended, dropped}: dropped are ids in the bin whose record was gone or no
 -- longer queued (taken out of the bin all the same).
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local ids = redis.call("ZRANGE", KEYS[1], 0, tonumber(ARGV[5]) - 1)

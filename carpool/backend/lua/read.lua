@@ -13,7 +13,7 @@
 -- first: a queued record's head and most ended records fit, so an input is never
 -- copied whole; a longer ended record is then read whole. A key that is not a string
 -- (a record of an older layout) reads as none.
---#include record
+--#include lib/record.lua
 local READ_BYTES = 4096
 local out = {}
 for i, key in ipairs(KEYS) do

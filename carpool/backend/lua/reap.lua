@@ -30,8 +30,8 @@
 --
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local t = redis.call("TIME")

@@ -16,8 +16,8 @@
 -- ARGV[7..] ids         in claim order
 --
 -- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
---#include leave_claim
---#include record
+--#include lib/leave_claim.lua
+--#include lib/record.lua
 redis.replicate_commands()
 
 local out = {}

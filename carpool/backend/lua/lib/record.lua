@@ -1,5 +1,5 @@
 -- record.lua: not a script of its own. Scripts that read or write job records include
--- it (carpool/backend/connection.py: a line "--#include record").
+-- it (carpool/backend/connection.py: a line "--#include lib/record.lua").
 --
 -- A job's record is one string (carpool/backend/records.py): a header line of tab-separated
 -- fields, "status attempts t_admit deadline owner score model bin priority digest

@@ -1,7 +1,7 @@
 -- outbox.lua: not a script of its own. Scripts that change a job's state include it
--- (carpool/backend/connection.py: a line "--#include outbox") to record the webhook
--- event of that change in the same call, so a crash between the change and the
--- delivery loses nothing (docs/webhooks.md).
+-- (carpool/backend/connection.py: a line "--#include lib/outbox.lua") to record the
+-- webhook event of that change in the same call, so a crash between the change and
+-- the delivery loses nothing (docs/webhooks.md).
 --
 -- A job asks for webhooks with its record's last header field, "hook": the events'
 -- letters (carpool/core/webhooks.py: r running, d done, f failed, x expired,
