@@ -23,6 +23,7 @@
 --
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
 --#include lib/record.lua
+--#include lib/budget.lua
 --#include lib/outbox.lua
 redis.replicate_commands()
 
@@ -49,16 +50,9 @@ end
 if status == "queued" then
   -- >>> byte budget (carpool/admission/budget.py): the input leaves the count, as in claim.lua
   local n = #rec - (nl or #rec)  -- the input: all after the head's newline
-  local keys = {ARGV[5] .. model}
-  if owner ~= "" then keys[2] = keys[1] .. ":" .. owner end
-  for _, key in ipairs(keys) do
-    local queued = tonumber(redis.call("HGET", key, "queued"))
-    if queued and queued > n then
-      redis.call("HINCRBY", key, "queued", -n)
-    elseif queued then  -- its last queued byte: the hash goes
-      redis.call("DEL", key)
-    end
-  end
+  local freed = {[ARGV[5] .. model] = n}
+  if owner ~= "" then freed[ARGV[5] .. model .. ":" .. owner] = n end
+  budget_free(freed)
   -- <<< byte budget
   local t = redis.call("TIME")
   local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))

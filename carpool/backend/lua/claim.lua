@@ -43,6 +43,7 @@
 -- its bin (carpool/backend/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
 --#include lib/record.lua
+--#include lib/budget.lua
 --#include lib/outbox.lua
 redis.replicate_commands()
 
@@ -122,14 +123,7 @@ if live > 0 then
   redis.call("ZADD", leases, now_ms + lease_ms, token)
   redis.call("PUBLISH", ARGV[10], now_s .. " " .. table.concat(held, " ", 5))
 end
-for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queued byte
-  local queued = tonumber(redis.call("HGET", key, "queued"))
-  if queued and queued > n then
-    redis.call("HINCRBY", key, "queued", -n)
-  elseif queued then  -- at 0, or below: a requeued job (reap, release) was counted once
-    redis.call("DEL", key)
-  end
-end
+budget_free(freed)  -- a hash goes with its last queued byte
 outbox_wake(ARGV[12], hooked)
 out[2] = expired
 return out

@@ -27,6 +27,7 @@
 -- Returns {ended, dropped}: dropped are ids in the bin whose record was gone or no
 -- longer queued (taken out of the bin all the same).
 --#include lib/record.lua
+--#include lib/budget.lua
 --#include lib/outbox.lua
 redis.replicate_commands()
 
@@ -68,14 +69,7 @@ for _, id in ipairs(ids) do
     hooked = hooked + outbox_add(ARGV[6], id, "f", hook_of_admission(admission), owner, now_s)
   end
 end
-for key, n in pairs(budget) do
-  local queued = tonumber(redis.call("HGET", key, "queued"))
-  if queued and queued > n then
-    redis.call("HINCRBY", key, "queued", -n)
-  elseif queued then  -- its last queued byte: the hash goes
-    redis.call("DEL", key)
-  end
-end
+budget_free(budget)  -- a hash goes with its last queued byte
 if #ended > 0 then
   redis.call("PUBLISH", ARGV[2], table.concat(ended, " "))
 end
