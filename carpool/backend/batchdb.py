@@ -23,6 +23,7 @@ import redis
 from carpool.backend.connection import redis_errors
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import Delivery, add_event
+from carpool.core.wire import Family
 
 #: A batch's statuses (OpenAI's), and those it never leaves.
 STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
@@ -130,7 +131,7 @@ class BatchDb:
             if to in FINAL:
                 pipe.srem(self.keys.batches_active, batch_id)
             if to in FINAL_EVENTS and webhook:
-                add_event(pipe, self.keys, batch_id, FINAL_EVENTS[to],
+                add_event(pipe, self.keys, Family.BATCH, batch_id, FINAL_EVENTS[to],
                           _s(owner or ""), _s(webhook))
             return True
 

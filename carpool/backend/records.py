@@ -117,6 +117,12 @@ def admission_fields(admission: str) -> tuple[int | None, str]:
     return (int(t_admit) if t_admit else None), owner
 
 
+def admission_hook(admission: str) -> str:
+    """The ``hook`` field out of a record's admission fields (the last one; "" none):
+    decoded by ``carpool.core.wire.HookField``."""
+    return admission.rpartition("\t")[2] if admission.count("\t") >= 9 else ""
+
+
 def admission_deadline_ms(admission: str) -> int | None:
     """The job's absolute ``deadline`` (ms) out of its record's admission fields; None
     when it has none (or no fields were handed out)."""

@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 from carpool.backend.batchdb import BatchDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
+from carpool.core.wire import Family
 from tests.support.batches import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
@@ -99,8 +100,8 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
     assert db.move("batch_a", ("in_progress",), final)
     assert not db.move("batch_a", ("in_progress",), final)  # the second move is refused
     got = _events(outbox)
-    assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id) for e in got] == [
-        ("batch_a", event, "own", HOOK, f"batch_a.{event}")]
+    assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id, e.family) for e in got] == [
+        ("batch_a", event, "own", HOOK, f"batch_a.{event}", Family.BATCH)]
     assert client.llen(keys.hook_wake(BATCH_HOOK_TAG)) == 1
     # In the batches' own slot, so the MULTI holds on a cluster.
     assert keys.outbox(BATCH_HOOK_TAG).startswith("{" + keys.prefix + "}")

@@ -75,13 +75,31 @@ def test_admit_looks_for_its_first_job_where_admit_args_end() -> None:
 
 
 def test_argv_and_keys_come_out_in_the_scripts_order_and_refuse_a_missing_one() -> None:
-    args = ClaimArgs(8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed", "o",
-                     "h")
-    assert argv(args) == [8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed",
-                          "o", "h"]
+    args = ClaimArgs(8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed")
+    assert argv(args) == [8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed"]
     assert argv(PeekArgs("{p.0}:job:"), [32, 8]) == ["{p.0}:job:", 32, 8]
     assert keys_of(PeekArgs, stats=["s1", "s2"], bins=["b1", "b2"]) == ["b1", "b2", "s1", "s2"]
     with pytest.raises(TypeError, match="KEYS"):
-        keys_of(ClaimArgs, bin="b", leases="l", claim="c")
+        keys_of(ClaimArgs, bin="b", leases="l", claim="c", outbox="o", hook_wake="h")
     with pytest.raises(TypeError, match="runs of ARGV"):
         argv(PeekArgs("{p.0}:job:"))
+
+
+#: Keys a script's caller always knows (one per shard, or per model and bin): passed in
+#: KEYS, never in ARGV, so Redis Cluster and key checks see them.
+FIXED_KEYS = {"outbox", "hook_wake", "leases", "dead", "hook_dead", "wake", "stats",
+              "model_stats", "bytes", "tenants", "workers", "free"}
+#: ARGV that a script builds keys from (data-dependent keys: jobs claimed, a record's bin).
+KEY_PREFIXES = {"job_prefix", "bin_prefix", "wake_prefix", "claim_prefix", "bytes_prefix",
+                "state_prefix", "bin_glob", "job_glob"}
+
+
+@pytest.mark.parametrize("cls", SCRIPTS, ids=lambda cls: cls.SCRIPT)
+def test_no_script_takes_a_fixed_key_in_argv_and_each_says_which_keys_it_builds(
+        cls: type[ScriptArgs]) -> None:
+    argv_names = set(field_names(cls))
+    assert argv_names & FIXED_KEYS == set()
+    if argv_names & KEY_PREFIXES:
+        text = header(cls.SCRIPT)
+        assert "-- Keys built here, not in KEYS:" in text
+        assert "hash tag" in text.partition("-- Keys built here")[2]

@@ -54,6 +54,10 @@
 --                            carpool/core/webhooks.py), the same for every job of the call
 -- ARGV[25..] jobs      per job, 2 values: id, input (JSON)
 --
+-- Keys built here, not in KEYS: the jobs' records, job_prefix .. id, and the record of
+-- an idempotency key's first job (an id read from KEYS[3]): one per job, as many as
+-- the call brings, in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
 --         {"ok", admitted, depth_after, admit_ms} when every job was admitted;
