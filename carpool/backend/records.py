@@ -11,7 +11,7 @@ costs Redis its argument, its listpack entry and its line in the AOF on every wr
 the result's TTL a second command, and each key a lookup of its own; a string is
 written whole, with its TTL, by one ``SET ... EX`` that also drops the input
 (docs/benchmarks.md, "Redis CPU per job"). The Lua scripts build and parse the same
-layout (``carpool/backend/lua/record.lua``); tests write records on each side and read
+layout (``carpool/backend/lua/lib/record.lua``); tests write records on each side and read
 them on the other (``tests/redis/test_records.py``).
 
 Header fields, in order (``HEAD``; empty means the default: no deadline, priority 0,
