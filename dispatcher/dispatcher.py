@@ -27,6 +27,7 @@ from carpool.core.jobs import JobStatus, job_urls, view_from_record
 from carpool.core.settings import Settings
 from carpool.core.shards import shard
 from carpool.core.webhook_settings import WebhookSettings
+from carpool.core.wire import Family
 from dispatcher.delivery import Answer, post
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.schedule import next_wait_s
@@ -138,14 +139,14 @@ class Dispatcher:
         webhook state, which changes with every try), and the event; one round trip."""
         if not events:
             return []
-        fresh = [e for e in events if not e.body and not e.event.startswith("batch.")]
+        fresh = [e for e in events if not e.body and e.family is Family.JOB]
         rows = iter(self.queue.read_records([e.job_id for e in fresh]) if fresh else [])
         out = []
         for event in events:
             if event.body:
                 out.append(event.body)
                 continue
-            if event.event.startswith("batch."):
+            if event.family is Family.BATCH:
                 out.append(batch_event_body(event))
                 continue
             row = next(rows)

@@ -20,7 +20,7 @@ _K = tuple[str, ...]
 @dataclass(frozen=True)
 class ClaimArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "claim"
-    KEYS: ClassVar[_K] = ("bin", "leases", "bytes", "claim")
+    KEYS: ClassVar[_K] = ("bin", "leases", "bytes", "claim", "outbox", "hook_wake")
 
     max_n: int
     lease_ms: int
@@ -32,8 +32,6 @@ class ClaimArgs(ScriptArgs):
     scan_budget: int
     queued_ttl_s: int
     claimed_channel: str
-    outbox: str
-    hook_wake: str
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,8 @@ class PeekArgs(ScriptArgs):
 @dataclass(frozen=True)
 class CompleteArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "complete"
-    KEYS: ClassVar[_K] = ("leases", "stats", "claim", "model_stats", "bins*", "bin_stats*")
+    KEYS: ClassVar[_K] = ("leases", "stats", "claim", "model_stats", "outbox", "hook_wake",
+                          "bins*", "bin_stats*")
     REST: ClassVar[_K] = ("per_job", "scans")
 
     token: str
@@ -61,29 +60,25 @@ class CompleteArgs(ScriptArgs):
     pushed: str
     jobs: int
     late: int
-    outbox: str
-    hook_wake: str
     hooks: str
 
 
 @dataclass(frozen=True)
 class FailQueuedArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "fail_queued"
-    KEYS: ClassVar[_K] = ("bin", "bytes")
+    KEYS: ClassVar[_K] = ("bin", "bytes", "outbox", "hook_wake")
 
     job_prefix: str
     done_channel: str
     result_ttl_s: int
     message: str
     max_n: int
-    outbox: str
-    hook_wake: str
 
 
 @dataclass(frozen=True)
 class CancelArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "cancel"
-    KEYS: ClassVar[_K] = ("job",)
+    KEYS: ClassVar[_K] = ("job", "outbox", "hook_wake")
 
     id: str
     bin_prefix: str
@@ -91,8 +86,6 @@ class CancelArgs(ScriptArgs):
     result_ttl_s: int
     bytes_prefix: str
     results_channel: str
-    outbox: str
-    hook_wake: str
     notify: int
 
 
@@ -140,7 +133,7 @@ class ReclaimArgs(ScriptArgs):
 @dataclass(frozen=True)
 class ReapArgs(ScriptArgs):
     SCRIPT: ClassVar[str] = "reap"
-    KEYS: ClassVar[_K] = ("leases", "dead")
+    KEYS: ClassVar[_K] = ("leases", "dead", "outbox", "hook_wake")
     REST: ClassVar[_K] = ("ttls",)
 
     batch: int
@@ -153,8 +146,6 @@ class ReapArgs(ScriptArgs):
     wake_cap: int
     result_ttl_s: int
     claim_prefix: str
-    outbox: str
-    hook_wake: str
 
 
 @dataclass(frozen=True)

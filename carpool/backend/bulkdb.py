@@ -23,6 +23,7 @@ from carpool.backend.connection import redis_errors
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import Delivery, add_event
 from carpool.core.bulk import FINAL, STAMPS, BulkStatus, BulkView
+from carpool.core.wire import Family
 
 #: The webhook event of each final status (OpenAI's names; docs/batches.md).
 FINAL_EVENTS = {BulkStatus.COMPLETED: "batch.completed", BulkStatus.FAILED: "batch.failed",
@@ -126,7 +127,7 @@ class BulkDb:
             if to in FINAL:
                 pipe.srem(self.keys.batches_active, batch_id)
             if to in FINAL_EVENTS and webhook:
-                add_event(pipe, self.keys, batch_id, FINAL_EVENTS[to],
+                add_event(pipe, self.keys, Family.BATCH, batch_id, FINAL_EVENTS[to],
                           _s(owner or ""), _s(webhook))
             return True
 

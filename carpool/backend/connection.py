@@ -4,8 +4,9 @@
 bounded socket timeout, Redis Cluster when asked); ``redis_errors`` turns
 redis-py's errors into ``BackendUnavailable`` with an actionable message, so the
 web answers 503 and the worker backs off; ``load_script`` registers one of
-``carpool/backend/lua/*.lua``. The queue, leases, registry, GPU leases, audit and the
-durability check all reach Redis through these three.
+``carpool/backend/lua/*.lua``, its shared fragments (``lua/lib/*.lua``) pasted in. The
+queue, leases, registry, GPU leases, audit and the durability check all reach Redis
+through these three.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def redis_errors() -> Iterator[None]:
         raise
 
 
-#: A line of a script that stands for the whole of ``carpool/backend/lua/<name>.lua`` (Redis
-#: scripts cannot load each other, so code two scripts share is pasted in at load).
-_INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
+#: A line of a script that stands for the whole of a shared fragment,
+#: ``carpool/backend/lua/lib/<name>.lua`` (Redis scripts cannot load each other, so code
+#: two scripts share is pasted in at load). A fragment may include another.
+_INCLUDE = re.compile(r"^--#include (lib/\w+\.lua)$", re.MULTILINE)
 
 
 def open_pubsub(client: redis.Redis, *, ignore_subscribe_messages: bool = False) -> PubSub:
@@ -69,15 +71,30 @@ def open_pubsub(client: redis.Redis, *, ignore_subscribe_messages: bool = False)
 
 
 def script_source(name: str) -> str:
-    """``carpool/backend/lua/<name>.lua`` with its ``--#include`` lines replaced."""
-    source = files("carpool.backend").joinpath("lua", f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: script_source(m.group(1)), source)
+    """``carpool/backend/lua/<name>.lua`` with its ``--#include`` lines resolved."""
+    return expand_includes(files("carpool.backend").joinpath("lua", f"{name}.lua").read_text())
+
+
+def expand_includes(source: str, done: set[str] | None = None) -> str:
+    """``source`` with each ``--#include lib/<name>.lua`` line replaced by that fragment,
+    once per script: a fragment already pasted (another fragment included it too) leaves
+    its line empty, so its functions are defined once."""
+    seen = set() if done is None else done
+
+    def paste(match: re.Match[str]) -> str:
+        path = match.group(1)
+        if path in seen:
+            return ""
+        seen.add(path)
+        return expand_includes(files("carpool.backend").joinpath("lua", path).read_text(),
+                               seen)
+
+    return _INCLUDE.sub(paste, source)
 
 
 def load_script(client: redis.Redis, name: str) -> Script:
     """Register ``carpool/backend/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
     return client.register_script(script_source(name))
-
 
 
 def connect(

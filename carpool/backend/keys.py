@@ -32,11 +32,11 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
-    {p.s}:outbox              zset  webhook events to deliver,
-                                    "<id>\t<event>\t<t_ms>\t<owner>\t<url>", scored by
-                                    when each is due (ms); added by the script that
-                                    changes the job's state (lua/outbox.lua), leased and
-                                    settled by the dispatcher (dispatcher/)
+    {p.s}:outbox              zset  webhook events to deliver (carpool/core/wire.py's
+                                    OutboxEvent), scored by when each is due (ms); added
+                                    by the script that changes the job's state
+                                    (lua/lib/outbox.lua), leased and settled by the
+                                    dispatcher (dispatcher/)
     {p.s}:hook-wake           list  tokens that wake a blocked dispatcher (capped)
     {p.s}:hook:<id>           hash  one job's webhook deliveries: event -> JSON state
                                     (state, attempts, last_status, last_error, ...)
@@ -75,16 +75,22 @@ from dataclasses import dataclass
 from typing import Final
 
 from carpool.core.shards import shard, shard_of_job
+from carpool.core.wire import Family
 
 #: The outbox "tag" of batch events: the hook keys of ``{p}`` itself, not of a shard
 #: (a shard tag is never empty). The dispatcher scans it besides the shards'.
 BATCH_HOOK_TAG: Final = ""
 
 
-def hook_tag_of(event: str, subject_id: str) -> str:
-    """Whose outbox an event is in: batch events (``batch.*``) in ``BATCH_HOOK_TAG``'s,
-    a job's in its shard's."""
-    return BATCH_HOOK_TAG if event.startswith("batch.") else shard_of_job(subject_id)
+def hook_tag(family: Family, subject_id: str) -> str:
+    """Whose outbox an event is in: a batch's in ``BATCH_HOOK_TAG``'s, a job's in its
+    shard's."""
+    return BATCH_HOOK_TAG if family is Family.BATCH else shard_of_job(subject_id)
+
+
+def family_of_tag(tag: str) -> Family:
+    """Whose events an outbox holds: ``BATCH_HOOK_TAG``'s are batches', a shard's jobs'."""
+    return Family.BATCH if tag == BATCH_HOOK_TAG else Family.JOB
 
 
 def _glob_escape(text: str) -> str:

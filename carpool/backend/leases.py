@@ -104,12 +104,11 @@ class Leases:
                 bin_prefix=self.keys.bin_prefix(tag), wake_prefix=self.keys.wake_prefix(tag),
                 done_channel=self.keys.done_channel, dead_cap=DEAD_LIST_CAP,
                 wake_cap=WAKE_LIST_CAP, result_ttl_s=DEFAULT_RESULT_TTL_S,
-                claim_prefix=self.keys.claim_prefix(tag), outbox=self.keys.outbox(tag),
-                hook_wake=self.keys.hook_wake(tag))
+                claim_prefix=self.keys.claim_prefix(tag))
+            keys = keys_of(ReapArgs, leases=self.keys.leases(tag), dead=self.keys.dead(tag),
+                           outbox=self.keys.outbox(tag), hook_wake=self.keys.hook_wake(tag))
             with redis_errors():
-                reply = self._reap(keys=keys_of(ReapArgs, leases=self.keys.leases(tag),
-                                             dead=self.keys.dead(tag)),
-                                   args=argv(args, self._ttls))
+                reply = self._reap(keys=keys, args=argv(args, self._ttls))
             now_ms, requeued, failed, dropped = (int(x) for x in reply)
             total = ReapReport(max(total.now_ms, now_ms), total.requeued + requeued,
                                total.failed + failed, total.dropped + dropped)

@@ -1,7 +1,9 @@
 """The webhook outbox: events leased to dispatchers, their delivery states, the dead.
 
 The scripts that change a job's state add its webhook events to the shard's outbox in
-the same call (carpool/backend/lua/outbox.lua). A dispatcher leases due events
+the same call (carpool/backend/lua/lib/outbox.lua); a batch's end adds its own in the
+``MULTI`` that makes it (``add_event``). Events are carpool/core/wire.py's
+``OutboxEvent``; the outbox an event is in says its ``Family``. A dispatcher leases due events
 (``take``: hook_take.lua), tries each, and settles it (``settle``: hook_settle.lua):
 delivered, due again later, or dead. An event leased to a dispatcher that died is due
 again once its lease runs out, so every event is tried at least once more; duplicates
@@ -21,9 +23,10 @@ from redis.cluster import RedisCluster
 
 from carpool.backend.args import HookExpireArgs, HookSettleArgs, HookTakeArgs
 from carpool.backend.connection import load_script, redis_errors
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys, hook_tag_of
+from carpool.backend.keys import BATCH_HOOK_TAG, Keys, family_of_tag, hook_tag
 from carpool.backend.wake import ShardWaiters
 from carpool.core.script_args import argv, keys_of
+from carpool.core.wire import Family, OutboxEvent
 
 #: Dead-lettered deliveries kept per shard (newest first): enough to see a pattern.
 HOOK_DEAD_CAP = 10_000
@@ -34,7 +37,7 @@ STATE_TTL_MARGIN_S = 86_400
 #: The state hash's field that keeps the body of a retried event, after the event's name.
 BODY_FIELD_SUFFIX = ":body"
 
-#: The wake list's cap, as outbox.lua's HOOK_WAKE_CAP: one token wakes a dispatcher.
+#: The wake list's cap, as lib/outbox.lua's HOOK_WAKE_CAP: one token wakes a dispatcher.
 HOOK_WAKE_CAP = 16
 
 #: The states of one event's delivery, in the job document's ``webhook.state``.
@@ -64,7 +67,8 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Event:
-    """One webhook event, as the outbox holds it: "<id>\\t<event>\\t<t_ms>\\t<owner>\\t<url>"."""
+    """One webhook event as a dispatcher took it: its member (an ``OutboxEvent``), parsed,
+    and whose it is (``family``: by the outbox it was taken from)."""
 
     member: str
     job_id: str
@@ -77,6 +81,7 @@ class Event:
     leased_ms: int = 0
     #: The body its first settled try sent ("" before: read from the job's record).
     body: str = ""
+    family: Family = Family.JOB
 
     @property
     def webhook_id(self) -> str:
@@ -84,11 +89,12 @@ class Event:
         return f"{self.job_id}.{self.event}"
 
     @classmethod
-    def parse(cls, member: str, state: str = "", leased_ms: int = 0, body: str = "") -> Event:
-        job_id, event, t_ms, owner, url = member.split("\t", 4)
-        return cls(member, job_id, event, int(t_ms), owner, url,
-                   Delivery.from_json(state) if state else Delivery(t_event_ms=int(t_ms)),
-                   leased_ms, body)
+    def parse(cls, member: str, state: str = "", leased_ms: int = 0, body: str = "",
+              family: Family = Family.JOB) -> Event:
+        w = OutboxEvent.decode(member)
+        return cls(member, w.subject_id, w.event, w.t_ms, w.owner, w.url,
+                   Delivery.from_json(state) if state else Delivery(t_event_ms=w.t_ms),
+                   leased_ms, body, family)
 
 
 @dataclass(frozen=True)
@@ -118,8 +124,9 @@ class Outbox:
                                args=argv(HookTakeArgs(max_n, lease_ms,
                                                       self.keys.hook_state_prefix(tag))))
         now_ms, next_due = int(reply[0]), int(reply[1])
+        family = family_of_tag(tag)
         events = tuple(Event.parse(str(reply[i]), str(reply[i + 1]), now_ms + lease_ms,
-                                   str(reply[i + 2]))
+                                   str(reply[i + 2]), family)
                        for i in range(2, len(reply), 3))
         return Taken(now_ms, None if next_due < 0 else next_due, events)
 
@@ -128,7 +135,7 @@ class Outbox:
         """Record one try (with "retry", keep ``body`` for the next ones unless an earlier
         try's is kept); False, and nothing written, when this dispatcher's lease on the
         event had lapsed (another may have taken and settled it)."""
-        tag = hook_tag_of(event.event, event.job_id)
+        tag = hook_tag(event.family, event.job_id)
         dead_entry = ""
         if outcome == DEAD:
             dead_entry = json.dumps({"id": event.job_id, "event": event.event,
@@ -143,7 +150,7 @@ class Outbox:
                              dead=self.keys.hook_dead(tag),
                              # A batch's event: its batch hash, in the same slot.
                              record=(self.keys.batch(event.job_id)
-                                     if event.event.startswith("batch.")
+                                     if event.family is Family.BATCH
                                      else self.keys.job(event.job_id))),
                 args=argv(args)))
 
@@ -215,14 +222,14 @@ class Outbox:
             self._waiters.close()
 
 
-def add_event(pipe: Any, keys: Keys, subject_id: str, event: str, owner: str,
+def add_event(pipe: Any, keys: Keys, family: Family, subject_id: str, event: str, owner: str,
               url: str) -> None:
-    """Queue on ``pipe`` (a ``MULTI`` that makes the state change) what outbox.lua adds:
-    the event, due at once, and a wake token. For events whose change is not a script
-    call (a batch's end: carpool/backend/bulkdb.py)."""
-    tag = hook_tag_of(event, subject_id)
+    """Queue on ``pipe`` (a ``MULTI`` that makes the state change) what lib/outbox.lua
+    adds: the event, due at once, and a wake token. For events whose change is not a
+    script call (a batch's end: carpool/backend/bulkdb.py)."""
+    tag = hook_tag(family, subject_id)
     t_ms = time.time_ns() // 1_000_000
-    member = "\t".join((subject_id, event, str(t_ms), owner, url))
+    member = OutboxEvent(subject_id, event, t_ms, owner, url).encode()
     # Score 0, "due at once" whatever this host's clock says against Redis's.
     pipe.zadd(keys.outbox(tag), {member: 0})
     pipe.rpush(keys.hook_wake(tag), "1")

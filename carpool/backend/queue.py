@@ -109,11 +109,11 @@ class Queue:
         tag = shard(model.name)
         keys = keys_of(ClaimArgs, bin=self.keys.bin(model.name, bin_name),
                        leases=self.keys.leases(tag), bytes=self.keys.queued_bytes(model.name),
-                       claim=self.keys.claim(tag, token))
+                       claim=self.keys.claim(tag, token), outbox=self.keys.outbox(tag),
+                       hook_wake=self.keys.hook_wake(tag))
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
-                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel,
-                         self.keys.outbox(tag), self.keys.hook_wake(tag))
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel)
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)
@@ -137,12 +137,12 @@ class Queue:
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                             self.keys.results_channel, pushed, len(outcomes),
                             started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
-                                         ran_ms), self.keys.outbox(tag),
-                            self.keys.hook_wake(tag), hooks)
+                                         ran_ms), hooks)
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),
                        model_stats=self.keys.model_stats(model.name),
+                       outbox=self.keys.outbox(tag), hook_wake=self.keys.hook_wake(tag),
                        bins=[self.keys.bin(model.name, b) for b in peek],
                        bin_stats=[self.keys.stats(model.name, b) for b in peek])
         with redis_errors():
@@ -159,10 +159,11 @@ class Queue:
         tag = shard_of_job(job_id)
         args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
                           result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel,
-                          self.keys.outbox(tag), self.keys.hook_wake(tag), int(notify))
+                          int(notify))
+        keys = keys_of(CancelArgs, job=self.keys.job(job_id), outbox=self.keys.outbox(tag),
+                       hook_wake=self.keys.hook_wake(tag))
         with redis_errors():
-            reply = str(self._cancel(keys=keys_of(CancelArgs, job=self.keys.job(job_id)),
-                                     args=argv(args)))
+            reply = str(self._cancel(keys=keys, args=argv(args)))
         if reply == "running":
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
         return reply

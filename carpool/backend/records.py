@@ -11,7 +11,7 @@ costs Redis its argument, its listpack entry and its line in the AOF on every wr
 the result's TTL a second command, and each key a lookup of its own; a string is
 written whole, with its TTL, by one ``SET ... EX`` that also drops the input
 (docs/benchmarks.md, "Redis CPU per job"). The Lua scripts build and parse the same
-layout (``carpool/backend/lua/record.lua``); tests write records on each side and read
+layout (``carpool/backend/lua/lib/record.lua``); tests write records on each side and read
 them on the other (``tests/redis/test_records.py``).
 
 Header fields, in order (``HEAD``; empty means the default: no deadline, priority 0,
@@ -115,6 +115,12 @@ def admission_fields(admission: str) -> tuple[int | None, str]:
     fields (``t_admit`` to ``hook``)."""
     t_admit, _deadline, owner, _rest = admission.split("\t", 3)
     return (int(t_admit) if t_admit else None), owner
+
+
+def admission_hook(admission: str) -> str:
+    """The ``hook`` field out of a record's admission fields (the last one; "" none):
+    decoded by ``carpool.core.wire.HookField``."""
+    return admission.rpartition("\t")[2] if admission.count("\t") >= 9 else ""
 
 
 def admission_deadline_ms(admission: str) -> int | None:

@@ -63,12 +63,12 @@ class RefusedJobs:
                 with redis_errors():
                     n, dropped = self._fail(
                         keys=keys_of(FailQueuedArgs, bin=self.keys.bin(spec.name, b.name),
-                                     bytes=self.keys.queued_bytes(spec.name)),
+                                     bytes=self.keys.queued_bytes(spec.name),
+                                     outbox=self.keys.outbox(shard(spec.name)),
+                                     hook_wake=self.keys.hook_wake(shard(spec.name))),
                         args=argv(FailQueuedArgs(self.keys.job_prefix(shard(spec.name)),
                                                  self.keys.done_channel, spec.result_ttl_s,
-                                                 message, FAIL_BATCH,
-                                                 self.keys.outbox(shard(spec.name)),
-                                                 self.keys.hook_wake(shard(spec.name)))))
+                                                 message, FAIL_BATCH)))
                 ended += int(n)
                 if int(n) + int(dropped) < FAIL_BATCH:
                     break

@@ -11,7 +11,7 @@ from typing import Any
 from carpool.backend import records
 from carpool.backend.pushed import job_blob
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
-from carpool.core.webhooks import EVENT_LETTERS, hook_of_admission
+from carpool.core.wire import CompletionHook, HookField, encode_completion_hooks
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
     the jobs that asked for their outcome's."""
     per_job: list[Any] = []
     lines: list[str] = []
-    hooks: list[str] = []
+    hooks: list[CompletionHook] = []
     claimed = {j.id: j for j in claim.jobs}
     strangers = [o.id for o in outcomes if o.id not in claimed]
     if strangers:  # complete.lua writes a record from what its claim handed out
@@ -68,13 +68,14 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
                               "inference": round(o.inference_ms, 3)})
         payload = (o.error or "") if o.failed else json.dumps(o.result)
         job = claimed[o.id]
-        hook = hook_of_admission(job.admission)
+        hook = records.admission_hook(job.admission)
         # A job with a webhook is not pushed: its reads show the delivery's state, which
         # only Redis has (carpool/backend/outbox.py).
         blob = "" if hook else job_blob(job, claim.now_ms, o, payload, timings, model)
-        letter = EVENT_LETTERS["failed" if o.failed else "done"]
-        if hook and letter in hook.partition(" ")[0]:
-            hooks.append(f"{len(per_job) // 4 + 1}\t{letter}\t{job.owner}\t{hook}")
+        event = "failed" if o.failed else "done"
+        asked = HookField.decode(hook)
+        if asked is not None and asked.wants(event):
+            hooks.append(CompletionHook(len(per_job) // 4 + 1, event, job.owner, hook))
         if blob:
             lines.append(blob)
         # The ended record, built from what the claim answered (complete.lua adds
@@ -85,7 +86,7 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
                                              job.attempts, job.admission, claim.now_ms,
                                              timings, batch_json, payload)
         per_job += [o.id, len(blob.encode()), head, tail]
-    return per_job, "\n".join(lines), "\n".join(hooks)
+    return per_job, "\n".join(lines), encode_completion_hooks(hooks)
 
 
 def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:

@@ -7,7 +7,8 @@ dispatcher/delivery.py), by the same rules, so no request goes where the operato
 did not allow it (docs/webhooks.md, "Where a webhook may go").
 
 The job's record keeps the subscription as one header field, ``hook``
-(carpool/backend/records.py): the events' letters, a space, the URL. A URL holds no
+(carpool/backend/records.py): the events' letters, a space, the URL
+(``carpool.core.wire.HookField``). A URL holds no
 tab, newline or space (``check_url`` refuses them), so the field never breaks the
 record's tab-separated header.
 """
@@ -23,11 +24,8 @@ from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 from carpool.core.errors import InvalidInput
+from carpool.core.wire import EVENT_LETTERS, HookField
 
-#: Each event a webhook may be sent for, and its letter in the record's ``hook`` field
-#: (the Lua scripts test the letter: carpool/backend/lua/outbox.lua).
-EVENT_LETTERS: Final = {"running": "r", "done": "d", "failed": "f", "expired": "x",
-                        "cancelled": "c"}
 EVENTS: Final = tuple(EVENT_LETTERS)
 #: What a submit without ``webhook_events`` is told about: the job's end, however it ends.
 DEFAULT_EVENTS: Final = ("done", "failed", "expired", "cancelled")
@@ -177,22 +175,8 @@ def check_events(raw: Any) -> tuple[str, ...]:
 
 
 def hook_field(url: str, events: Iterable[str]) -> str:
-    """The record's ``hook`` field for a checked URL and events: "<letters> <url>"."""
-    return "".join(EVENT_LETTERS[e] for e in events) + " " + url
-
-
-def parse_hook_field(field: str) -> tuple[tuple[str, ...], str] | None:
-    """(events, URL) of a record's ``hook`` field; None when it has none."""
-    letters, sep, url = field.partition(" ")
-    if not sep or not url:
-        return None
-    names = {v: k for k, v in EVENT_LETTERS.items()}
-    return tuple(names[c] for c in letters if c in names), url
-
-
-def hook_of_admission(admission: str) -> str:
-    """The ``hook`` field out of a record's admission fields (the last one)."""
-    return admission.rpartition("\t")[2] if admission.count("\t") >= 9 else ""
+    """The record's ``hook`` field for a checked URL and events (carpool/core/wire.py)."""
+    return HookField(tuple(events), url).encode()
 
 
 def webhook_option(doc: Any, allow_private: bool) -> str:

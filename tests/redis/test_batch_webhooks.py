@@ -16,6 +16,7 @@ from carpool.backend.bulkdb import BulkDb
 from carpool.backend.keys import BATCH_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from carpool.core.bulk import BulkStatus
+from carpool.core.wire import Family
 from tests.support.batches import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
@@ -101,8 +102,8 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
     # the second move is refused
     assert not db.move("batch_a", (BulkStatus.IN_PROGRESS,), BulkStatus(final))
     got = _events(outbox)
-    assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id) for e in got] == [
-        ("batch_a", event, "own", HOOK, f"batch_a.{event}")]
+    assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id, e.family) for e in got] == [
+        ("batch_a", event, "own", HOOK, f"batch_a.{event}", Family.BATCH)]
     assert client.llen(keys.hook_wake(BATCH_HOOK_TAG)) == 1
     # In the batches' own slot, so the MULTI holds on a cluster.
     assert keys.outbox(BATCH_HOOK_TAG).startswith("{" + keys.prefix + "}")

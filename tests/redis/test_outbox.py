@@ -15,6 +15,7 @@ from carpool.core.catalogue import Catalogue
 from carpool.core.jobs import Outcome
 from carpool.core.shards import shard
 from carpool.core.webhooks import hook_field
+from carpool.core.wire import OutboxEvent
 from carpool.stack.waiting import wait_until
 from tests.support.jobs import admit, synthetic
 
@@ -24,8 +25,8 @@ ALL = ("running", "done", "failed", "expired", "cancelled")
 
 def events(q: Queue, tag: str) -> list[tuple[str, str]]:
     """(job id, event) of each event in the shard's outbox."""
-    return sorted(tuple(str(m).split("\t")[:2]) for m in  # type: ignore[misc]
-                  q.client.zrange(q.keys.outbox(tag), 0, -1))
+    return sorted((e.subject_id, e.event) for e in
+                  map(OutboxEvent.decode, q.client.zrange(q.keys.outbox(tag), 0, -1)))
 
 
 def claim_one(q: Queue, n: int = 8, **kw: object):  # type: ignore[no-untyped-def]

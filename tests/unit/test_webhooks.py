@@ -7,6 +7,7 @@ import ipaddress
 
 import pytest
 
+from carpool.backend import records
 from carpool.core.errors import InvalidInput
 from carpool.core.webhooks import (
     DEFAULT_EVENTS,
@@ -16,10 +17,9 @@ from carpool.core.webhooks import (
     check_events,
     check_url,
     hook_field,
-    hook_of_admission,
-    parse_hook_field,
     webhook_option,
 )
+from carpool.core.wire import HookField
 
 #: (URL, a word the refusal must say): every one a 400 at submit.
 BAD_URLS = [
@@ -145,8 +145,9 @@ def test_webhook_events_without_a_webhook_are_refused() -> None:
 def test_the_record_field_round_trips_and_is_found_at_the_admission_end() -> None:
     field = hook_field("https://example.com/h?a=1", ("running", "cancelled"))
     assert field == "rc https://example.com/h?a=1"
-    assert parse_hook_field(field) == (("running", "cancelled"), "https://example.com/h?a=1")
-    assert parse_hook_field("") is None
+    assert HookField.decode(field) == HookField(("running", "cancelled"),
+                                                "https://example.com/h?a=1")
+    assert HookField.decode("") is None
     admission = "\t".join(["1", "", "", "5", "m", "b", "", "", ""]) + "\t" + field
-    assert hook_of_admission(admission) == field
-    assert hook_of_admission("\t".join(["1", "", "", "5", "m", "b", "", "", "", ""])) == ""
+    assert records.admission_hook(admission) == field
+    assert records.admission_hook("\t".join(["1", "", "", "5", "m", "b", "", "", "", ""])) == ""

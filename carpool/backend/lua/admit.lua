@@ -54,6 +54,10 @@
 --                            carpool/core/webhooks.py), the same for every job of the call
 -- ARGV[25..] jobs      per job, 2 values: id, input (JSON)
 --
+-- Keys built here, not in KEYS: the jobs' records, job_prefix .. id, and the record of
+-- an idempotency key's first job (an id read from KEYS[3]): one per job, as many as
+-- the call brings, in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--
 -- Returns, with `admitted` the number of jobs queued (the first ones) and depth_after
 -- the bin's depth after them:
 --         {"ok", admitted, depth_after, admit_ms} when every job was admitted;
@@ -75,7 +79,9 @@
 -- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
 -- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
 -- empty in the record: every reader treats an empty one as its default.
---#include record
+--#include lib/record.lua
+--#include lib/pace.lua
+--#include lib/budget.lua
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
 -- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.
@@ -115,36 +121,20 @@ if n <= 0 then
   return full(0, depth)
 end
 
--- >>> byte budget (carpool/admission/budget.py) >>>
--- The bytes of the queued inputs, field "queued". Job i of the call is refused when
--- its input, on top of what is held and the call's earlier jobs, would pass a budget.
--- The count is added once, for the jobs finally admitted (below).
-local budgets = {}  -- {key, budget, scope, held}
+-- >>> byte budget (lib/budget.lua; carpool/admission/budget.py) >>>
+-- Job i of the call is refused when its input, on top of what is held and the call's
+-- earlier jobs, would pass a budget; the count is added once, for the jobs admitted.
+local budgets = {}  -- {key, budget, scope}
 if tonumber(ARGV[21]) > 0 then budgets[1] = {KEYS[6], tonumber(ARGV[21]), "model"} end
 if ARGV[13] ~= "" and tonumber(ARGV[22]) > 0 then
   budgets[#budgets + 1] = {KEYS[7], tonumber(ARGV[22]), "key"}
 end
-local over = nil  -- {scope, held_bytes, budget_bytes} of the first job over a budget
-for _, b in ipairs(budgets) do
-  b[4] = tonumber(redis.call("HGET", b[1], "queued")) or 0
-end
+local input_bytes = {}  -- of job i, when a budget is on
 if #budgets > 0 then
-  local sum = 0
-  for i = 0, n - 1 do
-    local in_bytes = #ARGV[FIRST_JOB + 2 * i + 1]
-    for _, b in ipairs(budgets) do
-      if b[4] + sum + in_bytes > b[2] then
-        over = {b[3], b[4] + sum, b[2]}
-        break
-      end
-    end
-    if over then
-      n = i
-      break
-    end
-    sum = sum + in_bytes
-  end
+  for i = 1, n do input_bytes[i] = #ARGV[FIRST_JOB + 2 * i - 1] end
 end
+local over = nil  -- {scope, held_bytes, budget_bytes} of the first job over a budget
+n, over = budget_fit(budgets, input_bytes, n)
 -- <<< byte budget <<<
 
 -- Job i of a call sorts at base_us + i (later by its owner's clock lead, which only
@@ -161,54 +151,15 @@ local owned = ARGV[13] ~= ""
 -- the first batch, as if admitted alone.
 local drain = nil  -- {decayed count, age_ms, jobs/ms} once read
 if depth + n - 1 >= max_batch and owned then
-  local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0", "busy_c")
-  if st[3] and now_ms - tonumber(st[2]) <= tonumber(ARGV[17]) then
-    local tau = tonumber(ARGV[9])
-    local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau)
-    local age = math.max(now_ms - tonumber(st[3]), tonumber(ARGV[16]))
-    -- Below saturation the drain rate is the arrival rate; how fast the workers drain
-    -- while busy (jobs per claim-to-completion ms) is the better bound then.
-    local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
-    local per_ms = math.max(c / (tau * (1 - math.exp(-age / tau))), busy_per_ms)
-    drain = {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
-  end
+  drain = bin_drain(KEYS[4], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
 end
 local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 
--- >>> the model's pace (docs/admission.md, "Refusing by predicted wait") >>>
--- One worker serves every bin of its model, so a job's wait is the model's work ahead
--- of it at the model's pace, never its own bin's alone: a bin's own rates count only
--- the time its worker spends on it. The pace is the model's drain rate (jobs written
--- per ms, all bins, all workers) once its workers were busy nearly all the time
--- (BUSY_SATURATED of the window: the drain is then what they can do, the host's
--- load, the other bins and every overhead included); before, the larger of that and
--- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
--- is not judged by the arrivals of the quiet spell. None recent: depth alone.
--- It corrects itself: the jobs that started later than their wait allowed (late_c,
--- counted by the worker at each completion: past their deadline at their batch's end,
--- else queued past max_queue_ms, or expired) were let in by a pace that was too fast,
--- so the pace slows by LATE_GAIN times the part of the model's recent jobs they are
--- (at most to MIN_ON_TIME of itself), and recovers as they stop.
--- LATE_GAIN: a late job weighs this many on time, so the pace settles where about
--- 1 % of jobs are late, not where every fourth one is.
-local BUSY_SATURATED, MIN_ON_TIME, LATE_GAIN, DEADLINE_SHARE = 0.9, 0.25, 4, 0.9
+-- >>> the model's pace (lib/pace.lua; docs/admission.md, "Refusing by predicted wait") >>>
+local DEADLINE_SHARE = 0.9  -- of a deadline, the predicted end may take (below)
 local pace = nil  -- jobs/ms
 if limit_ms > 0 then
-  local ms = redis.call("HMGET", KEYS[8], "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
-  if ms[3] and now_ms - tonumber(ms[2]) <= tonumber(ARGV[17]) then
-    local tau_ms = tonumber(ARGV[9])
-    local age_ms = math.max(now_ms - tonumber(ms[3]), tonumber(ARGV[16]))
-    local window_ms = tau_ms * (1 - math.exp(-age_ms / tau_ms))
-    local decay = math.exp(-(now_ms - tonumber(ms[2])) / tau_ms)
-    local written, busy_ms = tonumber(ms[1]), tonumber(ms[4] or 0)
-    pace = written * decay / window_ms
-    if busy_ms * decay < BUSY_SATURATED * window_ms then
-      pace = math.max(pace, written / math.max(1, busy_ms))
-    end
-    -- Decayed alike, so their ratio needs no decay.
-    local late = tonumber(ms[5] or 0)
-    pace = pace * math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
-  end
+  pace = model_pace(KEYS[8], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
 end
 local pace_s = pace and string.format("%.6f", pace * 1000)
 -- The jobs of the model that sort before score_us, in every bin: they run first.
@@ -370,10 +321,8 @@ if n > 0 then
   if priority == "0" then priority = "" end
   local idem = ""
   if ARGV[7] == "1" then idem = KEYS[3] end  -- DELETE drops it with its job (cancel.lua)
-  local rec_head = "queued\t\t" .. string.format("%d", now_ms) .. "\t" .. deadline .. "\t" ..
-    ARGV[13] .. "\t"
-  local rec_tail = "\t" .. ARGV[2] .. "\t" .. ARGV[3] .. "\t" .. priority .. "\t" .. ARGV[14] ..
-    "\t" .. idem .. "\t" .. ARGV[24] .. "\n"
+  local rec_head, rec_tail = queued_record_parts(string.format("%d", now_ms), deadline,
+    ARGV[13], ARGV[2], ARGV[3], priority, ARGV[14], idem, ARGV[24])
 
   local members, writes = {}, {}
   for i = 0, n - 1 do
@@ -404,11 +353,7 @@ if n > 0 then
   end
 
   -- >>> byte budget: count the admitted inputs >>>
-  if #budgets > 0 then
-    local sum = 0
-    for i = 0, n - 1 do sum = sum + #ARGV[FIRST_JOB + 2 * i + 1] end
-    for _, b in ipairs(budgets) do redis.call("HINCRBY", b[1], "queued", sum) end
-  end
+  budget_count(budgets, input_bytes, n)
   -- <<< byte budget <<<
 
   -- The web's long-polls learn that these jobs are queued (and, from the done channel,

@@ -11,6 +11,10 @@
 -- Returns {bins, leases, jobs}: bins = {bin key, id, bin key, id, ...} (one pair per
 -- entry, most urgent first; a zset holds an id once, so a duplicate can only be across
 -- bins), leases = {id, deadline_ms, ...}, jobs = {id, status, ...}.
+--
+-- Keys built here, not in KEYS: every bin and record of the shard (found by KEYS with
+-- the globs) and each claim's hash (claim_prefix .. token, tokens read from KEYS[1]);
+-- all in KEYS[1]'s hash tag (carpool/backend/keys.py).
 local bins = {}
 for _, bin_key in ipairs(redis.call("KEYS", ARGV[1])) do
   for _, id in ipairs(redis.call("ZRANGE", bin_key, 0, -1)) do

@@ -1,6 +1,9 @@
 -- cancel.lua: cancel a queued job, or delete a finished one.
 --
 -- KEYS[1]  job              the job record {p.s}:job:<id> (carpool/backend/records.py)
+-- KEYS[2]  outbox           {p.s}:outbox (lib/outbox.lua): a cancelled job that asked for
+--                           its "cancelled" webhook gets it, in this call
+-- KEYS[3]  hook_wake        {p.s}:hook-wake
 -- ARGV[1]  id
 -- ARGV[2]  bin_prefix       "{p.s}:q:" (the bin zset is <prefix><model>:<bin>, read from
 --                           the record; same slot)
@@ -11,10 +14,7 @@
 -- ARGV[6]  results_channel  a deleted job's id is published there ("del <id>"), so no
 --                           web process answers from a result it was pushed
 --                           (carpool/backend/pushed.py)
--- ARGV[7]  outbox           {p.s}:outbox (outbox.lua): a cancelled job that asked for its
---                           "cancelled" webhook gets it, in this call
--- ARGV[8]  hook_wake        {p.s}:hook-wake
--- ARGV[9]  notify           "1": the "cancelled" webhook is recorded (above); "0": not,
+-- ARGV[7]  notify           "1": the "cancelled" webhook is recorded (above); "0": not,
 --                           for a cancel that undoes the job's own admission (a /v2
 --                           request refused in part: web/open_inference/routes.py), of
 --                           which no client knew
@@ -22,9 +22,14 @@
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.
 --
+-- Keys built here, not in KEYS: the job's bin, its byte budgets and its idempotency key
+-- are named by its record (model, bin, owner, idem), which the caller has not read; all
+-- in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--
 -- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/budget.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local rec = redis.call("GET", KEYS[1])
@@ -50,24 +55,17 @@ end
 if status == "queued" then
   -- >>> byte budget (carpool/admission/budget.py): the input leaves the count, as in claim.lua
   local n = #rec - (nl or #rec)  -- the input: all after the head's newline
-  local keys = {ARGV[5] .. model}
-  if owner ~= "" then keys[2] = keys[1] .. ":" .. owner end
-  for _, key in ipairs(keys) do
-    local queued = tonumber(redis.call("HGET", key, "queued"))
-    if queued and queued > n then
-      redis.call("HINCRBY", key, "queued", -n)
-    elseif queued then  -- its last queued byte: the hash goes
-      redis.call("DEL", key)
-    end
-  end
+  local freed = {[ARGV[5] .. model] = n}
+  if owner ~= "" then freed[ARGV[5] .. model .. ":" .. owner] = n end
+  budget_free(freed)
   -- <<< byte budget
   local t = redis.call("TIME")
   local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
     "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
   redis.call("PUBLISH", ARGV[3], ARGV[1])
-  if ARGV[9] == "1" then
-    outbox_wake(ARGV[8], outbox_add(ARGV[7], ARGV[1], "c", hook_of_admission(admission), owner,
+  if ARGV[7] == "1" then
+    outbox_wake(KEYS[3], outbox_add(KEYS[2], ARGV[1], "c", record_hook(admission), owner,
       now_s))
   end
   return "cancelled"

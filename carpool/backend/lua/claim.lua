@@ -9,6 +9,10 @@
 --                        its attempt count as of this claim, its time ("t") and worker
 --                        ("w"); renew, release, reap and complete act on it, once per
 --                        claim rather than once per job
+-- KEYS[5]  outbox        {p.s}:outbox (lib/outbox.lua): the webhook events of this call,
+--                        "running" for each job claimed and "expired" for each one
+--                        ended, of the jobs that asked for them
+-- KEYS[6]  hook_wake     {p.s}:hook-wake, the dispatcher's wake list
 -- ARGV[1]  max_n         most live jobs leased
 -- ARGV[2]  lease_ms
 -- ARGV[3]  token         the lease token (unique per claim)
@@ -23,10 +27,11 @@
 -- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
 --                        the jobs leased, one message per claim (web/results/followers.py: the
 --                        event streams' `running`)
--- ARGV[11] outbox        {p.s}:outbox (outbox.lua; same slot): the webhook events of
---                        this call, "running" for each job claimed and "expired" for
---                        each one ended, of the jobs that asked for them
--- ARGV[12] hook_wake     {p.s}:hook-wake, the dispatcher's wake list
+--
+-- Keys built here, not in KEYS: which jobs a claim takes is known only once the bin is
+-- read, so their records are job_prefix .. id, and an owner's byte budget is
+-- KEYS[3] .. ":" .. owner (the owner read from the record); both in KEYS[1]'s hash tag
+-- (carpool/backend/keys.py), so the script stays on one slot.
 --
 -- Returns {now_ms, expired, id_1, record_1, id_2, record_2, ...}, most urgent first: each
 -- record whole, as MGET read it (carpool/backend/records.py's `claimed` takes the attempt
@@ -42,8 +47,9 @@
 -- holding it (out of its bin) is what makes it running. Readers tell the two apart by
 -- its bin (carpool/backend/queue.py); its attempt count lives in the claim hash until the
 -- claim ends (complete.lua, release.lua, reap.lua write it back when it changed).
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/budget.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -58,7 +64,7 @@ local out = {now_ms, 0}
 local expired, live = 0, 0
 local held = {"t", now_s, "w", worker}  -- the claim hash's fields
 local stale_ms = now_ms - queued_ttl_s * 1000  -- admitted then or before: too old
-local outbox, hooked = ARGV[11], 0  -- webhook events added (outbox.lua)
+local outbox, hooked = KEYS[5], 0  -- webhook events added (outbox.lua)
 
 -- >>> byte budget (carpool/admission/budget.py): sum the bytes leaving per budget hash
 local freed = {}  -- hash key -> bytes
@@ -101,7 +107,7 @@ while live < max_n and budget > 0 do
             now_s, "", "", why), "EX", result_ttl_s)
         redis.call("PUBLISH", done_channel, id)
         expired = expired + 1
-        hooked = hooked + outbox_add(outbox, id, "x", hook_of_head(rec, nl), owner, now_s)
+        hooked = hooked + outbox_add(outbox, id, "x", record_hook_of_head(rec, nl), owner, now_s)
       else
         local attempts = 1  -- "": never claimed before
         if attempts_s ~= "" then attempts = tonumber(attempts_s) + 1 end
@@ -112,7 +118,7 @@ while live < max_n and budget > 0 do
         out[#out + 1] = id
         out[#out + 1] = rec
         live = live + 1
-        hooked = hooked + outbox_add(outbox, id, "r", hook_of_head(rec, nl), owner, now_s)
+        hooked = hooked + outbox_add(outbox, id, "r", record_hook_of_head(rec, nl), owner, now_s)
       end
     end
   end
@@ -122,14 +128,7 @@ if live > 0 then
   redis.call("ZADD", leases, now_ms + lease_ms, token)
   redis.call("PUBLISH", ARGV[10], now_s .. " " .. table.concat(held, " ", 5))
 end
-for key, n in pairs(freed) do  -- byte budget: the hash goes with its last queued byte
-  local queued = tonumber(redis.call("HGET", key, "queued"))
-  if queued and queued > n then
-    redis.call("HINCRBY", key, "queued", -n)
-  elseif queued then  -- at 0, or below: a requeued job (reap, release) was counted once
-    redis.call("DEL", key)
-  end
-end
-outbox_wake(ARGV[12], hooked)
+budget_free(freed)  -- a hash goes with its last queued byte
+outbox_wake(KEYS[6], hooked)
 out[2] = expired
 return out

@@ -6,10 +6,12 @@
 -- KEYS[3]  claim            {p.s}:claim:<token> (claim.lua)
 -- KEYS[4]  model_stats      {p.s}:mstats:<model>  the same drain and busy time summed over
 --                           all the model's bins, and late_c: admit.lua's pace
--- KEYS[5..4+n]    bins      (optional) bin zsets of this model to peek after the write,
+-- KEYS[5]  outbox           {p.s}:outbox (lib/outbox.lua; same slot)
+-- KEYS[6]  hook_wake        {p.s}:hook-wake
+-- KEYS[7..6+n]    bins      (optional) bin zsets of this model to peek after the write,
 --                           as peek.lua does: the worker decides its next batch from this
 --                           reply, without a peek's round trip of its own
--- KEYS[5+n..4+2n] bin_stats their stats hashes
+-- KEYS[7+n..6+2n] bin_stats their stats hashes
 -- ARGV[1]  token            lease token of the claim
 -- ARGV[2]  job_prefix       "{p.s}:job:"
 -- ARGV[3]  done_channel
@@ -23,19 +25,16 @@
 -- ARGV[10] late             the claim's jobs that were late (past their deadline at the
 --                           batch's end, else queued past max_queue_ms) or it expired:
 --                           late_c, decayed as rate_c, corrects admit.lua's pace
--- ARGV[11] outbox           {p.s}:outbox (outbox.lua; same slot)
--- ARGV[12] hook_wake        {p.s}:hook-wake
--- ARGV[13] hooks            the webhook events of this batch: one line per job that asked
---                           for its outcome's event, "<k>\t<event letter>\t<owner>\t<hook>"
---                           (k: the job's place in per_job, from 1), "\n" between; each
---                           goes to the outbox if, and only if, its job is written here
--- ARGV[14..13+4j] per_job   4 values per job: id, the byte length of its line in
+-- ARGV[11] hooks            the webhook events of this batch (lib/wire.lua's completion
+--                           hooks; k: the job's place in per_job, from 1); each goes to
+--                           the outbox if, and only if, its job is written here
+-- ARGV[12..11+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
 --   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
 --   worker from the admission fields and the attempt count the claim handed out, and
 --   the rest from the timings on, payload included (the result JSON when done, the error
 --   message when failed); the record written is head .. t_done .. rest (Redis's clock)
--- ARGV[14+4j..] scans      the max_batch of each bin peeked, in KEYS' order
+-- ARGV[12+4j..] scans      the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -49,15 +48,18 @@
 -- job was reclaimed by the reaper, handed back, or already finished). A late, zombie
 -- worker therefore cannot overwrite a result. With bins to peek, then now_ms and their
 -- states (peek_bins.lua), as they are after the write and before any claim.
---#include record
---#include peek_bins
---#include leave_claim
---#include outbox
+--
+-- Keys built here, not in KEYS: each job's record, job_prefix .. id (a batch's ids are
+-- data: the worker's claim), in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--#include lib/record.lua
+--#include lib/peek_bins.lua
+--#include lib/leave_claim.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local FIRST_JOB = 14  -- ARGV index of the first job's id
-local npeek = (#KEYS - 4) / 2
+local FIRST_JOB = 12  -- ARGV index of the first job's id
+local npeek = (#KEYS - 6) / 2
 local jobs_end = FIRST_JOB - 1 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
 local t = redis.call("TIME")
@@ -129,15 +131,15 @@ if written > 0 then
     redis.call("PUBLISH", ARGV[7], "done " .. now_s .. "\n" .. ARGV[5] .. "\n" .. pushed)
   end
   redis.call("PUBLISH", ARGV[3], table.concat(ended, " "))
-  if ARGV[13] ~= "" then  -- webhook events, of the jobs written only (outbox.lua)
+  if ARGV[11] ~= "" then  -- webhook events, of the jobs written only (lib/outbox.lua)
     local hooked = 0
-    for k, letter, owner, hook in string.gmatch(ARGV[13], "(%d+)\t(%a)\t([^\t]*)\t([^\n]*)") do
-      if out[tonumber(k)] == 1 then
-        hooked = hooked + outbox_add(ARGV[11], ARGV[FIRST_JOB + (tonumber(k) - 1) * STRIDE],
-          letter, hook, owner, now_s)
+    for k, letter, owner, hook in wire_completion_hooks(ARGV[11]) do
+      if out[k] == 1 then
+        hooked = hooked + outbox_add(KEYS[5], ARGV[FIRST_JOB + (k - 1) * STRIDE], letter,
+          hook, owner, now_s)
       end
     end
-    outbox_wake(ARGV[12], hooked)
+    outbox_wake(KEYS[6], hooked)
   end
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
@@ -165,7 +167,7 @@ end
 if npeek > 0 then
   local bins, stats = {}, {}
   for i = 1, npeek do
-    bins[i], stats[i] = KEYS[4 + i], KEYS[4 + npeek + i]
+    bins[i], stats[i] = KEYS[6 + i], KEYS[6 + npeek + i]
   end
   out[#out + 1] = now_ms
   local scans = {unpack(ARGV, jobs_end + 1)}

@@ -9,15 +9,15 @@
 -- KEYS[2]  bytes            {p.s}:bytes:<model> (its API keys' hashes are
 --                           "<KEYS[2]>:<owner>", same slot): a failed input leaves the
 --                           budget, as in cancel.lua
+-- KEYS[3]  outbox           {p.s}:outbox (lib/outbox.lua): each job ended here that asked
+--                           for its "failed" webhook gets it, in this call
+-- KEYS[4]  hook_wake        {p.s}:hook-wake
 -- ARGV[1]  job_prefix       "{p.s}:job:"
 -- ARGV[2]  done_channel
 -- ARGV[3]  result_ttl_s
 -- ARGV[4]  message          the error message (the record's payload)
 -- ARGV[5]  max_n            most jobs ended per call (the caller calls again while it
 --                           returns that many)
--- ARGV[6]  outbox           {p.s}:outbox (outbox.lua): each job ended here that asked for
---                           its "failed" webhook gets it, in this call
--- ARGV[7]  hook_wake        {p.s}:hook-wake
 --
 -- Each job's record ends as reap.lua writes a failure: "failed", its attempts, its
 -- admission fields kept, no claim time, t_done now, no timings, no batch, the message
@@ -25,10 +25,15 @@
 -- as at a cancel: a retry once the model is served queues a new job. One PUBLISH
 -- names the ids ended (space-separated, as complete.lua does), so long-polls wake.
 --
+-- Keys built here, not in KEYS: the jobs' records (job_prefix .. id: ids read from the
+-- bin), their owners' byte budgets and their idempotency keys (named by each record);
+-- all in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--
 -- Returns {ended, dropped}: dropped are ids in the bin whose record was gone or no
 -- longer queued (taken out of the bin all the same).
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/budget.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local ids = redis.call("ZRANGE", KEYS[1], 0, tonumber(ARGV[5]) - 1)
@@ -66,19 +71,12 @@ for _, id in ipairs(ids) do
     redis.call("SET", key, ended_record("failed", attempts, admission, "", now_s, "", "",
       ARGV[4]), "EX", ARGV[3])
     ended[#ended + 1] = id
-    hooked = hooked + outbox_add(ARGV[6], id, "f", hook_of_admission(admission), owner, now_s)
+    hooked = hooked + outbox_add(KEYS[3], id, "f", record_hook(admission), owner, now_s)
   end
 end
-for key, n in pairs(budget) do
-  local queued = tonumber(redis.call("HGET", key, "queued"))
-  if queued and queued > n then
-    redis.call("HINCRBY", key, "queued", -n)
-  elseif queued then  -- its last queued byte: the hash goes
-    redis.call("DEL", key)
-  end
-end
+budget_free(budget)  -- a hash goes with its last queued byte
 if #ended > 0 then
   redis.call("PUBLISH", ARGV[2], table.concat(ended, " "))
 end
-outbox_wake(ARGV[7], hooked)
+outbox_wake(KEYS[4], hooked)
 return {#ended, dropped}

@@ -9,15 +9,15 @@
 -- ARGV[2]  max_n         most events expired by this call
 -- ARGV[3]  dead_cap      the dead list's cap
 --
--- Returns the number of events expired.
+-- Returns the number of events expired. Members are lib/wire.lua's outbox events.
+--#include lib/wire.lua
 redis.replicate_commands()
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local stale = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", "(" .. (now_ms - tonumber(ARGV[1])),
   "LIMIT", 0, tonumber(ARGV[2]))
 for _, member in ipairs(stale) do
-  local id, event, t_ms, _owner, url = string.match(member,
-    "^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$")
+  local id, event, t_ms, _owner, url = wire_event_decode(member)
   redis.call("ZREM", KEYS[1], member)
   redis.call("LPUSH", KEYS[2], cjson.encode({id = id or member, event = event or "",
     url = url or "", state = "dead", attempts = 0, last_status = cjson.null,

@@ -13,6 +13,11 @@
 -- reads the job's record then), and when the earliest event still waiting is due, so a
 -- dispatcher waits that long at most. Each taken event's score, now_ms + lease_ms, is
 -- its lease: hook_settle.lua writes only for the holder of that lease.
+--
+-- Keys built here, not in KEYS: each taken event's delivery states, state_prefix .. id
+-- (which events are due is data read here), in KEYS[1]'s hash tag
+-- (carpool/backend/keys.py). Members are lib/wire.lua's outbox events.
+--#include lib/wire.lua
 redis.replicate_commands()
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -23,7 +28,7 @@ if #due > 0 then
   for i, member in ipairs(due) do
     leased[2 * i - 1] = now_ms + tonumber(ARGV[2])
     leased[2 * i] = member
-    local id, event = string.match(member, "^([^\t]+)\t([^\t]+)\t")
+    local id, event = wire_event_decode(member)
     out[#out + 1] = member
     out[#out + 1] = (id and redis.call("HGET", ARGV[3] .. id, event)) or ""
     out[#out + 1] = (id and redis.call("HGET", ARGV[3] .. id, event .. ":body")) or ""

@@ -11,8 +11,11 @@
 -- Returns {now_ms, then per bin: depth, oldest_admit_ms, earliest_deadline_ms, admitted}
 -- (peek_bins.lua). complete.lua answers the same after a batch, so a worker serving one
 -- model needs no peek of its own between batches.
---#include record
---#include peek_bins
+--
+-- Keys built here, not in KEYS: the records of the jobs looked at (job_prefix .. id, ids
+-- read from the bins), in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--#include lib/record.lua
+--#include lib/peek_bins.lua
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = #KEYS / 2

@@ -13,7 +13,10 @@
 -- first: a queued record's head and most ended records fit, so an input is never
 -- copied whole; a longer ended record is then read whole. A key that is not a string
 -- (a record of an older layout) reads as none.
---#include record
+--
+-- Keys built here, not in KEYS: a queued job's bin, named by its record, in KEYS[1]'s
+-- hash tag (carpool/backend/keys.py).
+--#include lib/record.lua
 local READ_BYTES = 4096
 local out = {}
 for i, key in ipairs(KEYS) do

@@ -4,6 +4,9 @@
 --
 -- KEYS[1]  leases        {p.s}:leases  zset lease token -> lease deadline (ms)
 -- KEYS[2]  dead          {p.s}:dead    ids failed here, newest first, capped
+-- KEYS[3]  outbox        {p.s}:outbox (lib/outbox.lua): a job failed here that asked for
+--                        its "failed" webhook gets it, in this call
+-- KEYS[4]  hook_wake     {p.s}:hook-wake
 -- ARGV[1]  batch         most jobs taken back per call (whole claims: at least one)
 -- ARGV[2]  max_attempts
 -- ARGV[3]  job_prefix    "{p.s}:job:"
@@ -14,10 +17,7 @@
 -- ARGV[8]  wake_cap      a wake list's cap
 -- ARGV[9]  result_ttl_s  for a model not listed below
 -- ARGV[10] claim_prefix  "{p.s}:claim:"
--- ARGV[11] outbox        {p.s}:outbox (outbox.lua): a job failed here that asked for
---                        its "failed" webhook gets it, in this call
--- ARGV[12] hook_wake     {p.s}:hook-wake
--- ARGV[13..] ttls        pairs: model, result_ttl_s
+-- ARGV[11..] ttls        pairs: model, result_ttl_s
 --
 -- Each expired claim's hash (claim.lua) names the jobs it still held, with their attempt
 -- counts. A job under max_attempts goes back into its bin zset under the score admit.lua
@@ -26,12 +26,16 @@
 -- attempt (its status is still "queued": a claim does not write it), and its model's
 -- workers are woken. A job at max_attempts ends "failed" with a reason (naming the
 -- lost worker; no batch: it never completed one), its input goes, and its id goes on
--- the dead list. Bin, job, claim and wake keys are built from prefixes (same slot).
+-- the dead list.
+--
+-- Keys built here, not in KEYS: which claims expired, which jobs they held and which
+-- bins those wait in are data read here, so claim, job, bin and wake keys are built
+-- from the prefixes; all in KEYS[1]'s hash tag (carpool/backend/keys.py).
 --
 -- Returns {now_ms, requeued, failed, dropped}; dropped: jobs of an expired claim whose
 -- record had already ended or expired.
---#include record
---#include outbox
+--#include lib/record.lua
+--#include lib/outbox.lua
 redis.replicate_commands()
 
 local t = redis.call("TIME")
@@ -41,7 +45,7 @@ local limit = tonumber(ARGV[1])
 local tokens = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now_ms, "LIMIT", 0, limit)
 local max_attempts = tonumber(ARGV[2])
 local ttl = {}
-for i = 13, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   ttl[ARGV[i]] = ARGV[i + 1]
 end
 
@@ -78,7 +82,7 @@ for _, token in ipairs(tokens) do
         redis.call("LPUSH", KEYS[2], id)
         redis.call("LTRIM", KEYS[2], 0, tonumber(ARGV[7]) - 1)
         failed = failed + 1
-        hooked = hooked + outbox_add(ARGV[11], id, "f", hook_of_admission(admission),
+        hooked = hooked + outbox_add(KEYS[3], id, "f", record_hook(admission),
           record_fields(admission, 3)[3], now_s)
       else
         local score, model, bin = record_place(admission)
@@ -95,5 +99,5 @@ for wake_key, bin_name in pairs(woken) do
   redis.call("RPUSH", wake_key, bin_name)
   redis.call("LTRIM", wake_key, -tonumber(ARGV[8]), -1)
 end
-outbox_wake(ARGV[12], hooked)
+outbox_wake(KEYS[4], hooked)
 return {now_ms, requeued, failed, dropped}

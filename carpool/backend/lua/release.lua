@@ -15,9 +15,12 @@
 --                       the model), "0": keep it counted
 -- ARGV[7..] ids         in claim order
 --
+-- Keys built here, not in KEYS: the jobs' records (job_prefix .. id), and the bins and
+-- wake lists their records name; all in KEYS[1]'s hash tag (carpool/backend/keys.py).
+--
 -- Returns one integer per id: 1 handed back, 0 no longer this claim's (untouched).
---#include leave_claim
---#include record
+--#include lib/leave_claim.lua
+--#include lib/record.lua
 redis.replicate_commands()
 
 local out = {}

@@ -1,5 +1,5 @@
 -- record.lua: not a script of its own. Scripts that read or write job records include
--- it (carpool/backend/connection.py: a line "--#include record").
+-- it (carpool/backend/connection.py: a line "--#include lib/record.lua").
 --
 -- A job's record is one string (carpool/backend/records.py): a header line of tab-separated
 -- fields, "status attempts t_admit deadline owner score model bin priority digest
@@ -25,6 +25,13 @@
 -- ended_record(status, attempts, admission, t_claim, t_done, timings, batch, payload)
 --   -> an ended record
 -- requeued_record(rec, attempts) -> a queued record with its attempt count replaced
+-- queued_record_parts(t_admit, deadline, owner, model, bin, priority, digest, idem, hook)
+--   -> head, tail of a new queued record, never claimed: head .. score .. tail .. input
+--   (admit.lua builds one per job, formatting the call's fields once)
+-- record_hook(admission) -> the admission fields' last one, "hook" ("" none)
+-- record_hook_of_head(rec, stop) -> the same of a record whose head ends before `stop`
+--   (its newline); a job without one costs one byte compare: the byte before the head's
+--   end is then the tab before it
 local function record_queued(rec)
   local attempts, t_admit, deadline, owner, at = string.match(rec,
     "^queued\t(%d*)\t(%d*)\t(%d*)\t([^\t]*)()")
@@ -80,4 +87,21 @@ end
 local function requeued_record(rec, attempts)
   local _, b = record_tabs(rec)
   return "queued\t" .. attempts .. string.sub(rec, b)
+end
+
+local function queued_record_parts(t_admit, deadline, owner, model, bin, priority, digest,
+                                   idem, hook)
+  return "queued\t\t" .. t_admit .. "\t" .. deadline .. "\t" .. owner .. "\t",
+    "\t" .. model .. "\t" .. bin .. "\t" .. priority .. "\t" .. digest .. "\t" .. idem ..
+    "\t" .. hook .. "\n"
+end
+
+local function record_hook(admission)
+  if #admission == 0 or string.byte(admission, -1) == 9 then return "" end
+  return string.match(admission, "\t([^\t]*)$") or ""
+end
+
+local function record_hook_of_head(rec, stop)
+  if stop < 2 or string.byte(rec, stop - 1) == 9 then return "" end
+  return string.match(string.sub(rec, 1, stop - 1), "\t([^\t]*)$") or ""
 end

@@ -1,5 +1,6 @@
 -- peek_bins.lua: not a script of its own. Scripts that answer with bin states (peek.lua,
--- complete.lua) include it (carpool/backend/connection.py: a line "--#include peek_bins").
+-- complete.lua) include it (carpool/backend/connection.py: a line
+-- "--#include lib/peek_bins.lua").
 --
 -- peek_bins(bin_keys, stats_keys, scans, job_prefix, now_ms, out) appends to `out`, per
 -- bin: depth, oldest_admit_ms, earliest_deadline_ms, admitted. `scans[i]` is bin i's

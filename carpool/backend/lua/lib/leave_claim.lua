@@ -1,6 +1,6 @@
 -- leave_claim.lua: not a script of its own. Scripts that take jobs out of a claim
 -- (complete.lua, release.lua) include it (carpool/backend/connection.py: a line
--- "--#include leave_claim").
+-- "--#include lib/leave_claim.lua").
 --
 -- leave_claim(claim_key, leases_key, token, ids) removes `ids` from the claim hash
 -- {p.s}:claim:<token> (claim.lua: its jobs, and its "t" and "w"); with its last job the

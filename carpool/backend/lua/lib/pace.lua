@@ -1,0 +1,55 @@
+-- pace.lua: not a script of its own. admit.lua includes it (carpool/backend/connection.py:
+-- a line "--#include lib/pace.lua"): the drain rates it reads from the stats hashes
+-- complete.lua writes (rate_c, rate_t, rate_t0, busy_c, late_c). Read-only.
+--
+-- bin_drain(stats_key, now_ms, tau_ms, min_age_ms, stale_ms) -> {decayed count ("%.6f"),
+--   ms since the first drain, jobs/ms} of one bin, or nil when none is recent (older
+--   than stale_ms): the rate of fair share's virtual clocks
+-- model_pace(model_stats_key, now_ms, tau_ms, min_age_ms, stale_ms) -> the model's pace
+--   (jobs/ms) over all its bins, or nil when none is recent: the predicted wait's
+--
+-- One worker serves every bin of its model, so a job's wait is the model's work ahead
+-- of it at the model's pace, never its own bin's alone: a bin's own rates count only
+-- the time its worker spends on it. The pace is the model's drain rate (jobs written
+-- per ms, all bins, all workers) once its workers were busy nearly all the time
+-- (BUSY_SATURATED of the window: the drain is then what they can do, the host's
+-- load, the other bins and every overhead included); before, the larger of that and
+-- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
+-- is not judged by the arrivals of the quiet spell. None recent: depth alone.
+-- It corrects itself: the jobs that started later than their wait allowed (late_c,
+-- counted by the worker at each completion: past their deadline at their batch's end,
+-- else queued past max_queue_ms, or expired) were let in by a pace that was too fast,
+-- so the pace slows by LATE_GAIN times the part of the model's recent jobs they are
+-- (at most to MIN_ON_TIME of itself), and recovers as they stop.
+-- LATE_GAIN: a late job weighs this many on time, so the pace settles where about
+-- 1 % of jobs are late, not where every fourth one is.
+local BUSY_SATURATED, MIN_ON_TIME, LATE_GAIN = 0.9, 0.25, 4
+
+local function bin_drain(stats_key, now_ms, tau_ms, min_age_ms, stale_ms)
+  local st = redis.call("HMGET", stats_key, "rate_c", "rate_t", "rate_t0", "busy_c")
+  if not st[3] or now_ms - tonumber(st[2]) > stale_ms then return nil end
+  local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tau_ms)
+  local age = math.max(now_ms - tonumber(st[3]), min_age_ms)
+  -- Below saturation the drain rate is the arrival rate; how fast the workers drain
+  -- while busy (jobs per claim-to-completion ms) is the better bound then.
+  local busy_per_ms = st[4] and tonumber(st[1]) / math.max(1, tonumber(st[4])) or 0
+  local per_ms = math.max(c / (tau_ms * (1 - math.exp(-age / tau_ms))), busy_per_ms)
+  return {string.format("%.6f", c), now_ms - tonumber(st[3]), per_ms}
+end
+
+local function model_pace(model_stats_key, now_ms, tau_ms, min_age_ms, stale_ms)
+  local ms = redis.call("HMGET", model_stats_key, "rate_c", "rate_t", "rate_t0", "busy_c",
+    "late_c")
+  if not ms[3] or now_ms - tonumber(ms[2]) > stale_ms then return nil end
+  local age_ms = math.max(now_ms - tonumber(ms[3]), min_age_ms)
+  local window_ms = tau_ms * (1 - math.exp(-age_ms / tau_ms))
+  local decay = math.exp(-(now_ms - tonumber(ms[2])) / tau_ms)
+  local written, busy_ms = tonumber(ms[1]), tonumber(ms[4] or 0)
+  local pace = written * decay / window_ms
+  if busy_ms * decay < BUSY_SATURATED * window_ms then
+    pace = math.max(pace, written / math.max(1, busy_ms))
+  end
+  -- Decayed alike, so their ratio needs no decay.
+  local late = tonumber(ms[5] or 0)
+  return pace * math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
+end
