@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -91,3 +92,16 @@ def write_outputs(out: Path, results: Sequence[StepResult], header: str,
     path = out / "report.md"
     path.write_text("\n".join(body).rstrip() + "\n")
     return path
+
+
+def finish_report(out: Path, results: list[StepResult], header: str, notes: list[str]) -> int:
+    """Write the report, print its table and notes; 1 when a result was misrouted or lost."""
+    report = write_outputs(out, results, header, notes)
+    print(markdown_table([r.summary for r in results]))
+    for note in notes:
+        print(f"- {note}")
+    print(f"report: {report}")
+    bad = sum(r.summary.counts["misrouted"] + r.summary.counts["lost"] for r in results)
+    if bad:
+        print(f"carpool bench: {bad} misrouted or lost results", file=sys.stderr)
+    return 1 if bad else 0

@@ -6,16 +6,13 @@ import argparse
 import datetime
 import math
 import shlex
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 
 from carpool.bench import plots, remote
 from carpool.bench.arrivals import Bursts, all_at_once, load_trace
 from carpool.bench.ceiling import measure_ceiling
-from carpool.bench.policies import policy
-from carpool.bench.report import machine, markdown_table, write_outputs
+from carpool.bench.report import finish_report, machine
 from carpool.bench.stats import KneeRule, Summary, find_knee
 from carpool.bench.sweep import (
     Step,
@@ -25,10 +22,10 @@ from carpool.bench.sweep import (
     progress_bar,
     run_steps,
 )
-from carpool.bench.target import Target, TargetSpec, open_target
-from carpool.bench.workload import SYNTHETIC, SizeMix, new_nonce
+from carpool.bench.target import each_target
+from carpool.bench.tenants import cmd_tenants
+from carpool.bench.workload import SizeMix, new_nonce
 from carpool.core.extras import require_bench
-from carpool.core.settings import load_settings
 
 
 def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -49,50 +46,9 @@ def dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         header += (f"\n- synthetic cost a, b = {args.cost_ms[0]:g}, {args.cost_ms[1]:g} ms; "
                    f"sizes {args.sizes}; workers {args.workers}")
-    from carpool.bench.tenants import cmd_tenants
-
     handler = {"run": cmd_run, "sweep": cmd_sweep, "drain": cmd_drain,
                "tenants": cmd_tenants}[args.command]
     return handler(args, out, header)
-
-
-def _targets(args: argparse.Namespace, out: Path, transport: str,
-             backlog: Callable[[float], int] | None = None) -> Iterator[tuple[int, Target]]:
-    """Each (policy, workers) target in turn, its stack up only while it is driven.
-
-    ``backlog(limit)`` is the number of jobs a drain will admit at once into a
-    stack whose analytical limit is ``limit`` jobs/s; its bins are made that deep.
-    """
-    sizes = SizeMix.parse(args.sizes)
-    base = TargetSpec(transport, url=args.url, redis_url=args.redis_url,
-                      key_prefix=args.key_prefix, web_workers=args.web_workers,
-                      cost_ms=args.cost_ms,
-                      client_timeout_s=getattr(args, "client_timeout_s", 0.0),
-                      protocol=getattr(args, "protocol", "poll"))
-    model = load_settings({}).catalogue.get(SYNTHETIC)
-    bin_name = model.bin_for(sizes.sizes[0]).name
-    for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
-        pol = policy(name)
-        for workers in args.workers:
-            label = name if len(args.workers) == 1 else f"{name} x{workers}"
-            n = backlog(pol.limit_per_s(model, bin_name, args.cost_ms) * workers) if backlog else 0
-            spec = replace(base, workers=workers, bin_name=bin_name, min_depth=n)
-            with open_target(spec, pol, out / "stack", label) as target:
-                yield n, target
-            if args.url or args.key_prefix:
-                return  # a running stack is one target, whatever the policies say
-
-
-def _finish(out: Path, results: list[StepResult], header: str, notes: list[str]) -> int:
-    report = write_outputs(out, results, header, notes)
-    print(markdown_table([r.summary for r in results]))
-    for note in notes:
-        print(f"- {note}")
-    print(f"report: {report}")
-    bad = sum(r.summary.counts["misrouted"] + r.summary.counts["lost"] for r in results)
-    if bad:
-        print(f"carpool bench: {bad} misrouted or lost results", file=sys.stderr)
-    return 1 if bad else 0
 
 
 def _baseline_notes(rates: dict[str, float], limits: dict[str, float | None],
@@ -129,7 +85,7 @@ def cmd_run(args: argparse.Namespace, out: Path, header: str) -> int:
     policies = [p for p in args.policies.split(",") if p.strip()]
     bar = progress_bar(len(step.arrivals) * len(policies) * len(args.workers))
     results: list[StepResult] = []
-    for _, target in _targets(args, out, args.transport):
+    for _, target in each_target(args, out, args.transport):
         results += run_steps(target, [step], new_nonce(), args.grace_s, bar)
     bar.close()
     for r in results:
@@ -139,7 +95,7 @@ def cmd_run(args: argparse.Namespace, out: Path, header: str) -> int:
     plots.batch_histogram([r.summary for r in results], out / "batch-sizes.png")
     rates = {str(r.summary.extra["target"]): r.summary.achieved_rate for r in results}
     limits = {str(r.summary.extra["target"]): _limit(r.summary) for r in results}
-    return _finish(out, results, header, _baseline_notes(rates, limits, "achieved"))
+    return finish_report(out, results, header, _baseline_notes(rates, limits, "achieved"))
 
 
 def _limit(s: Summary) -> float | None:
@@ -157,7 +113,7 @@ def cmd_sweep(args: argparse.Namespace, out: Path, header: str) -> int:
     capacities: dict[str, float] = {}
     limits: dict[str, float | None] = {}
     knees: dict[str, Summary | None] = {}
-    for _, target in _targets(args, out, args.transport):
+    for _, target in each_target(args, out, args.transport):
         capacity = target.limit_per_s if args.capacity == "limit" else float(args.capacity)
         if not capacity:
             raise ValueError("--capacity limit needs a stack of our own; give jobs/s instead")
@@ -182,7 +138,7 @@ def cmd_sweep(args: argparse.Namespace, out: Path, header: str) -> int:
                                  key=lambda s: s.offered_rate or 0.0) for t in knees]
     plots.batch_histogram(shown, out / "batch-sizes.png")
     notes += _baseline_notes(capacities, limits, "highest achieved")
-    return _finish(out, results, header, notes)
+    return finish_report(out, results, header, notes)
 
 
 def cmd_drain(args: argparse.Namespace, out: Path, header: str) -> int:
@@ -192,7 +148,7 @@ def cmd_drain(args: argparse.Namespace, out: Path, header: str) -> int:
         return int(args.jobs or math.ceil(args.work_s * limit_per_s))
 
     results: list[StepResult] = []
-    for n, target in _targets(args, out, "redis", backlog):
+    for n, target in each_target(args, out, "redis", backlog):
         step = Step(f"backlog {n}", all_at_once(n, sizes, args.seed), None)
         bar = progress_bar(n)
         results += run_steps(target, [step], new_nonce(), args.grace_s, bar)
@@ -202,7 +158,7 @@ def cmd_drain(args: argparse.Namespace, out: Path, header: str) -> int:
     limits = {str(r.summary.extra["target"]): _limit(r.summary) for r in results}
     notes = ["throughput: jobs done between the first and the last completion, on Redis's "
              "clock, the first batch left out (stats.steady_rate)"]
-    return _finish(out, results, header, notes + _baseline_notes(rates, limits, "drained at"))
+    return finish_report(out, results, header, notes + _baseline_notes(rates, limits, "drained at"))
 
 
 def cmd_ceiling(args: argparse.Namespace, out: Path, header: str) -> int:
@@ -210,4 +166,4 @@ def cmd_ceiling(args: argparse.Namespace, out: Path, header: str) -> int:
     results = [StepResult(s, []) for s in ceiling.points]
     note = (f"generator ceiling: {ceiling.rate:,.0f} jobs/s kept (delivered >= 95 %, 99 % of "
             f"jobs started within 10 ms of schedule), each job a submit and a long-poll")
-    return _finish(out, results, header, [note])
+    return finish_report(out, results, header, [note])

@@ -6,18 +6,19 @@ workers) or directly into Redis (the workers alone).
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from carpool.bench.arrivals import Arrival
 from carpool.bench.client import HttpOptions, run_http
 from carpool.bench.direct import run_direct
-from carpool.bench.policies import Policy
+from carpool.bench.policies import Policy, policy
 from carpool.bench.records import JobRecord
 from carpool.bench.stack import Stack, StackSpec
-from carpool.bench.workload import SYNTHETIC
+from carpool.bench.workload import SYNTHETIC, SizeMix
 from carpool.core.settings import Settings, load_settings
 
 TRANSPORTS = ("http", "redis")
@@ -84,3 +85,30 @@ def open_target(spec: TargetSpec, policy: Policy, workdir: Path,
         limit = policy.limit_per_s(model, spec.bin_name, spec.cost_ms) * spec.workers
         yield Target(label or policy.name, spec.transport, stack.base_url, stack.settings,
                      limit, client_timeout_s=spec.client_timeout_s, protocol=spec.protocol)
+
+
+def each_target(args: argparse.Namespace, out: Path, transport: str,
+             backlog: Callable[[float], int] | None = None) -> Iterator[tuple[int, Target]]:
+    """Each (policy, workers) target in turn, its stack up only while it is driven.
+
+    ``backlog(limit)`` is the number of jobs a drain will admit at once into a
+    stack whose analytical limit is ``limit`` jobs/s; its bins are made that deep.
+    """
+    sizes = SizeMix.parse(args.sizes)
+    base = TargetSpec(transport, url=args.url, redis_url=args.redis_url,
+                      key_prefix=args.key_prefix, web_workers=args.web_workers,
+                      cost_ms=args.cost_ms,
+                      client_timeout_s=getattr(args, "client_timeout_s", 0.0),
+                      protocol=getattr(args, "protocol", "poll"))
+    model = load_settings({}).catalogue.get(SYNTHETIC)
+    bin_name = model.bin_for(sizes.sizes[0]).name
+    for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
+        pol = policy(name)
+        for workers in args.workers:
+            label = name if len(args.workers) == 1 else f"{name} x{workers}"
+            n = backlog(pol.limit_per_s(model, bin_name, args.cost_ms) * workers) if backlog else 0
+            spec = replace(base, workers=workers, bin_name=bin_name, min_depth=n)
+            with open_target(spec, pol, out / "stack", label) as target:
+                yield n, target
+            if args.url or args.key_prefix:
+                return  # a running stack is one target, whatever the policies say

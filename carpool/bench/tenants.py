@@ -20,9 +20,10 @@ from pathlib import Path
 from carpool.bench.arrivals import Arrival
 from carpool.bench.client import HttpDriver, HttpOptions
 from carpool.bench.records import JobRecord
+from carpool.bench.report import finish_report
 from carpool.bench.stats import Summary, summarize
 from carpool.bench.sweep import StepResult, poisson_step
-from carpool.bench.target import Target
+from carpool.bench.target import Target, each_target
 from carpool.bench.workload import SizeMix, new_nonce
 
 
@@ -41,8 +42,6 @@ def drive_tenants(target: Target, tenants: Sequence[tuple[str, list[Arrival]]],
 
 
 def cmd_tenants(args: argparse.Namespace, out: Path, header: str) -> int:
-    from carpool.bench.subcommands import _finish, _targets
-
     sizes = SizeMix.parse(args.sizes)
     quiet_key, flood_key = secrets.token_hex(16), secrets.token_hex(16)
     before = os.environ.get("CARPOOL_API_KEYS")
@@ -50,7 +49,7 @@ def cmd_tenants(args: argparse.Namespace, out: Path, header: str) -> int:
     results: list[StepResult] = []
     notes: list[str] = []
     try:
-        for _, target in _targets(args, out, "http"):
+        for _, target in each_target(args, out, "http"):
             limit = target.limit_per_s or 0.0
             if not limit:
                 raise ValueError("carpool bench tenants needs a stack of its own (no --url)")
@@ -76,7 +75,7 @@ def cmd_tenants(args: argparse.Namespace, out: Path, header: str) -> int:
             os.environ.pop("CARPOOL_API_KEYS", None)
         else:
             os.environ["CARPOOL_API_KEYS"] = before
-    return _finish(out, results, header, notes)
+    return finish_report(out, results, header, notes)
 
 
 def _verdict(label: str, alone: Summary, shared: Summary) -> str:
