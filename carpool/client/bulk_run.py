@@ -9,7 +9,7 @@ from typing import Any
 from carpool.client.errors import ApiError
 from carpool.client.handle import Job
 from carpool.client.jobdoc import JobDoc
-from carpool.client.protocol import BATCH_INPUTS, Call, RetryPolicy, batch_call, item_error
+from carpool.client.protocol import MANY_INPUTS, Call, RetryPolicy, item_error, many_call
 
 
 class BulkRun:
@@ -26,12 +26,12 @@ class BulkRun:
 
     def calls(self, wait_s: float) -> list[tuple[list[int], Call]]:
         """One /submit/batch call per chunk of the inputs not admitted yet."""
-        chunks = [self.unsent[i:i + BATCH_INPUTS]
-                  for i in range(0, len(self.unsent), BATCH_INPUTS)]
+        chunks = [self.unsent[i:i + MANY_INPUTS]
+                  for i in range(0, len(self.unsent), MANY_INPUTS)]
         self.unsent, self.refused = [], []
         self.tries += 1
-        return [(chunk, batch_call(self.model, [self.inputs[i] for i in chunk], wait_s,
-                                   self.options)) for chunk in chunks]
+        return [(chunk, many_call(self.model, [self.inputs[i] for i in chunk], wait_s,
+                                  self.options)) for chunk in chunks]
 
     def take(self, chunk: Sequence[int], reply: Mapping[str, Any]) -> None:
         for i, item in zip(chunk, reply["jobs"], strict=True):

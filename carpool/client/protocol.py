@@ -26,7 +26,7 @@ POLL_WAIT_S = 30.0
 #: client gives up on the connection.
 TIMEOUT_MARGIN_S = 10.0
 #: Inputs per /submit/batch request: the server refuses more (413).
-BATCH_INPUTS = 1000
+MANY_INPUTS = 1000
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def file_call(model: str, data: bytes, content_type: str, wait_s: float) -> Call
                 content_type=content_type, timeout_s=wait_s + TIMEOUT_MARGIN_S)
 
 
-def batch_call(model: str, inputs: Sequence[Any], wait_s: float,
-               options: Mapping[str, Any]) -> Call:
+def many_call(model: str, inputs: Sequence[Any], wait_s: float,
+              options: Mapping[str, Any]) -> Call:
     body = {"model": model, "inputs": list(inputs),
             **{k: v for k, v in options.items() if v is not None}}
     return Call("POST", "/submit/batch", wait_params(wait_s), json=body,
@@ -114,7 +114,7 @@ def cancelled(answer: Any) -> bool:
 
 def error_for(status: int, code: str, message: str,
               retry_after: str | float | None) -> ApiError:
-    """The typed error for an error answer (or a batch item's error)."""
+    """The typed error for an error answer (or a /submit/batch item's error)."""
     try:
         retry_after_s = float(retry_after) if retry_after is not None else None
     except ValueError:

@@ -48,11 +48,11 @@ from carpool.intake import custom
 from carpool.intake.images import ALLOWED_FORMATS, ImageLimits, probe
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
-#: JSON values (commas, opening brackets) in one request body: what a batch of
-#: typical inputs needs, while an array of that many empty objects stays ~35 MB.
+#: JSON values (commas, opening brackets) in one request body: what /submit/batch's
+#: many typical inputs need, while an array of that many empty objects stays ~35 MB.
 MAX_JSON_VALUES = 1 << 19
 #: Inputs in one /submit/batch request; each costs one admission round trip.
-MAX_BATCH_INPUTS = 1000
+MAX_MANY_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
 DEFAULT_MAX_CHARS = 100_000
 #: C0 controls (but tab, LF, CR), DEL and C1 controls: never text a model should see,
@@ -66,8 +66,9 @@ _MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
 SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key",
                          "webhook", "webhook_events"})
-BATCH_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority", "webhook",
-                        "webhook_events"})
+#: Fields of a /submit/batch body: many inputs for one model.
+MANY_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority", "webhook",
+                       "webhook_events"})
 #: Fields of a multipart form, or query parameters of a raw image body.
 FILE_FIELDS = frozenset({"model", "deadline_ms", "priority", "idempotency_key", "webhook",
                          "webhook_events"})
@@ -130,7 +131,7 @@ class Submission:
 
 
 @dataclass(frozen=True)
-class BatchSubmission:
+class ManySubmission:
     """Many inputs for one model; each is prepared on its own, so each fails alone."""
 
     spec: ModelSpec
@@ -205,19 +206,19 @@ def submission_from_file(
                       _options(spec, parsed, key, allow_private))
 
 
-def batch_from_json(doc: Any, catalogue: Catalogue, allow_private: bool = False
-                    ) -> BatchSubmission:
+def many_from_json(doc: Any, catalogue: Catalogue, allow_private: bool = False
+                   ) -> ManySubmission:
     """A /submit/batch JSON body: ``{"model", "inputs": [...], "deadline_ms"?, "priority"?}``."""
-    doc = _object(doc, "request body", required={"model", "inputs"}, allowed=BATCH_KEYS)
+    doc = _object(doc, "request body", required={"model", "inputs"}, allowed=MANY_KEYS)
     spec = catalogue.get(_model_name(doc["model"]))
     inputs = doc["inputs"]
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty array")
-    if len(inputs) > MAX_BATCH_INPUTS:
+    if len(inputs) > MAX_MANY_INPUTS:
         raise TooManyInputs(
-            f"{len(inputs)} inputs in one request; at most {MAX_BATCH_INPUTS} (split the batch)"
+            f"{len(inputs)} inputs in one request; at most {MAX_MANY_INPUTS} (split the batch)"
         )
-    return BatchSubmission(spec, inputs, _options(spec, doc, None, allow_private))
+    return ManySubmission(spec, inputs, _options(spec, doc, None, allow_private))
 
 
 def prepare(spec: ModelSpec, raw: Any, limits: InputLimits) -> Prepared:

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from carpool.backend import records
 from carpool.backend.keys import Keys
 from carpool.core.catalogue import load_catalogue
-from carpool.intake.inputs import MAX_BATCH_INPUTS
+from carpool.intake.inputs import MAX_MANY_INPUTS
 from tests.support.procs import free_port
 from tests.support.webtools import app_state, web_client, web_settings
 
@@ -53,7 +53,7 @@ def test_batch_into_a_bin_that_fills_refuses_only_the_overflow(http: FlaskClient
 
 def test_batch_over_the_input_bound_answers_413(http: FlaskClient) -> None:
     resp = http.post(BATCH, json={"model": "synthetic",
-                                  "inputs": [item(1)] * (MAX_BATCH_INPUTS + 1)})
+                                  "inputs": [item(1)] * (MAX_MANY_INPUTS + 1)})
     assert resp.status_code == 413
     assert resp.get_json()["error"]["code"] == "too_many_inputs"
 

@@ -33,18 +33,19 @@ class AdmissionUnknown(BackendUnavailable):
 
     The script may already sit in Redis's socket buffer and run once Redis resumes,
     so the answer carries the ids the jobs would have: GET /result/<id> tells. One
-    submit's answer names its ``id``; a batch's names the ``ids`` its failed call held.
+    submit's answer names its ``id``; a many-input call's (``/submit/batch``, ``/v2``
+    infer) names the ``ids`` its failed call held.
     """
 
     def __init__(self, job_ids: Sequence[str], cause: BackendUnavailable,
-                 batch: bool = False) -> None:
-        which, read = ((f"jobs {', '.join(job_ids)}", "GET /result/<id> of each") if batch
+                 many: bool = False) -> None:
+        which, read = ((f"jobs {', '.join(job_ids)}", "GET /result/<id> of each") if many
                        else (f"job {job_ids[0]}", f"GET /result/{job_ids[0]}"))
         super().__init__(
             f"{cause}; {which} may have been admitted: {read} tells (404: it was not), "
             "and a retry with the same idempotency key never queues it twice")
         self.job_ids = tuple(job_ids)
-        self.batch = batch
+        self.many = many
 
 
 #: Codes for werkzeug's own errors whose class name reads badly as a code.
@@ -60,7 +61,7 @@ def status_and_code(exc: CarpoolError) -> tuple[int, str]:
 def error_body(code: str, message: str, exc: Exception | None = None) -> dict[str, Any]:
     """The JSON error; with the job's ``id`` when ``exc`` left its admission unknown."""
     body: dict[str, Any] = {"error": {"code": code, "message": message}}
-    if isinstance(exc, AdmissionUnknown) and exc.batch:
+    if isinstance(exc, AdmissionUnknown) and exc.many:
         body["ids"] = list(exc.job_ids)
     elif isinstance(exc, AdmissionUnknown):
         body["id"] = exc.job_ids[0]

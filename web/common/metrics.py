@@ -75,7 +75,7 @@ def rejection_reason(exc: Exception) -> str:
 
 
 #: The routes whose refusals count as rejected jobs (``count_refused_request``).
-SUBMIT_ENDPOINTS = frozenset({"carpool.submit", "carpool.submit_batch", "v2.infer"})
+SUBMIT_ENDPOINTS = frozenset({"carpool.submit", "carpool.submit_many", "v2.infer"})
 
 
 def remember_model(doc: object) -> None:

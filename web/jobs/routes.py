@@ -68,7 +68,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
 
 
 @blueprint.post("/submit/batch")
-def submit_batch() -> tuple[Response, int, dict[str, str]]:
+def submit_many() -> tuple[Response, int, dict[str, str]]:
     """One admission per input; each input fails alone, and answers in its place.
 
     With ``?wait=S``: 200 when every admitted job ended within S, each in its place as
@@ -80,16 +80,16 @@ def submit_batch() -> tuple[Response, int, dict[str, str]]:
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
     _require_json()
     if "Idempotency-Key" in request.headers:
-        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to batches")
+        raise InvalidInput("Idempotency-Key applies to POST /submit only, not to /submit/batch")
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    batch = inputs.batch_from_json(doc, state.settings.catalogue,
-                                   state.settings.webhooks.allow_private)
-    state.models.check(batch.spec.name)  # one model per batch: the same 503 as /submit
+    many = inputs.many_from_json(doc, state.settings.catalogue,
+                                 state.settings.webhooks.allow_private)
+    state.models.check(many.spec.name)  # one model per request: the same 503 as /submit
     deadline = time.monotonic() + wait_s
     with ExitStack() as stack:
         wait_s = _hold_poll(state, stack, owner, wait_s)
-        jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
+        jobs, watched = _admit_many(state, many, owner, stack, wait_s > 0)
         jobs_admitted()
         finals = [(i, _final_by(state, admitted, woken, deadline))
                   for i, (admitted, woken) in watched.items()]
@@ -102,8 +102,8 @@ def submit_batch() -> tuple[Response, int, dict[str, str]]:
     return jsonify({"jobs": jobs}), 202, headers
 
 
-def _admit_batch(
-    state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
+def _admit_many(
+    state: WebState, many: inputs.ManySubmission, owner: str, stack: ExitStack, watch: bool
 ) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
     """Each item's answer in order, and each admitted item's job (and event, to wait on).
 
@@ -114,14 +114,14 @@ def _admit_batch(
     items: list[dict[str, Any]] = []
     valid: list[AdmitJob] = []
     places: list[tuple[int, threading.Event | None]] = []
-    for i, raw in enumerate(batch.inputs):
+    for i, raw in enumerate(many.inputs):
         try:
-            prepared = inputs.prepare(batch.spec, raw, state.settings.input_limits)
+            prepared = inputs.prepare(many.spec, raw, state.settings.input_limits)
         except CarpoolError as exc:
-            state.metrics.count_rejected(batch.spec.name, exc)
+            state.metrics.count_rejected(many.spec.name, exc)
             items.append(_item_error(exc))
             continue
-        job_id = new_job_id(batch.spec.name)
+        job_id = new_job_id(many.spec.name)
         items.append({})  # its answer, once admitted or refused
         places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
         valid.append(AdmitJob(prepared.bin, job_id, prepared.input_json))
@@ -129,18 +129,18 @@ def _admit_batch(
     if not valid:
         return items, watched
     try:
-        outcomes = state.admissions.admit(_admit_request(state, batch.spec, tuple(valid),
-                                                         batch.options, owner))
+        outcomes = state.admissions.admit(_admit_request(state, many.spec, tuple(valid),
+                                                         many.options, owner))
     except BackendUnavailable as exc:
         refusing_jobs(len(valid))  # counted by the error handler, all of them
         # The first bin's admit.lua call failed: it may still run once Redis resumes,
         # so the 503 names its jobs' ids; later bins' calls were never sent.
         first = [job.id for job in valid if job.bin.name == valid[0].bin.name]
-        raise AdmissionUnknown(first, exc, batch=True) from exc
+        raise AdmissionUnknown(first, exc, many=True) from exc
     # Redis lost after a first bin's jobs were queued: the others say so, each (the
     # failed call's jobs with their ids: they may have been admitted).
     for (i, woken), outcome, job in zip(places, outcomes, valid, strict=True):
-        items[i] = _admitted_or_refused(state, batch.spec.name, outcome, job.id)
+        items[i] = _admitted_or_refused(state, many.spec.name, outcome, job.id)
         if isinstance(outcome, Admitted):
             watched[i] = (outcome, woken)
     return items, watched

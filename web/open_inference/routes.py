@@ -217,7 +217,7 @@ def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
         outcomes = state.admissions.admit(request_)
     except BackendUnavailable as exc:
         refusing_jobs(len(jobs))
-        raise AdmissionUnknown([job.id for job in jobs], exc, batch=True) from exc
+        raise AdmissionUnknown([job.id for job in jobs], exc, many=True) from exc
     admitted = [o for o in outcomes if isinstance(o, Admitted)]
     refused = next((o for o in outcomes if not isinstance(o, Admitted)), None)
     if refused is None:

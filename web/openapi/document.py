@@ -13,7 +13,7 @@ from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
 from web.openapi.event_paths import JOB_FIELDS, PREFER, event_paths
 from web.openapi.openai_paths import v1_paths
-from web.openapi.schemas import batch_schema, input_schema, submit_schema
+from web.openapi.schemas import input_schema, many_schema, submit_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -81,7 +81,7 @@ def _components(settings: Settings) -> dict[str, Any]:
     for spec in settings.catalogue:
         schemas[f"Input_{spec.name}"] = input_schema(spec)
         schemas[f"Submit_{spec.name}"] = submit_schema(spec)
-        schemas[f"Batch_{spec.name}"] = batch_schema(spec)
+        schemas[f"Batch_{spec.name}"] = many_schema(spec)
     out: dict[str, Any] = {"schemas": schemas}
     if settings.api_key_digests:
         out["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -122,7 +122,7 @@ def _submit(settings: Settings) -> dict[str, Any]:
     }}
 
 
-def _batch(settings: Settings) -> dict[str, Any]:
+def _many(settings: Settings) -> dict[str, Any]:
     names = [spec.name for spec in settings.catalogue]
     item = {"oneOf": [{"$ref": "#/components/schemas/Accepted"},
                       {"$ref": "#/components/schemas/Job"}, {
@@ -181,7 +181,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                                 "fetch its result by id."},
         "paths": {
             "/submit": _submit(settings),
-            "/submit/batch": _batch(settings),
+            "/submit/batch": _many(settings),
             "/result/{job_id}": _result(settings),
             **event_paths(_responses, _JOB_ID),
             "/models": _plain("The catalogue with live queue depths and what the live "

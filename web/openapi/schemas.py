@@ -75,13 +75,13 @@ def submit_schema(spec: ModelSpec) -> dict[str, Any]:
     }, required=("model", "input"))
 
 
-def batch_schema(spec: ModelSpec) -> dict[str, Any]:
+def many_schema(spec: ModelSpec) -> dict[str, Any]:
     """The body of ``POST /submit/batch`` for ``spec``."""
     return _object({
         "model": {"type": "string", "enum": [spec.name]},
         # Items are any JSON on purpose: each is validated alone against the model's
         # input schema, and a bad one gets an error entry in the 202 answer.
-        "inputs": {"type": "array", "minItems": 1, "maxItems": inputs.MAX_BATCH_INPUTS,
+        "inputs": {"type": "array", "minItems": 1, "maxItems": inputs.MAX_MANY_INPUTS,
                    "items": {"description": f"see Input_{spec.name}"}},
         **_options_properties(spec),
     }, required=("model", "inputs"))
