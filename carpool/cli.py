@@ -202,7 +202,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Check "each job in exactly one place" on one snapshot; list the dead letters."""
     from carpool.backend.audit import snapshot, violations
     from carpool.backend.connection import connect
-    from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+    from carpool.backend.keys import BULK_HOOK_TAG, Keys
     from carpool.backend.leases import Leases
     from carpool.backend.outbox import Outbox
     from carpool.core.settings import load_settings
@@ -219,7 +219,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
           "(failed by the reaper, newest first)")
     for job_id in dead:
         print(f"  {job_id}")
-    tags = [BATCH_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
+    tags = [BULK_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
     hooks = Outbox(client, keys).dead(tags, args.dead)
     print(f"{len(hooks)} dead webhook deliveries shown (never answered 2xx in time, or "
           "refused), newest first")
@@ -230,7 +230,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
-def cmd_batch(args: argparse.Namespace) -> int:
+def cmd_bulk(args: argparse.Namespace) -> int:
     return run_bulk_command(args)
 
 
@@ -266,10 +266,10 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 COMMANDS_GROUP = "carpool.commands"
 
 
-def _batch_parser(sub: Any) -> None:
+def _bulk_parser(sub: Any) -> None:
     b = sub.add_parser("batch", help="bulk batches: submit a JSONL file, follow it, get "
                        "its results (docs/batches.md)")
-    bsub = b.add_subparsers(dest="batch_command", required=True, metavar="COMMAND",
+    bsub = b.add_subparsers(dest="bulk_command", required=True, metavar="COMMAND",
                             parser_class=HelpParser)
     s = bsub.add_parser("submit", help="upload FILE and start a batch; prints its id")
     s.add_argument("file", type=Path, help="JSONL: request lines, or one input a line")
@@ -287,7 +287,7 @@ def _batch_parser(sub: Any) -> None:
                    help="the error lines (default: OUTPUT with .errors.jsonl)")
     for p in (s, st, r):
         _client_options(p)
-        p.set_defaults(func=cmd_batch)
+        p.set_defaults(func=cmd_bulk)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -338,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
                    "deliveries (per shard) to list")
     a.set_defaults(func=cmd_audit)
     add_commands(sub, _client_options)  # status, models, cancel, watch
-    _batch_parser(sub)
+    _bulk_parser(sub)
     for command in entry_points(group=COMMANDS_GROUP):
         command.load()(sub)  # the worker's `calibrate`, in this distribution
     sub.add_parser("bench", help="load generator and benchmarks (carpool bench --help)",

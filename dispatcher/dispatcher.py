@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, RETRYING, Delivery, Event, Outbox
 from carpool.backend.queue import Queue
 from carpool.core.errors import BackendUnavailable
@@ -58,7 +58,7 @@ class Dispatcher:
         self.outbox = Outbox(client, keys)
         self.queue = Queue(client, keys)
         # The shards' outboxes, and the batches' (their events: batch.completed, ...).
-        self.tags = [BATCH_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
+        self.tags = [BULK_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
         self.sender = sender
         self.metrics = metrics or DispatchMetrics()
         self._free = threading.Semaphore(self.hooks.concurrency)
@@ -146,8 +146,8 @@ class Dispatcher:
             if event.body:
                 out.append(event.body)
                 continue
-            if event.family is Family.BATCH:
-                out.append(batch_event_body(event))
+            if event.family is Family.BULK:
+                out.append(bulk_event_body(event))
                 continue
             row = next(rows)
             doc: dict[str, Any]
@@ -203,9 +203,9 @@ class Dispatcher:
                         answer.error)
 
 
-def batch_event_body(event: Event) -> str:
-    """A batch event's body, as OpenAI's webhooks send it: an ``event`` object naming the
-    batch, whose ``id`` is the ``webhook-id`` (stable per batch and event)."""
+def bulk_event_body(event: Event) -> str:
+    """A bulk batch event's body, as OpenAI's webhooks send it: an ``event`` object naming the
+    bulk batch, whose ``id`` is the ``webhook-id`` (stable per bulk batch and event)."""
     return json.dumps({"object": "event", "id": event.webhook_id, "type": event.event,
                        "created_at": event.t_ms // 1000, "data": {"id": event.job_id}},
                       separators=(",", ":"))

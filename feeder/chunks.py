@@ -17,29 +17,29 @@ from collections.abc import Sequence
 from carpool.backend.filestore import FileStore
 
 
-def chunk_name(batch_id: str, part: str, n: int) -> str:
-    return f"batches/{batch_id}/{part}-{n:06d}"
+def chunk_name(bulk_id: str, part: str, n: int) -> str:
+    return f"batches/{bulk_id}/{part}-{n:06d}"
 
 
-def write_chunk(store: FileStore, batch_id: str, n: int,
+def write_chunk(store: FileStore, bulk_id: str, n: int,
                 out: Sequence[tuple[int, str]], err: Sequence[tuple[int, str]]) -> None:
     for part, rows in (("out", out), ("err", err)):
-        store.put(chunk_name(batch_id, part, n),
+        store.put(chunk_name(bulk_id, part, n),
                   "".join(f"{i}\t{text}\n" for i, text in rows).encode())
 
 
-def assemble(store: FileStore, batch_id: str, chunks: int, part: str) -> bytes:
+def assemble(store: FileStore, bulk_id: str, chunks: int, part: str) -> bytes:
     """The file of one part (out or err): each line once, in input order."""
     rows: dict[int, str] = {}
     for n in range(chunks):
-        data = store.get(chunk_name(batch_id, part, n)) or b""
+        data = store.get(chunk_name(bulk_id, part, n)) or b""
         for row in data.decode().splitlines():
             index, _, text = row.partition("\t")
             rows.setdefault(int(index), text)
     return "".join(rows[i] + "\n" for i in sorted(rows)).encode()
 
 
-def drop_chunks(store: FileStore, batch_id: str, chunks: int) -> None:
+def drop_chunks(store: FileStore, bulk_id: str, chunks: int) -> None:
     for n in range(chunks + 1):  # +1: an unrecorded chunk left by a crash
         for part in ("out", "err"):
-            store.delete(chunk_name(batch_id, part, n))
+            store.delete(chunk_name(bulk_id, part, n))

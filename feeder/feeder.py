@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from carpool.admission.urgency import BATCH_PRIORITY
+from carpool.admission.urgency import BULK_PRIORITY
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
@@ -35,7 +35,7 @@ log = logging.getLogger("carpool.feeder")
 #: Lines one API key may admit per round before the next key's turn (fair share).
 QUANTUM_LINES = 8
 #: Jobs read per round trip when looking for ended lines.
-READ_BATCH = 500
+READ_CHUNK = 500
 #: How often a batch's projected completion is written back, in seconds.
 PROJECT_EVERY_S = 1.0
 #: The statuses a batch that failed on its own can leave.
@@ -63,45 +63,45 @@ class Feeder:
             del self.runs[gone]
         busy = False
         feedable: list[Run] = []
-        for batch_id in active:
-            view = self.db.bulk(batch_id)
+        for bulk_id in active:
+            view = self.db.bulk(bulk_id)
             if view is None:
                 continue
             try:
-                busy |= self._step_bulk(batch_id, view, feedable)
+                busy |= self._step_bulk(bulk_id, view, feedable)
             except BackendUnavailable:
                 raise
             except Exception as exc:  # one broken batch must not stop the others
-                log.exception("batch %s failed", batch_id)
-                self._fail(batch_id, f"the feeder could not run this batch: {exc}")
+                log.exception("batch %s failed", bulk_id)
+                self._fail(bulk_id, f"the feeder could not run this batch: {exc}")
                 busy = True
         return self._feed(feedable) or busy
 
-    def _step_bulk(self, batch_id: str, view: BulkView, feedable: list[Run]) -> bool:
+    def _step_bulk(self, bulk_id: str, view: BulkView, feedable: list[Run]) -> bool:
         if view.status is BulkStatus.VALIDATING:
             intake.validate(self.settings, self.db, self.store, self.metrics, view)
             return True
         if view.status is BulkStatus.FINALIZING:
-            self._finalize(self.runs.get(batch_id) or self._load(view), view.status)
+            self._finalize(self.runs.get(bulk_id) or self._load(view), view.status)
             return True
-        run = self.runs.get(batch_id)
+        run = self.runs.get(bulk_id)
         if run is None:
-            run = self.runs[batch_id] = self._load(view)
+            run = self.runs[bulk_id] = self._load(view)
         view = intake.watch(self.db, self.store, run, view)
         run.ending = ending_of(view.status, view.input_lost_at is not None,
                                time.time() >= run.expires_at, view.input_file_id)
         busy = self._collect(run)
         busy |= self._wind_down(run, view.status)
-        if run.ending is None and run.lines and batch_id in self.runs:
+        if run.ending is None and run.lines and bulk_id in self.runs:
             feedable.append(run)
         return busy
 
-    def _fail(self, batch_id: str, message: str) -> None:
+    def _fail(self, bulk_id: str, message: str) -> None:
         """End a batch ``failed`` for a reason of its own (it cannot be run at all)."""
-        self.runs.pop(batch_id, None)
+        self.runs.pop(bulk_id, None)
         error = {"code": "internal_error", "message": message[:500], "param": None,
                  "line": None}
-        if self.db.move(batch_id, UNENDED, BulkStatus.FAILED, failed_at=int(time.time()),
+        if self.db.move(bulk_id, UNENDED, BulkStatus.FAILED, failed_at=int(time.time()),
                         errors=json.dumps({"object": "list", "data": [error]})):
             self.metrics.ended.labels("failed").inc()
 
@@ -113,8 +113,8 @@ class Feeder:
         lines = sorted(run.jobs)
         ids = [j for i in lines for j in run.jobs[i]]
         views: dict[str, JobView | None] = {}
-        for start in range(0, len(ids), READ_BATCH):
-            part = ids[start:start + READ_BATCH]
+        for start in range(0, len(ids), READ_CHUNK):
+            part = ids[start:start + READ_CHUNK]
             views.update(zip(part, self.queue.get_many(part), strict=True))
         out: list[tuple[int, str]] = []
         err: list[tuple[int, str]] = []
@@ -204,9 +204,9 @@ class Feeder:
         batch's id."""
         names: dict[str, str] = {}
         final = ending.final if ending is not None else BulkStatus.COMPLETED
-        if ending is not None and ending.batch_error:
+        if ending is not None and ending.bulk_error:
             names["errors"] = json.dumps({"object": "list", "data": [{
-                "code": ending.code, "message": ending.batch_error,
+                "code": ending.code, "message": ending.bulk_error,
                 "param": "input_file_id", "line": None}]})
         for part, kind in (("out", "output"), ("err", "error")):
             data = chunks.assemble(self.store, run.id, run.chunks, part)
@@ -302,7 +302,7 @@ class Feeder:
         for k, job in enumerate(run.lines[i].jobs):
             request = AdmitRequest(
                 run.spec, (AdmitJob(job.bin, new_job_id(run.spec.name), job.input_json),),
-                self.settings.queued_ttl_s, deadline_ms=window_ms, priority=BATCH_PRIORITY,
+                self.settings.queued_ttl_s, deadline_ms=window_ms, priority=BULK_PRIORITY,
                 owner=run.owner,
                 owner_weight=self.settings.api_key_weights.get(run.owner, 1.0),
                 idempotency_digest=run.idempotency(i, k),

@@ -33,7 +33,7 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
              view: BulkView) -> None:
     """Check the whole file: ``in_progress`` (with its lines' labels written first),
     ``failed`` with one error per bad line, or ``cancelled`` if cancelled meanwhile."""
-    batch_id = view.id
+    bulk_id = view.id
     data = store.get(store_name(view.input_file_id))
     now = int(time.time())
     if data is None:
@@ -45,19 +45,19 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
                             settings.bulk.max_lines)
         errors = parsed.errors
     if errors:
-        if db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.FAILED, failed_at=now,
+        if db.move(bulk_id, (BulkStatus.VALIDATING,), BulkStatus.FAILED, failed_at=now,
                    errors=json.dumps({"object": "list", "data": errors})):
             metrics.ended.labels("failed").inc()
-        elif db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
+        elif db.move(bulk_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED,
                      cancelled_at=now):
             metrics.ended.labels("cancelled").inc()
         return
     assert parsed.spec is not None
-    write_labels(store, batch_id, parsed.lines)
-    if not db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.IN_PROGRESS,
+    write_labels(store, bulk_id, parsed.lines)
+    if not db.move(bulk_id, (BulkStatus.VALIDATING,), BulkStatus.IN_PROGRESS,
                    in_progress_at=now, total=len(parsed.lines), model=parsed.spec.name):
-        drop_labels(store, batch_id)
-        if db.move(batch_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED, cancelled_at=now,
+        drop_labels(store, bulk_id)
+        if db.move(bulk_id, (BulkStatus.CANCELLING,), BulkStatus.CANCELLED, cancelled_at=now,
                    total=len(parsed.lines), model=parsed.spec.name):
             metrics.ended.labels("cancelled").inc()
 
@@ -65,14 +65,14 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
 def load(settings: Settings, db: BulkDb, store: FileStore, view: BulkView) -> Run:
     """The batch as Redis and the file store have it. Without its input file, a Run with
     no lines to feed, its lines named by the labels written at validation."""
-    batch_id = view.id
+    bulk_id = view.id
     lost = view.input_lost_at is not None
     data = None if lost else store.get(store_name(view.input_file_id))
     if data is None:
         if view.model is None:
             raise LookupError(f"its input file {view.input_file_id} was deleted")
         spec, lines = settings.catalogue.get(view.model), []
-        labels = read_labels(store, batch_id, view.counts.total)
+        labels = read_labels(store, bulk_id, view.counts.total)
     else:
         parsed = parse_file(data, view.endpoint, settings.catalogue, settings.input_limits,
                             settings.bulk.max_lines)
@@ -80,8 +80,8 @@ def load(settings: Settings, db: BulkDb, store: FileStore, view: BulkView) -> Ru
             raise ValueError("its input file no longer passes validation (the catalogue "
                              "changed?)")
         spec, lines, labels = parsed.spec, parsed.lines, of_lines(parsed.lines)
-    jobs, bitmap = db.line_state(batch_id)
-    run = Run(batch_id, view.owner, spec, view.endpoint, lines, labels,
+    jobs, bitmap = db.line_state(bulk_id)
+    run = Run(bulk_id, view.owner, spec, view.endpoint, lines, labels,
               float(view.expires_at), view.chunks, jobs, stored_set(bitmap),
               input_gone=data is None)
     run.sampled = (time.monotonic(), len(run.stored))

@@ -25,28 +25,28 @@ class Label:
     encoding_format: str
 
 
-def labels_name(batch_id: str) -> str:
-    return f"batches/{batch_id}/labels"
+def labels_name(bulk_id: str) -> str:
+    return f"batches/{bulk_id}/labels"
 
 
 def of_lines(lines: Sequence[Line]) -> list[Label]:
     return [Label(line.custom_id, line.encoding_format) for line in lines]
 
 
-def write_labels(store: FileStore, batch_id: str, lines: Sequence[Line]) -> None:
+def write_labels(store: FileStore, bulk_id: str, lines: Sequence[Line]) -> None:
     data = json.dumps([[line.custom_id, line.encoding_format] for line in lines],
                       separators=(",", ":"))
-    store.put(labels_name(batch_id), data.encode())
+    store.put(labels_name(bulk_id), data.encode())
 
 
-def read_labels(store: FileStore, batch_id: str, total: int) -> list[Label]:
+def read_labels(store: FileStore, bulk_id: str, total: int) -> list[Label]:
     """The ``total`` lines' labels; unknown ones (``custom_id`` None) when they are gone."""
-    data = store.get(labels_name(batch_id))
+    data = store.get(labels_name(bulk_id))
     rows = json.loads(data) if data else []
     if len(rows) != total:
         return [Label(None, "float") for _ in range(total)]
     return [Label(str(custom_id), str(fmt)) for custom_id, fmt in rows]
 
 
-def drop_labels(store: FileStore, batch_id: str) -> None:
-    store.delete(labels_name(batch_id))
+def drop_labels(store: FileStore, bulk_id: str) -> None:
+    store.delete(labels_name(bulk_id))

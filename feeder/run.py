@@ -38,7 +38,7 @@ class Ending:
     message: str
     final: BulkStatus
     #: The batch's own error (its ``errors``) when ``final`` is ``failed``.
-    batch_error: str = ""
+    bulk_error: str = ""
 
 
 def ending_of(status: BulkStatus, input_lost: bool, expired: bool, input_file_id: str

@@ -27,10 +27,10 @@ from carpool.core.catalogue import ModelSpec
 #: Priorities a client may send; higher goes first.
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 #: The level of a bulk batch's lines (docs/batches.md), below every client's: such a
-#: job sorts behind every interactive job admitted up to BATCH_BEHIND_MS after it,
+#: job sorts behind every interactive job admitted up to BULK_BEHIND_MS after it,
 #: whatever that job's deadline and priority.
-BATCH_PRIORITY = -1
-BATCH_BEHIND_MS = 3_600_000
+BULK_PRIORITY = -1
+BULK_BEHIND_MS = 3_600_000
 
 
 def effective_deadline_ms(spec: ModelSpec, requested_ms: int) -> int:
@@ -41,10 +41,10 @@ def effective_deadline_ms(spec: ModelSpec, requested_ms: int) -> int:
 def sort_offset_ms(spec: ModelSpec, deadline_ms: int, priority: int) -> int:
     """Urgency minus admission time, for a job whose effective deadline is ``deadline_ms``."""
     horizon_ms = deadline_ms if deadline_ms > 0 else spec.max_deadline_ms
-    if priority == BATCH_PRIORITY:
+    if priority == BULK_PRIORITY:
         # Later than the laxest interactive job's place (max_deadline_ms, level 0),
-        # by BATCH_BEHIND_MS; a batch line's own deadline (its window) still ends it.
-        return max(horizon_ms, spec.max_deadline_ms) + BATCH_BEHIND_MS
+        # by BULK_BEHIND_MS; a bulk line's own deadline (its window) still ends it.
+        return max(horizon_ms, spec.max_deadline_ms) + BULK_BEHIND_MS
     return horizon_ms - priority * spec.priority_step_ms
 
 

@@ -1,11 +1,12 @@
-"""Files' metadata and batches' documents in Redis (their bytes are in the file store).
+"""Files' metadata and bulk batches' documents in Redis (their bytes are in the file store).
 
-A batch is one hash (``Keys.batch``) that the web creates and cancels and the
-feeder moves on; each change of state that races another process (a cancel
-against the feeder's next step) is a ``WATCH``ed transaction, so a status never
-goes backwards. The lines' progress is two keys beside it: which jobs each
-admitted line has (``batch_jobs``) and which lines are stored (``batch_stored``,
-a bitmap), changed only together with the counts, in one ``MULTI``.
+A bulk batch (OpenAI's /v1/batches) is one hash (``Keys.bulk``) that the web
+creates and cancels and the feeder moves on; each change of state that races
+another process (a cancel against the feeder's next step) is a ``WATCH``ed
+transaction, so a status never goes backwards. The lines' progress is two keys
+beside it: which jobs each admitted line has (``bulk_jobs``) and which lines are
+stored (``bulk_stored``, a bitmap), changed only together with the counts, in one
+``MULTI``.
 All keys carry the ``{p}`` tag: one slot, so the transactions hold on a cluster.
 """
 
@@ -20,7 +21,7 @@ from typing import Any, Generic, TypeVar, cast
 import redis
 
 from carpool.backend.connection import redis_errors
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import Delivery, add_event
 from carpool.core.bulk import FINAL, STAMPS, BulkStatus, BulkView
 from carpool.core.wire import Family
@@ -50,7 +51,7 @@ class Page(Generic[Row]):
 
 
 class BulkDb:
-    """Typed reads and writes of the file and batch records."""
+    """Typed reads and writes of the file and bulk batch records."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client, self.keys = client, keys
@@ -82,40 +83,40 @@ class BulkDb:
         rows = [self.file(i) for i in ids[:limit]]
         return Page([r for r in rows if r], len(ids) > limit)
 
-    # --- batches ---
+    # --- bulk batches ---
     def add_bulk(self, fields: Mapping[str, str | int], keep_s: int) -> None:
-        batch_id, owner = str(fields["id"]), str(fields.get("owner", ""))
+        bulk_id, owner = str(fields["id"]), str(fields.get("owner", ""))
         with redis_errors():
             pipe = self.client.pipeline(transaction=True)
-            pipe.hset(self.keys.batch(batch_id), mapping=cast(Any, dict(fields)))
-            pipe.expire(self.keys.batch(batch_id), keep_s)
-            pipe.zadd(self.keys.batches(owner), {batch_id: _order()})
-            pipe.sadd(self.keys.batches_active, batch_id)
+            pipe.hset(self.keys.bulk(bulk_id), mapping=cast(Any, dict(fields)))
+            pipe.expire(self.keys.bulk(bulk_id), keep_s)
+            pipe.zadd(self.keys.bulks(owner), {bulk_id: _order()})
+            pipe.sadd(self.keys.bulks_active, bulk_id)
             pipe.execute()
 
-    def bulk(self, batch_id: str) -> BulkView | None:
+    def bulk(self, bulk_id: str) -> BulkView | None:
         with redis_errors():
-            h = self.client.hgetall(self.keys.batch(batch_id))
+            h = self.client.hgetall(self.keys.bulk(bulk_id))
         return BulkView.from_hash(_decoded(h)) if h else None
 
     def list_bulk(self, owner: str, after: str, limit: int) -> Page[BulkView]:
-        ids = self._page_ids(self.keys.batches(owner), after, limit)
+        ids = self._page_ids(self.keys.bulks(owner), after, limit)
         rows = [self.bulk(i) for i in ids[:limit]]
         return Page([r for r in rows if r], len(ids) > limit)
 
     def active(self) -> list[str]:
         with redis_errors():
-            return sorted(_s(m) for m in self.client.smembers(self.keys.batches_active))
+            return sorted(_s(m) for m in self.client.smembers(self.keys.bulks_active))
 
-    def move(self, batch_id: str, allowed_from: Sequence[BulkStatus], to: BulkStatus,
+    def move(self, bulk_id: str, allowed_from: Sequence[BulkStatus], to: BulkStatus,
              **fields: str | int) -> bool:
         """Set status ``to`` (and ``fields``) if the status is one of ``allowed_from``;
         False, changing nothing, otherwise. Atomic against every other ``move``.
 
-        A move to a final status of a batch with a ``webhook`` adds its event to the
-        batch outbox in the same ``MULTI`` (same ``{p}`` slot), so no crash separates
-        the end from its webhook; the status check makes it once per batch."""
-        key = self.keys.batch(batch_id)
+        A move to a final status of a bulk batch with a ``webhook`` adds its event to the
+        bulk outbox in the same ``MULTI`` (same ``{p}`` slot), so no crash separates
+        the end from its webhook; the status check makes it once per bulk batch."""
+        key = self.keys.bulk(bulk_id)
 
         def step(pipe: Any) -> bool:
             status, webhook, owner = pipe.hmget(key, "status", "webhook", "owner")
@@ -125,61 +126,61 @@ class BulkDb:
             pipe.multi()
             pipe.hset(key, mapping=cast(Any, {"status": to.value, **fields}))
             if to in FINAL:
-                pipe.srem(self.keys.batches_active, batch_id)
+                pipe.srem(self.keys.bulks_active, bulk_id)
             if to in FINAL_EVENTS and webhook:
-                add_event(pipe, self.keys, Family.BATCH, batch_id, FINAL_EVENTS[to],
+                add_event(pipe, self.keys, Family.BULK, bulk_id, FINAL_EVENTS[to],
                           _s(owner or ""), _s(webhook))
             return True
 
         with redis_errors():
             return bool(self.client.transaction(cast(Any, step), key, value_from_callable=True))
 
-    def deliveries(self, batch_id: str) -> dict[str, Delivery]:
-        """The batch's webhook deliveries by event (empty before any try)."""
+    def deliveries(self, bulk_id: str) -> dict[str, Delivery]:
+        """The bulk batch's webhook deliveries by event (empty before any try)."""
         with redis_errors():
-            row = self.client.hgetall(self.keys.hook_state(batch_id, BATCH_HOOK_TAG))
+            row = self.client.hgetall(self.keys.hook_state(bulk_id, BULK_HOOK_TAG))
         return {k: Delivery.from_json(v) for k, v in _decoded(row).items()}
 
-    def set_fields(self, batch_id: str, **fields: str | int) -> None:
+    def set_fields(self, bulk_id: str, **fields: str | int) -> None:
         with redis_errors():
-            self.client.hset(self.keys.batch(batch_id), mapping=cast(Any, dict(fields)))
+            self.client.hset(self.keys.bulk(bulk_id), mapping=cast(Any, dict(fields)))
 
     # --- lines ---
-    def line_state(self, batch_id: str) -> tuple[dict[int, list[str]], bytes]:
+    def line_state(self, bulk_id: str) -> tuple[dict[int, list[str]], bytes]:
         """The admitted, not yet stored lines' job ids, and the stored bitmap."""
         with redis_errors():
-            jobs = self.client.hgetall(self.keys.batch_jobs(batch_id))
+            jobs = self.client.hgetall(self.keys.bulk_jobs(bulk_id))
             # Raw bytes: the client decodes replies as UTF-8, which a bitmap is not.
-            stored_key = self.keys.batch_stored(batch_id)
+            stored_key = self.keys.bulk_stored(bulk_id)
             bitmap = self.client.execute_command(  # type: ignore[no-untyped-call]
                 "GET", stored_key, NEVER_DECODE=True)
         return ({int(_s(k)): _s(v).split() for k, v in jobs.items()},
                 bitmap if isinstance(bitmap, bytes) else b"")
 
-    def record_admitted(self, batch_id: str, lines: Mapping[int, list[str]]) -> None:
+    def record_admitted(self, bulk_id: str, lines: Mapping[int, list[str]]) -> None:
         with redis_errors():
-            self.client.hset(self.keys.batch_jobs(batch_id),
+            self.client.hset(self.keys.bulk_jobs(bulk_id),
                              mapping={str(i): " ".join(ids) for i, ids in lines.items()})
 
-    def forget_admitted(self, batch_id: str, lines: Sequence[int]) -> None:
+    def forget_admitted(self, bulk_id: str, lines: Sequence[int]) -> None:
         """Lines whose jobs are gone unstored (a result expired, Redis lost them): they
         are admitted again."""
         if lines:
             with redis_errors():
-                self.client.hdel(self.keys.batch_jobs(batch_id), *map(str, lines))
+                self.client.hdel(self.keys.bulk_jobs(bulk_id), *map(str, lines))
 
-    def record_stored(self, batch_id: str, lines: Sequence[int], chunk: int,
+    def record_stored(self, bulk_id: str, lines: Sequence[int], chunk: int,
                       completed: int, failed: int, on_done: Callable[[Any], None]) -> None:
         """Lines ``lines`` are in chunk ``chunk`` (already in the file store): mark them,
         count them and move the chunk counter, in one ``MULTI``; ``on_done`` adds the
         jobs' deletions to a second, plain pipeline after it."""
-        key = self.keys.batch(batch_id)
+        key = self.keys.bulk(bulk_id)
         with redis_errors():
             pipe = self.client.pipeline(transaction=True)
             for i in lines:
-                pipe.setbit(self.keys.batch_stored(batch_id), i, 1)
+                pipe.setbit(self.keys.bulk_stored(bulk_id), i, 1)
             if lines:
-                pipe.hdel(self.keys.batch_jobs(batch_id), *map(str, lines))
+                pipe.hdel(self.keys.bulk_jobs(bulk_id), *map(str, lines))
             pipe.hincrby(key, "completed", completed)
             pipe.hincrby(key, "failed", failed)
             pipe.hset(key, "chunks", chunk + 1)
@@ -188,11 +189,11 @@ class BulkDb:
             on_done(after)
             after.execute()
 
-    def drop_line_state(self, batch_id: str, keep_s: int) -> None:
+    def drop_line_state(self, bulk_id: str, keep_s: int) -> None:
         with redis_errors():
             pipe = self.client.pipeline(transaction=True)
-            pipe.delete(self.keys.batch_jobs(batch_id))
-            pipe.expire(self.keys.batch_stored(batch_id), keep_s)
+            pipe.delete(self.keys.bulk_jobs(bulk_id))
+            pipe.expire(self.keys.bulk_stored(bulk_id), keep_s)
             pipe.execute()
 
     def _page_ids(self, key: str, after: str, limit: int) -> list[str]:
@@ -221,7 +222,7 @@ def _decoded(h: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def bulk_document(view: BulkView) -> dict[str, Any]:
-    """The batch as OpenAI's API shows it."""
+    """The bulk batch as OpenAI's API shows it."""
     counts = view.counts
     doc: dict[str, Any] = {
         "id": view.id, "object": "batch", "endpoint": view.endpoint, "errors": view.errors,
@@ -232,7 +233,7 @@ def bulk_document(view: BulkView) -> dict[str, Any]:
                            "failed": counts.failed},
         "metadata": view.metadata,
     }
-    # carpool's own: when the batch ends at the rate it has gone so far, and whether
+    # carpool's own: when the bulk batch ends at the rate it has gone so far, and whether
     # that is past its window (docs/batches.md).
     doc["carpool"] = {"model": view.model, "webhook": view.webhook,
                       "projected_completion_at": view.projected_at,

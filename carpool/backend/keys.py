@@ -56,19 +56,20 @@ leases) has a tag of its own, ``{p}``.
                                     carpool/backend/registry.py)
     {p}:file:<id>             hash  one file's metadata (its bytes live in the file store)
     {p}:files:<owner>         zset  an API key's file ids, scored by creation (µs)
-    {p}:batch:<id>            hash  one batch's document: status, counts, times, cursor,
-                                    chunks written, input_lost_at once its input is gone
+    {p}:bulk:<id>             hash  one bulk batch's document (OpenAI's /v1/batches):
+                                    status, counts, times, cursor, chunks written,
+                                    input_lost_at once its input is gone
                                     (carpool/backend/bulkdb.py, feeder/intake.py)
-    {p}:batches:<owner>       zset  an API key's batch ids, scored by creation (µs)
-    {p}:batches:active        set   batches the feeder still works on
-    {p}:batch:<id>:jobs       hash  line index -> its admitted job ids (space-separated),
+    {p}:bulks:<owner>         zset  an API key's bulk batch ids, scored by creation (µs)
+    {p}:bulks:active          set   bulk batches the feeder still works on
+    {p}:bulk:<id>:jobs        hash  line index -> its admitted job ids (space-separated),
                                     until the line's result is stored
-    {p}:batch:<id>:stored     str   bitmap: bit i set once line i is in a stored chunk
-    {p}:outbox, {p}:hook-wake, {p}:hook:<batch id>, {p}:hook-dead
-                                    the same webhook outbox for batch events
-                                    (batch.completed, ...): in the batches' slot, so a
-                                    batch's end and its event are one MULTI
-                                    (bulkdb.py); ``BATCH_HOOK_TAG`` names it
+    {p}:bulk:<id>:stored      str   bitmap: bit i set once line i is in a stored chunk
+    {p}:outbox, {p}:hook-wake, {p}:hook:<bulk id>, {p}:hook-dead
+                                    the same webhook outbox for bulk batch events
+                                    (batch.completed, ...): in the bulk batches' slot, so
+                                    a bulk batch's end and its event are one MULTI
+                                    (bulkdb.py); ``BULK_HOOK_TAG`` names it
 """
 
 from dataclasses import dataclass
@@ -77,20 +78,20 @@ from typing import Final
 from carpool.core.shards import shard, shard_of_job
 from carpool.core.wire import Family
 
-#: The outbox "tag" of batch events: the hook keys of ``{p}`` itself, not of a shard
+#: The outbox "tag" of bulk batch events: the hook keys of ``{p}`` itself, not of a shard
 #: (a shard tag is never empty). The dispatcher scans it besides the shards'.
-BATCH_HOOK_TAG: Final = ""
+BULK_HOOK_TAG: Final = ""
 
 
 def hook_tag(family: Family, subject_id: str) -> str:
-    """Whose outbox an event is in: a batch's in ``BATCH_HOOK_TAG``'s, a job's in its
+    """Whose outbox an event is in: a bulk batch's in ``BULK_HOOK_TAG``'s, a job's in its
     shard's."""
-    return BATCH_HOOK_TAG if family is Family.BATCH else shard_of_job(subject_id)
+    return BULK_HOOK_TAG if family is Family.BULK else shard_of_job(subject_id)
 
 
 def family_of_tag(tag: str) -> Family:
-    """Whose events an outbox holds: ``BATCH_HOOK_TAG``'s are batches', a shard's jobs'."""
-    return Family.BATCH if tag == BATCH_HOOK_TAG else Family.JOB
+    """Whose events an outbox holds: ``BULK_HOOK_TAG``'s are bulk batches', a shard's jobs'."""
+    return Family.BULK if tag == BULK_HOOK_TAG else Family.JOB
 
 
 def _glob_escape(text: str) -> str:
@@ -149,7 +150,7 @@ class Keys:
         return f"{self._tag(shard_tag)}:dead"
 
     def _hook_tag(self, shard_tag: str) -> str:
-        return self._global if shard_tag == BATCH_HOOK_TAG else self._tag(shard_tag)
+        return self._global if shard_tag == BULK_HOOK_TAG else self._tag(shard_tag)
 
     def outbox(self, shard_tag: str) -> str:
         return f"{self._hook_tag(shard_tag)}:outbox"
@@ -167,7 +168,7 @@ class Keys:
         return f"{self._hook_tag(shard_tag)}:hook-wake"
 
     def hook_state(self, job_id: str, shard_tag: str | None = None) -> str:
-        """A job's delivery states (a batch's: ``shard_tag`` ``BATCH_HOOK_TAG``)."""
+        """A job's delivery states (a bulk batch's: ``shard_tag`` ``BULK_HOOK_TAG``)."""
         tag = shard_of_job(job_id) if shard_tag is None else shard_tag
         return f"{self.hook_state_prefix(tag)}{job_id}"
 
@@ -254,18 +255,18 @@ class Keys:
     def files(self, owner: str) -> str:
         return f"{self._global}:files:{owner or '-'}"
 
-    def batch(self, batch_id: str) -> str:
-        return f"{self._global}:batch:{batch_id}"
+    def bulk(self, bulk_id: str) -> str:
+        return f"{self._global}:bulk:{bulk_id}"
 
-    def batches(self, owner: str) -> str:
-        return f"{self._global}:batches:{owner or '-'}"
+    def bulks(self, owner: str) -> str:
+        return f"{self._global}:bulks:{owner or '-'}"
 
     @property
-    def batches_active(self) -> str:
-        return f"{self._global}:batches:active"
+    def bulks_active(self) -> str:
+        return f"{self._global}:bulks:active"
 
-    def batch_jobs(self, batch_id: str) -> str:
-        return f"{self.batch(batch_id)}:jobs"
+    def bulk_jobs(self, bulk_id: str) -> str:
+        return f"{self.bulk(bulk_id)}:jobs"
 
-    def batch_stored(self, batch_id: str) -> str:
-        return f"{self.batch(batch_id)}:stored"
+    def bulk_stored(self, bulk_id: str) -> str:
+        return f"{self.bulk(bulk_id)}:stored"

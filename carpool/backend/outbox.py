@@ -1,7 +1,7 @@
 """The webhook outbox: events leased to dispatchers, their delivery states, the dead.
 
 The scripts that change a job's state add its webhook events to the shard's outbox in
-the same call (carpool/backend/lua/lib/outbox.lua); a batch's end adds its own in the
+the same call (carpool/backend/lua/lib/outbox.lua); a bulk batch's end adds its own in the
 ``MULTI`` that makes it (``add_event``). Events are carpool/core/wire.py's
 ``OutboxEvent``; the outbox an event is in says its ``Family``. A dispatcher leases due events
 (``take``: hook_take.lua), tries each, and settles it (``settle``: hook_settle.lua):
@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster
 
 from carpool.backend.args import HookExpireArgs, HookSettleArgs, HookTakeArgs
 from carpool.backend.connection import load_script, redis_errors
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys, family_of_tag, hook_tag
+from carpool.backend.keys import BULK_HOOK_TAG, Keys, family_of_tag, hook_tag
 from carpool.backend.wake import ShardWaiters
 from carpool.core.script_args import argv, keys_of
 from carpool.core.wire import Family, OutboxEvent
@@ -148,9 +148,9 @@ class Outbox:
                 keys=keys_of(HookSettleArgs, outbox=self.keys.outbox(tag),
                              state=self.keys.hook_state(event.job_id, tag),
                              dead=self.keys.hook_dead(tag),
-                             # A batch's event: its batch hash, in the same slot.
-                             record=(self.keys.batch(event.job_id)
-                                     if event.family is Family.BATCH
+                             # A bulk batch's event: its bulk hash, in the same slot.
+                             record=(self.keys.bulk(event.job_id)
+                                     if event.family is Family.BULK
                                      else self.keys.job(event.job_id))),
                 args=argv(args)))
 
@@ -199,8 +199,8 @@ class Outbox:
         with redis_errors():
             found = [(self.keys.tag_of_outbox(str(key)), key) for key in
                      self.client.scan_iter(match=self.keys.outbox_pattern, count=1000)]
-            # The batches' outbox has no shard in its tag, so the pattern misses it.
-            for tag, key in [*found, (BATCH_HOOK_TAG, self.keys.outbox(BATCH_HOOK_TAG))]:
+            # The bulk batches' outbox has no shard in its tag, so the pattern misses it.
+            for tag, key in [*found, (BULK_HOOK_TAG, self.keys.outbox(BULK_HOOK_TAG))]:
                 head = self.client.zrange(key, 0, 0, withscores=True)
                 if head:
                     out[tag] = (int(self.client.zcard(key)), int(head[0][1]))
@@ -226,7 +226,7 @@ def add_event(pipe: Any, keys: Keys, family: Family, subject_id: str, event: str
               url: str) -> None:
     """Queue on ``pipe`` (a ``MULTI`` that makes the state change) what lib/outbox.lua
     adds: the event, due at once, and a wake token. For events whose change is not a
-    script call (a batch's end: carpool/backend/bulkdb.py)."""
+    script call (a bulk batch's end: carpool/backend/bulkdb.py)."""
     tag = hook_tag(family, subject_id)
     t_ms = time.time_ns() // 1_000_000
     member = OutboxEvent(subject_id, event, t_ms, owner, url).encode()

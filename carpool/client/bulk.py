@@ -79,16 +79,16 @@ class Bulk:
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
 
-    def status(self, batch_id: str) -> dict[str, Any]:
+    def status(self, bulk_id: str) -> dict[str, Any]:
         try:
-            return dict(self._ok(self.http.get(f"/batches/{batch_id}")).json())
+            return dict(self._ok(self.http.get(f"/batches/{bulk_id}")).json())
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
 
-    def wait(self, batch_id: str, on_progress: Callable[[dict[str, Any]], None],
+    def wait(self, bulk_id: str, on_progress: Callable[[dict[str, Any]], None],
              pause: Callable[[float], object] = time.sleep) -> dict[str, Any]:
         while True:
-            doc = self.status(batch_id)
+            doc = self.status(bulk_id)
             on_progress(doc)
             if doc["status"] in FINAL:
                 return doc
@@ -119,11 +119,11 @@ def run_bulk_command(args: Any) -> int:
     """``carpool batch submit|status|results`` (carpool/cli.py parses the arguments)."""
     bulk = Bulk(args.url, args.api_key or None)
     try:
-        if args.batch_command == "submit":
+        if args.bulk_command == "submit":
             doc = bulk.submit(args.file, args.model, args.endpoint, args.window)
             print(doc["id"])
             return 0
-        if args.batch_command == "status":
+        if args.bulk_command == "status":
             doc = bulk.wait(args.id, progress_bar()) if args.wait else bulk.status(args.id)
             print(json.dumps(doc, indent=2))
             return 0 if doc["status"] != "failed" else 1

@@ -37,7 +37,7 @@ class Family(StrEnum):
     added by the ``MULTI`` that ends the batch: carpool/backend/bulkdb.py)."""
 
     JOB = "job"
-    BATCH = "batch"
+    BULK = "bulk"
 
 
 def _plain(*values: str) -> None:

@@ -12,7 +12,7 @@ from standardwebhooks import Webhook
 
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys, shard
+from carpool.backend.keys import BULK_HOOK_TAG, Keys, shard
 from carpool.backend.outbox import Outbox
 from carpool.core.bulk import BulkStatus
 from tests.e2e.test_cluster import CATALOGUE, MODELS, env_for
@@ -69,6 +69,6 @@ def test_a_batch_end_and_its_event_are_one_multi_on_a_cluster(cluster: list[Redi
                   "webhook": "https://hooks.example.com/b"}, 600)
     # CROSSSLOT if not one slot
     assert db.move("batch_c1", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
-    taken = outbox.take(BATCH_HOOK_TAG, 10, 60_000).events
+    taken = outbox.take(BULK_HOOK_TAG, 10, 60_000).events
     assert [e.webhook_id for e in taken] == ["batch_c1.batch.completed"]
     close_cluster_client(client)

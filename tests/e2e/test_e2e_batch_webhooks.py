@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from carpool.backend.connection import connect
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import Outbox
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
@@ -85,7 +85,7 @@ def arrived_once(stack: Stack, batch_id: str, event: str, secret: str) -> None:
     delivery for that batch, signed with ``secret``, in OpenAI's event shape."""
     webhook_id = f"{batch_id}.{event}"
     stack.rx.wait_for_ids({webhook_id}, ARRIVAL_TIMEOUT_S)
-    wait_until(lambda: stack.outbox.waiting([BATCH_HOOK_TAG]) == 0, ARRIVAL_TIMEOUT_S,
+    wait_until(lambda: stack.outbox.waiting([BULK_HOOK_TAG]) == 0, ARRIVAL_TIMEOUT_S,
                "the batch outbox to empty")
     mine = [r for r in stack.rx.all() if r.webhook_id.startswith(batch_id + ".")]
     assert Counter(r.webhook_id for r in mine) == {webhook_id: 1}

@@ -120,7 +120,7 @@ def test_a_malformed_chunked_body_answers_4xx_on_every_post_route_and_nothing_is
     with connect(web.server.url) as client:
         keys = Keys(web.prefix)
         assert client.keys(keys.any_bin_pattern) == []  # nothing admitted
-        assert client.keys(keys.batch("*")) + client.keys(keys.file("*")) == []
+        assert client.keys(keys.bulk("*")) + client.keys(keys.file("*")) == []
     assert not web.files.exists() or not any(web.files.rglob("*"))  # no file stored
 
 

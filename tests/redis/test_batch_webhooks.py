@@ -13,7 +13,7 @@ import redis
 from flask.testing import FlaskClient
 
 from carpool.backend.bulkdb import BulkDb
-from carpool.backend.keys import BATCH_HOOK_TAG, Keys
+from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from carpool.core.bulk import BulkStatus
 from carpool.core.wire import Family
@@ -88,7 +88,7 @@ def _batch(db: BulkDb, batch_id: str, webhook: str) -> None:
 
 
 def _events(outbox: Outbox) -> list[Event]:
-    return list(outbox.take(BATCH_HOOK_TAG, 100, 60_000).events)
+    return list(outbox.take(BULK_HOOK_TAG, 100, 60_000).events)
 
 
 @pytest.mark.parametrize(("final", "event"), [
@@ -103,10 +103,10 @@ def test_a_final_move_records_its_event_once_in_the_batch_outbox(
     assert not db.move("batch_a", (BulkStatus.IN_PROGRESS,), BulkStatus(final))
     got = _events(outbox)
     assert [(e.job_id, e.event, e.owner, e.url, e.webhook_id, e.family) for e in got] == [
-        ("batch_a", event, "own", HOOK, f"batch_a.{event}", Family.BATCH)]
-    assert client.llen(keys.hook_wake(BATCH_HOOK_TAG)) == 1
+        ("batch_a", event, "own", HOOK, f"batch_a.{event}", Family.BULK)]
+    assert client.llen(keys.hook_wake(BULK_HOOK_TAG)) == 1
     # In the batches' own slot, so the MULTI holds on a cluster.
-    assert keys.outbox(BATCH_HOOK_TAG).startswith("{" + keys.prefix + "}")
+    assert keys.outbox(BULK_HOOK_TAG).startswith("{" + keys.prefix + "}")
 
 
 def test_no_event_without_a_webhook_or_before_the_end(client: redis.Redis, keys: Keys) -> None:
@@ -115,7 +115,7 @@ def test_no_event_without_a_webhook_or_before_the_end(client: redis.Redis, keys:
     assert db.move("batch_b", (BulkStatus.IN_PROGRESS,), BulkStatus.FINALIZING)
     _batch(db, "batch_c", "")
     assert db.move("batch_c", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
-    assert outbox.waiting([BATCH_HOOK_TAG]) == 0
+    assert outbox.waiting([BULK_HOOK_TAG]) == 0
 
 
 def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Keys) -> None:
@@ -124,8 +124,8 @@ def test_a_batch_event_settles_in_the_batch_outbox(client: redis.Redis, keys: Ke
     db.move("batch_d", (BulkStatus.IN_PROGRESS,), BulkStatus.COMPLETED)
     (event,) = _events(outbox)
     assert outbox.settle(event, DELIVERED, Delivery(DELIVERED, 1, 200, None, event.t_ms))
-    assert outbox.waiting([BATCH_HOOK_TAG]) == 0
-    state = client.hget(keys.hook_state("batch_d", BATCH_HOOK_TAG), "batch.completed")
+    assert outbox.waiting([BULK_HOOK_TAG]) == 0
+    state = client.hget(keys.hook_state("batch_d", BULK_HOOK_TAG), "batch.completed")
     assert state is not None and '"delivered"' in str(state)
 
 
@@ -136,6 +136,6 @@ def test_a_dead_batch_event_is_listed_with_the_dead_letters(client: redis.Redis,
     db.move("batch_e", (BulkStatus.IN_PROGRESS,), BulkStatus("expired"))
     (event,) = _events(outbox)
     assert outbox.settle(event, DEAD, Delivery(DEAD, 3, 500, "HTTP 500", event.t_ms))
-    (dead,) = outbox.dead([BATCH_HOOK_TAG], 10)
+    (dead,) = outbox.dead([BULK_HOOK_TAG], 10)
     assert (dead["id"], dead["event"], dead["state"]) == ("batch_e", "batch.expired", DEAD)
     assert db.deliveries("batch_e")["batch.expired"].state == DEAD

@@ -54,8 +54,8 @@ def test_a_batch_line_sorts_behind_every_interactive_level_and_deadline() -> Non
     from dataclasses import replace
 
     from carpool.admission.urgency import (
-        BATCH_BEHIND_MS,
-        BATCH_PRIORITY,
+        BULK_BEHIND_MS,
+        BULK_PRIORITY,
         MAX_PRIORITY,
         MIN_PRIORITY,
         sort_offset_ms,
@@ -64,7 +64,7 @@ def test_a_batch_line_sorts_behind_every_interactive_level_and_deadline() -> Non
 
     spec = load_catalogue(None).get("synthetic")
     for s in (spec, replace(spec, priority_step_ms=0, max_deadline_ms=1000)):
-        batch = sort_offset_ms(s, 60_000, BATCH_PRIORITY)
+        batch = sort_offset_ms(s, 60_000, BULK_PRIORITY)
         laxest = max(sort_offset_ms(s, d, p) for d in (0, 1, s.max_deadline_ms)
                      for p in (MIN_PRIORITY, MAX_PRIORITY))
-        assert batch >= laxest + BATCH_BEHIND_MS
+        assert batch >= laxest + BULK_BEHIND_MS
