@@ -18,7 +18,7 @@ from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.registry import Registry
 from tests.conftest import make_env
-from tests.support.batches import (
+from tests.support.bulk import (
     CATALOGUE_TOML,
     embedding_lines,
     lines_of,

@@ -34,7 +34,7 @@ GPU_ONLY = {"carpool_gpu_memory_used_bytes", "carpool_gpu_memory_reserved_bytes"
 #: Exported by the webhook dispatcher, not by the web or a worker
 #: (tests/e2e/test_e2e_webhooks.py scrapes them).
 DISPATCHER_ONLY = {"carpool_webhook_deliveries_total", "carpool_webhook_delivery_latency_seconds"}
-#: Served by the feeder (tests/e2e/test_e2e_batch_metrics.py scrapes them there).
+#: Served by the feeder (tests/e2e/test_e2e_bulk_metrics.py scrapes them there).
 FEEDER_ONLY = {"carpool_feeder_lines_admitted_total", "carpool_feeder_lines_stored_total",
                "carpool_feeder_batches_ended_total", "carpool_feeder_batches_running",
                "carpool_feeder_step_seconds"}

@@ -17,7 +17,7 @@ from carpool.backend import records
 from carpool.backend.queue import Queue
 from carpool.core.errors import OverShare, WaitTooLong
 from tests.redis.test_admission import drain, fill_until_refused, spec_with
-from tests.redis.test_admission_batch import admit_many, split
+from tests.redis.test_admission_many import admit_many, split
 from tests.support.jobs import admit
 
 ALICE, BOB = "a" * 64, "b" * 64

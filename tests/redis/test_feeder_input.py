@@ -1,7 +1,7 @@
 """The feeder against a real Redis and a folder store, stepped by hand: a batch whose
 input file is gone before validation, or gone (labels too) before a restarted feeder
 loads it. (The input lost while lines run, with real processes and kills:
-tests/e2e/test_faults_batches.py.)"""
+tests/e2e/test_faults_bulk.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from carpool.core.settings import Settings, load_settings
 from feeder.feeder import Feeder
 from feeder.labels import labels_name
 from tests.conftest import make_env
-from tests.support.batches import CATALOGUE_TOML, embedding_lines
+from tests.support.bulk import CATALOGUE_TOML, embedding_lines
 
 LINES = 5
 

@@ -3,7 +3,7 @@
 Run by the Python of a venv that has ``kserve`` (it does not import carpool):
 ``python kserve_smoke.py BASE_URL FULL_MODEL``; prints one JSON line of what it saw.
 KServe pins packages this project's venv has newer (psutil), so it lives apart:
-tests/e2e/test_e2e_v2_tritonclient.py runs it with ``CARPOOL_TEST_KSERVE_PYTHON``.
+tests/e2e/test_e2e_open_inference_tritonclient.py runs it with ``CARPOOL_TEST_KSERVE_PYTHON``.
 """
 
 from __future__ import annotations

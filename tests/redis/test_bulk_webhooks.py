@@ -17,7 +17,7 @@ from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import DEAD, DELIVERED, Delivery, Event, Outbox
 from carpool.core.bulk import BulkStatus
 from carpool.core.wire import Family
-from tests.support.batches import embedding_lines
+from tests.support.bulk import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
 KEY = "k" * 30

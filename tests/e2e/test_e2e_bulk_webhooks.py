@@ -20,7 +20,7 @@ from carpool.backend.keys import BULK_HOOK_TAG, Keys
 from carpool.backend.outbox import Outbox
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.support.batches import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
+from tests.support.bulk import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
 from tests.support.hookstack import (
     API_KEYS,
     DEPLOY_SECRET,

@@ -25,7 +25,7 @@ from carpool.core.synthetic import checksum
 from tests.conftest import REDIS_URL, make_env
 from tests.e2e.test_e2e_models import CATALOGUE as TINYIMG_TOML
 from tests.e2e.test_e2e_own_model import EXAMPLES, catalogue, reference_outputs
-from tests.redis.test_web_v2 import CORPUS, V2_TOML
+from tests.redis.test_web_open_inference import CORPUS, V2_TOML
 from tests.support.images import image_file
 from tests.support.procs import REPO_ROOT, start_web, start_worker, wait_until
 from tests.support.webtools import CATALOGUE_TOML

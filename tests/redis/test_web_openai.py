@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.batches import embedding_lines
+from tests.support.bulk import embedding_lines
 from tests.support.webtools import web_client, web_settings
 
 KEY, OTHER = "k" * 30, "o" * 30

@@ -14,7 +14,7 @@ import pytest
 
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.support.batches import (
+from tests.support.bulk import (
     CATALOGUE_TOML,
     FINAL,
     SLOW_COST_MS,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.input_limits import InputLimits
 from carpool.intake.bulk_lines import MAX_ERRORS, parse_file
-from tests.support.batches import CATALOGUE_TOML, embedding_lines
+from tests.support.bulk import CATALOGUE_TOML, embedding_lines
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from carpool.backend import records
 from carpool.backend.keys import Keys
 from carpool.backend.outbox import Outbox
 from carpool.core.shards import shard
-from tests.redis.test_web_v2 import settings_for
+from tests.redis.test_web_open_inference import settings_for
 from tests.support.webtools import web_client, web_settings
 from tests.unit.test_webhooks import BAD_URLS
 

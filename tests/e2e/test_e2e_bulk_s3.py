@@ -13,7 +13,7 @@ import pytest
 
 from carpool.backend.filestore import STREAM_CHUNK_BYTES, S3FileStore
 from tests.conftest import REDIS_URL, make_env
-from tests.support.batches import (
+from tests.support.bulk import (
     CATALOGUE_TOML,
     embedding_lines,
     lines_of,

@@ -13,8 +13,8 @@ from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.e2e.test_e2e_batches import KEY_A, Stack, upload
-from tests.support.batches import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
+from tests.e2e.test_e2e_bulk import KEY_A, Stack, upload
+from tests.support.bulk import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
 from tests.support.deployfiles import load_metrics
 from tests.support.procs import free_port, start_web, start_worker
 from tests.support.promtext import Scrape, scrape
