@@ -155,6 +155,78 @@ def test_the_scan_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
     assert "worker.observe.calibrate" in imported_modules(module)
 
 
+#: Lines a module may have (tests and ops included); Lua's own check is test_script_args.
+MAX_MODULE_LINES = 400
+#: Modules and packages at web/'s top: the assembly and one folder per room.
+MAX_WEB_TOP = 12
+
+
+def our_modules() -> dict[str, Path]:
+    return {module_name(path): path for top in PROCESS_KINDS
+            for path in sorted((ROOT / top).rglob("*.py"))}
+
+
+def import_circles(modules: dict[str, Path]) -> list[list[str]]:
+    """The import circles among ``modules`` (lazy imports too): ``from a import b`` is
+    an arrow to ``a.b`` when that is a module, else to ``a``."""
+    arrows: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                arrows[name].update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                whole = node.module in modules and len(subs) < len(node.names)
+                arrows[name].update(subs | ({node.module} if whole else set()))
+        arrows[name].discard(name)
+    circles, done = [], set[str]()
+    for start in sorted(modules):  # each module's circle: the modules that reach it back
+        if start in done:
+            continue
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in arrows[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        back = {m for m in seen if m != start and _reaches(arrows, m, start)}
+        if back:
+            circles.append(sorted({start, *back}))
+            done |= back | {start}
+    return circles
+
+
+def _reaches(arrows: dict[str, set[str]], source: str, target: str) -> bool:
+    seen, todo = {source}, [source]
+    while todo:
+        for nxt in arrows[todo.pop()] - seen:
+            if nxt == target:
+                return True
+            seen.add(nxt)
+            todo.append(nxt)
+    return False
+
+
+def test_no_import_circle_among_our_modules() -> None:
+    assert import_circles(our_modules()) == []
+
+
+def test_the_circle_check_sees_a_lazy_circle(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "b.py").write_text("def f() -> None:\n    from pkg.a import x\n")
+    mods = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    assert import_circles(mods) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_module_is_over_400_lines_and_web_has_at_most_12_at_its_top() -> None:
+    paths = [p for top in (*PROCESS_KINDS, "ops", "tests") for p in (ROOT / top).rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in paths
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+    top = [p.name for p in (ROOT / "web").iterdir()
+           if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())]
+    assert len(top) <= MAX_WEB_TOP, sorted(top)
+
+
 #: Runs the `carpool` command line in a process where the bench extra's packages
 #: cannot be imported (None in sys.modules makes an import fail as if absent).
 WITHOUT_BENCH_EXTRA = (
