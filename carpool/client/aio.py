@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 
-from carpool.client.bulk_run import BulkRun
 from carpool.client.errors import ClientError
 from carpool.client.handle import AsyncJob
 from carpool.client.jobdoc import JobDoc, JobTimeout
+from carpool.client.many_run import ManyRun
 from carpool.client.protocol import (
     POLL_WAIT_S,
     Call,
@@ -165,18 +165,18 @@ class AsyncClient:
         """Each input's result, in order, through /submit/batch (1000 inputs a request).
         Refused items (429/503) are retried by the policy; raises like ``run``."""
         start = time.monotonic()
-        batch = BulkRun(model, inputs, options)
+        run = ManyRun(model, inputs, options)
         while True:
             wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
-            for chunk, call in batch.calls(wait_s):
-                batch.take(chunk, await self._send(call))
-            delay = batch.retry_delay_s(self.retry)
+            for chunk, call in run.calls(wait_s):
+                run.take(chunk, await self._send(call))
+            delay = run.retry_delay_s(self.retry)
             if delay is None:
                 break
             await asyncio.sleep(delay)
-        pending = batch.pending()
+        pending = run.pending()
         left_s = timeout_s - (time.monotonic() - start)
         done = await asyncio.gather(*(self.wait(job, left_s) for _, job in pending))
         for (i, _), job in zip(pending, done, strict=True):
-            batch.jobs[i] = job
-        return batch.results()
+            run.jobs[i] = job
+        return run.results()

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 
-from carpool.client.bulk_run import BulkRun
 from carpool.client.errors import ClientError
 from carpool.client.handle import Job
 from carpool.client.jobdoc import JobDoc, JobTimeout
+from carpool.client.many_run import ManyRun
 from carpool.client.protocol import (
     POLL_WAIT_S,
     Call,
@@ -168,15 +168,15 @@ class Client:
         """Each input's result, in order, through /submit/batch (1000 inputs a request).
         Refused items (429/503) are retried by the policy; raises like ``run``."""
         start = time.monotonic()
-        batch = BulkRun(model, inputs, options)
+        run = ManyRun(model, inputs, options)
         while True:
             wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
-            for chunk, call in batch.calls(wait_s):
-                batch.take(chunk, self._send(call))
-            delay = batch.retry_delay_s(self.retry)
+            for chunk, call in run.calls(wait_s):
+                run.take(chunk, self._send(call))
+            delay = run.retry_delay_s(self.retry)
             if delay is None:
                 break
             time.sleep(delay)
-        for i, job in batch.pending():
-            batch.jobs[i] = self.wait(job, timeout_s - (time.monotonic() - start))
-        return batch.results()
+        for i, job in run.pending():
+            run.jobs[i] = self.wait(job, timeout_s - (time.monotonic() - start))
+        return run.results()

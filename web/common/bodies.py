@@ -5,7 +5,7 @@ limit of what it can be, before a byte of it is read; a chunked body is read up
 to that limit and refused at the first byte past it. Each limit follows from
 the catalogue: a raw image for ``?model=m`` may be as large as m's
 ``max_input_bytes``; a JSON submit as large as the largest JSON any model takes
-(an image as base64 is 4/3 of its bytes); a batch up to ``CARPOOL_MAX_BODY_BYTES``.
+(an image as base64 is 4/3 of its bytes); /submit/batch up to ``CARPOOL_MAX_BODY_BYTES``.
 
 A body must also arrive in time: ``CARPOOL_BODY_TIMEOUT_S``, plus a second per
 ``CARPOOL_BODY_MIN_RATE`` bytes received (Apache's mod_reqtimeout rule), else 408
@@ -71,7 +71,8 @@ class BodyLimits:
         cap = settings.max_body_bytes
         specs = list(settings.catalogue)
         pixels = [s.max_input_bytes for s in specs if s.measure == "pixels"]
-        self.batch = cap
+        #: Many inputs at once (/submit/batch, /v1/embeddings): the whole cap.
+        self.many = cap
         self.json = min(cap, max((json_limit_bytes(s) for s in specs), default=ENVELOPE_BYTES))
         self.multipart = min(cap, max(pixels, default=0) + MULTIPART_SLACK_BYTES)
         self.any_image = min(cap, max(pixels, default=0))
@@ -79,16 +80,16 @@ class BodyLimits:
         #: An infer request (/v2): as many rows as the model batches, each as JSON.
         self.infer = {s.name: min(cap, max(b.max_batch for b in s.bins) * json_limit_bytes(s))
                       for s in specs}
-        #: A batch input file (CARPOOL_BATCH_MAX_FILE_BYTES) in its multipart envelope.
+        #: A bulk batch's input file (CARPOOL_BATCH_MAX_FILE_BYTES) in its multipart envelope.
         self.upload = settings.bulk.max_file_bytes + MULTIPART_SLACK_BYTES
 
     @property
     def largest(self) -> int:
-        return max(self.batch, self.upload)
+        return max(self.many, self.upload)
 
     def for_request(self, path: str, mimetype: str, model: str | None) -> int:
         if path in ("/submit/batch", "/v1/embeddings"):
-            return self.batch
+            return self.many
         infer_model = _infer_model(path)
         if infer_model is not None:
             return self.infer.get(infer_model, self.json)

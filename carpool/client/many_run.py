@@ -12,7 +12,7 @@ from carpool.client.jobdoc import JobDoc
 from carpool.client.protocol import MANY_INPUTS, Call, RetryPolicy, item_error, many_call
 
 
-class BulkRun:
+class ManyRun:
     """Inputs of one ``map`` call, each ending as a Job (or a raised error)."""
 
     def __init__(self, model: str, inputs: Sequence[Any], options: Mapping[str, Any]) -> None:
