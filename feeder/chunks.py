@@ -1,4 +1,4 @@
-"""A batch's results in the file store: chunks as lines end, two files at the end.
+"""A bulk batch's results in the file store: chunks as lines end, two files at the end.
 
 Chunk ``n`` of a batch is a pair of objects, ``batches/<id>/out-<n>`` and
 ``err-<n>``, each line ``<line index>\\t<output line>``. The feeder writes chunk n

@@ -1,4 +1,4 @@
-"""The feeder's loop: validate, collect, feed, finish; one step for all batches at once.
+"""The feeder's loop: validate, collect, feed, finish; one step for all bulk batches at once.
 
 Every step starts from what Redis says (carpool/backend/bulkdb.py); a lost
 Redis drops the copy in memory, and the next step rebuilds it, so a restart and

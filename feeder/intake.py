@@ -1,4 +1,4 @@
-"""A batch's input file, as the feeder meets it: validated, loaded into a Run, watched.
+"""A bulk batch's input file, as the feeder meets it: validated, loaded into a Run, watched.
 
 The input may go away at any time (``files.delete``, or from under the file store).
 Before validation the batch then fails with no lines; after it, the feeder marks the

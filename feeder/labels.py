@@ -1,4 +1,4 @@
-"""What a batch's result lines need of each input line besides its answer: its
+"""What a bulk batch's result lines need of each input line besides its answer: its
 ``custom_id`` and (embeddings) its ``encoding_format``.
 
 Written once, at validation, as ``batches/<id>/labels`` in the file store (one JSON

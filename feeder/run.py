@@ -1,4 +1,4 @@
-"""One batch as the feeder holds it: its lines and which are admitted or stored.
+"""One bulk batch as the feeder holds it: its lines and which are admitted or stored.
 
 Redis is the truth (carpool/backend/bulkdb.py); this is its copy in memory,
 rebuilt from Redis after a restart or a lost connection.

@@ -1,4 +1,4 @@
-"""A batch's input file, checked whole before any line runs (status ``validating``).
+"""A bulk batch's input file, checked whole before any line runs (status ``validating``).
 
 Each line is ``{"custom_id", "method": "POST", "url", "body"}``; ``url`` is the
 batch's endpoint, ``/v1/embeddings`` (OpenAI's embeddings body,
