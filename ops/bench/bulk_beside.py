@@ -1,6 +1,6 @@
-"""Interactive load beside a bulk batch: latency with and without, and the batch's share.
+"""Interactive load beside a bulk batch: latency with and without, and the bulk batch's share.
 
-    python ops/bench/batch_beside.py --cost-ms 200,2 --load 0.5 --duration 20 --out b.json
+    python ops/bench/bulk_beside.py --cost-ms 200,2 --load 0.5 --duration 20 --out b.json
 
 Starts a private redis-server, the web under gunicorn, one Celery worker serving the
 synthetic model and the feeder. The synthetic model's capacity is exact: its small
