@@ -213,6 +213,24 @@ def test_callers_who_hang_up_on_embeddings_are_never_computed(stack: Stack) -> N
     assert_hung_up_jobs_never_ran(views, 0.9)
 
 
+def test_a_job_sent_with_an_idempotency_key_outlives_its_callers_hang_up(
+        stack: Stack) -> None:
+    """A retry with the key is to find it: the hang-up cancels nothing."""
+    kept = backlog(stack, "slow")
+    before = set(all_jobs(stack, "slow"))
+    body = {"model": "slow", "input": {"value": "keyed", "size": 1}}
+    hang_up(stack, "slow", "/submit?wait=30", [body], 1, {"Idempotency-Key": "once"})
+    abandoned = scrape(f"{stack.base}/metrics").value("carpool_jobs_abandoned_total",
+                                                      model="slow")
+    (view,) = hung_up_jobs(stack, "slow", kept, before, 1)
+    assert view.status is JobStatus.DONE
+    assert scrape(f"{stack.base}/metrics").value("carpool_jobs_abandoned_total",
+                                                 model="slow") == abandoned
+    again = requests.post(f"{stack.base}/submit", json=body,
+                          headers={"Idempotency-Key": "once"}, timeout=30).json()
+    assert again["id"] == view.id and again.get("duplicate") is True
+
+
 def test_a_caller_that_waits_past_its_answer_is_computed_for(stack: Stack) -> None:
     """The other side: a caller still connected gets its result, no cancel."""
     r = requests.post(f"{stack.base}/submit?wait=30", json={
