@@ -107,3 +107,17 @@ def test_the_wait_is_cut_to_the_callers_timeout(http: FlaskClient) -> None:
     resp = http.post("/submit", json={"model": "tiny", "input": {"value": 1, "size": 1}},
                      headers={TIMEOUT: "0.1", "Prefer": "wait=1"})
     assert resp.status_code == 202 and resp.headers["Preference-Applied"] == "wait=0"
+
+
+def test_redis_lost_names_the_jobs_that_may_be_queued_by_call(
+        key_prefix: str, tmp_path: Path) -> None:
+    from tests.support.procs import free_port
+
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    job = {"value": 1, "size": 1}
+    with web_client(web_settings(closed, key_prefix, tmp_path)) as http:
+        one = http.post("/submit", json={"model": "synthetic", "input": job})
+        batch = http.post("/submit/batch", json={"model": "synthetic", "inputs": [job]})
+    assert one.status_code == batch.status_code == 503
+    assert isinstance(one.get_json()["id"], str)  # a submit's one job
+    assert len(batch.get_json()["ids"]) == 1  # a batch's, even of one

@@ -145,10 +145,11 @@ class SyncWait:
                             settings.api_key_weights.get(self.owner, 1.0),
                             hook=options.hook if options else "")
 
-    def admit(self, req: AdmitRequest) -> list[AdmitOutcome]:
+    def admit(self, req: AdmitRequest, *, one: bool = False) -> list[AdmitOutcome]:
         """Each job's outcome, watched first when the request waits; nothing counted
         (``took`` counts a job queued). Raises ``AdmissionUnknown`` when Redis failed in
-        the first admit.lua call: its jobs may be queued, so the answer names them."""
+        the first admit.lua call: its jobs may be queued, so the answer names them (its
+        ``id`` for a submit of ``one`` job, else its ``ids``)."""
         self.state.models.check(req.model.name)  # 503 at once: every live worker refused it
         if self.wait_s > 0:
             for job in req.jobs:
@@ -157,7 +158,7 @@ class SyncWait:
         try:
             return self.state.admissions.admit(req)
         except BackendUnavailable as exc:
-            if len(req.jobs) == 1:
+            if one:
                 raise AdmissionUnknown([req.jobs[0].id], exc) from exc
             refusing_jobs(len(req.jobs))  # counted by the error handler, all of them
             # The first bin's call failed: it may still run once Redis resumes; later
@@ -174,7 +175,7 @@ class SyncWait:
 
     def admit_one(self, req: AdmitRequest) -> Admitted:
         """The one job queued (or the first of its idempotency key); raises its refusal."""
-        admitted = single_admitted(self.admit(req))
+        admitted = single_admitted(self.admit(req, one=True))
         self.took(admitted, kept=req.idempotency_digest is not None)
         jobs_admitted()
         return admitted
