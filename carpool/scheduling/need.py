@@ -152,8 +152,8 @@ def _for_deadlines(work_ms: float, rho: float, up: int, m: ModelLoad) -> int:
 
 def _misses(work_ms: float, depth: int, rho: float, m: ModelLoad) -> int:
     """Queued jobs the workers up and loading now would finish after their deadlines."""
-    if depth == 0 or work_ms <= 0 or m.slack_ms is None:
-        return 0
+    if depth == 0 or m.slack_ms is None:
+        return 0  # an unknown cost (work 0) still makes late what is due before a cold start
     now_workers = max(0, m.up)
     later = max(0, m.loading) if (m.up or m.loading) else 1
     head = max(0.0, m.slack_ms)
@@ -175,9 +175,11 @@ def _finish_ms(work_ms: float, rho: float, now_workers: int, later_workers: int,
     """When ``work_ms`` of queued work is done: ``now_workers`` from now and
     ``later_workers`` from the cold start on, less what the arrivals take (ρ)."""
     early_rate = max(0.0, now_workers - rho)
-    if early_rate * cold_start_ms >= work_ms:
+    if early_rate > 0 and early_rate * cold_start_ms >= work_ms:
         return work_ms / early_rate
+    if now_workers > 0 and work_ms <= 0:
+        return 0.0
     rate = max(0.0, now_workers + later_workers - rho)
     if rate <= 0:
         return math.inf
-    return cold_start_ms + (work_ms - early_rate * cold_start_ms) / rate
+    return cold_start_ms + max(0.0, work_ms - early_rate * cold_start_ms) / rate
