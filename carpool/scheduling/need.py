@@ -14,6 +14,13 @@ Pure: numbers in, numbers out, no clock of its own. Per model:
   new worker can help what is queued: the rule sizes for the horizon ``cold start +
   budget`` instead, and the queued jobs count as projected misses.
 
+**Demand admission hides.** Admission refuses what the live workers cannot finish in
+time, so a surge shows as a queue held near that bound and an admitted rate near
+their pace, never as itself. Refusals for capacity, where known
+(``refused_per_ms``), count as arrivals; and a queue whose work per live worker is at
+``SATURATED`` of the budget is taken as refusing: the pool doubles (once the workers
+already starting are up).
+
 So ``workers needed`` is the smallest k with
 ``up·H + (k − up)·(H − cold start) ≥ W + ρ·H``, at least ``ρ / TARGET_UTILIZATION``,
 never above one worker per queued batch beyond that, and never below the workers
@@ -39,6 +46,8 @@ from carpool.scheduling.batching import Cost
 TARGET_UTILIZATION = 0.85
 #: A horizon is never shorter than this after a cold start (a budget of 0: no time bound).
 MIN_HORIZON_MS = 1_000.0
+#: Work ahead per live worker at this share of the budget: admission is refusing.
+SATURATED = 0.7
 #: Projected misses are counted over at most this many steps of the queue.
 MISS_STEPS = 200
 
@@ -52,6 +61,8 @@ class BinLoad:
     max_batch: int
     cost: Cost | None
     arrivals_per_ms: float = 0.0
+    #: Jobs refused for capacity (the predicted wait, a full bin) per ms, where known.
+    refused_per_ms: float = 0.0
 
     def work_ms(self) -> float:
         if self.cost is None or self.depth <= 0:
@@ -61,10 +72,11 @@ class BinLoad:
 
     def load_workers(self) -> float:
         """Workers kept busy by the arrivals, at full batches."""
-        if self.cost is None or self.arrivals_per_ms <= 0:
+        per_ms = self.arrivals_per_ms + self.refused_per_ms
+        if self.cost is None or per_ms <= 0:
             return 0.0
         n = max(1, self.max_batch)
-        return self.arrivals_per_ms * self.cost.ms(n) / n
+        return per_ms * self.cost.ms(n) / n
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ class Need:
     workers: int
     misses_projected: int
     #: Which bound set ``workers``: "idle", "floor", "from zero", "arrivals",
-    #: "deadlines", "unknown cost".
+    #: "deadlines", "saturated", "unknown cost".
     why: str
 
 
@@ -106,14 +118,15 @@ def load_workers(bins: Sequence[BinLoad]) -> float:
 def workers_needed(m: ModelLoad) -> Need:
     """The rule (module docstring)."""
     depth = sum(max(0, b.depth) for b in m.bins)
-    arriving = any(b.arrivals_per_ms > 0 for b in m.bins)
+    arriving = any(b.arrivals_per_ms + b.refused_per_ms > 0 for b in m.bins)
     floor = max(0, m.busy) + max(0, m.loading)
     if depth == 0 and not arriving:
         return Need(floor, 0, "floor" if floor else "idle")
     rho = load_workers(m.bins)
     steady = math.ceil(rho / TARGET_UTILIZATION - 1e-9) if rho > 0 else 0
     need, why = steady, "arrivals"
-    if any(b.cost is None and (b.depth > 0 or b.arrivals_per_ms > 0) for b in m.bins):
+    if any(b.cost is None and (b.depth > 0 or b.arrivals_per_ms + b.refused_per_ms > 0)
+           for b in m.bins):
         need, why = max(need, 1), "unknown cost"
     work = work_ahead_ms(m.bins)
     up = max(0, m.up)
@@ -124,6 +137,10 @@ def workers_needed(m: ModelLoad) -> Need:
         deadline = min(deadline, cap)
         if deadline > need:
             need, why = deadline, "deadlines"
+        if up and m.budget_ms > 0 and work >= SATURATED * m.budget_ms * up:
+            doubled = 2 * up if m.loading <= 0 else up + m.loading
+            if doubled > need:
+                need, why = doubled, "saturated"
     if need < 1 and up + m.loading == 0:
         need, why = 1, "from zero"
     need = max(need, 1)  # something is queued or arriving
