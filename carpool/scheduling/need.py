@@ -46,6 +46,9 @@ from carpool.scheduling.batching import Cost
 TARGET_UTILIZATION = 0.85
 #: A horizon is never shorter than this after a cold start (a budget of 0: no time bound).
 MIN_HORIZON_MS = 1_000.0
+#: Below a job a minute, with nothing queued, a model keeps no worker: a decayed rate
+#: never reaches 0 by itself, and the next job scales from zero.
+MIN_ARRIVALS_PER_MS = 1 / 60_000
 #: Work ahead per live worker at this share of the budget: admission is refusing.
 SATURATED = 0.7
 #: Projected misses are counted over at most this many steps of the queue.
@@ -118,7 +121,7 @@ def load_workers(bins: Sequence[BinLoad]) -> float:
 def workers_needed(m: ModelLoad) -> Need:
     """The rule (module docstring)."""
     depth = sum(max(0, b.depth) for b in m.bins)
-    arriving = any(b.arrivals_per_ms + b.refused_per_ms > 0 for b in m.bins)
+    arriving = sum(b.arrivals_per_ms + b.refused_per_ms for b in m.bins) >= MIN_ARRIVALS_PER_MS
     floor = max(0, m.busy) + max(0, m.loading)
     if depth == 0 and not arriving:
         return Need(floor, 0, "floor" if floor else "idle")

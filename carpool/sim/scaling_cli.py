@@ -73,7 +73,26 @@ def build_parser() -> HelpParser:
     p.add_argument("--max-workers", type=int, default=8, help="maxReplicaCount")
     p.add_argument("--out", default="", help="output folder (default sim-out/scaling-<time>)")
     p.add_argument("--no-plots", action="store_true", help="write no PNGs")
+    p.add_argument("--record", default="",
+                   help="also write the need rule's carpool_workers_needed series, as two "
+                        "web pods would export it, to this file (Prometheus text)")
     return p
+
+
+def record(results: dict[str, list[Outcome]], path: Path, model: str = "synthetic") -> None:
+    """The need rule's wishes as scraped samples: one scenario after another (an hour
+    apart), each sample from two web pods, with Prometheus timestamps (ms)."""
+    lines = [f"# carpool bench simulate-scaling --record: scenarios {', '.join(results)}",
+             "# TYPE carpool_workers_needed gauge"]
+    offset_s = 0.0
+    for outcomes in results.values():
+        rule = outcomes[0]  # standard_policies puts the need rule first
+        for t, wish in rule.wishes:
+            for pod in ("web-0", "web-1"):
+                lines.append(f'carpool_workers_needed{{model="{model}",pod="{pod}"}} {wish} '
+                             f"{round((offset_s + t) * 1000)}")
+        offset_s += rule.wishes[-1][0] + 3600.0
+    path.write_text("\n".join(lines) + "\n")
 
 
 def markdown(results: dict[str, list[Outcome]], about: dict[str, str]) -> str:
@@ -145,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_plots:
         for name, outcomes in results.items():
             plot(name, outcomes, out)
+    if args.record:
+        record(results, Path(args.record))
     print(table)
     print(f"{len(results)} scenarios in {time.perf_counter() - started:.1f} s; wrote {out}/",
           file=sys.stderr)

@@ -24,6 +24,12 @@ def test_nothing_queued_nothing_arriving_needs_none() -> None:
     assert (need.workers, need.misses_projected, need.why) == (0, 0, "idle")
 
 
+def test_a_trickle_of_arrivals_below_a_job_a_minute_keeps_no_worker() -> None:
+    # A decayed rate never reaches 0: below a job a minute it counts as none.
+    assert workers_needed(load(per_ms=1 / 120_000, up=1)).workers == 0
+    assert workers_needed(load(per_ms=1 / 30_000, up=1)).workers == 1
+
+
 def test_never_below_the_workers_holding_leases_or_loading() -> None:
     assert workers_needed(load(up=3, busy=2, loading=1)).workers == 3
     # A small need still keeps every busy worker: a scale-down never takes one mid-batch.
@@ -96,5 +102,5 @@ def test_any_input_gives_a_count_at_or_above_the_floor(
                                up=up, busy=busy, loading=loading))
     assert need.workers >= busy + loading
     assert 0 <= need.misses_projected <= depth
-    if depth or per_s:
+    if depth or per_s >= 1 / 60:
         assert need.workers >= 1
