@@ -117,9 +117,9 @@ def test_the_recording_holds_a_scale_from_zero_and_a_burst() -> None:
 def test_scales_from_zero_at_the_first_poll_that_needs_a_worker(scaled: dict[str, Any]) -> None:
     assert scaled["minReplicaCount"] == 0
     replay = Replay(scaled).run(query_values())
-    for (_, before, was), (_, value, now) in zip(replay, replay[1:], strict=False):
-        if was == 0 and value > 0:
-            assert now >= 1
+    starts = [now for (_, _, was), (_, value, now) in zip(replay, replay[1:], strict=False)
+              if was == 0 and value > 0]
+    assert starts and min(starts) >= 1
     assert replay[-1][2] == 0, "back to zero once nothing is needed for the cooldown"
 
 

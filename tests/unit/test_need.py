@@ -104,3 +104,20 @@ def test_any_input_gives_a_count_at_or_above_the_floor(
     assert 0 <= need.misses_projected <= depth
     if depth or per_s >= 1 / 60:
         assert need.workers >= 1
+
+
+def test_a_queue_at_the_admission_bound_doubles_the_pool() -> None:
+    # 4 workers up, W = 28 batches = 28·300 + 1 792·5 = 17 360 ms ≥ 0.7 · 6 000 · 4: the
+    # queue sits where admission refuses, which hides the surge: double.
+    need = workers_needed(load(depth=1_792, slack_ms=6_000, budget_ms=6_000, up=4, busy=4))
+    assert (need.workers, need.why) == (8, "saturated")
+    # Workers already starting: wait for them rather than double again.
+    need = workers_needed(load(depth=1_792, slack_ms=6_000, budget_ms=6_000, up=4, busy=4,
+                               loading=2))
+    assert need.workers == 6
+
+
+def test_refusals_count_as_arrivals() -> None:
+    # 100 jobs/s admitted and 100 refused: ρ = 0.2 · 9.6875 = 1.9375 → 3 at 85 %.
+    bins = [BinLoad(0, 64, SYNTH, 0.1, refused_per_ms=0.1)]
+    assert workers_needed(ModelLoad(bins, None, 10_000, 30_000, up=1)).workers == 3
