@@ -41,8 +41,10 @@ from carpool.scheduling.rates import RateMeter
 
 log = logging.getLogger(__name__)
 
-#: Scrapes come every 15-30 s: the rate is averaged over about a minute.
-ARRIVAL_TAU_MS = 60_000
+#: The admission rate is averaged over about 30 s (as carpool/sim/scaling.py's): a
+#: scrape every 15-30 s reaches each web process less often, and the decayed count
+#: is right whatever the gap between reads.
+ARRIVAL_TAU_MS = 30_000
 ARRIVAL_MIN_AGE_MS = 15_000
 
 
