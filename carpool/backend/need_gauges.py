@@ -61,6 +61,7 @@ class NeedReader:
         self.specs: list[ModelSpec] = list(catalogue)
         self.default_cold_start_s = default_cold_start_s
         self._bins = [(spec.name, b.name) for spec in self.specs for b in spec.bins]
+        self._scan = [b.max_batch for spec in self.specs for b in spec.bins]
         self._meters = {key: RateMeter(ARRIVAL_TAU_MS, ARRIVAL_MIN_AGE_MS)
                         for key in self._bins}
         self._costs: dict[tuple[str, str], Cost] = {}
@@ -68,9 +69,7 @@ class NeedReader:
         self._lock = threading.Lock()
 
     def read(self) -> dict[str, ModelLoad]:
-        scan = [spec.bin_named(b).max_batch for spec in self.specs
-                for m, b in self._bins if m == spec.name]
-        now_ms, states = self.queue.peek(self._bins, scan)
+        now_ms, states = self.queue.peek(self._bins, self._scan)
         live = self.registry.live()
         holders = self._lease_holders(now_ms)
         with self._lock:
