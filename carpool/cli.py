@@ -193,6 +193,10 @@ def cmd_bench(rest: list[str]) -> int:
         from carpool.sim.cli import main as simulate
 
         return int(simulate(rest[1:]))
+    if rest[:1] == ["simulate-scaling"]:
+        from carpool.sim.scaling_cli import main as simulate_scaling
+
+        return int(simulate_scaling(rest[1:]))
     from carpool.bench.cli import main as bench_main
 
     return int(bench_main(rest))

@@ -11,6 +11,7 @@ from carpool.backend.connection import connect
 from carpool.backend.durability import check_durability, read_persistence
 from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
+from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
@@ -59,6 +60,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys)
     metrics = WebMetrics(queue, settings.catalogue)
+    # The scaling rule's gauges, computed at each scrape (never per request).
+    metrics.registry.register(NeedGauges(NeedReader(
+        client, keys, queue, Registry(client, keys), settings.catalogue,
+        settings.cold_start_s)))
     notifier = Notifier(client, keys.done_channel, keys.admitted_channel, keys.results_channel,
                         max_age_for(spec.result_ttl_s for spec in settings.catalogue),
                         claimed_channel=keys.claimed_channel)

@@ -10,6 +10,10 @@ cache, never a Redis round trip per request) and applies one rule:
     worker refused, is refused at submit (503, with the worker's reason); a model
     that a live worker is still loading is queued (202), and so is a model with no
     live worker at all: scale from zero (KEDA) starts workers on queue depth.
+
+The entry also carries what the scaling rule (carpool/backend/need_gauges.py) needs of
+a worker: each bin's fitted cost t(n) = a + b·n and, per model, its cold start (process
+start to first batch), once measured.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -28,6 +32,7 @@ from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.core.errors import BackendUnavailable, ModelRefused
 from carpool.core.script_args import argv, keys_of
+from carpool.scheduling.batching import Cost
 
 #: A worker renews its entry this often...
 HEARTBEAT_S = 5.0
@@ -47,6 +52,10 @@ class WorkerModels:
     refused: Mapping[str, str]  # model -> reason
     #: Tried, neither served nor refused yet: the worker is loading (or calibrating) them.
     loading: tuple[str, ...] = ()
+    #: Per model: seconds from this worker's process start to its first batch.
+    cold_start_s: Mapping[str, float] = field(default_factory=dict)
+    #: Per (model, bin): the cost model fitted so far (bins without one are left out).
+    costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,15 @@ class Registry:
         self._heartbeat = load_script(client, "heartbeat")
 
     def publish(self, worker: str, served: Sequence[str], refused: Mapping[str, str],
-                loading: Sequence[str] = (), ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
+                loading: Sequence[str] = (), ttl_ms: int = HEARTBEAT_TTL_MS, *,
+                cold_start_s: Mapping[str, float] | None = None,
+                costs: Mapping[tuple[str, str], Cost] | None = None) -> None:
+        nested: dict[str, dict[str, list[float]]] = {}
+        for (model, bin_name), cost in (costs or {}).items():
+            nested.setdefault(model, {})[bin_name] = [round(cost.a_ms, 3), round(cost.b_ms, 4)]
         doc = json.dumps({"served": list(served), "refused": dict(refused),
-                          "loading": list(loading)})
+                          "loading": list(loading), "cold_start_s": dict(cold_start_s or {}),
+                          "costs": nested})
         with redis_errors():
             self._heartbeat(keys=keys_of(HeartbeatArgs, workers=self.keys.workers),
                             args=argv(HeartbeatArgs(worker, ttl_ms, doc)))
@@ -121,8 +136,27 @@ class Registry:
                 continue  # not ours to judge: a garbled entry counts as no worker
             out.append(WorkerModels(worker, tuple(parsed.get("served") or ()),
                                     dict(parsed.get("refused") or {}),
-                                    tuple(parsed.get("loading") or ())))
+                                    tuple(parsed.get("loading") or ()),
+                                    _cold_starts(parsed.get("cold_start_s")),
+                                    _costs(parsed.get("costs"))))
         return out
+
+
+def _cold_starts(doc: object) -> dict[str, float]:
+    if not isinstance(doc, dict):
+        return {}
+    return {str(m): float(s) for m, s in doc.items() if isinstance(s, int | float)}
+
+
+def _costs(doc: object) -> dict[tuple[str, str], Cost]:
+    """The entry's costs; a malformed one is left out (an older or foreign worker)."""
+    out: dict[tuple[str, str], Cost] = {}
+    for model, bins in (doc.items() if isinstance(doc, dict) else ()):
+        for bin_name, ab in (bins.items() if isinstance(bins, dict) else ()):
+            if (isinstance(ab, list) and len(ab) == 2
+                    and all(isinstance(v, int | float) and v >= 0 for v in ab)):
+                out[(str(model), str(bin_name))] = Cost(float(ab[0]), float(ab[1]))
+    return out
 
 
 class RegistryCache:

@@ -86,6 +86,7 @@ latency percentiles, throughput, batch sizes and plots.
   carpool bench ceiling   the generator's own ceiling against a trivial server
   carpool bench simulate  the batching policies in the simulator, in seconds, no
                           processes (its own options: simulate --help)
+  carpool bench simulate-scaling  autoscaling policies on bursty and daily traces
 
 Each has its own --help; docs/benchmarks.md shows results and exact commands."""
 
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     # whole (the simulator imports the bench's arrivals; the bench never imports it).
     sub.add_parser("simulate", add_help=False,
                    help="the batching policies in the simulator (simulate --help)")
+    sub.add_parser("simulate-scaling", add_help=False,
+                   help="autoscaling policies on traces (simulate-scaling --help)")
     return parser
 
 

@@ -107,6 +107,9 @@ class Settings:
     #: ``queued_ttl_s`` (carpool/backend/refused_models.py). Above the slowest worker's load
     #: time, so a worker still loading the model is waited for.
     refused_grace_s: float = 30.0
+    #: The scaling rule's cold start for a model no live worker has measured yet
+    #: (image pull, scheduling, model load: carpool/backend/need_gauges.py).
+    cold_start_s: float = 60.0
     #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
     require_durable: bool = False
     #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
@@ -348,6 +351,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_batch_ms=_int(env, "CARPOOL_MAX_BATCH_MS", 600_000, minimum=1),
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
         refused_grace_s=float(_int(env, "CARPOOL_REFUSED_GRACE_S", 30, minimum=0)),
+        cold_start_s=float(_int(env, "CARPOOL_COLD_START_S", 60, minimum=0)),
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=api_keys.digests,
         api_key_weights=api_keys.weights,

@@ -154,6 +154,12 @@ class Scheduler:
                 b.cap.reset()
         return [e for e in self.snapshot() if (e["model"], e["bin"]) in keys]
 
+    def costs(self) -> dict[BinKey, Cost]:
+        """Each bin's fitted cost, where one is known (the registry entry carries them)."""
+        with self._lock:
+            fitted = {key: b.cost.cost() for key, b in self._bins.items()}
+        return {key: cost for key, cost in fitted.items() if cost is not None}
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Each bin's limits, fitted cost, arrival rate and recent batches, as JSON."""
         with self._lock:

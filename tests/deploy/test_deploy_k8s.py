@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import fields
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from carpool.core.settings import Settings
 from tests.support.deployfiles import (
     CARPOOL_SERVICES,
     CUSTOM_KINDS,
@@ -169,25 +171,38 @@ def test_k8s_flower_is_cluster_internal_with_a_login_from_a_secret() -> None:
     assert "FLOWER_UNAUTHENTICATED_API" not in env
 
 
-def test_keda_scales_the_worker_deployment_through_prometheus() -> None:
+def test_keda_scales_the_worker_deployment_on_the_need_gauge_from_zero() -> None:
     scaled = k8s_named("ScaledObject", "carpool-worker")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     spec = scaled["spec"]
     target = spec["scaleTargetRef"]
     assert target.get("kind", "Deployment") == "Deployment"
     assert k8s_named("Deployment", target["name"])
-    assert 0 <= spec.get("minReplicaCount", 0) <= spec["maxReplicaCount"]
-    assert spec["triggers"]
-    for trigger in spec["triggers"]:
-        assert trigger["type"] == "prometheus"
-        assert trigger.get("metricType", "AverageValue") in ("AverageValue", "Value")
-        metadata = trigger["metadata"]
-        assert {"serverAddress", "query", "threshold"} <= metadata.keys()
-        # The CRD types metadata as map[string]string: a bare 256 is refused.
-        assert all(isinstance(v, str) for v in metadata.values()), metadata
-        assert float(metadata["threshold"]) > 0
-    queries = " ".join(keda_exprs())
-    assert "carpool_bin_depth" in queries and "carpool_bin_oldest_age_seconds" in queries
+    assert spec["minReplicaCount"] == 0 <= spec["maxReplicaCount"]
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    # The gauge is a replica count: AverageValue 1 makes the HPA ask for exactly it
+    # (tests/deploy/test_deploy_scaling.py replays it).
+    assert trigger["metricType"] == "AverageValue"
+    metadata = trigger["metadata"]
+    assert {"serverAddress", "query", "threshold", "activationThreshold"} <= metadata.keys()
+    # The CRD types metadata as map[string]string: a bare 1 is refused.
+    assert all(isinstance(v, str) for v in metadata.values()), metadata
+    assert (metadata["threshold"], metadata["activationThreshold"]) == ("1", "0")
+    # The web down: an error keeps the replicas, where an empty answer read as 0 would
+    # scale busy workers away.
+    assert metadata["ignoreNullValues"] == "false"
+    assert "max by (model) (carpool_workers_needed)" in " ".join(keda_exprs())
+
+
+def test_worker_grace_outlasts_the_warm_shutdown_of_a_batch() -> None:
+    # SIGTERM finishes the batch in hand within CARPOOL_STOP_GRACE_S, then hands the
+    # rest back; the pod's grace must leave time for that hand-back after it.
+    pod = k8s_named("Deployment", "carpool-worker")["spec"]["template"]["spec"]
+    config = k8s_named("ConfigMap", "carpool-config")["data"]
+    default_s = next(f.default for f in fields(Settings) if f.name == "stop_grace_s")
+    stop_grace_s = float(config.get("CARPOOL_STOP_GRACE_S", default_s))
+    assert pod["terminationGracePeriodSeconds"] >= stop_grace_s + 10
 
 
 def test_k8s_alert_rules_equal_the_prometheus_alert_file() -> None:

@@ -133,6 +133,10 @@ def test_metrics_agree_with_the_jobs_sent_and_their_results(stack: Stack) -> Non
         assert web.value("carpool_jobs_rejected_total", model="", reason="unknown_model") == 1
         assert web.value("carpool_bin_depth", model="tiny", bin="only") == 3
         assert web.value("carpool_bin_depth", model="synthetic") == 0
+        # No worker serves tiny, 3 jobs wait: one worker needed, and all of them late
+        # (queued past max_queue_ms, or due before a default cold start of 60 s).
+        assert web.value("carpool_workers_needed", model="tiny") == 1
+        assert web.value("carpool_deadline_misses_projected", model="tiny") == 3
     assert not (stack.metrics_dir / "counter_999999.db").exists()
     assert len(list(stack.metrics_dir.glob("counter_*.db"))) == 2  # one per gunicorn worker
 
@@ -144,6 +148,7 @@ def test_metrics_agree_with_the_jobs_sent_and_their_results(stack: Stack) -> Non
     assert w.value("carpool_jobs_expired_total", model="synthetic", bin="large") == expired
     assert expired == LATE_JOBS
     assert w.value("carpool_jobs_failed_total") == 0
+    assert 0 < w.value("carpool_worker_cold_start_seconds", model="synthetic") < 120
     assert w.value("carpool_items_inferred_total") == JOBS
     for name in ("queue_wait", "preprocess", "inference", "job_latency"):
         assert w.value(f"carpool_{name}_seconds_count") == JOBS, name

@@ -10,6 +10,7 @@ import redis
 
 from carpool.backend.keys import Keys
 from carpool.backend.registry import Registry, WorkerModels
+from carpool.scheduling.batching import Cost
 from tests.support.procs import wait_until
 from worker.shell.presence import Presence
 
@@ -47,3 +48,19 @@ def test_a_refusal_is_published_at_once_and_the_hook_runs_after_it(
     finally:
         presence.stop()
     assert registry.live() == []
+
+
+def test_the_entry_carries_the_costs_and_a_cold_start_once_measured(
+        client: redis.Redis, keys: Keys) -> None:
+    registry = Registry(client, keys)
+    presence = Presence(registry, "w1", ["synthetic"], interval_s=SLOW_BEAT_S)
+    presence.costs = lambda: {("synthetic", "small"): Cost(12.5, 0.25)}
+    presence.start()
+    try:
+        presence.serve(["synthetic"])
+        presence.cold_start("synthetic", 41.5)
+        wait_until(lambda: [w.cold_start_s for w in registry.live()] == [{"synthetic": 41.5}],
+                   10, "the cold start in the entry")
+        assert registry.live()[0].costs == {("synthetic", "small"): Cost(12.5, 0.25)}
+    finally:
+        presence.stop()

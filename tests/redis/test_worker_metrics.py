@@ -8,8 +8,10 @@ from prometheus_client import generate_latest
 
 from carpool.backend import records
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
+from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
-from carpool.core.jobs import new_job_id
+from carpool.backend.registry import Registry
+from carpool.core.jobs import Claim, new_job_id
 from carpool.core.settings import Settings
 from dispatcher.metrics import DispatchMetrics
 from feeder.metrics import FeederMetrics
@@ -29,6 +31,8 @@ from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.handlers.synthetic import SyntheticHandler
 from worker.loop.loop import BatchLoop
+from worker.loop.observers import BatchReport
+from worker.observe.coldstart import ColdStart
 from worker.observe.metrics import WorkerMetrics
 
 
@@ -37,9 +41,17 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
     executor = PipelinedExecutor()
     m = metrics([GPU], executor)
     run_batch_of_three(m)
+    # The bootstep adds the cold start's observer beside the metrics, in their registry.
+    ColdStart(m.registry, started_s=0.0).on_finished(
+        Claim("synthetic", "small", "t", 0, ()),
+        BatchReport("synthetic", "small", 1, failed=0, refused=0, runtime_s=0.1,
+                    inference_ms=1.0, queue_ms=[0]))
     collate_sizes(executor, [16, 48, 32])  # padding waste appears once a batch has measured it
     executor.close()
     web = WebMetrics(queue, settings.catalogue)
+    web.registry.register(NeedGauges(NeedReader(  # as web/app.py registers them
+        queue.client, queue.keys, queue, Registry(queue.client, queue.keys),
+        settings.catalogue, settings.cold_start_s)))
     web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
     hooks = DispatchMetrics()
     hooks.latency.observe(0.02)

@@ -39,6 +39,7 @@ from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import MAX_BLOCK_S, BatchLoop
+from worker.observe.coldstart import ColdStart, process_start_s
 from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
@@ -204,6 +205,11 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.metrics = WorkerMetrics(handlers, limits=loop.live_limits, stats=executor.stats,
                                      gpu_memory=gpu_memory_reader(executor))
         loop.observers.append(self.metrics)
+        # The scaling rule's inputs travel in the registry entry: costs at each beat,
+        # each model's cold start once its first batch ran.
+        loop.observers.append(ColdStart(self.metrics.registry, process_start_s(),
+                                        on_measured=self.presence.cold_start))
+        self.presence.costs = loop.scheduler.costs
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
         # A worker under this name that held claims is dead (this process holds the
