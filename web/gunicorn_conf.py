@@ -136,4 +136,5 @@ def post_worker_init(worker: Any) -> None:
     from web.common.shedding import start_lag_monitor
 
     check_redis_durability(worker.wsgi)
-    start_lag_monitor(worker.wsgi)  # this worker's event-loop lag, for shedding
+    # This worker's event-loop lag and the accept queue it shares, for shedding.
+    start_lag_monitor(worker.wsgi, worker.sockets, worker.cfg.workers)
