@@ -84,6 +84,9 @@ class RunResult:
     #: carpool_web_shed_total by reason, scraped at the end of the run.
     sheds: dict[str, float] | None = None
     load_avg_1m: float = 0.0
+    #: p99 of how late the generator started jobs after their scheduled arrival, in ms:
+    #: large when the generator itself runs short of CPU (the load was not all offered).
+    start_late_p99_ms: float = 0.0
 
     @property
     def goodput_ratio(self) -> float:
@@ -206,7 +209,8 @@ def summarise(root: str, factor: float, deadline_ms: int, records: Sequence[JobR
         errors=sum(r.outcome is Outcome.ERROR and r.http_status != 503 for r in records),
         goodput_per_s=round(len(in_time) / span_s, 1) if span_s > 0 else 0.0,
         offline_per_s=round(offline_per_s, 1),
-        refusal_p99_ms=_p99_ms([(r.t_final or 0.0) - r.t_start for r in refused]))
+        refusal_p99_ms=_p99_ms([(r.t_final or 0.0) - r.t_start for r in refused]),
+        start_late_p99_ms=_p99_ms([r.t_start - r.t_sched for r in records]))
 
 
 def _raise_open_files(wanted: int) -> None:
@@ -243,7 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     offline = offline_rate_per_s(mix, args.cost_ms)
     _raise_open_files(4 * args.connections)
     if args.ceiling:
-        print(json.dumps({"generator_ceiling_per_s": measure_ceiling().rate,
+        ceiling = measure_ceiling()
+        print(json.dumps({"generator_ceiling_per_s": ceiling.rate,
+                          "steps": [[p.label, round(p.delivered, 3), round(p.lateness_p99_ms, 1)]
+                                    for p in ceiling.points],
                           "load_avg_1m": round(os.getloadavg()[0], 2)}), flush=True)
     results: list[RunResult] = []
     for factor in (float(f) for f in args.factors.split(",")):
