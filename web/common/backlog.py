@@ -11,15 +11,16 @@ buffer while its greenlet waits its turn. The kernel measures both:
   queue together (a body still arriving makes it less, never more).
 - ``listen_queue``: on a listening socket, ``tcpi_unacked`` is the accept queue's
   length and ``tcpi_sacked`` its limit. The wait ahead of a connection just queued is,
-  by Little's law, that length over the rate the web takes requests (``RateMeter``,
-  per process, times the processes sharing the socket).
+  by Little's law, that length over the rate the web serves requests: each of the
+  processes sharing the socket serves one per its measured CPU per request
+  (``ServiceRate``).
 
-Elsewhere (no ``TCP_INFO``, a Unix socket) both answer None and shed nothing.
+Each read is one ``getsockopt``, about 1 µs. Elsewhere (no ``TCP_INFO``, a Unix
+socket) both answer None and shed nothing.
 """
 
 from __future__ import annotations
 
-import math
 import socket
 import struct
 import time
@@ -34,11 +35,18 @@ _SACKED_AT = 28
 _LAST_DATA_RECV_AT = 52
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 
-#: The request rate is a count decayed with this half-life: long enough to average a
-#: few hundred requests, short enough to follow the web's speed within a second.
-RATE_HALF_LIFE_S = 0.5
-#: Fewer queued connections than this never count as a backlog: right after an idle
-#: spell the measured rate is near zero, and a handful of arrivals is no overload.
+#: The CPU per request is measured over windows of at least this long ...
+CPU_WINDOW_S = 0.25
+#: ... holding at least this many requests (an idle spell's background CPU, spread
+#: over a handful of requests, would read as a costly request) ...
+CPU_WINDOW_MIN_REQUESTS = 20
+#: ... within this long: a longer window spans an idle spell (background CPU, few
+#: requests) and is dropped, not measured.
+CPU_WINDOW_MAX_S = 1.0
+#: Each window's figure weighs this much in the running estimate.
+CPU_WEIGHT = 0.3
+#: Fewer queued connections than this never count as a backlog: a handful of
+#: arrivals at once is no overload.
 MIN_LISTEN_QUEUE = 8
 
 
@@ -67,33 +75,54 @@ def listen_queue(sock: Any) -> tuple[int, int] | None:
     return int(queued), int(limit)
 
 
-class RateMeter:
-    """Events per second, as a count decayed with ``half_life_s`` (an exponential window)."""
+class ServiceRate:
+    """What one request costs this process in CPU seconds, measured as it serves.
 
-    def __init__(self, half_life_s: float = RATE_HALF_LIFE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._decay_per_s = math.log(2) / half_life_s
+    CPU, not wall time: an idle web, or one that just took a burst, still knows what
+    a request costs, so a burst of connections is not mistaken for a backlog. The
+    process's CPU covers all it does per request (parsing, long-polls' wake-ups,
+    Redis replies). A process that a busy host denies a full core serves slower than
+    this says: waits derived from it are underestimates, and ``queued`` (the measured
+    wait) catches the rest.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 cpu: Callable[[], float] = time.process_time) -> None:
         self._clock = clock
-        self._count = 0.0
-        self._at = clock()
-
-    def _decayed(self, now: float) -> float:
-        return self._count * math.exp(-self._decay_per_s * max(0.0, now - self._at))
+        self._cpu = cpu
+        self._cpu_per_request_s = 0.0
+        self._count = 0
+        self._since = clock()
+        self._cpu_since = cpu()
 
     def tick(self) -> None:
+        """One request taken; every CPU_WINDOW_S, fold the window's CPU per request in."""
+        self._count += 1
         now = self._clock()
-        self._count = self._decayed(now) + 1.0
-        self._at = now
+        elapsed_s = now - self._since
+        if elapsed_s < CPU_WINDOW_S:
+            return
+        if self._count >= CPU_WINDOW_MIN_REQUESTS and elapsed_s <= CPU_WINDOW_MAX_S:
+            cpu_now = self._cpu()
+            sample_s = (cpu_now - self._cpu_since) / self._count
+            old = self._cpu_per_request_s
+            self._cpu_per_request_s = sample_s if old == 0 else (
+                old + CPU_WEIGHT * (sample_s - old))
+        elif elapsed_s < CPU_WINDOW_MAX_S:
+            return  # too few requests yet: keep gathering
+        self._count = 0
+        self._since = now
+        self._cpu_since = self._cpu()
 
-    def per_s(self) -> float:
-        # A count decayed at rate k holds about rate/k events in steady state.
-        return self._decayed(self._clock()) * self._decay_per_s
+    def cpu_per_request_s(self) -> float:
+        """The running estimate; 0 until a window has been measured."""
+        return self._cpu_per_request_s
 
 
 class ListenBacklog:
     """The expected wait of a connection entering the accept queue(s) now, in seconds."""
 
-    def __init__(self, listeners: Sequence[Any], processes: int, rate: RateMeter,
+    def __init__(self, listeners: Sequence[Any], processes: int, rate: ServiceRate,
                  read: Callable[[Any], tuple[int, int] | None] = listen_queue) -> None:
         self.listeners = list(listeners)
         self.processes = max(1, processes)
@@ -111,7 +140,6 @@ class ListenBacklog:
         queued = self.queued()
         if queued < MIN_LISTEN_QUEUE:
             return 0.0
-        per_s = self.rate.per_s() * self.processes
-        # Requests per second overstate accepts (keep-alive connections carry several),
-        # so this underestimates the wait: the backlog sheds late rather than wrongly.
-        return math.inf if per_s <= 0 else queued / per_s
+        # Each queued connection carries at least one request; the processes sharing
+        # the socket take them in parallel.
+        return queued * self.rate.cpu_per_request_s() / self.processes

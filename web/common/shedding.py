@@ -12,8 +12,8 @@ is answered ``503 overloaded`` with ``Retry-After`` when, measured against the b
 - a front proxy's ``X-Request-Start`` says the request started longer ago, or
 - the kernel received the request's bytes longer ago (``queued``: TCP_INFO of the
   connection, web/common/backlog.py), or
-- the accept queue holds more connections than the web takes in that time
-  (``listen_backlog``: its length over the measured request rate, Little's law).
+- the accept queue holds more connections than the web serves in that time
+  (``listen_backlog``: its length times the measured CPU per request, Little's law).
 
 The answer is made before the body is read, JSON parsed or Redis asked, from bytes
 prepared here: a shed costs a small part of a submit (docs/benchmarks.md). Reads,
@@ -32,7 +32,7 @@ from typing import Any
 
 from flask import Flask
 
-from web.common.backlog import ListenBacklog, RateMeter, data_age_ms
+from web.common.backlog import ListenBacklog, ServiceRate, data_age_ms
 
 #: How often the lag monitor wakes: short enough to see a stall of the bound's
 #: size, long enough that its own wake-ups cost nothing (tens of µs, 40 a second).
@@ -161,8 +161,8 @@ class Shedder:
         self.monitor = monitor
         self.on_shed = on_shed
         self._wall_clock = wall_clock
-        #: Requests this process takes per second: the drain rate of the accept queue.
-        self.rate = RateMeter()
+        #: This process's CPU per request: how fast it drains the accept queue.
+        self.rate = ServiceRate()
         #: The listening sockets, once a gunicorn worker has them (``watch_listeners``).
         self.backlog: ListenBacklog | None = None
         self._body = _shed_body(max_queue_ms)
