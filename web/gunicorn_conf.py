@@ -3,12 +3,14 @@
     gunicorn -c python:web.gunicorn_conf 'web:create_app()'
 
 Environment: ``CARPOOL_WEB_BIND`` (default 127.0.0.1:8000), ``CARPOOL_WEB_WORKERS``
-(default 2: one per core here), ``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 5000),
+(default: the cores this process may use, ``available_cores``),
+``CARPOOL_WEB_WORKER_CONNECTIONS`` (default 5000),
 plus everything ``carpool.core.settings.load_settings`` reads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import shutil
@@ -32,6 +34,34 @@ def _env_int(name: str, default: int) -> int:
     if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
         raise ConfigError(f"{name}={raw!r} must be a positive integer")
     return int(raw)
+
+
+def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota
+    (a container's ``cpus:``), rounded up; at least 1.
+
+    The web is CPU-bound (docs/operations.md, sizing): one gevent worker per core.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup_root)
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
+
+
+def _cgroup_quota(root: Path) -> float | None:
+    """CPUs granted by the cgroup's quota (v2 ``cpu.max``, v1 ``cpu.cfs_*``), or None."""
+    try:
+        if (root / "cpu.max").exists():
+            limit, _, period = (root / "cpu.max").read_text().strip().partition(" ")
+            return None if limit == "max" else int(limit) / int(period or 100000)
+        v1 = root / "cpu"
+        if (v1 / "cpu.cfs_quota_us").exists():
+            limit_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            period_us = int((v1 / "cpu.cfs_period_us").read_text())
+            return None if limit_us <= 0 or period_us <= 0 else limit_us / period_us
+    except (OSError, ValueError):  # unreadable or odd: go by the affinity alone
+        return None
+    return None
 
 
 #: Metric directories made by on_starting, removed by on_exit.
@@ -100,7 +130,8 @@ def on_exit(server: Any) -> None:
 _settings = load_settings()
 
 bind = os.environ.get("CARPOOL_WEB_BIND") or "127.0.0.1:8000"
-workers = _env_int("CARPOOL_WEB_WORKERS", 2)
+# One per core: the web is CPU-bound, and a job's web CPU sizes it (docs/operations.md).
+workers = _env_int("CARPOOL_WEB_WORKERS", available_cores())
 # gevent, because a long-poll mostly waits: each one is a parked greenlet and an
 # event, so a 2-core box holds thousands of `?wait=30` polls and still answers
 # submits. The worker monkey-patches threading, so web.results.waiters' lock, events and
@@ -136,4 +167,5 @@ def post_worker_init(worker: Any) -> None:
     from web.common.shedding import start_lag_monitor
 
     check_redis_durability(worker.wsgi)
-    start_lag_monitor(worker.wsgi)  # this worker's event-loop lag, for shedding
+    # This worker's event-loop lag and the accept queue it shares, for shedding.
+    start_lag_monitor(worker.wsgi, worker.sockets, worker.cfg.workers)

@@ -2,6 +2,11 @@
 
     python ops/bench/overload.py --roots /path/to/old,. --factors 1.5,3 --out overload.json
 
+When the web is the bottleneck (docs/operations.md, shedding):
+
+    python ops/bench/overload.py --sizes 16 --cost-ms 20,1 --deadlines 0 \
+        --factors 1,2,5 --protocols poll,wait --ceiling
+
 For each checkout in ``--roots`` (each runs its own web and worker: ``python -m`` from
 that root imports that root's code), each offered load in ``--factors`` (× the
 model's offline rate) and each deadline setting in ``--deadlines`` (0: none), this
@@ -9,7 +14,14 @@ starts a private redis-server, the web under gunicorn and one Celery worker serv
 the synthetic model, then drives it open-loop: Poisson arrivals with a mix of sizes
 (so the model's bins compete for one worker), each job submitted then long-polled,
 its client giving up ``--client-timeout-s`` after its arrival. The same arrivals go
-to every run.
+to every run. Each caller may hold its own connection (``--connections``, 4096 by
+default): a small pool would queue the excess in the generator, where the web cannot
+see it, instead of in the web. ``--protocols``: ``poll`` submits then long-polls,
+``wait`` sends one ``POST /submit?wait``. ``--ceiling`` first measures the generator's
+own ceiling against a stub server (carpool.bench.ceiling), so the reader knows the
+load was offered; each run reports the 1-minute load average (the machine may be
+shared), the web's sheds by reason and the p99 of the refusals' answer times as the
+client saw them (from sending, so the time in the web's queues is in it).
 
 The synthetic model sleeps a + b·n ms per batch of n whatever the bin, so its
 offline rate is exact: per bin ``max_batch / (a + b·max_batch)`` jobs/s, and for a
@@ -25,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,8 +51,10 @@ import requests
 
 from carpool.backend.keys import Keys
 from carpool.bench.arrivals import Arrival, poisson_times
+from carpool.bench.ceiling import measure_ceiling
 from carpool.bench.client import HttpOptions, run_http
 from carpool.bench.records import JobRecord, Outcome
+from carpool.bench.scrape import SCRAPE_TIMEOUT_S
 from carpool.bench.workload import SizeMix, new_nonce
 from carpool.core.catalogue import builtin_models
 from carpool.core.settings import load_settings
@@ -53,6 +68,7 @@ START_TIMEOUT_S = 120.0
 @dataclass(frozen=True)
 class RunResult:
     root: str
+    protocol: str
     factor: float
     deadline_ms: int
     offered: int
@@ -63,6 +79,14 @@ class RunResult:
     errors: int
     goodput_per_s: float
     offline_per_s: float
+    #: p99 of the refusals' (429 and 503) answer times, from sending, in ms.
+    refusal_p99_ms: float = 0.0
+    #: carpool_web_shed_total by reason, scraped at the end of the run.
+    sheds: dict[str, float] | None = None
+    load_avg_1m: float = 0.0
+    #: p99 of how late the generator started jobs after their scheduled arrival, in ms:
+    #: large when the generator itself runs short of CPU (the load was not all offered).
+    start_late_p99_ms: float = 0.0
 
     @property
     def goodput_ratio(self) -> float:
@@ -104,8 +128,19 @@ def _worker_serving(redis_url: str) -> bool:
         client.close()
 
 
+def _sheds(base_url: str) -> dict[str, float]:
+    text = requests.get(f"{base_url}/metrics", timeout=SCRAPE_TIMEOUT_S).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("carpool_web_shed_total{"):
+            labels, _, value = line.partition("} ")
+            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
 def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
-            factor: float, deadline_ms: int, offline_per_s: float) -> RunResult:
+            factor: float, deadline_ms: int, offline_per_s: float,
+            protocol: str = "poll") -> RunResult:
     tmp = Path(tempfile.mkdtemp(prefix="carpool-overload-"))
     server = start_redis(tmp / "redis")
     port = free_port()
@@ -113,6 +148,8 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
                CARPOOL_SYNTHETIC_COST_MS=f"{a_ms:g},{b_ms:g}", CARPOOL_MODELS="synthetic",
                CARPOOL_WORKER_METRICS_PORT="0", PYTHONPATH=str(root))
+    if args.web_workers:
+        env["CARPOOL_WEB_WORKERS"] = str(args.web_workers)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(tmp / "procs.log", "ab") as logs:
@@ -127,8 +164,12 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
             time.sleep(0.2)  # the worker loads and registers: no event to block on here
         opts = HttpOptions(base_url=f"http://127.0.0.1:{port}",
                            client_timeout_s=args.client_timeout_s,
-                           grace_s=args.client_timeout_s + 5)
+                           grace_s=args.client_timeout_s + 5, protocol=protocol,
+                           submit_connections=args.connections,
+                           poll_connections=args.connections)
         records = run_http(arrivals, opts, new_nonce())
+        load_1m = os.getloadavg()[0]
+        sheds = _sheds(opts.base_url)
     finally:
         for p in procs:
             p.terminate()
@@ -138,25 +179,47 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
             except subprocess.TimeoutExpired:
                 p.kill()
         server.stop()
-    return summarise(str(root), factor, deadline_ms, records, args, offline_per_s)
+    result = summarise(str(root), factor, deadline_ms, records, args, offline_per_s, protocol)
+    return RunResult(**{**asdict(result), "sheds": sheds, "load_avg_1m": round(load_1m, 2)})
+
+
+def _p99_ms(values_s: Sequence[float]) -> float:
+    if not values_s:
+        return 0.0
+    ordered = sorted(values_s)
+    return round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1)
 
 
 def summarise(root: str, factor: float, deadline_ms: int, records: Sequence[JobRecord],
-              args: argparse.Namespace, offline_per_s: float) -> RunResult:
+              args: argparse.Namespace, offline_per_s: float,
+              protocol: str = "poll") -> RunResult:
     in_time = [r for r in records if r.outcome is Outcome.OK]
     # Over the span the worker had work: from the first arrival to the last answer in
     # time (under overload it is busy throughout), not over the arrivals alone.
     span_s = max((r.t_final or 0.0 for r in in_time), default=0.0) - min(
         (r.t_sched for r in records), default=0.0)
+    refused = [r for r in records if r.http_status in (429, 503) and r.t_final is not None]
     return RunResult(
-        root=root, factor=factor, deadline_ms=deadline_ms, offered=len(records),
+        root=root, protocol=protocol, factor=factor, deadline_ms=deadline_ms,
+        offered=len(records),
         done_in_time=len(in_time),
         timed_out=sum(r.outcome is Outcome.TIMEOUT for r in records),
         refused_429=sum(r.outcome is Outcome.REJECTED for r in records),
         refused_503=sum(r.outcome is Outcome.ERROR and r.http_status == 503 for r in records),
         errors=sum(r.outcome is Outcome.ERROR and r.http_status != 503 for r in records),
         goodput_per_s=round(len(in_time) / span_s, 1) if span_s > 0 else 0.0,
-        offline_per_s=round(offline_per_s, 1))
+        offline_per_s=round(offline_per_s, 1),
+        refusal_p99_ms=_p99_ms([(r.t_final or 0.0) - r.t_start for r in refused]),
+        start_late_p99_ms=_p99_ms([r.t_start - r.t_sched for r in records]))
+
+
+def _raise_open_files(wanted: int) -> None:
+    """Room for every caller's connection: the soft limit is often 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,10 +234,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     default=(100.0, 10.0), help="synthetic a,b: a + b·n ms per batch")
     ap.add_argument("--client-timeout-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--protocols", default="poll", help="comma-separated: poll, wait")
+    ap.add_argument("--connections", type=int, default=4096,
+                    help="the generator's connections for submits (and as many for polls)")
+    ap.add_argument("--web-workers", type=int, default=0,
+                    help="CARPOOL_WEB_WORKERS (0: the web's default)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="first measure the generator's own ceiling (jobs/s, stub server)")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
     mix = SizeMix.parse(args.sizes)
     offline = offline_rate_per_s(mix, args.cost_ms)
+    _raise_open_files(4 * args.connections)
+    if args.ceiling:
+        ceiling = measure_ceiling()
+        print(json.dumps({"generator_ceiling_per_s": ceiling.rate,
+                          "steps": [[p.label, round(p.delivered, 3), round(p.lateness_p99_ms, 1)]
+                                    for p in ceiling.points],
+                          "load_avg_1m": round(os.getloadavg()[0], 2)}), flush=True)
     results: list[RunResult] = []
     for factor in (float(f) for f in args.factors.split(",")):
         rng = random.Random(args.seed)
@@ -184,11 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             arrivals = [Arrival(t, size, deadline_ms=deadline_ms)
                         for t, size in zip(times, sizes, strict=True)]
             for root in (Path(r).resolve() for r in args.roots.split(",")):
-                result = run_one(root, arrivals, args, factor, deadline_ms, offline)
-                results.append(result)
-                print(json.dumps({**asdict(result),
-                                  "goodput_ratio": round(result.goodput_ratio, 3)}),
-                      flush=True)
+                for protocol in args.protocols.split(","):
+                    result = run_one(root, arrivals, args, factor, deadline_ms, offline,
+                                     protocol)
+                    results.append(result)
+                    print(json.dumps({**asdict(result),
+                                      "goodput_ratio": round(result.goodput_ratio, 3),
+                                      "timed_out_share": round(
+                                          result.timed_out / max(1, result.offered), 4)}),
+                          flush=True)
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0

@@ -109,3 +109,58 @@ def test_gunicorn_sheds_a_submit_that_waited_out_a_stalled_event_loop(
             return resp.status_code == 202
 
         wait_until(served, TIMEOUT_S, "a submit served after the stall")
+
+
+#: The queued test's bound: far above any event-loop lag a busy test machine causes,
+#: far below how long its submit waits in the accept queue (HOLD_S).
+QUEUED_BOUND_MS = 1000
+#: How long the long-polls that fill the worker's two connection slots hold them.
+HOLD_S = 3
+
+
+def raw_poll(port: int, job_id: str) -> socket.socket:
+    """A long-poll that holds one of the worker's connection slots for HOLD_S."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    s.sendall(f"GET /result/{job_id}?wait={HOLD_S} HTTP/1.1\r\nHost: test\r\n"
+              "Connection: close\r\n\r\n".encode())
+    return s
+
+
+def test_gunicorn_sheds_a_submit_that_waited_in_the_accept_queue_without_a_proxy(
+        redis_url: str, key_prefix: str) -> None:
+    """No X-Request-Start and an idle event loop: only the kernel saw the wait."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_WORKER_CONNECTIONS="2",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(QUEUED_BOUND_MS))
+    with start_web(env) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
+        job = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
+        assert job.status_code == 202, job.text  # no worker: it stays queued
+        polls = [raw_poll(port, job.json()["id"]) for _ in range(2)]
+        # Both slots taken (the accept queue is first in, first out): this submit
+        # waits in the kernel until a poll ends, HOLD_S from now.
+        waiting = raw_submit(port)
+        with waiting:
+            head, _, body = read_all(waiting).partition(b"\r\n\r\n")
+        for poll in polls:
+            with poll:
+                assert read_all(poll).split()[1] == b"200"
+        assert head.split()[1] == b"503", head
+        assert b"\r\nRetry-After: 1\r\n" in head + b"\r\n"
+        assert json.loads(body)["error"]["code"] == "overloaded"
+        assert shed_count(base_url, "queued") == 1
+        assert shed_count(base_url, "event_loop_lag") == 0
+
+
+def test_an_unloaded_gunicorn_sheds_nothing(redis_url: str, key_prefix: str) -> None:
+    """The default bound, one request at a time: every kernel-side reading stays small."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1")
+    with start_web(env) as base_url, requests.Session() as session:
+        for _ in range(30):  # on kept-alive connections and fresh ones alike
+            resp = session.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
+            assert resp.status_code == 202, resp.text
+            resp = requests.post(f"{base_url}/submit?wait=0.01", json=SUBMIT, timeout=TIMEOUT_S)
+            assert resp.status_code == 202, resp.text
+        text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
+        for reason in ("queued", "listen_backlog", "event_loop_lag", "request_start"):
+            assert Scrape(text).value("carpool_web_shed_total", reason=reason) == 0

@@ -1,14 +1,19 @@
 """Load shedding: a submit that already waited too long inside the web answers 503 at once.
 
-When the web's own CPU is the bottleneck, requests wait inside the process before
-any route runs (under gevent, as ready greenlets behind the ones already running).
-Admission by predicted wait (carpool.admission) never sees that wait, so a flood is
-queued in the web instead of refused. Here, in front of Flask, an admitting request
-(``admits_work``) is answered ``503 overloaded`` with ``Retry-After`` when
+When the web's own CPU is the bottleneck, requests wait before any route runs: in
+the listening socket's accept queue, in a connection's receive buffer, and (under
+gevent) as ready greenlets behind the ones already running. Admission by predicted
+wait (carpool.admission) never sees that wait, so a flood is queued in the web
+instead of refused. Here, in front of Flask, an admitting request (``admits_work``)
+is answered ``503 overloaded`` with ``Retry-After`` when, measured against the bound,
 
 - the event loop is late (``LagMonitor``: a greenlet per worker process that sleeps
-  ``LAG_INTERVAL_S`` and records how late it woke) by more than the bound, or
-- a front proxy's ``X-Request-Start`` says the request started longer ago than that.
+  ``LAG_INTERVAL_S`` and records how late it woke), or
+- a front proxy's ``X-Request-Start`` says the request started longer ago, or
+- the kernel received the request's bytes longer ago (``queued``: TCP_INFO of the
+  connection, web/common/backlog.py), or
+- the accept queue holds more connections than the web serves in that time
+  (``listen_backlog``: its length times the measured CPU per request, Little's law).
 
 The answer is made before the body is read, JSON parsed or Redis asked, from bytes
 prepared here: a shed costs a small part of a submit (docs/benchmarks.md). Reads,
@@ -27,6 +32,8 @@ from typing import Any
 
 from flask import Flask
 
+from web.common.backlog import ListenBacklog, ServiceRate, data_age_ms
+
 #: How often the lag monitor wakes: short enough to see a stall of the bound's
 #: size, long enough that its own wake-ups cost nothing (tens of µs, 40 a second).
 LAG_INTERVAL_S = 0.025
@@ -41,7 +48,9 @@ SHED_CODE = "overloaded"
 #: Why a request was shed: the ``reason`` label of ``carpool_web_shed_total``.
 REASON_LAG = "event_loop_lag"
 REASON_REQUEST_START = "request_start"
-SHED_REASONS = (REASON_LAG, REASON_REQUEST_START)
+REASON_QUEUED = "queued"
+REASON_LISTEN_BACKLOG = "listen_backlog"
+SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG)
 #: Exact paths that admit jobs; any POST under a versioned API prefix does too.
 SHED_PATHS = frozenset({"/submit", "/submit/batch"})
 SHED_PREFIXES = ("/v1/", "/v2/")
@@ -136,8 +145,8 @@ class LagMonitor:
 
 
 def _shed_body(max_queue_ms: int) -> bytes:
-    message = (f"the web is overloaded: this request waited over {max_queue_ms} ms before "
-               f"it was handled, so nothing was queued; retry after {RETRY_AFTER_S} s")
+    message = (f"the web is overloaded: requests wait over {max_queue_ms} ms before they "
+               f"are handled, so nothing was queued; retry after {RETRY_AFTER_S} s")
     return json.dumps({"error": {"code": SHED_CODE, "message": message}}).encode()
 
 
@@ -152,6 +161,10 @@ class Shedder:
         self.monitor = monitor
         self.on_shed = on_shed
         self._wall_clock = wall_clock
+        #: This process's CPU per request: how fast it drains the accept queue.
+        self.rate = ServiceRate()
+        #: The listening sockets, once a gunicorn worker has them (``watch_listeners``).
+        self.backlog: ListenBacklog | None = None
         self._body = _shed_body(max_queue_ms)
         self._headers = [("Content-Type", "application/json"),
                          ("Content-Length", str(len(self._body))),
@@ -167,9 +180,15 @@ class Shedder:
         started = request_start_s(environ.get("HTTP_X_REQUEST_START"))
         if started is not None and self._wall_clock() - started > self.max_queue_s:
             return REASON_REQUEST_START
+        age_ms = data_age_ms(environ.get("gunicorn.socket"))
+        if age_ms is not None and age_ms > self.max_queue_s * 1000.0:
+            return REASON_QUEUED
+        if self.backlog is not None and self.backlog.wait_s() > self.max_queue_s:
+            return REASON_LISTEN_BACKLOG
         return None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        self.rate.tick()
         why = self.reason(environ)
         if why is None:
             return self.app(environ, start_response)
@@ -186,12 +205,17 @@ def install(app: Flask, max_queue_ms: int, on_shed: Callable[[str], None]) -> Sh
     return shedder
 
 
-def start_lag_monitor(app: Flask) -> None:
-    """Start ``app``'s lag monitor, in a gunicorn worker once gevent has patched.
+def start_lag_monitor(app: Flask, listeners: Iterable[Any] = (), processes: int = 1) -> None:
+    """Start ``app``'s lag monitor and watch ``listeners``' accept queue (shared by
+    ``processes`` workers), in a gunicorn worker once gevent has patched.
 
     Not in ``create_app``: the Flask test client and tools build apps that serve no
     event loop, and the master process serves none either.
     """
     shedder = app.extensions.get(EXTENSION)
     if isinstance(shedder, Shedder) and shedder.max_queue_s > 0:
+        # gunicorn wraps each listening socket; the kernel's is its ``sock``.
+        socks = [getattr(listener, "sock", listener) for listener in listeners]
+        if socks:
+            shedder.backlog = ListenBacklog(socks, processes, shedder.rate)
         shedder.monitor.start()
