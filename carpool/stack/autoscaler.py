@@ -60,7 +60,7 @@ class Autoscaler:
                                  settings.cold_start_s)
         self.models = set(settings.worker_models) or {s.name for s in settings.catalogue}
         self.stack = stack
-        self.scaler = scaler or Scaler(stack.bounds)
+        self.scaler = scaler or Scaler(stack.bounds, settings.scale_hold_down_s)
         self.say = say
         self.poll_s = poll_s
         self.clock = clock
