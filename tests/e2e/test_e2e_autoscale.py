@@ -9,8 +9,9 @@ from pathlib import Path
 
 import requests
 
+from carpool.stack.waiting import wait_until
 from tests.e2e.test_supervisor import carpool_up
-from tests.support.procs import free_port, log_says, wait_until
+from tests.support.procs import free_port, log_says
 from tests.support.redisproc import private_redis
 
 SCALING_ENV = {
