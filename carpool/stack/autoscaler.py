@@ -6,6 +6,8 @@ registered yet as loading (the rule then holds them, and does not double again f
 the same surge), and lets ``Scaler`` (carpool/stack/scaling.py) decide. Each change
 is one line on `carpool up`'s output and in ``<state dir>/scaling.log``: from how
 many to how many workers, and why (the model, the rule's reason and its inputs).
+While workers it started are not serving yet, it tells admission when they will
+(carpool/backend/coming.py), so a surge is not refused for capacity seconds away.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from carpool.backend.coming import Coming
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from carpool.backend.need_gauges import NeedReader, NeedSnapshot
@@ -24,6 +27,7 @@ from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import load_settings
+from carpool.scheduling.need import ModelLoad
 from carpool.stack.localstack import Stack
 from carpool.stack.scaling import Decision, PoolWorker, Scaler, wish
 
@@ -34,18 +38,21 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 
 
-def pool_of(stack_workers: list[str], snap: NeedSnapshot) -> tuple[list[PoolWorker], int]:
-    """Our workers as the rule sees them, and how many have not registered yet."""
+def pool_of(stack_workers: list[str], snap: NeedSnapshot
+            ) -> tuple[list[PoolWorker], int, list[str]]:
+    """Our workers as the rule sees them, how many have not registered yet, and those
+    not serving yet (unregistered or loading)."""
     entries = {w.worker.partition("@")[0]: w for w in snap.live}
     busy = {name.partition("@")[0] for name in snap.busy}
-    pool, unregistered = [], 0
+    pool, unregistered, starting = [], 0, []
     for name in stack_workers:
         entry = entries.get(name)
         unregistered += entry is None
-        starting = entry is None or bool(entry.loading)
+        if entry is None or entry.loading:
+            starting.append(name)
         pool.append(PoolWorker(name, int(name.removeprefix("worker")),
-                               idle=not starting and name not in busy))
-    return pool, unregistered
+                               idle=name not in starting and name not in busy))
+    return pool, unregistered, starting
 
 
 class Autoscaler:
@@ -58,6 +65,9 @@ class Autoscaler:
         self.reader = NeedReader(self.client, keys, Queue(self.client, keys),
                                  Registry(self.client, keys), settings.catalogue,
                                  settings.cold_start_s)
+        self.coming = Coming(self.client, keys)
+        #: When each worker we started was started (the first ones: when we began).
+        self._spawned: dict[str, float] = {}
         self.models = set(settings.worker_models) or {s.name for s in settings.catalogue}
         self.stack = stack
         self.scaler = scaler or Scaler(stack.bounds, settings.scale_hold_down_s)
@@ -87,7 +97,7 @@ class Autoscaler:
 
     def tick(self) -> Decision:
         snap = self.reader.snapshot()
-        pool, unregistered = pool_of(list(self.stack.workers), snap)
+        pool, unregistered, starting = pool_of(list(self.stack.workers), snap)
         loads = {model: dataclasses.replace(load, loading=load.loading + unregistered)
                  for model, load in snap.loads.items() if model in self.models}
         wanted, why = wish(loads)
@@ -96,6 +106,9 @@ class Autoscaler:
             return decision
         notes: list[str] = []
         started = [self.stack.spawn_worker(notes) for _ in range(decision.start)]
+        now_s = self.clock()
+        self._spawned.update((name, now_s) for name in started)
+        self._say_coming(loads, [*starting, *started], now_s)
         for name in decision.stop:
             self.stack.retire_worker(name)
         if started or decision.stop:
@@ -106,6 +119,17 @@ class Autoscaler:
         for note in notes:
             self._tell(note)
         return decision
+
+    def _say_coming(self, loads: Mapping[str, ModelLoad], starting: list[str],
+                    now_s: float) -> None:
+        """Admission counts the workers not serving yet from when they will (the last
+        of them: its start plus the model's cold start), model by model."""
+        if not starting:
+            return
+        for model, load in loads.items():
+            ready_in_ms = max(load.cold_start_ms - 1000 * (now_s - self._spawned.get(
+                name, now_s)) for name in starting)
+            self.coming.say(model, len(starting), round(ready_in_ms))
 
     def _tell(self, line: str) -> None:
         self.say(line)

@@ -91,6 +91,7 @@ def test_the_pool_as_the_rule_sees_it_unregistered_and_busy_workers_are_not_idle
             WorkerModels("worker1@h", ("synthetic",), {}),
             WorkerModels("worker2@h", (), {}, loading=("synthetic",))]
     snap = NeedSnapshot({}, live, frozenset({"worker1@h"}))
-    workers, unregistered = pool_of(["worker0", "worker1", "worker2", "worker3"], snap)
+    workers, unregistered, starting = pool_of(["worker0", "worker1", "worker2", "worker3"],
+                                              snap)
     assert [w.idle for w in workers] == [True, False, False, False]
-    assert unregistered == 1
+    assert unregistered == 1 and starting == ["worker2", "worker3"]
