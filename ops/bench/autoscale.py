@@ -1,8 +1,10 @@
 """`carpool up --workers 1..3` under a surge: issue #36's scenario, end to end on one host.
 
-    python ops/bench/autoscale.py --out autoscale.json
+    python ops/bench/autoscale.py --roots /path/to/old,. --workers 1..3,1 --out autoscale.json
 
-A private redis-server and `carpool up --workers 1..3` serving the synthetic model at
+For each checkout in ``--roots`` (``python -m carpool.cli`` from that root runs that
+root's code) and each pool in ``--workers``: a private redis-server and
+`carpool up --workers 1..3` serving the synthetic model at
 a, b = 300, 5 ms (one worker, full batches of 32: ~69.6 jobs/s). Poisson arrivals of
 size-1 jobs at ``--factor`` (2.6) × that rate for ``--duration-s`` (60 s), each with a
 10 s deadline and a caller that gives up at 10 s. Reported: the pool over time (from
@@ -35,7 +37,6 @@ from carpool.bench.workload import new_nonce
 from carpool.stack.redis_local import free_port, start_redis
 from carpool.stack.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 A_MS, B_MS, MAX_BATCH = 300.0, 5.0, 32  # the synthetic model's small bin
 POOL = re.compile(r"scale   (\d+) -> (\d+) workers")
 
@@ -69,6 +70,7 @@ def summarise(records: Sequence[JobRecord], settle_s: float, statuses: dict[str,
         "late_share_after_settle": round(len(late) / max(1, len(later)), 4),
         "late_in_first_settle": sum(r.outcome is not Outcome.OK for r in admitted
                                     if r.t_sched < settle_s),
+        "refused_in_first_settle": sum(not r.job_id for r in records if r.t_sched < settle_s),
         "max_pool": max((n for _, n in changes), default=1),
         "pool_changes_s": changes,
         "s_from_last_arrival_to_one": None if back_to_one is None
@@ -80,27 +82,36 @@ def summarise(records: Sequence[JobRecord], settle_s: float, statuses: dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--roots", default=".", help="comma-separated checkouts to compare")
     ap.add_argument("--factor", type=float, default=2.6, help="× one worker's rate")
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--deadline-ms", type=int, default=10_000)
     ap.add_argument("--settle-s", type=float, default=20.0)
     ap.add_argument("--shrink-bound-s", type=float, default=150.0)
-    ap.add_argument("--workers", default="1..3")
+    ap.add_argument("--workers", default="1..3", help="comma-separated pools (N or MIN..MAX)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    results = [run_one(Path(root).resolve(), workers, args)
+               for root in args.roots.split(",") for workers in args.workers.split(",")]
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def run_one(root: Path, workers: str, args: argparse.Namespace) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="carpool-autoscale-"))
     server = start_redis(tmp / "redis")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "CARPOOL_MODELS": "synthetic", "CARPOOL_WORKER_METRICS_PORT": "0",
-           "CARPOOL_SYNTHETIC_COST_MS": f"{A_MS:g},{B_MS:g}", "PYTHONPATH": str(ROOT)}
+           "CARPOOL_SYNTHETIC_COST_MS": f"{A_MS:g},{B_MS:g}", "PYTHONPATH": str(root)}
     out = tmp / "up.out"
     with open(out, "wb") as f:
         up = subprocess.Popen([sys.executable, "-m", "carpool.cli", "up", "--workers",
-                               args.workers, "--no-flower", "--port", str(port),
+                               workers, "--no-flower", "--port", str(port),
                                "--redis-url", server.url, "--state-dir", str(tmp / "state")],
-                              env=env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+                              env=env, cwd=root, stdout=f, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: up.poll() is not None or "carpool is up" in out.read_text(), 180,
                    "carpool up", poll_s=0.2)
@@ -118,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def back_to_one() -> bool:
             changes = pool_changes(log, t0_wall)
-            return bool(changes) and changes[-1][1] == 1 and changes[-1][0] > end_s
+            return not changes or (changes[-1][1] == 1 and changes[-1][0] > end_s)
 
         try:  # a wait for the pool's own decision: there is no event to block on
             wait_until(back_to_one, end_s + args.shrink_bound_s + 30 - (time.time() - t0_wall),
@@ -130,9 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if r.job_id:
                 status = requests.get(f"{base}/result/{r.job_id}", timeout=10).json()["status"]
                 statuses[status] = statuses.get(status, 0) + 1
-        result = {"factor": args.factor, "rate_per_s": round(rate, 1),
+        result = {"root": str(root), "factor": args.factor, "rate_per_s": round(rate, 1),
                   "duration_s": args.duration_s, "deadline_ms": args.deadline_ms,
-                  "workers": args.workers,
+                  "workers": workers,
                   **summarise(records, args.settle_s, statuses,
                               pool_changes(log, t0_wall), end_s)}
     finally:
@@ -143,10 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             up.kill()
         server.stop()
     print(json.dumps(result), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
     print(f"logs: {tmp}", file=sys.stderr)
-    return 0
+    return result
 
 
 if __name__ == "__main__":
