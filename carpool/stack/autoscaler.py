@@ -66,7 +66,7 @@ class Autoscaler:
                                  Registry(self.client, keys), settings.catalogue,
                                  settings.cold_start_s)
         self.coming = Coming(self.client, keys)
-        #: When each worker we started was started (the first ones: when we began).
+        #: When each worker not serving yet was started (or first seen starting).
         self._spawned: dict[str, float] = {}
         self.models = set(settings.worker_models) or {s.name for s in settings.catalogue}
         self.stack = stack
@@ -124,12 +124,18 @@ class Autoscaler:
                     now_s: float) -> None:
         """Admission counts the workers not serving yet from when they will (the last
         of them: its start plus the model's cold start), model by model."""
-        if not starting:
-            return
+        for name in [n for n in self._spawned if n not in starting]:
+            del self._spawned[name]  # serving (or gone): a restart starts its clock anew
+        for name in starting:
+            self._spawned.setdefault(name, now_s)  # one we did not start: seen now
         for model, load in loads.items():
-            ready_in_ms = max(load.cold_start_ms - 1000 * (now_s - self._spawned.get(
-                name, now_s)) for name in starting)
-            self.coming.say(model, len(starting), round(ready_in_ms))
+            # A worker late by a whole cold start (waiting for a GPU, failing to load)
+            # is no longer counted on: admission must not lean on capacity that stalls.
+            ready_in_ms = [load.cold_start_ms - 1000 * (now_s - self._spawned[name])
+                           for name in starting]
+            due = [ms for ms in ready_in_ms if ms > -load.cold_start_ms]
+            if due:
+                self.coming.say(model, len(due), round(max(due)))
 
     def _tell(self, line: str) -> None:
         self.say(line)
