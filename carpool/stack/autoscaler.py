@@ -93,7 +93,10 @@ class Autoscaler:
             try:
                 self.tick()
             except BackendUnavailable as exc:
-                log.warning("autoscaler: Redis unavailable, the pool stays as it is: %s", exc)
+                self.say(f"scale   Redis unavailable, the pool stays as it is: {exc}")
+            except Exception as exc:  # noqa: BLE001 — the pool must keep being sized
+                log.exception("autoscaler")
+                self.say(f"scale   sizing failed, the pool stays as it is: {exc!r}")
 
     def tick(self) -> Decision:
         snap = self.reader.snapshot()

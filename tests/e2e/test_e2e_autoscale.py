@@ -9,6 +9,8 @@ from pathlib import Path
 
 import requests
 
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
 from carpool.stack.waiting import wait_until
 from tests.e2e.test_supervisor import carpool_up
 from tests.support.procs import free_port, log_says
@@ -53,6 +55,9 @@ def test_the_pool_grows_under_load_shrinks_after_and_loses_no_admitted_job(
         grew = next(line for line in out.read_text().splitlines()
                     if line.startswith("scale   1 -> "))
         assert "starting worker1" in grew and "synthetic needs" in grew, grew
+        # Admission was told when the new workers serve (coming.lua).
+        stats = connect(redis_server.url).hgetall(Keys("up-scaled").model_stats("synthetic"))
+        assert int(stats["coming_n"]) >= 1, stats
         # A trickle while the pool shrinks: a worker told to stop may hold one of these.
         trickle: list[str] = []
 
