@@ -89,14 +89,20 @@ class Autoscaler:
         self.client.close()
 
     def _run(self) -> None:
+        problem = ""  # said once, not every second while it lasts
         while not self._stopping.wait(self.poll_s):
             try:
                 self.tick()
+                problem = ""
             except BackendUnavailable as exc:
-                self.say(f"scale   Redis unavailable, the pool stays as it is: {exc}")
+                if not problem:
+                    self._tell(f"scale   Redis unavailable, the pool stays as it is: {exc}")
+                problem = "redis"
             except Exception as exc:  # noqa: BLE001 — the pool must keep being sized
                 log.exception("autoscaler")
-                self.say(f"scale   sizing failed, the pool stays as it is: {exc!r}")
+                if problem != repr(exc):
+                    self._tell(f"scale   sizing failed, the pool stays as it is: {exc!r}")
+                problem = repr(exc)
 
     def tick(self) -> Decision:
         snap = self.reader.snapshot()
