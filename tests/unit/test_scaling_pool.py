@@ -11,6 +11,7 @@ from carpool.core.errors import ConfigError
 from carpool.scheduling.batching import Cost
 from carpool.scheduling.need import BinLoad, ModelLoad
 from carpool.stack.autoscaler import pool_of
+from carpool.stack.localstack import pool_bounds
 from carpool.stack.scaling import HOLD_DOWN_S, Bounds, PoolWorker, Scaler, parse_workers, wish
 
 
@@ -95,3 +96,14 @@ def test_the_pool_as_the_rule_sees_it_unregistered_and_busy_workers_are_not_idle
                                               snap)
     assert [w.idle for w in workers] == [True, False, False, False]
     assert unregistered == 1 and starting == ["worker2", "worker3"]
+
+
+def test_a_scaling_pool_on_gpus_takes_one_each_and_claims_it() -> None:
+    notes: list[str] = []
+    bounds, extra = pool_bounds(Bounds(1, 8), {}, 2, notes)
+    assert bounds == Bounds(1, 2) and extra == {"CARPOOL_GPU_CLAIM": "1"}
+    assert notes == ["--workers 1..8: 2 GPU(s), so at most 2 workers"]
+    # No GPU, or a fixed pool: as before; a claim setting of the user's is kept.
+    assert pool_bounds(Bounds(1, 8), {}, 0, []) == (Bounds(1, 8), {})
+    assert pool_bounds(Bounds(3, 3), {}, 2, []) == (Bounds(3, 3), {})
+    assert pool_bounds(Bounds(1, 2), {"CARPOOL_GPU_CLAIM": "0"}, 2, []) == (Bounds(1, 2), {})
