@@ -4,7 +4,7 @@ refused for capacity seconds away, nor admitted beyond what arrives in time."""
 
 from __future__ import annotations
 
-from carpool.backend.admissions import DRAIN_TAU_MS
+from carpool.admission.retry_after import DRAIN_TAU_MS
 from carpool.backend.coming import Coming
 from carpool.backend.queue import Queue
 from carpool.core.errors import WaitTooLong
