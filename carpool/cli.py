@@ -21,8 +21,10 @@ from carpool.client.bulk import run_bulk_command
 from carpool.client.cli_commands import add_commands
 from carpool.core.clihelp import HelpParser
 from carpool.core.errors import CarpoolError
+from carpool.stack.autoscaler import Autoscaler
 from carpool.stack.localstack import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, UpOptions, start_stack
 from carpool.stack.readiness import report_until_ready
+from carpool.stack.scaling import parse_workers
 from carpool.stack.supervisor import Supervisor
 from carpool.stack.waiting import wait_until
 
@@ -120,7 +122,8 @@ def demo(base_url: str, supervisor: Supervisor, served: Sequence[str]) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    opts = UpOptions(port=args.port, redis_url=args.redis_url, workers=args.workers,
+    opts = UpOptions(port=args.port, redis_url=args.redis_url,
+                     workers=parse_workers(args.workers),
                      flower=not args.no_flower, flower_port=args.flower_port,
                      models=args.models, state_dir=Path(args.state_dir))
     stack, urls, notes = start_stack(opts)
@@ -145,6 +148,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                                     check=lambda: _check(supervisor),
                                     pause=supervisor.failed.wait,
                                     say=lambda line: print(line, flush=True))
+        if stack.bounds.scaling:
+            stack.scaler = Autoscaler(stack, say=lambda line: print(line, flush=True))
+            stack.scaler.start()
+            print(f"scale   {stack.bounds.low}..{stack.bounds.high} workers by need "
+                  f"(changes below and in {opts.state_dir}/scaling.log)", flush=True)
         code = demo(urls["api"], supervisor, served) if args.demo else 0
         if args.once:
             return code
@@ -306,7 +314,9 @@ def parser() -> argparse.ArgumentParser:
                     "taken)")
     up.add_argument("--redis-url", default=None,
                     help="use this Redis; default: 127.0.0.1:6379 if it answers, else start one")
-    up.add_argument("--workers", type=int, default=1, help="Celery workers to start")
+    up.add_argument("--workers", default="1",
+                    help="Celery workers to start: N, or MIN..MAX to start and stop them by "
+                         "the scaling rule (one per GPU where there are GPUs)")
     up.add_argument("--no-flower", action="store_true", help="do not start Flower")
     up.add_argument("--flower-port", type=int, default=None,
                     help=f"Flower's port (default {DEFAULT_FLOWER_PORT}, or a free one if taken)")

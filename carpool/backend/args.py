@@ -237,8 +237,17 @@ class HookExpireArgs(ScriptArgs):
 
 
 #: Every script called from Python, with its arguments.
+@dataclass(frozen=True)
+class ComingArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "coming"
+    KEYS: ClassVar[_K] = ("model_stats",)
+
+    starting: int
+    ready_in_ms: int
+
+
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
     GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
-    HookExpireArgs)
+    HookExpireArgs, ComingArgs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import redis
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -48,6 +49,16 @@ ARRIVAL_TAU_MS = 30_000
 ARRIVAL_MIN_AGE_MS = 15_000
 
 
+@dataclass(frozen=True)
+class NeedSnapshot:
+    """One read: each model's load, the live workers' entries, and the workers holding
+    an unexpired lease in any shard read (carpool up's autoscaler stops none of those)."""
+
+    loads: dict[str, ModelLoad]
+    live: list[WorkerModels]
+    busy: frozenset[str]
+
+
 class NeedReader:
     """Each model's ``ModelLoad`` now, from Redis; keeps rates, costs and cold starts
     across reads."""
@@ -69,6 +80,9 @@ class NeedReader:
         self._lock = threading.Lock()
 
     def read(self) -> dict[str, ModelLoad]:
+        return self.snapshot().loads
+
+    def snapshot(self) -> NeedSnapshot:
         now_ms, states = self.queue.peek(self._bins, self._scan)
         live = self.registry.live()
         holders = self._lease_holders(now_ms)
@@ -76,10 +90,11 @@ class NeedReader:
             for s in states:
                 self._meters[(s.model, s.bin)].update(now_ms, s.admitted)
             self._remember(live)
-            return {spec.name: self._model(spec, now_ms, [s for s in states
-                                                          if s.model == spec.name],
-                                           live, holders.get(shard(spec.name), set()))
-                    for spec in self.specs}
+            loads = {spec.name: self._model(spec, now_ms, [s for s in states
+                                                           if s.model == spec.name],
+                                            live, holders.get(shard(spec.name), set()))
+                     for spec in self.specs}
+        return NeedSnapshot(loads, live, frozenset().union(*holders.values()))
 
     def _lease_holders(self, now_ms: int) -> dict[str, set[str]]:
         """Per shard, the workers holding an unexpired lease (a token is

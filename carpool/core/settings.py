@@ -110,6 +110,9 @@ class Settings:
     #: The scaling rule's cold start for a model no live worker has measured yet
     #: (image pull, scheduling, model load: carpool/backend/need_gauges.py).
     cold_start_s: float = 60.0
+    #: `carpool up --workers MIN..MAX` stops a worker only after the need stayed below the
+    #: pool this long (carpool/stack/scaling.py says why).
+    scale_hold_down_s: float = 30.0
     #: Refuse to start when Redis may lose or evict jobs (no AOF, an evicting policy).
     require_durable: bool = False
     #: SHA-256 hex digests of the API keys; empty: no keys, anyone may submit and read.
@@ -352,6 +355,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         stop_grace_s=float(_int(env, "CARPOOL_STOP_GRACE_S", 45, minimum=0)),
         refused_grace_s=float(_int(env, "CARPOOL_REFUSED_GRACE_S", 30, minimum=0)),
         cold_start_s=float(_int(env, "CARPOOL_COLD_START_S", 60, minimum=0)),
+        scale_hold_down_s=float(_int(env, "CARPOOL_SCALE_HOLD_DOWN_S", 30, minimum=0)),
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=api_keys.digests,
         api_key_weights=api_keys.weights,

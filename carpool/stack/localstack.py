@@ -1,23 +1,26 @@
-"""`carpool up`: Redis, gunicorn, N Celery workers, the webhook dispatcher and Flower,
-supervised (a child that exits is restarted: carpool/stack/supervisor.py) and stopped
-cleanly on Ctrl-C."""
+"""`carpool up`: Redis, gunicorn, N Celery workers (or MIN..MAX, scaled by need:
+carpool/stack/autoscaler.py), the webhook dispatcher and Flower, supervised (a child
+that exits is restarted: carpool/stack/supervisor.py) and stopped cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
 import base64
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from carpool.core.errors import ConfigError
 from carpool.core.settings import DEFAULT_WORKER_METRICS_PORT
 from carpool.stack.command_lines import python_argv
 from carpool.stack.redis_local import LocalRedis, choose_redis, free_port
+from carpool.stack.scaling import Bounds
 from carpool.stack.supervisor import Child, Supervisor
 
 #: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
@@ -80,6 +83,10 @@ def pick_port(wanted: int | None, default: int, what: str, notes: list[str]) -> 
     return port
 
 
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Stack:
     """The processes of one local stack."""
@@ -91,11 +98,40 @@ class Stack:
     #: `carpool up` reads their registry entries (carpool/stack/readiness.py).
     env: dict[str, str] = field(default_factory=dict)
     workers: list[str] = field(default_factory=list)
+    #: What the workers add to ``env`` (CARPOOL_GPU_CLAIM=1 for a pool on GPUs).
+    worker_env: dict[str, str] = field(default_factory=dict)
+    #: The pool's size, MIN..MAX (capped at one worker per GPU).
+    bounds: Bounds = Bounds(1, 1)
+
+    #: Started once the first workers registered, with --workers MIN..MAX (autoscaler.py).
+    scaler: Stoppable | None = None
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         self.supervisor.add(Child(name, cmd, env, self.log_dir / f"{name}.log"))
 
+    def spawn_worker(self, notes: list[str]) -> str:
+        """One more worker, named after the lowest index no child of ours holds (node
+        names and metrics ports stay small and unique); its name."""
+        taken = {c.name for c in self.supervisor.children}
+        index = next(i for i in range(len(taken) + 1) if f"worker{i}" not in taken)
+        name = f"worker{index}"
+        base = int(self.env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
+        port = pick_port(None, base + index, f"{name} metrics", notes) if base else 0
+        # Loopback, like the web and Flower here: a laptop's metrics are its own.
+        self.spawn(name, worker_command(index), {
+            "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **self.env, **self.worker_env,
+            "CARPOOL_WORKER_METRICS_PORT": str(port)})
+        self.workers.append(name)
+        return name
+
+    def retire_worker(self, name: str) -> None:
+        """A warm shutdown (supervisor.py, ``retire``); the worker leaves the pool now."""
+        self.supervisor.retire(name)
+        self.workers.remove(name)
+
     def stop(self) -> None:
+        if self.scaler is not None:
+            self.scaler.stop()
         self.supervisor.stop()
         procs = [c.proc for c in self.supervisor.children if c.proc is not None]
         for proc in procs:
@@ -115,19 +151,37 @@ class Stack:
 class UpOptions:
     port: int | None
     redis_url: str | None
-    workers: int
+    workers: Bounds
     flower: bool
     flower_port: int | None
     models: str
     state_dir: Path
 
 
-def _metrics_ports(env: dict[str, str], workers: int, notes: list[str]) -> list[int]:
-    """One metrics port per worker (9100, 9101, ...), a free one for a taken one; 0 off."""
-    base = int(env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)
-    if not base:
-        return [0] * workers
-    return [pick_port(None, base + i, f"worker{i} metrics", notes) for i in range(workers)]
+def gpu_count() -> int:
+    """The host's GPUs, as nvidia-smi lists them (0 without it)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def pool_bounds(bounds: Bounds, env: dict[str, str], gpus: int, notes: list[str]
+                ) -> tuple[Bounds, dict[str, str]]:
+    """A scaling pool on a host with GPUs: one worker per GPU at most, each claiming its
+    own by a lease (worker/device/gpu.py); the bounds and the workers' extra settings."""
+    if not bounds.scaling or gpus <= 0:
+        return bounds, {}
+    extra = {} if env.get("CARPOOL_GPU_CLAIM") else {"CARPOOL_GPU_CLAIM": "1"}
+    if bounds.high > gpus:
+        notes.append(f"--workers {bounds.low}..{bounds.high}: {gpus} GPU(s), so at most "
+                     f"{max(gpus, bounds.low)} workers")
+        bounds = Bounds(bounds.low, max(gpus, bounds.low))
+    return bounds, extra
 
 
 def _spawn_dispatcher(stack: Stack, env: dict[str, str], notes: list[str]) -> None:
@@ -163,12 +217,9 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
         env["CARPOOL_FILES_DIR"] = str((opts.state_dir / "files").absolute())
     stack.env = env
     stack.spawn("web", web_command(), env)
-    for i, port in enumerate(_metrics_ports(env, opts.workers, notes)):
-        # Loopback, like the web and Flower here: a laptop's metrics are its own.
-        stack.workers.append(f"worker{i}")
-        stack.spawn(f"worker{i}", worker_command(i), {
-            "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,
-            "CARPOOL_WORKER_METRICS_PORT": str(port)})
+    stack.bounds, stack.worker_env = pool_bounds(opts.workers, env, gpu_count(), notes)
+    for _ in range(stack.bounds.low):
+        stack.spawn_worker(notes)
     _spawn_dispatcher(stack, env, notes)
     stack.spawn("feeder", python_argv("feeder"), {  # runs bulk batches
         "CARPOOL_WORKER_METRICS_ADDR": "127.0.0.1", **env,

@@ -8,6 +8,7 @@ other children keep serving. Only a crash loop (``CRASH_LOOP_EXITS`` exits withi
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -53,6 +54,8 @@ class Child:
     restarts: int = 0
     exits: deque[float] = field(default_factory=deque)  # monotonic times, in the window
     restart_at: float | None = None
+    #: Told to stop for good (carpool up's autoscaler): not restarted, removed once it exits.
+    retiring: bool = False
 
     def start(self) -> None:
         # The child keeps its own copy of the descriptor; ours closes at once.
@@ -81,8 +84,20 @@ class Supervisor:
         self._thread: threading.Thread | None = None
 
     def add(self, child: Child) -> None:
-        child.start()
-        self.children.append(child)
+        with self._lock:
+            child.start()
+            self.children.append(child)
+
+    def retire(self, name: str) -> None:
+        """Stop a child for good with SIGTERM (a worker's warm shutdown: it finishes its
+        batch and hands back what it claimed). Never SIGKILL: a worker past its own stop
+        grace hands its batch back itself (worker/shell/bootstep.py)."""
+        with self._lock:
+            for child in self.children:
+                if child.name == name and not child.retiring:
+                    child.retiring = True
+                    if child.proc is not None and child.proc.poll() is None:
+                        child.proc.send_signal(signal.SIGTERM)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="carpool-supervisor",
@@ -103,8 +118,13 @@ class Supervisor:
         if self._stopping.is_set():
             return  # stopping: a child exiting now was told to
         now = self.clock()
-        for child in self.children:
+        for child in list(self.children):
             code = child.proc.poll() if child.proc is not None else None
+            if child.retiring:
+                if code is not None:
+                    self.children.remove(child)
+                    self.say(f"{child.name} stopped ({how_it_ended(code)})")
+                continue
             if child.restart_at is None and code is not None:
                 self._exited(child, code, now)
             if (child.restart_at is not None and now >= child.restart_at and not self.failure

@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "carpool.admission": {"carpool.core", "carpool.scheduling"},
     "carpool.backend": {"carpool.core", "carpool.scheduling", "carpool.admission"},
     "carpool.client": {"carpool.core"},
-    "carpool.stack": {"carpool.core", "carpool.backend"},
+    "carpool.stack": {"carpool.core", "carpool.scheduling", "carpool.backend"},
     "carpool.bench": {"carpool.core", "carpool.scheduling", "carpool.admission",
                       "carpool.backend", "carpool.stack", "carpool.client"},
     "carpool.sim": {"carpool.core", "carpool.scheduling", "carpool.admission",

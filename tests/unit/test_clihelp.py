@@ -49,7 +49,7 @@ def test_flag_help_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None
     # --port's default is None (a free port when 8000 is taken): its help names 8000.
     assert "the web tier's port (default 8000, or a free one if taken)" in out
     assert "(default: None)" not in out
-    assert "Celery workers to start (default: 1)" in out
+    assert "one per GPU where there are GPUs) (default: 1)" in out
     demo = "--demo send one job and one image through once it is up"
     assert demo in out and f"{demo} (" not in out
 

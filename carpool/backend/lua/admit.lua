@@ -21,7 +21,8 @@
 --                        (carpool/admission/budget.py)
 -- KEYS[7]  owner_bytes   {p.s}:bytes:<model>:<owner> hash: the API key's (read when owned)
 -- KEYS[8]  model_stats   {p.s}:mstats:<model> hash: the model's drain rate and busy time
---                        over all its bins (complete.lua): the pace of the predicted wait
+--                        over all its bins (complete.lua): the pace of the predicted wait;
+--                        and the workers starting (coming.lua), counted once they serve
 -- KEYS[9..] other_bins   the model's other bins' zsets: their jobs that sort ahead of a
 --                        job run before it too (one worker serves every bin of its model)
 -- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (one test checks
@@ -161,6 +162,14 @@ local pace = nil  -- jobs/ms
 if limit_ms > 0 then
   pace = model_pace(KEYS[8], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
 end
+-- Workers starting count from when they serve (lib/pace.lua, model_coming).
+local coming = pace and model_coming(KEYS[8], now_ms, tonumber(ARGV[9]))
+-- Jobs the model drains within ms from now: at its pace, and the coming workers'.
+local function drained_by(ms)
+  local jobs = ms * pace
+  if coming then jobs = jobs + coming[1] * math.max(0, ms - coming[2]) end
+  return jobs
+end
 local pace_s = pace and string.format("%.6f", pace * 1000)
 -- The jobs of the model that sort before score_us, in every bin: they run first.
 local function model_ahead(score_us)
@@ -260,7 +269,7 @@ for i = 0, n - 1 do
     -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
     local to_end, allowed_ms = ahead, limit_ms
     if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, limit_ms * DEADLINE_SHARE end
-    if ahead >= max_batch and to_end * 1.0 > allowed_ms * pace then
+    if ahead >= max_batch and to_end * 1.0 > drained_by(allowed_ms) then
       refusal = {"late", to_end, pace_s, string.format("%d", allowed_ms)}
       n = i
       break

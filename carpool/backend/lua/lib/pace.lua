@@ -7,6 +7,8 @@
 --   than stale_ms): the rate of fair share's virtual clocks
 -- model_pace(model_stats_key, now_ms, tau_ms, min_age_ms, stale_ms) -> the model's pace
 --   (jobs/ms) over all its bins, or nil when none is recent: the predicted wait's
+-- model_coming(model_stats_key, now_ms, tau_ms) -> {jobs/ms, ms until then} that workers
+--   still starting add (coming.lua wrote how many and when they serve), or nil
 --
 -- One worker serves every bin of its model, so a job's wait is the model's work ahead
 -- of it at the model's pace, never its own bin's alone: a bin's own rates count only
@@ -52,4 +54,25 @@ local function model_pace(model_stats_key, now_ms, tau_ms, min_age_ms, stale_ms)
   -- Decayed alike, so their ratio needs no decay.
   local late = tonumber(ms[5] or 0)
   return pace * math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
+end
+
+-- Workers starting (`carpool up`'s autoscaler writes coming_n and coming_at, Redis time,
+-- with coming.lua) drain at one worker's busy speed (rate_c / busy_c, decayed alike)
+-- from coming_at on, slowed by late jobs as the pace is. Past coming_at they fade as
+-- exp(-since / tau): the drain rate, decayed over tau, learns them at that speed, so
+-- pace + coming stays near what the pool drains. Nothing before the first drain (no
+-- speed to count them at); nothing COMING_TAUS taus after coming_at.
+local COMING_TAUS = 3
+
+local function model_coming(model_stats_key, now_ms, tau_ms)
+  local ms = redis.call("HMGET", model_stats_key, "coming_n", "coming_at", "rate_c", "busy_c",
+    "late_c")
+  if not ms[1] or not ms[2] or not ms[4] then return nil end
+  local since_ms = now_ms - tonumber(ms[2])
+  if tonumber(ms[1]) <= 0 or since_ms > COMING_TAUS * tau_ms then return nil end
+  local written, late = tonumber(ms[3]), tonumber(ms[5] or 0)
+  local on_time = math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
+  local fade = since_ms > 0 and math.exp(-since_ms / tau_ms) or 1
+  return {tonumber(ms[1]) * written / math.max(1, tonumber(ms[4])) * on_time * fade,
+    math.max(0, -since_ms)}
 end
