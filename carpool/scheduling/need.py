@@ -155,7 +155,9 @@ def workers_needed(m: ModelLoad) -> Need:
 def _horizon_ms(m: ModelLoad) -> float:
     """When the queued work must be done; past the cold start when it ends sooner."""
     horizon = max(m.slack_ms or 0.0, m.budget_ms)
-    if horizon <= m.cold_start_ms:
+    # Within a millisecond of the cold start (or of zero: a budget of 1e-308 ms) the
+    # division by H − cold start in _for_deadlines overflows: size past the cold start.
+    if horizon < m.cold_start_ms + 1.0:
         horizon = m.cold_start_ms + max(m.budget_ms, MIN_HORIZON_MS)
     return horizon
 

@@ -121,3 +121,9 @@ def test_refusals_count_as_arrivals() -> None:
     # 100 jobs/s admitted and 100 refused: ρ = 0.2 · 9.6875 = 1.9375 → 3 at 85 %.
     bins = [BinLoad(0, 64, SYNTH, 0.1, refused_per_ms=0.1)]
     assert workers_needed(ModelLoad(bins, None, 10_000, 30_000, up=1)).workers == 3
+
+
+def test_a_vanishing_budget_with_no_cold_start_still_gives_a_finite_count() -> None:
+    # Found by the property test: H = 1e-308 ms and no cold start divided W by ~0.
+    need = workers_needed(load(depth=1, budget_ms=1e-308, cold_ms=0))
+    assert need.workers == 1
