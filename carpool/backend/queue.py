@@ -22,7 +22,6 @@ from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, 
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.outbox import Outbox, webhook_doc
-from carpool.backend.usage import USAGE_KEEP_S
 from carpool.backend.replies import (
     Completed,
     bin_states,
@@ -30,6 +29,7 @@ from carpool.backend.replies import (
     completion_args,
     started_late,
 )
+from carpool.backend.usage import USAGE_KEEP_S
 from carpool.backend.wake import ShardWaiters
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (

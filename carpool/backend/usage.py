@@ -70,3 +70,10 @@ def read_usage(client: redis.Redis, keys: Keys, models: Sequence[str], first_hou
             attr = _FIELDS[letter]
             setattr(row, attr, getattr(row, attr) + int(value))
     return [rows[k] for k in sorted(rows)]
+
+
+def current_hour(client: redis.Redis) -> int:
+    """The hour (since the epoch) Redis's clock is in: the hour complete.lua adds to."""
+    with redis_errors():
+        seconds, _ = client.time()
+    return int(seconds) // 3600
