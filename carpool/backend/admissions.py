@@ -8,7 +8,7 @@ one bin with the same options share one admit.lua call (carpool/backend/coalesci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +23,8 @@ from carpool.backend.coalescing import Coalescer
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.queue import WAKE_LIST_CAP
+from carpool.backend.usage import USAGE_KEEP_S
+from carpool.core.api_keys import KeyPolicy
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import (
     BackendUnavailable,
@@ -75,9 +77,12 @@ _CoalesceKey = tuple[str, str, int, int, int, str, float, str]
 class Admissions:
     """Admit jobs: ``admit`` is the only entry point (docs/admission.md)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, *, coalesce: bool = False) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, *, coalesce: bool = False,
+                 policies: Mapping[str, KeyPolicy] | None = None) -> None:
         self.client = client
         self.keys = keys
+        #: Each key's quotas (the keys file), by owner digest: admit.lua checks them.
+        self.policies: Mapping[str, KeyPolicy] = policies or {}
         self._admit = load_script(client, "admit")
         self.calls: Coalescer[_CoalesceKey, AdmitRequest, AdmitOutcome] | None = (
             Coalescer(lambda _, requests: self._uncoalesced(_merged(requests)))
@@ -156,6 +161,7 @@ class Admissions:
                         if b.name != bin_spec.name])
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         tag = shard(model.name)
+        policy = self.policies.get(request.owner) if request.owner else None
         head = AdmitArgs(
             job_prefix=self.keys.job_prefix(tag), model=model.name, bin=bin_spec.name,
             max_depth=bin_spec.max_depth, max_batch=bin_spec.max_batch,
@@ -169,7 +175,10 @@ class Admissions:
             fair_share_near=FAIR_SHARE_NEAR,
             fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            admitted_channel=self.keys.admitted_channel, hook=request.hook)
+            admitted_channel=self.keys.admitted_channel, hook=request.hook,
+            usage_prefix=self.keys.usage_prefix(model.name), usage_ttl_s=USAGE_KEEP_S,
+            quota_device_ms_per_hour=round(policy.quota_device_s_per_hour * 1000) if policy else 0,
+            quota_jobs_per_s=policy.quota_jobs_per_s if policy else 0.0)
         for job in jobs:
             if shard_of_job(job.id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job.id!r} is not one of model {model.name!r}: "

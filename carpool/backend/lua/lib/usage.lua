@@ -9,7 +9,8 @@
 --#include lib/wire.lua
 local USAGE_HOUR_MS = 3600000
 
-local function usage_key(prefix, now_ms)
+local function usage_key(prefix, now_ms)  -- nil without a prefix: nothing counted
+  if prefix == "" then return nil end
   return prefix .. string.format("%d", math.floor(now_ms / USAGE_HOUR_MS))
 end
 
@@ -40,7 +41,7 @@ end
 -- Count `count` jobs refused at admission. redis.pcall: on a full Redis (noeviction)
 -- the write fails, and the refusal is still answered.
 local function usage_refused(key, ttl_s, owner, count)
-  if count <= 0 then return end
+  if count <= 0 or not key then return end
   local added = redis.pcall("HINCRBY", key, owner .. ":r", count)
   if added == count then redis.pcall("EXPIRE", key, ttl_s) end
 end
