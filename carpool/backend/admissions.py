@@ -18,6 +18,7 @@ from carpool.admission.admit_args import AdmitArgs
 from carpool.admission.admit_reply import admit_outcomes
 from carpool.admission.fair_share import FAIR_SHARE_NEAR, fair_lead_cap_ms
 from carpool.admission.retry_after import DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, DRAIN_TAU_MS
+from carpool.admission.tiers import DEFAULT_TIER, tier_shares
 from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
 from carpool.backend.coalescing import Coalescer
 from carpool.backend.connection import load_script, redis_errors
@@ -67,11 +68,13 @@ class AdmitRequest:
     input_digest: str = ""  # the input's digest, told apart under one idempotency key
     #: The webhook asked for, as the record keeps it (carpool/core/webhooks.py); "" none.
     hook: str = ""
+    #: The service tier it runs in (carpool/admission/tiers.py).
+    tier: str = DEFAULT_TIER
 
 
 #: What one-job requests must share to go in one admit.lua call: the model and bin
 #: (the script's keys) and the options (its per-call arguments).
-_CoalesceKey = tuple[str, str, int, int, int, str, float, str]
+_CoalesceKey = tuple[str, str, int, int, int, str, float, str, str]
 
 
 class Admissions:
@@ -83,6 +86,8 @@ class Admissions:
         self.keys = keys
         #: Each key's quotas (the keys file), by owner digest: admit.lua checks them.
         self.policies: Mapping[str, KeyPolicy] = policies or {}
+        #: Each tier's share of a bin's bound: some reserve capacity for priority keys.
+        self.tier_shares = tier_shares(any(p.tier == "priority" for p in self.policies.values()))
         self._admit = load_script(client, "admit")
         self.calls: Coalescer[_CoalesceKey, AdmitRequest, AdmitOutcome] | None = (
             Coalescer(lambda _, requests: self._uncoalesced(_merged(requests)))
@@ -108,7 +113,8 @@ class Admissions:
         if self.calls is not None and len(request.jobs) == 1 and not request.idempotency_digest:
             job = request.jobs[0]
             key = (request.model.name, job.bin.name, request.queued_ttl_s, request.deadline_ms,
-                   request.priority, request.owner, request.owner_weight, request.hook)
+                   request.priority, request.owner, request.owner_weight, request.hook,
+                   request.tier)
             try:
                 return [self.calls.call(key, request)]
             except (BinFull, BudgetFull) as refused:  # this job's own answer, not the call's
@@ -178,7 +184,8 @@ class Admissions:
             admitted_channel=self.keys.admitted_channel, hook=request.hook,
             usage_prefix=self.keys.usage_prefix(model.name), usage_ttl_s=USAGE_KEEP_S,
             quota_device_ms_per_hour=round(policy.quota_device_s_per_hour * 1000) if policy else 0,
-            quota_jobs_per_s=policy.quota_jobs_per_s if policy else 0.0)
+            quota_jobs_per_s=policy.quota_jobs_per_s if policy else 0.0,
+            tier_share=self.tier_shares[request.tier])
         for job in jobs:
             if shard_of_job(job.id) != tag:  # its record would land on another shard
                 raise ValueError(f"job id {job.id!r} is not one of model {model.name!r}: "

@@ -5,6 +5,7 @@ key a line, ``#`` comments), each key followed by its options:
 
 - ``weight=N``: its fair share (docs/admission.md); ``webhook_secret``: signing;
 - ``admin``: ``GET /usage`` shows every key's usage, not only its own;
+- ``tier=priority|default|flex``: its service tier (carpool/admission/tiers.py);
 - ``quota_device_s_per_hour=X``: device seconds its jobs may use per hour and model;
   ``quota_jobs_per_s=Y``: jobs it may submit per second and model. Past either,
   admission answers 429 ``quota_exceeded`` (admit.lua; lua/lib/quota.lua).
@@ -27,7 +28,9 @@ from carpool.core.webhook_settings import check_secret
 MIN_API_KEY_CHARS = 22
 #: What an API key entry may say after the key.
 KEY_OPTIONS = ("weight", "webhook_secret", "admin", "quota_device_s_per_hour",
-               "quota_jobs_per_s")
+               "quota_jobs_per_s", "tier")
+#: Service tiers, lowest first (carpool/admission/tiers.py).
+KEY_TIERS = ("flex", "default", "priority")
 
 
 def api_key_digest(key: str) -> str:
@@ -42,6 +45,7 @@ class KeyPolicy:
     admin: bool = False
     quota_device_s_per_hour: float = 0.0
     quota_jobs_per_s: float = 0.0
+    tier: str = "default"
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def read_api_keys(env: Mapping[str, str]) -> ApiKeys:
                 "not printable ASCII; make keys with `openssl rand -hex 16`")
         digest = api_key_digest(key)
         digests.add(digest)
-        policy: dict[str, float | bool] = {}
+        policy: dict[str, float | bool | str] = {}
         for option in options:
             name, _, value = option.partition("=")
             here = f"{where}: key {key[:4]}..."
@@ -93,6 +97,11 @@ def read_api_keys(env: Mapping[str, str]) -> ApiKeys:
                 out.webhook_secrets[digest] = check_secret(value, here)
             elif name == "admin" and value in ("", "1", "true"):
                 policy["admin"] = True
+            elif name == "tier":
+                if value not in KEY_TIERS:
+                    raise ConfigError(f"{here}: tier must be one of {', '.join(KEY_TIERS)}, "
+                                      f"not {value[:40]!r}")
+                policy["tier"] = value
             elif name.startswith("quota_") and name in KEY_OPTIONS:
                 policy[name] = _positive(here, option)
             else:

@@ -67,3 +67,20 @@ def test_past_its_device_seconds_this_hour_a_key_is_refused_until_the_next_hour(
     assert refused.retry_after_s == pytest.approx(3600 - now_s % 3600, abs=2)
     assert "1.0 s of its 1 device seconds" in str(refused)
     assert isinstance(_admit(admissions, 1, BOB)[0], Admitted)
+
+
+def test_in_a_surge_flex_is_refused_first_and_priority_last(queue: Queue) -> None:
+    flex, default, priority = "f" * 64, "d" * 64, "p" * 64
+    admissions = Admissions(queue.client, queue.keys, policies={
+        flex: KeyPolicy(tier="flex"), priority: KeyPolicy(tier="priority")})
+    spec = synthetic(max_depth=10)
+
+    def admitted(owner: str, tier: str) -> int:
+        jobs = tuple(AdmitJob(spec.bin_for(1), new_job_id(spec.name), "{}") for _ in range(10))
+        got = admissions.admit(AdmitRequest(spec, jobs, queued_ttl_s=TTL_S, owner=owner,
+                                            tier=tier))
+        return sum(isinstance(o, Admitted) for o in got)
+
+    # Flex fills half the bound, default 80 % (room kept for the priority key), priority all.
+    assert [admitted(flex, "flex"), admitted(default, "default"),
+            admitted(priority, "priority")] == [5, 3, 2]

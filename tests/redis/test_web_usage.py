@@ -90,3 +90,39 @@ def test_a_from_to_window_names_whole_hours(http: FlaskClient) -> None:
                    headers=as_(ALICE)).get_json()
     assert (doc["from"], doc["to"]) == ("2026-01-01T09:00:00.000Z", "2026-01-01T11:00:00.000Z")
     assert doc["usage"] == []
+
+
+FLEX = "flex-key-0123456789abcdef012"
+
+
+@pytest.fixture
+def tiered(redis_url: str, key_prefix: str, tmp_path: Path,
+           client: redis.Redis) -> Iterator[FlaskClient]:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{ALICE}\n{FLEX} tier=flex\n{OPS} tier=priority\n")
+    settings = web_settings(redis_url, key_prefix, tmp_path, CARPOOL_API_KEYS_FILE=str(keys))
+    with web_client(settings) as c:
+        yield c
+
+
+@pytest.mark.parametrize("key, body, headers, says", [
+    (ALICE, {"service_tier": "gold"}, {}, "service_tier must be one of flex, default, priority"),
+    (ALICE, {"service_tier": "priority"}, {}, "above this API key's tier 'default'"),
+    (FLEX, {"service_tier": "default"}, {}, "above this API key's tier 'flex'"),
+    (ALICE, {}, {"X-Service-Tier": "priority"}, "above this API key's tier"),
+    (ALICE, {"service_tier": 3}, {}, "service_tier must be one of"),
+])
+def test_an_unknown_tier_or_one_above_the_keys_is_a_400(
+        tiered: FlaskClient, key: str, body: dict[str, object], headers: dict[str, str],
+        says: str) -> None:
+    resp = tiered.post("/submit", json={"model": "synthetic", "input": {"value": 1, "size": 1},
+                                        **body}, headers={**as_(key), **headers})
+    assert resp.status_code == 400, resp.get_json()
+    assert says in resp.get_json()["error"]["message"]
+
+
+def test_a_key_may_ask_for_a_lower_tier(tiered: FlaskClient) -> None:
+    for key, tier in ((OPS, "flex"), (OPS, "default"), (ALICE, "flex"), (FLEX, "flex")):
+        resp = tiered.post("/submit", json={"model": "synthetic", "service_tier": tier,
+                                            "input": {"value": 1, "size": 1}}, headers=as_(key))
+        assert resp.status_code == 202, resp.get_json()

@@ -27,7 +27,7 @@ from carpool.core.errors import (
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.core.settings import Settings
 from carpool.intake import inputs
-from web.common.auth import check_owner, request_owner
+from web.common.auth import check_owner, request_owner, service_tier
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
 from web.common.post_body import read_post_body
@@ -273,7 +273,8 @@ def _admit_request(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
     """``jobs`` with the options of their submission."""
     return AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
                         options.priority, owner, state.settings.api_key_weights.get(owner, 1.0),
-                        hook=options.hook)
+                        hook=options.hook,
+                        tier=service_tier(state.settings, owner, options.service_tier))
 
 
 def _accepted(admitted: Admitted) -> dict[str, Any]:

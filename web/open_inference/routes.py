@@ -31,7 +31,7 @@ from carpool.core.errors import (
 )
 from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
 from carpool.intake import inputs
-from web.common.auth import request_owner
+from web.common.auth import request_owner, service_tier
 from web.common.errors import AdmissionUnknown, retry_after_s, status_and_code
 from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
 from web.common.post_body import read_post_body
@@ -212,7 +212,8 @@ def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
     """Admit every row or none: a refused row cancels those admitted with it."""
     request_ = AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
                             options.priority, owner,
-                            state.settings.api_key_weights.get(owner, 1.0), hook=options.hook)
+                            state.settings.api_key_weights.get(owner, 1.0), hook=options.hook,
+                            tier=service_tier(state.settings, owner))
     try:
         outcomes = state.admissions.admit(request_)
     except BackendUnavailable as exc:

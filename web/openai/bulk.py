@@ -27,7 +27,7 @@ from carpool.core.webhooks import check_url
 from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
-from web.common.auth import request_owner
+from web.common.auth import request_owner, service_tier
 from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
 from web.common.state import WebState, current_state
@@ -160,7 +160,8 @@ def embeddings() -> Response:
         woken = [stack.enter_context(state.notifier.watch(job.id)) for job in jobs]
         outcomes = state.admissions.admit(AdmitRequest(
             req.spec, jobs, state.settings.queued_ttl_s, owner=owner,
-            owner_weight=state.settings.api_key_weights.get(owner, 1.0)))
+            owner_weight=state.settings.api_key_weights.get(owner, 1.0),
+            tier=service_tier(state.settings, owner)))
         for outcome in outcomes:
             if not isinstance(outcome, Admitted):
                 raise outcome

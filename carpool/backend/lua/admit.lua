@@ -55,7 +55,8 @@
 -- ARGV[25] usage_prefix      {p.s}:usage:<model>: the hour's usage hash (lib/usage.lua):
 --                            refusals counted, quotas read     ARGV[26] usage_ttl_s
 -- ARGV[27] quota_device_ms_per_hour  ARGV[28] quota_jobs_per_s  the owner's (0: none)
--- ARGV[29..] jobs      per job, 2 values: id, input (JSON)
+-- ARGV[29] tier_share   its tier's share of max_depth and of the allowed wait (tiers.py)
+-- ARGV[30..] jobs      per job, 2 values: id, input (JSON)
 --
 -- Keys built here, not in KEYS: the jobs' records, job_prefix .. id, and the record of
 -- an idempotency key's first job (an id read from KEYS[3]): one per job, as many as
@@ -109,12 +110,13 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 29
+local FIRST_JOB = 30
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
 local max_batch = tonumber(ARGV[5])
-local n = math.min((#ARGV - FIRST_JOB + 1) / 2, tonumber(ARGV[4]) - depth)
+local share = tonumber(ARGV[29])  -- the rest is kept for the tiers above
+local n = math.min((#ARGV - FIRST_JOB + 1) / 2, math.floor(tonumber(ARGV[4]) * share) - depth)
 local usage_at = usage_key(ARGV[25], now_ms)
 local function refused(reply, admitted)  -- the call's jobs not admitted count (lib/usage.lua)
   usage_refused(usage_at, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted)
@@ -274,8 +276,8 @@ for i = 0, n - 1 do
     -- A deadline is for the result: its own batch counts, and the end must come
     -- DEADLINE_SHARE of the way to it, leaving the rest to the prediction's noise and
     -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
-    local to_end, allowed_ms = ahead, limit_ms
-    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, limit_ms * DEADLINE_SHARE end
+    local to_end, allowed_ms = ahead, limit_ms * share  -- the wait its tier may fill
+    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, allowed_ms * DEADLINE_SHARE end
     if ahead >= max_batch and to_end * 1.0 > allowed_ms * pace then
       refusal = {"late", to_end, pace_s, string.format("%d", allowed_ms)}
       n = i
