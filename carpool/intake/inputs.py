@@ -370,7 +370,7 @@ def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | Non
                   else _int("priority", priority, MIN_PRIORITY, MAX_PRIORITY)),
         idempotency_key=idempotency_key,
         hook=webhook_option(doc, allow_private),
-        service_tier=known_tier(doc["service_tier"]) if "service_tier" in doc else "")
+        service_tier="" if doc.get("service_tier") is None else known_tier(doc["service_tier"]))
 
 
 def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:
