@@ -115,11 +115,10 @@ local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
 local max_batch = tonumber(ARGV[5])
-local share = tonumber(ARGV[29])  -- the rest is kept for the tiers above
+local share = tonumber(ARGV[29])  -- its tier's: the rest is kept for the tiers above
 local n = math.min((#ARGV - FIRST_JOB + 1) / 2, math.floor(tonumber(ARGV[4]) * share) - depth)
-local usage_at = usage_key(ARGV[25], now_ms)
 local function refused(reply, admitted)  -- the call's jobs not admitted count (lib/usage.lua)
-  usage_refused(usage_at, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted)
+  usage_refused(ARGV[25], now_ms, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted)
   return reply
 end
 
@@ -136,7 +135,8 @@ if n <= 0 then
 end
 -- The owner's quotas (lib/quota.lua): its device time this hour, its jobs per second.
 local quota, tokens = nil, nil
-n, quota, tokens = quota_allow(usage_at, ARGV[13], now_ms, tonumber(ARGV[27]), tonumber(ARGV[28]), n)
+n, quota, tokens = quota_allow(ARGV[25], ARGV[13], now_ms, tonumber(ARGV[27]),
+  tonumber(ARGV[28]), n)
 if n <= 0 then return refused({"quota", 0, depth, unpack(quota)}, 0) end
 
 -- >>> byte budget (lib/budget.lua; carpool/admission/budget.py) >>>
@@ -373,7 +373,7 @@ if n > 0 then
   -- >>> byte budget: count the admitted inputs >>>
   budget_count(budgets, input_bytes, n)
   -- <<< byte budget <<<
-  quota_spend(usage_at, ARGV[13], now_ms, tokens, n, ARGV[26])
+  quota_spend(ARGV[25], ARGV[13], now_ms, tokens, n, ARGV[26])
 
   -- The web's long-polls learn that these jobs are queued (and, from the done channel,
   -- when they end) without reading them. Not a write: after the first one anyway.

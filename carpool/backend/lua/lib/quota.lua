@@ -7,10 +7,11 @@
 
 -- How many of n jobs the owner's quotas let in now (n: none binds), and when they
 -- bind, the refusal {kind, used, limit, retry_after_s} and the bucket's tokens.
--- device_ms: the hour's device quota (ms; 0: none); jobs_per_s (0: none).
-local function quota_allow(key, owner, now_ms, device_ms, jobs_per_s, n)
+-- prefix: the usage prefix; device_ms: the hour's device quota (ms; 0: none);
+-- jobs_per_s (0: none). Without a quota, nothing is read.
+local function quota_allow(prefix, owner, now_ms, device_ms, jobs_per_s, n)
   if device_ms <= 0 and jobs_per_s <= 0 then return n, nil, nil end
-  local st = redis.call("HMGET", key, owner .. ":d", owner .. ":s")
+  local st = redis.call("HMGET", usage_key(prefix, now_ms), owner .. ":d", owner .. ":s")
   local used_us = tonumber(st[1] or 0)
   if device_ms > 0 and used_us >= device_ms * 1000 then  -- spent until the next hour
     return 0, {"device", string.format("%d", used_us / 1000), device_ms,
@@ -30,8 +31,9 @@ local function quota_allow(key, owner, now_ms, device_ms, jobs_per_s, n)
 end
 
 -- After the admission (a write): the bucket less the n jobs admitted.
-local function quota_spend(key, owner, now_ms, tokens, n, ttl_s)
-  if not tokens or n <= 0 then return end
+local function quota_spend(prefix, owner, now_ms, tokens, n, ttl_s)
+  if not tokens or n <= 0 then return end  -- no bucket: no quota_jobs_per_s
+  local key = usage_key(prefix, now_ms)
   local new = redis.call("HSET", key, owner .. ":s", string.format("%.4f %d", tokens - n, now_ms))
   if new == 1 and redis.call("TTL", key) < 0 then redis.call("EXPIRE", key, ttl_s) end
 end

@@ -5,8 +5,9 @@
 -- "{p.s}:usage:<model>:" (carpool/backend/keys.py) and the hour since the epoch; its
 -- fields "<owner>:<letter>": j jobs written, d device µs, q queue ms, r refused.
 -- Its TTL is set when the hash is created only (EXISTS first: EXPIRE NX needs Redis 7),
--- so a busy hour pays no extra write.
---#include lib/wire.lua
+-- so a busy hour pays no extra write. usage_add reads lib/wire.lua's lines: a script
+-- that calls it includes that (complete.lua does, through lib/outbox.lua); admit.lua
+-- does not pay for defining it.
 local USAGE_HOUR_MS = 3600000
 
 local function usage_key(prefix, now_ms)  -- nil without a prefix: nothing counted
@@ -38,10 +39,12 @@ local function usage_add(key, ttl_s, text, written, all_written)
   if fresh then redis.call("EXPIRE", key, ttl_s) end
 end
 
--- Count `count` jobs refused at admission. redis.pcall: on a full Redis (noeviction)
--- the write fails, and the refusal is still answered.
-local function usage_refused(key, ttl_s, owner, count)
-  if count <= 0 or not key then return end
+-- Count `count` jobs refused at admission in the hour's hash (prefix: the usage
+-- prefix). redis.pcall: on a full Redis (noeviction) the write fails, and the refusal
+-- is still answered.
+local function usage_refused(prefix, now_ms, ttl_s, owner, count)
+  if count <= 0 or prefix == "" then return end
+  local key = usage_key(prefix, now_ms)
   local added = redis.pcall("HINCRBY", key, owner .. ":r", count)
   if added == count then redis.pcall("EXPIRE", key, ttl_s) end
 end
