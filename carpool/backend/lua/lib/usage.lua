@@ -4,10 +4,10 @@
 -- it for quotas. The hour's hash is built here from Redis's clock: a usage prefix
 -- "{p.s}:usage:<model>:" (carpool/backend/keys.py) and the hour since the epoch; its
 -- fields "<owner>:<letter>": j jobs written, d device µs, q queue ms, r refused.
--- Its TTL is set when the hash is created only (EXISTS first: EXPIRE NX needs Redis 7),
--- so a busy hour pays no extra write. usage_add reads lib/wire.lua's lines: a script
--- that calls it includes that (complete.lua does, through lib/outbox.lua); admit.lua
--- does not pay for defining it.
+-- Its TTL is set when an owner's field is new only (HINCRBY answers the count it added:
+-- EXPIRE NX would need Redis 7), so a busy hour pays no extra command. usage_add reads
+-- lib/wire.lua's lines: a script that calls it includes that (complete.lua does,
+-- through lib/outbox.lua); admit.lua does not pay for defining it.
 local USAGE_HOUR_MS = 3600000
 
 local function usage_key(prefix, now_ms)  -- nil without a prefix: nothing counted
@@ -20,7 +20,7 @@ end
 -- written (all_written), the owners' sums as they came; else the written ones alone.
 local function usage_add(key, ttl_s, text, written, all_written)
   if text == "" then return end
-  local fresh = redis.call("EXISTS", key) == 0
+  local fresh = false
   for owner, jobs, device_us, queue_ms, each in wire_usage_lines(text) do
     if not all_written then
       jobs, device_us, queue_ms = 0, 0, 0
@@ -31,7 +31,7 @@ local function usage_add(key, ttl_s, text, written, all_written)
       end
     end
     if jobs > 0 then
-      redis.call("HINCRBY", key, owner .. ":j", jobs)
+      fresh = redis.call("HINCRBY", key, owner .. ":j", jobs) == jobs or fresh
       redis.call("HINCRBY", key, owner .. ":d", device_us)
       redis.call("HINCRBY", key, owner .. ":q", queue_ms)
     end
