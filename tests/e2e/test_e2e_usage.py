@@ -80,3 +80,43 @@ def test_usage_agrees_with_the_job_documents_and_a_small_quota_meets_429(stack: 
         assert 1 <= int(refused.headers["Retry-After"]) <= 3600
         small = s.get(f"{stack}/usage", headers=_as(SMALL), timeout=30).json()["usage"]
         assert (small[0]["jobs"], small[0]["refused"]) == (1, 1)
+
+
+#: A model no worker serves, bounded by depth alone (max_queue_ms = 0).
+SHARED_TOML = """
+[models.shared]
+kind = "synthetic"
+measure = "size"
+max_queue_ms = 0
+[[models.shared.bins]]
+name = "only"
+max_size = 10
+max_batch = 2
+max_wait_ms = 5
+max_depth = 20
+"""
+FLEX = "flex-key-0123456789abcdef012"
+PRIORITY = "prio-key-0123456789abcdef012"
+
+
+def test_in_a_surge_the_flex_key_is_refused_first_and_the_priority_key_admitted(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "catalogue.toml"
+    cfg.write_text(SHARED_TOML)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{FLEX} tier=flex\n{PRIORITY} tier=priority\n")
+    env = make_env(redis_url, key_prefix, CARPOOL_CONFIG=str(cfg),
+                   CARPOOL_API_KEYS_FILE=str(keys))
+    job = {"model": "shared", "input": {"value": 0, "size": 1}}
+    with start_web(env) as base, requests.Session() as s:
+        flex = [s.post(f"{base}/submit", json=job, headers=_as(FLEX), timeout=30).status_code
+                for _ in range(12)]
+        assert flex == [202] * 10 + [429] * 2  # half the bin's bound
+        # The priority key asking for the flex tier is held to it too ...
+        asked = s.post(f"{base}/submit", json={**job, "service_tier": "flex"},
+                       headers=_as(PRIORITY), timeout=30)
+        assert asked.status_code == 429 and asked.json()["error"]["code"] == "bin_full"
+        # ... and in its own tier it fills the rest.
+        prio = [s.post(f"{base}/submit", json=job, headers=_as(PRIORITY), timeout=30).status_code
+                for _ in range(10)]
+        assert prio == [202] * 10
