@@ -29,17 +29,22 @@ def tier_shares(priority_keys: bool) -> Mapping[str, float]:
             "priority": 1.0}
 
 
+#: What a request may ask for besides a tier: its key's (OpenAI's default value).
+AUTO: Final = "auto"
+
+
 def known_tier(asked: object) -> str:
-    """``asked`` if it names a tier; else InvalidInput (400) listing them."""
-    if not isinstance(asked, str) or asked not in TIERS:
-        raise InvalidInput(f"service_tier must be one of {', '.join(TIERS)}, "
+    """``asked`` if it names a tier or ``auto``; else InvalidInput (400) listing them."""
+    if not isinstance(asked, str) or (asked not in TIERS and asked != AUTO):
+        raise InvalidInput(f"service_tier must be one of {', '.join(TIERS)} or {AUTO}, "
                            f"not {str(asked)[:40]!r}")
     return asked
 
 
 def request_tier(asked: str, key_tier: str) -> str:
-    """The tier a request runs in: its key's, or the lower one it asked for ("" none)."""
-    if not asked:
+    """The tier a request runs in: its key's, or the lower one it asked for ("" or
+    ``auto``: none)."""
+    if not asked or known_tier(asked) == AUTO:
         return key_tier
     if TIERS.index(known_tier(asked)) > TIERS.index(key_tier):
         raise InvalidInput(f"service_tier {asked!r} is above this API key's tier "

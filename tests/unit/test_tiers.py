@@ -24,7 +24,7 @@ def test_a_request_runs_in_its_keys_tier_or_a_lower_one_it_asks_for() -> None:
 def test_a_tier_above_the_keys_or_unknown_is_a_400_saying_what_to_ask_for() -> None:
     with pytest.raises(InvalidInput, match="above this API key's tier 'default'"):
         request_tier("priority", "default")
-    with pytest.raises(InvalidInput, match="one of flex, default, priority, not 'gold'"):
+    with pytest.raises(InvalidInput, match="flex, default, priority or auto, not .gold."):
         request_tier("gold", "priority")
 
 

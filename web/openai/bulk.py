@@ -161,7 +161,7 @@ def embeddings() -> Response:
         outcomes = state.admissions.admit(AdmitRequest(
             req.spec, jobs, state.settings.queued_ttl_s, owner=owner,
             owner_weight=state.settings.api_key_weights.get(owner, 1.0),
-            tier=service_tier(state.settings, owner)))
+            tier=service_tier(state.settings, owner, req.service_tier)))
         for outcome in outcomes:
             if not isinstance(outcome, Admitted):
                 raise outcome
