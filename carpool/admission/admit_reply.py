@@ -46,6 +46,11 @@ def admit_outcomes(
         refused = OverShare(model.name, bin_spec.name, depth, share_retry_after_s(
             float(reply[5]), drain_rate_per_s(float(reply[3]), int(reply[4]))))
     else:
-        refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(
-            depth, drain_rate_per_s(float(reply[3]), int(reply[4]))))
+        wait_s = retry_after_s(depth, drain_rate_per_s(float(reply[3]), int(reply[4])))
+        # Below max_depth: the part of the bin its service tier may fill is full.
+        tiered = "" if depth >= bin_spec.max_depth else (
+            f"bin {bin_spec.name!r} of model {model.name!r} holds {depth} jobs, all this "
+            f"service tier may fill (the rest is kept for higher tiers); retry after "
+            f"{wait_s:.0f} s")
+        refused = BinFull(model.name, bin_spec.name, depth, wait_s, tiered)
     return out + [refused] * (len(ids) - admitted)

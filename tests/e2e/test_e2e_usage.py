@@ -116,6 +116,7 @@ def test_in_a_surge_the_flex_key_is_refused_first_and_the_priority_key_admitted(
         asked = s.post(f"{base}/submit", json={**job, "service_tier": "flex"},
                        headers=_as(PRIORITY), timeout=30)
         assert asked.status_code == 429 and asked.json()["error"]["code"] == "bin_full"
+        assert "all this service tier may fill" in asked.json()["error"]["message"]
         # ... and in its own tier it fills the rest.
         prio = [s.post(f"{base}/submit", json=job, headers=_as(PRIORITY), timeout=30).status_code
                 for _ in range(10)]
