@@ -46,7 +46,7 @@ def usage() -> Response:
     owner = request_owner(state.settings)
     policy = state.settings.api_key_policies.get(owner)
     everyone = policy is not None and policy.admin
-    first, last = _usage_window(current_hour(state.queue.client))
+    first, last = _usage_window(current_hour())
     rows = read_usage(state.queue.client, state.queue.keys,
                       [s.name for s in state.settings.catalogue], first, last,
                       None if everyone else owner)
