@@ -45,16 +45,46 @@ def job_blob(job: ClaimedJob | None, claimed_ms: int, outcome: Outcome, payload:
     return json.dumps(fields, separators=(",", ":"))
 
 
+#: How ``job_blob`` starts each job's JSON (its first field is the id), so a web process
+#: can tell which job a line is without parsing it.
+_ID_HEAD = '{"id":"'
+
+
+@dataclass(frozen=True)
+class PushedJob:
+    """One job of a results message. Every web process hears every job, and asks for
+    few of them (a poll reaches one process): its view is built only when asked for."""
+
+    id: str
+    line: str  # its job JSON
+    t_done: str
+    batch: str  # the batch JSON
+
+    def view(self) -> JobView:
+        """Raises ValueError (or KeyError, TypeError) on a line that is not a job's JSON."""
+        fields = json.loads(self.line)
+        if fields.pop("id") != self.id:
+            raise ValueError(f"a pushed job's id is not the {self.id!r} that its line starts with")
+        fields["t_done"], fields["batch"] = self.t_done, self.batch
+        return view_from_record(self.id, fields)
+
+
 @dataclass(frozen=True)
 class Pushed:
-    """One message of the results channel: final views, or ids whose record is gone."""
+    """One message of the results channel: final jobs, or ids whose record is gone."""
 
-    views: tuple[JobView, ...] = ()
+    jobs: tuple[PushedJob, ...] = ()
     deleted: tuple[str, ...] = ()
+
+    @property
+    def views(self) -> tuple[JobView, ...]:
+        """Every job's view, built now (tests; the web builds each on demand)."""
+        return tuple(job.view() for job in self.jobs)
 
 
 def parse(message: str) -> Pushed:
-    """Raises ValueError (or KeyError) on a message that is not one of the two kinds."""
+    """Raises ValueError (or KeyError) on a message that is not one of the two kinds; a
+    job whose JSON is broken raises only once its view is built."""
     head, _, rest = message.partition("\n")
     kind, _, arg = head.partition(" ")
     if kind == "del":
@@ -62,11 +92,16 @@ def parse(message: str) -> Pushed:
     if kind != "done":
         raise ValueError(f"unknown results message {head[:40]!r}")
     t_done = str(int(arg))
-    batch, *jobs = rest.split("\n")
-    views = []
-    for line in jobs:
-        fields = json.loads(line)
-        job_id = fields.pop("id")
-        fields["t_done"], fields["batch"] = t_done, batch
-        views.append(view_from_record(job_id, fields))
-    return Pushed(views=tuple(views))
+    batch, *lines = rest.split("\n")
+    return Pushed(jobs=tuple(PushedJob(_id_of(line), line, t_done, batch) for line in lines))
+
+
+def _id_of(line: str) -> str:
+    if line.startswith(_ID_HEAD):
+        end = line.find('"', len(_ID_HEAD))
+        if end > 0:
+            return line[len(_ID_HEAD):end]
+    job_id = json.loads(line)["id"]  # another writer's field order
+    if not isinstance(job_id, str):
+        raise TypeError(f"a pushed job's id is {type(job_id).__name__}, not a string")
+    return job_id

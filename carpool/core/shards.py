@@ -5,6 +5,7 @@ the web finds a job's shard from its id alone.
 """
 
 import base64
+import functools
 import hashlib
 
 #: Characters of a model's shard tag, and so of the front of each of its job ids:
@@ -13,6 +14,12 @@ import hashlib
 SHARD_CHARS = 4
 
 
+#: Model names whose tags are kept: every key of a job and every new job id needs its
+#: model's tag, and a SHA-256 per key was a tenth of the admit call's CPU.
+SHARD_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=SHARD_CACHE_SIZE)
 def shard(model: str) -> str:
     """The shard tag of ``model``: the same in every process, whatever the catalogue."""
     digest = hashlib.sha256(model.encode()).digest()

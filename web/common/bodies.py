@@ -115,7 +115,11 @@ def read_body(settings: Settings, limits: BodyLimits) -> None:
     Raises BodyTooLarge (413), BodyTimeout or BodyCutShort (408), MalformedBody (400).
     """
     environ = request.environ
-    limit = limits.for_request(request.path, request.mimetype, request.args.get("model"))
+    mimetype = request.mimetype
+    # ?model= matters only for a raw image; looking up an absent argument raises and
+    # catches a KeyError inside werkzeug, so it is not asked of every JSON body.
+    model = request.args.get("model") if mimetype.startswith("image/") else None
+    limit = limits.for_request(request.path, mimetype, model)
     length = request.content_length
     if length is not None and length > limit:
         raise _too_large(f"{length} bytes", limit)

@@ -10,12 +10,16 @@ meanwhile were lost. Bounded by bytes: the oldest go first.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from carpool.backend.pushed import PushedJob
 from carpool.core.jobs import JobView
+
+log = logging.getLogger(__name__)
 
 #: How long a pushed view is answered from memory at most (also at most half the
 #: shortest result TTL: see ``max_age_for``).
@@ -31,7 +35,8 @@ def max_age_for(result_ttls_s: Iterable[int]) -> float:
 
 
 class PushedViews:
-    """id -> final view, with an age limit and a byte budget; thread-safe."""
+    """id -> final view, with an age limit and a byte budget; thread-safe. A pushed job is
+    kept as it came, and its view built the first time it is asked for."""
 
     def __init__(self, max_age_s: float = MAX_AGE_S, max_bytes: int = MAX_BYTES,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -39,12 +44,12 @@ class PushedViews:
         self.max_bytes = max_bytes
         self._clock = clock
         self._lock = threading.Lock()
-        self._views: OrderedDict[str, tuple[float, JobView, int]] = OrderedDict()
+        self._views: OrderedDict[str, tuple[float, JobView | PushedJob, int]] = OrderedDict()
         self._bytes = 0
         #: Polls answered from memory (tests, and anyone tuning the budget).
         self.hits = 0
 
-    def put(self, views: Iterable[JobView], nbytes_each: int) -> None:
+    def put(self, views: Iterable[JobView | PushedJob], nbytes_each: int) -> None:
         now = self._clock()
         with self._lock:
             for view in views:
@@ -63,8 +68,24 @@ class PushedViews:
             if self._clock() - entry[0] > self.max_age_s:
                 self._drop(job_id)
                 return None
+        kept = entry[1]
+        if isinstance(kept, JobView):
+            with self._lock:
+                self.hits += 1
+            return kept
+        try:  # outside the lock: the other polls need not wait for this parse
+            view = kept.view()
+        except (ValueError, KeyError, TypeError) as exc:  # its poll reads Redis instead
+            log.warning("ignored a malformed pushed job (%s): %.80r", exc, kept.line)
+            with self._lock:
+                if self._views.get(job_id) is entry:
+                    self._drop(job_id)
+            return None
+        with self._lock:
+            if self._views.get(job_id) is entry:  # built once: later polls reuse it
+                self._views[job_id] = (entry[0], view, entry[2])
             self.hits += 1
-            return entry[1]
+        return view
 
     def discard(self, job_ids: Iterable[str]) -> None:
         with self._lock:

@@ -132,9 +132,9 @@ class _Listener:
             log.warning("ignored a malformed results message (%s): %.80r", exc, message)
             return
         self.views.discard(got.deleted)
-        if got.views:
-            self.views.put(got.views, len(message) // len(got.views))
-            self.ended([view.id for view in got.views])
+        if got.jobs:
+            self.views.put(got.jobs, len(message) // len(got.jobs))
+            self.ended([job.id for job in got.jobs])
 
     def wake_all(self) -> None:
         """Notices may have been missed: nothing is known pending; every poll re-reads."""
