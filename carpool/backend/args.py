@@ -90,6 +90,8 @@ class CancelArgs(ScriptArgs):
     bytes_prefix: str
     results_channel: str
     notify: int
+    queued_only: int = 0
+    reason: str = "cancelled by the client"
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,19 @@ class Queue:
             raise NotCancellable(f"job {job_id} is running and can no longer be cancelled")
         return reply
 
+    def cancel_queued(self, job_id: str, result_ttl_s: int, reason: str) -> str:
+        """Cancel the job only if it is still queued, its error ``reason``: "cancelled";
+        else nothing changes: "running", "ended" or "missing". Atomic (cancel.lua), so a
+        job a worker claimed meanwhile is never touched."""
+        tag = shard_of_job(job_id)
+        args = CancelArgs(job_id, self.keys.bin_prefix(tag), self.keys.done_channel,
+                          result_ttl_s, self.keys.bytes_prefix(tag), self.keys.results_channel,
+                          1, queued_only=1, reason=reason)
+        keys = keys_of(CancelArgs, job=self.keys.job(job_id), outbox=self.keys.outbox(tag),
+                       hook_wake=self.keys.hook_wake(tag))
+        with redis_errors():
+            return str(self._cancel(keys=keys, args=argv(args)))
+
     def get(self, job_id: str) -> JobView | None:
         """The job as a client sees it; None when it does not exist (or expired)."""
         return self.get_many([job_id])[0]

@@ -73,9 +73,11 @@ class AsyncClient:
             await asyncio.sleep(delay)
 
     async def submit(self, model: str, job_input: Any, *, wait: float = 0.0,
-                     **options: Any) -> AsyncJob:
-        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
-        doc = await self._send(submit_call(model, job_input, wait, options))
+                     timeout_s: float | None = None, **options: Any) -> AsyncJob:
+        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then.
+        ``timeout_s``: how long the caller waits for it (X-Carpool-Timeout, its deadline:
+        a job that cannot end in time is refused, or expires, never computed late)."""
+        doc = await self._send(submit_call(model, job_input, wait, options, timeout_s))
         return AsyncJob.from_doc(doc, self)
 
     async def submit_file(self, model: str, data: bytes, content_type: str, *,
@@ -157,7 +159,8 @@ class AsyncClient:
         """Submit, wait, return the result: one round trip when the job ends in time.
         Raises ``JobFailed`` when it fails or expires, ``JobTimeout`` after ``timeout_s``."""
         start = time.monotonic()
-        job = await self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s), **options)
+        job = await self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s),
+                                timeout_s=timeout_s, **options)
         return (await self.wait(job, timeout_s - (time.monotonic() - start))).outcome()
 
     async def map(self, model: str, inputs: Sequence[Any], *, timeout_s: float = 300.0,
@@ -168,7 +171,8 @@ class AsyncClient:
         batch = BulkRun(model, inputs, options)
         while True:
             wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
-            for chunk, call in batch.calls(wait_s):
+            left_s = timeout_s - (time.monotonic() - start)
+            for chunk, call in batch.calls(wait_s, left_s):
                 batch.take(chunk, await self._send(call))
             delay = batch.retry_delay_s(self.retry)
             if delay is None:

@@ -24,14 +24,16 @@ class BulkRun:
         self.refused: list[ApiError] = []
         self.tries = 0
 
-    def calls(self, wait_s: float) -> list[tuple[list[int], Call]]:
-        """One /submit/batch call per chunk of the inputs not admitted yet."""
+    def calls(self, wait_s: float, caller_timeout_s: float | None = None
+              ) -> list[tuple[list[int], Call]]:
+        """One /submit/batch call per chunk of the inputs not admitted yet; the server
+        is told the caller waits ``caller_timeout_s`` more (X-Carpool-Timeout)."""
         chunks = [self.unsent[i:i + BATCH_INPUTS]
                   for i in range(0, len(self.unsent), BATCH_INPUTS)]
         self.unsent, self.refused = [], []
         self.tries += 1
         return [(chunk, batch_call(self.model, [self.inputs[i] for i in chunk], wait_s,
-                                   self.options)) for chunk in chunks]
+                                   self.options, caller_timeout_s)) for chunk in chunks]
 
     def take(self, chunk: Sequence[int], reply: Mapping[str, Any]) -> None:
         for i, item in zip(chunk, reply["jobs"], strict=True):

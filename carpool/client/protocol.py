@@ -27,6 +27,9 @@ POLL_WAIT_S = 30.0
 TIMEOUT_MARGIN_S = 10.0
 #: Inputs per /submit/batch request: the server refuses more (413).
 BATCH_INPUTS = 1000
+#: The header that tells the server how long the caller waits for its result, in
+#: seconds: the job's deadline (docs/admission.md), so nothing computes past it.
+TIMEOUT_HEADER = "X-Carpool-Timeout"
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,12 @@ class Call:
     content: bytes | None = None
     content_type: str | None = None
     timeout_s: float = POLL_WAIT_S
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def send_args(self) -> dict[str, Any]:
-        headers = {"Content-Type": self.content_type} if self.content_type else {}
+        headers = dict(self.headers)
+        if self.content_type:
+            headers["Content-Type"] = self.content_type
         return {"method": self.method, "url": self.path, "params": dict(self.params),
                 "json": self.json, "content": self.content, "headers": headers,
                 "timeout": self.timeout_s}
@@ -77,11 +83,19 @@ def wait_params(wait_s: float) -> dict[str, str]:
     return {"wait": f"{wait_s:g}"} if wait_s > 0 else {}
 
 
-def submit_call(model: str, job_input: Any, wait_s: float, options: Mapping[str, Any]) -> Call:
+def waits_header(caller_timeout_s: float | None) -> dict[str, str]:
+    """``X-Carpool-Timeout`` for a caller that waits ``caller_timeout_s`` (None: unsaid)."""
+    if caller_timeout_s is None:
+        return {}
+    return {TIMEOUT_HEADER: f"{max(caller_timeout_s, 0.001):.3f}"}
+
+
+def submit_call(model: str, job_input: Any, wait_s: float, options: Mapping[str, Any],
+                caller_timeout_s: float | None = None) -> Call:
     body = {"model": model, "input": job_input, **{k: v for k, v in options.items()
                                                    if v is not None}}
     return Call("POST", "/submit", wait_params(wait_s), json=body,
-                timeout_s=wait_s + TIMEOUT_MARGIN_S)
+                timeout_s=wait_s + TIMEOUT_MARGIN_S, headers=waits_header(caller_timeout_s))
 
 
 def file_call(model: str, data: bytes, content_type: str, wait_s: float) -> Call:
@@ -90,11 +104,11 @@ def file_call(model: str, data: bytes, content_type: str, wait_s: float) -> Call
 
 
 def batch_call(model: str, inputs: Sequence[Any], wait_s: float,
-               options: Mapping[str, Any]) -> Call:
+               options: Mapping[str, Any], caller_timeout_s: float | None = None) -> Call:
     body = {"model": model, "inputs": list(inputs),
             **{k: v for k, v in options.items() if v is not None}}
     return Call("POST", "/submit/batch", wait_params(wait_s), json=body,
-                timeout_s=wait_s + TIMEOUT_MARGIN_S)
+                timeout_s=wait_s + TIMEOUT_MARGIN_S, headers=waits_header(caller_timeout_s))
 
 
 def result_call(job_id: str, wait_s: float) -> Call:

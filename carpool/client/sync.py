@@ -77,9 +77,13 @@ class Client:
         except httpx.TransportError:
             return False
 
-    def submit(self, model: str, job_input: Any, *, wait: float = 0.0, **options: Any) -> Job:
-        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then."""
-        return Job.from_doc(self._send(submit_call(model, job_input, wait, options)), self)
+    def submit(self, model: str, job_input: Any, *, wait: float = 0.0,
+               timeout_s: float | None = None, **options: Any) -> Job:
+        """Queue one job; with ``wait`` > 0 the answer is its result if it ends by then.
+        ``timeout_s``: how long the caller waits for it (X-Carpool-Timeout, its deadline:
+        a job that cannot end in time is refused, or expires, never computed late)."""
+        return Job.from_doc(self._send(submit_call(model, job_input, wait, options,
+                                                   timeout_s)), self)
 
     def submit_file(self, model: str, data: bytes, content_type: str, *,
                     wait: float = 0.0) -> Job:
@@ -160,7 +164,8 @@ class Client:
         """Submit, wait, return the result: one round trip when the job ends in time.
         Raises ``JobFailed`` when it fails or expires, ``JobTimeout`` after ``timeout_s``."""
         start = time.monotonic()
-        job = self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s), **options)
+        job = self.submit(model, job_input, wait=min(POLL_WAIT_S, timeout_s),
+                          timeout_s=timeout_s, **options)
         return self.wait(job, timeout_s - (time.monotonic() - start)).outcome()
 
     def map(self, model: str, inputs: Sequence[Any], *, timeout_s: float = 300.0,
@@ -171,7 +176,8 @@ class Client:
         batch = BulkRun(model, inputs, options)
         while True:
             wait_s = min(POLL_WAIT_S, max(0.0, timeout_s - (time.monotonic() - start)))
-            for chunk, call in batch.calls(wait_s):
+            left_s = timeout_s - (time.monotonic() - start)
+            for chunk, call in batch.calls(wait_s, left_s):
                 batch.take(chunk, self._send(call))
             delay = batch.retry_delay_s(self.retry)
             if delay is None:

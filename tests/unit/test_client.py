@@ -100,6 +100,35 @@ def test_the_api_key_and_wait_are_sent() -> None:
     assert seen[0].url.params["wait"] == "5" and b'"priority":3' in seen[0].content
 
 
+def test_run_and_map_send_their_timeout_as_the_jobs_deadline() -> None:
+    seen: list[httpx.Request] = []
+    batch = httpx.Response(200, json={"jobs": [{"id": "a", "model": "m", "status": "done",
+                                                "result": 1}]})
+    c = client([done("j", 1), batch, done("k", 2)], seen)
+    c.run("m", {}, timeout_s=7.5)
+    c.map("m", [{}], timeout_s=120)
+    c.submit("m", {})  # no timeout said: no header
+    assert float(seen[0].headers["X-Carpool-Timeout"]) == 7.5
+    assert 119 < float(seen[1].headers["X-Carpool-Timeout"]) <= 120
+    assert "X-Carpool-Timeout" not in seen[2].headers
+
+
+def test_the_async_client_sends_its_timeout_too() -> None:
+    seen: list[httpx.Request] = []
+    batch = httpx.Response(200, json={"jobs": [{"id": "a", "model": "m", "status": "done",
+                                                "result": 1}]})
+
+    async def main() -> None:
+        async with AsyncClient("http://carpool.test", transport=httpx.MockTransport(
+                scripted([done("j", 1), batch], seen))) as c:
+            await c.run("m", {}, timeout_s=3)
+            await c.map("m", [{}], timeout_s=50)
+
+    asyncio.run(main())
+    assert float(seen[0].headers["X-Carpool-Timeout"]) == 3
+    assert 49 < float(seen[1].headers["X-Carpool-Timeout"]) <= 50
+
+
 def test_a_failed_job_raises_job_failed() -> None:
     answer = httpx.Response(200, json={"id": "j", "model": "m", "status": "expired",
                                        "error": "deadline passed while queued"})

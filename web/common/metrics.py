@@ -10,6 +10,8 @@ maps every name to Triton's):
   alone counts once, a request refused as a whole before its items were read counts once.
   ``model`` is "" when the request named no model of the catalogue: a label
   never takes a value a client made up.
+- ``carpool_jobs_abandoned_total{model}``: each job cancelled while queued because
+  its synchronous caller hung up (web/common/sync_wait.py): never computed.
 - ``carpool_http_requests_total{route,method,status}`` and
   ``carpool_http_request_duration_seconds{route,method,status}``: every HTTP
   request, by its route's pattern (``/result/<job_id>``, never the id; "unmatched"
@@ -76,7 +78,8 @@ def rejection_reason(exc: Exception) -> str:
 
 
 #: The routes whose refusals count as rejected jobs (``count_refused_request``).
-SUBMIT_ENDPOINTS = frozenset({"carpool.submit", "carpool.submit_batch", "v2.infer"})
+SUBMIT_ENDPOINTS = frozenset({"carpool.submit", "carpool.submit_batch", "v2.infer",
+                              "v1_batches.embeddings"})
 
 
 def remember_model(doc: object) -> None:
@@ -175,6 +178,9 @@ class WebMetrics:
                                  BIN_LABELS, registry=own)
         self.rejected = Counter("carpool_jobs_rejected_total", "Jobs refused, by reason.",
                                 ("model", "reason"), registry=own)
+        self.abandoned = Counter("carpool_jobs_abandoned_total", "Jobs cancelled while "
+                                 "queued because their synchronous caller hung up.",
+                                 ("model",), registry=own)
         self.long_polls = Gauge("carpool_web_long_polls", "Long-polls waiting now.",
                                 registry=own, multiprocess_mode="livesum")
         self.event_streams = Gauge("carpool_web_event_streams", "Event streams open now.",
@@ -183,6 +189,7 @@ class WebMetrics:
         for model, bin_name in bins:  # every series exists from the start, at zero
             self.submitted.labels(model, bin_name)
         for spec in catalogue:
+            self.abandoned.labels(spec.name)
             for reason in REASONS:
                 self.rejected.labels(spec.name, reason)
         self.http_requests = Counter("carpool_http_requests_total",
@@ -223,6 +230,9 @@ class WebMetrics:
 
     def count_rejected(self, model: str, exc: Exception, jobs: int = 1) -> None:
         self.rejected.labels(model, rejection_reason(exc)).inc(jobs)
+
+    def count_abandoned(self, model: str) -> None:
+        self.abandoned.labels(model).inc()
 
     def count_shed(self, reason: str) -> None:
         self.shed.labels(reason).inc()

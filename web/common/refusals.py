@@ -66,6 +66,11 @@ class JobFailed(CarpoolError):
     """Raised when a synchronous request's job ended failed, expired or cancelled."""
 
 
+class CallerGone(CarpoolError):
+    """Raised when a synchronous request's client closed its connection while it waited:
+    its jobs still queued were cancelled (web/common/sync_wait.py); nobody reads the 499."""
+
+
 class Unauthorized(CarpoolError):
     """Raised when the server has API keys and a request brings none or an unknown one."""
 
@@ -100,6 +105,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(ResourceNotFound, 404, "not_found", "error"),
     Refusal(ResultsLate, 504, "results_late", "error"),
     Refusal(JobFailed, 500, "job_failed", "error"),
+    Refusal(CallerGone, 499, "client_gone", "error"),
     Refusal(Unauthorized, 401, "unauthorized", "error"),
     Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
     Refusal(NotCancellable, 409, "not_cancellable", "error"),

@@ -7,16 +7,12 @@ Errors are raised, never formatted here: ``web.common.errors`` turns each into i
 from __future__ import annotations
 
 import math
-import threading
-import time
-from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from carpool.backend.admissions import AdmitJob, AdmitRequest, single_admitted
-from carpool.core.catalogue import ModelSpec
+from carpool.backend.admissions import AdmitJob
 from carpool.core.errors import (
     BackendUnavailable,
     CarpoolError,
@@ -27,16 +23,17 @@ from carpool.core.errors import (
 from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
 from carpool.core.settings import Settings
 from carpool.intake import inputs
-from web.common.auth import check_owner, request_owner, service_tier
+from web.common.auth import check_owner, request_owner
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
-from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
+from web.common.metrics import jobs_admitted, remember_model
 from web.common.post_body import read_post_body
 from web.common.refusals import JobNotFound
 from web.common.state import WebState, current_state
+from web.common.sync_wait import SyncWait
 from web.results.followers import with_claim
-from web.results.polls import TooManyPolls, client_gone_check
+from web.results.polls import client_gone_check
 from web.results.prefer import PREFER, applied, preferred_wait_s
-from web.results.waiters import await_final_after, wait_for_final
+from web.results.waiters import wait_for_final
 from web.results.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
@@ -50,17 +47,16 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
     sub = _read_submission(state.settings)
-    deadline = time.monotonic() + wait_s
-    job_id = new_job_id(sub.spec.name)
-    with ExitStack() as stack:
-        wait_s = _hold_poll(state, stack, owner, wait_s)
-        # Watched before it is admitted: a completion that comes at once still wakes us.
-        woken = stack.enter_context(state.notifier.watch(job_id)) if wait_s > 0 else None
-        admitted = _admit(state, sub.spec, sub.prepared, sub.options, owner, job_id)
-        state.metrics.count_submitted(admitted)
-        jobs_admitted()
-        view = _final_by(state, admitted, woken, deadline)
-    headers = applied(wait_s) if prefer else {}
+    job = AdmitJob(sub.prepared.bin, new_job_id(sub.spec.name), sub.prepared.input_json)
+    with SyncWait(state, owner, wait_s) as sync:
+        admit_request = sync.request(sub.spec, (job,), sub.options, sub.options.service_tier)
+        digest = sub.options.idempotency_digest(owner)
+        if digest is not None:
+            admit_request = replace(admit_request, idempotency_digest=digest,
+                                    input_digest=sub.prepared.digest())
+        admitted = sync.admit_one(admit_request)
+        (view,) = sync.finals([admitted])
+    headers = applied(sync.wait_s) if prefer else {}
     if view is not None:
         return jsonify(view.to_json()), 200, headers
     body = _accepted(admitted)
@@ -86,34 +82,29 @@ def submit_batch() -> tuple[Response, int, dict[str, str]]:
     batch = inputs.batch_from_json(doc, state.settings.catalogue,
                                    state.settings.webhooks.allow_private)
     state.models.check(batch.spec.name)  # one model per batch: the same 503 as /submit
-    deadline = time.monotonic() + wait_s
-    with ExitStack() as stack:
-        wait_s = _hold_poll(state, stack, owner, wait_s)
-        jobs, watched = _admit_batch(state, batch, owner, stack, wait_s > 0)
+    with SyncWait(state, owner, wait_s) as sync:
+        jobs, admitted = _admit_batch(state, sync, batch)
         jobs_admitted()
-        finals = [(i, _final_by(state, admitted, woken, deadline))
-                  for i, (admitted, woken) in watched.items()]
-    for i, view in finals:
+        finals = sync.finals(list(admitted.values()))
+    for i, view in zip(admitted, finals, strict=True):
         if view is not None:
             jobs[i] = view.to_json()
-    headers = applied(wait_s) if prefer else {}
-    if wait_s > 0 and watched and all(view is not None for _, view in finals):
+    headers = applied(sync.wait_s) if prefer else {}
+    if sync.wait_s > 0 and admitted and all(view is not None for view in finals):
         return jsonify({"jobs": jobs}), 200, headers
     return jsonify({"jobs": jobs}), 202, headers
 
 
-def _admit_batch(
-    state: WebState, batch: inputs.BatchSubmission, owner: str, stack: ExitStack, watch: bool
-) -> tuple[list[dict[str, Any]], dict[int, tuple[Admitted, threading.Event | None]]]:
-    """Each item's answer in order, and each admitted item's job (and event, to wait on).
+def _admit_batch(state: WebState, sync: SyncWait, batch: inputs.BatchSubmission,
+                 ) -> tuple[list[dict[str, Any]], dict[int, Admitted]]:
+    """Each item's answer in order, and each admitted item's job by its place.
 
     Each input is validated on its own; the valid ones are admitted together, in one
-    round trip (one admit.lua call per bin), each against its bin's bound. With
-    ``watch``, each job is watched before it is admitted.
+    round trip (one admit.lua call per bin), each against its bin's bound.
     """
     items: list[dict[str, Any]] = []
     valid: list[AdmitJob] = []
-    places: list[tuple[int, threading.Event | None]] = []
+    places: list[int] = []
     for i, raw in enumerate(batch.inputs):
         try:
             prepared = inputs.prepare(batch.spec, raw, state.settings.input_limits)
@@ -121,56 +112,21 @@ def _admit_batch(
             state.metrics.count_rejected(batch.spec.name, exc)
             items.append(_item_error(exc))
             continue
-        job_id = new_job_id(batch.spec.name)
         items.append({})  # its answer, once admitted or refused
-        places.append((i, stack.enter_context(state.notifier.watch(job_id)) if watch else None))
-        valid.append(AdmitJob(prepared.bin, job_id, prepared.input_json))
-    watched: dict[int, tuple[Admitted, threading.Event | None]] = {}
+        places.append(i)
+        valid.append(AdmitJob(prepared.bin, new_job_id(batch.spec.name), prepared.input_json))
+    admitted: dict[int, Admitted] = {}
     if not valid:
-        return items, watched
-    try:
-        outcomes = state.admissions.admit(_admit_request(state, batch.spec, tuple(valid),
-                                                         batch.options, owner))
-    except BackendUnavailable as exc:
-        refusing_jobs(len(valid))  # counted by the error handler, all of them
-        # The first bin's admit.lua call failed: it may still run once Redis resumes,
-        # so the 503 names its jobs' ids; later bins' calls were never sent.
-        first = [job.id for job in valid if job.bin.name == valid[0].bin.name]
-        raise AdmissionUnknown(first, exc, batch=True) from exc
+        return items, admitted
+    outcomes = sync.admit(sync.request(batch.spec, valid, batch.options,
+                                       batch.options.service_tier))
     # Redis lost after a first bin's jobs were queued: the others say so, each (the
     # failed call's jobs with their ids: they may have been admitted).
-    for (i, woken), outcome, job in zip(places, outcomes, valid, strict=True):
-        items[i] = _admitted_or_refused(state, batch.spec.name, outcome, job.id)
+    for i, outcome, job in zip(places, outcomes, valid, strict=True):
+        items[i] = _admitted_or_refused(state, sync, batch.spec.name, outcome, job.id)
         if isinstance(outcome, Admitted):
-            watched[i] = (outcome, woken)
-    return items, watched
-
-
-def _hold_poll(state: WebState, stack: ExitStack, owner: str, wait_s: float) -> float:
-    """``wait_s`` with one of this client's long-poll slots held on ``stack``; 0 (no
-    wait: the answer is the 202) when it holds all of them (web/results/polls.py)."""
-    if wait_s <= 0:
-        return wait_s
-    try:
-        stack.enter_context(state.polls.hold(owner or request.remote_addr or ""))
-    except TooManyPolls:
-        return 0.0
-    stack.enter_context(state.metrics.long_polls.track_inprogress())
-    return wait_s
-
-
-def _final_by(state: WebState, admitted: Admitted, woken: threading.Event | None,
-              deadline: float) -> JobView | None:
-    """The job's final view if it ends by ``deadline`` (monotonic); None otherwise."""
-    if woken is None:
-        return None
-    gone = client_gone_check(request.environ)
-    if admitted.duplicate:  # the first job's: not watched before admission, read first
-        view = wait_for_final(state.reads, state.notifier, admitted.id,
-                              max(0.0, deadline - time.monotonic()), gone)
-    else:
-        view = await_final_after(state.reads, woken, admitted.id, deadline, gone)
-    return view if view is not None and view.status.is_final else None
+            admitted[i] = outcome
+    return items, admitted
 
 
 @blueprint.get("/result/<job_id>")
@@ -247,36 +203,6 @@ def _require_json() -> None:
         )
 
 
-def _admit(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-           options: inputs.Options, owner: str, job_id: str) -> Admitted:
-    """Admit under ``job_id``; a 503 then names it: the job may have been admitted."""
-    state.models.check(spec.name)  # 503 at once for a model every live worker refused
-    try:
-        return _admit_as(state, spec, prepared, options, owner, job_id)
-    except BackendUnavailable as exc:
-        raise AdmissionUnknown([job_id], exc) from exc
-
-
-def _admit_as(state: WebState, spec: ModelSpec, prepared: inputs.Prepared,
-              options: inputs.Options, owner: str, job_id: str) -> Admitted:
-    idempotency_digest = options.idempotency_digest(owner)
-    job = AdmitJob(prepared.bin, job_id, prepared.input_json)
-    admit_request = _admit_request(state, spec, (job,), options, owner)
-    if idempotency_digest is not None:
-        admit_request = replace(admit_request, idempotency_digest=idempotency_digest,
-                                input_digest=prepared.digest())
-    return single_admitted(state.admissions.admit(admit_request))
-
-
-def _admit_request(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
-                   options: inputs.Options, owner: str) -> AdmitRequest:
-    """``jobs`` with the options of their submission."""
-    return AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
-                        options.priority, owner, state.settings.api_key_weights.get(owner, 1.0),
-                        hook=options.hook,
-                        tier=service_tier(state.settings, owner, options.service_tier))
-
-
 def _accepted(admitted: Admitted) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": admitted.id, "status": "queued", "model": admitted.model, "bin": admitted.bin,
@@ -287,14 +213,14 @@ def _accepted(admitted: Admitted) -> dict[str, Any]:
     return body
 
 
-def _admitted_or_refused(state: WebState, model: str, outcome: Admitted | CarpoolError,
-                         job_id: str) -> dict[str, Any]:
+def _admitted_or_refused(state: WebState, sync: SyncWait, model: str,
+                         outcome: Admitted | CarpoolError, job_id: str) -> dict[str, Any]:
     if isinstance(outcome, BackendUnavailable) and not isinstance(outcome, NotSent):
         outcome = AdmissionUnknown([job_id], outcome)  # its call was sent: it may run
     if isinstance(outcome, CarpoolError):
         state.metrics.count_rejected(model, outcome)
         return _item_error(outcome)
-    state.metrics.count_submitted(outcome)
+    sync.took(outcome)
     return _accepted(outcome)
 
 

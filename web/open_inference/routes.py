@@ -2,40 +2,38 @@
 tools call, in front of the same admission as ``POST /submit`` (docs/v2.md).
 
 An infer request is one job per row, admitted in one ``Admissions.admit`` call (one
-admit.lua call per bin, each against its bin's bound), watched before admission as
-``POST /submit?wait`` is (web/results/waiters.py), and answered when every row has ended,
-rows in order. A refused row refuses the request: the rows admitted with it are
-cancelled, and the answer is the refusal's 429/503 with ``Retry-After``. Errors
-are the protocol's ``{"error": "<message>"}`` with carpool's status for each.
+admit.lua call per bin, each against its bin's bound), waited for the same way as
+``POST /submit?wait`` (web/common/sync_wait.py: a poll slot; a hang-up cancels its
+queued rows), and answered when every row has ended, rows in order. A refused row
+refuses the request: the rows admitted with it are cancelled, and the answer is the
+refusal's 429/503 with ``Retry-After``. Errors are the protocol's
+``{"error": "<message>"}`` with carpool's status for each.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from contextlib import ExitStack
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
 import carpool
-from carpool.backend.admissions import AdmitJob, AdmitRequest
+from carpool.backend.admissions import AdmitJob
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
-    BackendUnavailable,
     CarpoolError,
     InvalidInput,
-    NotCancellable,
     UnknownModel,
 )
-from carpool.core.jobs import Admitted, JobStatus, JobView, new_job_id
+from carpool.core.jobs import JobStatus, JobView, new_job_id
 from carpool.intake import inputs
-from web.common.auth import request_owner, service_tier
-from web.common.errors import AdmissionUnknown, retry_after_s, status_and_code
-from web.common.metrics import jobs_admitted, refusing_jobs, remember_model
+from web.common.auth import request_owner
+from web.common.errors import retry_after_s, status_and_code
+from web.common.metrics import remember_model
 from web.common.post_body import read_post_body
 from web.common.state import WebState, current_state
+from web.common.sync_wait import SyncWait
 from web.open_inference.model import (
     VERSION,
     JobOptions,
@@ -49,8 +47,6 @@ from web.open_inference.model import (
     tensors_of,
 )
 from web.open_inference.tensors import encode_output, parse_request
-from web.results.polls import client_gone_check
-from web.results.waiters import await_final_after
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +153,6 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
         except CarpoolError as exc:
             exc.args = (f"row {i}: {exc}",)
             raise
-    state.models.check(spec.name)  # 503 at once for a model every live worker refused
     views = _run(state, spec, prepared, options, owner)
     body: dict[str, Any] = {"model_name": spec.name, "model_version": VERSION}
     if req.id is not None:
@@ -179,62 +174,26 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
 
 def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
          options: JobOptions, owner: str) -> list[JobView]:
-    """Admit one job per row and wait for them all: their final views, in order."""
+    """Admit one job per row and wait for them all: their final views, in order. A
+    refused row refuses the request: the rows admitted with it are cancelled."""
     # Never past CARPOOL_MAX_WAIT_S (floored): a long timeout would otherwise hold a
     # greenlet and a poll slot past gunicorn's graceful stop.
     cap_s = max(state.settings.max_wait_s, MIN_INFER_WAIT_S)
     wait_s = (min(options.deadline_ms / 1000 + ANSWER_GRACE_S, cap_s) if options.deadline_ms
               else cap_s)
-    deadline = time.monotonic() + wait_s
     jobs = tuple(AdmitJob(p.bin, new_job_id(spec.name), p.input_json) for p in prepared)
-    with ExitStack() as stack:
-        stack.enter_context(state.polls.hold(owner or request.remote_addr or ""))
-        stack.enter_context(state.metrics.long_polls.track_inprogress())
-        # Watched before they are admitted: a completion that comes at once still wakes us.
-        woken = [stack.enter_context(state.notifier.watch(job.id)) for job in jobs]
-        admitted = _admit(state, spec, jobs, options, owner)
-        gone = client_gone_check(request.environ)
-        views = [await_final_after(state.reads, event, job.id, deadline, gone)
-                 for event, job in zip(woken, admitted, strict=True)]
+    with SyncWait(state, owner, wait_s, slot_required=True) as sync:
+        admitted = sync.admit_all(sync.request(spec, jobs, options))
+        views = sync.finals(admitted)
     for view, job in zip(views, admitted, strict=True):
-        if view is None or not view.status.is_final:
+        if view is None:
             raise ResultTimeout(
                 f"job {job.id} (and its request's other rows) had not ended within "
-                f"{wait_s:g} s; GET /result/<id> tells each: "
+                f"{sync.wait_s:g} s; GET /result/<id> tells each: "
                 + ", ".join(j.id for j in admitted))
         if view.status is not JobStatus.DONE:
             raise _job_error(view)
     return [v for v in views if v is not None]
-
-
-def _admit(state: WebState, spec: ModelSpec, jobs: tuple[AdmitJob, ...],
-           options: JobOptions, owner: str) -> list[Admitted]:
-    """Admit every row or none: a refused row cancels those admitted with it."""
-    request_ = AdmitRequest(spec, jobs, state.settings.queued_ttl_s, options.deadline_ms,
-                            options.priority, owner,
-                            state.settings.api_key_weights.get(owner, 1.0), hook=options.hook,
-                            tier=service_tier(state.settings, owner))
-    try:
-        outcomes = state.admissions.admit(request_)
-    except BackendUnavailable as exc:
-        refusing_jobs(len(jobs))
-        raise AdmissionUnknown([job.id for job in jobs], exc, batch=True) from exc
-    admitted = [o for o in outcomes if isinstance(o, Admitted)]
-    refused = next((o for o in outcomes if not isinstance(o, Admitted)), None)
-    if refused is None:
-        for job in admitted:
-            state.metrics.count_submitted(job)
-        jobs_admitted()
-        return admitted
-    # All or nothing, as a Triton client expects of one request; the client never learns
-    # of these jobs, so their webhook says nothing of them either.
-    for job in admitted:
-        try:
-            state.queue.cancel(job.id, spec.result_ttl_s, notify=False)
-        except (NotCancellable, BackendUnavailable):  # already running: it ends on its own
-            log.info("v2: job %s of a refused request could not be cancelled", job.id)
-    refusing_jobs(len(jobs))
-    raise refused
 
 
 def _job_error(view: JobView) -> CarpoolError:

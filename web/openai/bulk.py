@@ -11,29 +11,28 @@ from __future__ import annotations
 import json
 import re
 import time
-from contextlib import ExitStack
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from carpool.backend.admissions import AdmitJob, AdmitRequest
+from carpool.backend.admissions import AdmitJob
 from carpool.backend.bulkdb import bulk_document, new_bulk_id
 from carpool.backend.outbox import webhook_doc
 from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.bulk_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
-from carpool.core.jobs import Admitted, JobStatus, new_job_id
+from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.webhooks import check_url
 from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
-from web.common.auth import request_owner, service_tier
+from web.common.auth import request_owner
+from web.common.metrics import remember_model
 from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
 from web.common.state import WebState, current_state
+from web.common.sync_wait import SyncWait
 from web.openai.files import owned_file, page_args, page_document
-from web.results.polls import client_gone_check
-from web.results.waiters import await_final_after
 
 blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
@@ -145,33 +144,23 @@ def list_bulk() -> Response:
 
 @blueprint.post("/embeddings")
 def embeddings() -> Response:
-    """One job per string, admitted together like /submit/batch; answers when all end
-    (within CARPOOL_MAX_WAIT_S, else 504)."""
+    """One job per string, all queued or none (web/common/sync_wait.py, as /v2 infer);
+    answers when all end (within CARPOOL_MAX_WAIT_S, else 504)."""
     state = current_state()
     owner = request_owner(state.settings)
     doc = inputs.parse_json(request.get_data())
+    remember_model(doc)
     req = embed_request(doc, state.settings.catalogue, state.settings.input_limits)
-    state.models.check(req.spec.name)
-    jobs = tuple(AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json)
-                 for p in req.prepared)
-    deadline = time.monotonic() + state.settings.max_wait_s
-    gone = client_gone_check(request.environ)
-    with ExitStack() as stack:
-        woken = [stack.enter_context(state.notifier.watch(job.id)) for job in jobs]
-        outcomes = state.admissions.admit(AdmitRequest(
-            req.spec, jobs, state.settings.queued_ttl_s, owner=owner,
-            owner_weight=state.settings.api_key_weights.get(owner, 1.0),
-            tier=service_tier(state.settings, owner, req.service_tier)))
-        for outcome in outcomes:
-            if not isinstance(outcome, Admitted):
-                raise outcome
-        views = [await_final_after(state.reads, event, job.id, deadline, gone)
-                 for event, job in zip(woken, jobs, strict=True)]
+    jobs = [AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json) for p in req.prepared]
+    with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True) as sync:
+        views = sync.finals(sync.admit_all(sync.request(req.spec, jobs,
+                                                         tier_asked=req.service_tier)))
     results = []
     for i, view in enumerate(views):
-        if view is None or not view.status.is_final:
-            raise ResultsLate(f"input[{i}] did not end within {state.settings.max_wait_s:g} s"
-                              " (CARPOOL_MAX_WAIT_S); try again, or use /v1/batches")
+        if view is None:
+            raise ResultsLate(f"input[{i}] did not end within {sync.wait_s:g} s "
+                              "(CARPOOL_MAX_WAIT_S, or the caller's X-Carpool-Timeout); try "
+                              "again, or use /v1/batches")
         if view.status is not JobStatus.DONE:
             raise JobFailed(f"input[{i}] {view.status.value}: {view.error}")
         results.append(view.result)

@@ -11,7 +11,7 @@ from typing import Any
 
 from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
-from web.openapi.event_paths import JOB_FIELDS, PREFER, event_paths
+from web.openapi.event_paths import CALLER_TIMEOUT, JOB_FIELDS, PREFER, event_paths
 from web.openapi.openai_paths import v1_paths
 from web.openapi.schemas import batch_schema, input_schema, submit_schema
 
@@ -106,7 +106,7 @@ def _submit(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue one job; ?wait=S answers 200 with its result if it ends within S",
         "parameters": [
-            _wait(settings), PREFER,
+            _wait(settings), PREFER, CALLER_TIMEOUT,
             {"name": "Idempotency-Key", "in": "header", "required": False,
              "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
             {"name": "model", "in": "query", "required": False,
@@ -136,7 +136,7 @@ def _batch(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue many jobs for one model; each input fails alone; ?wait=S answers "
                    "200 when every job ended within S",
-        "parameters": [_wait(settings), PREFER],
+        "parameters": [_wait(settings), PREFER, CALLER_TIMEOUT],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
         "responses": {**_responses(("202", "one entry per input, in order", jobs),

@@ -48,6 +48,12 @@ _ID = f"[A-Za-z0-9_-]{{{JOB_ID_CHARS}}}"
 PREFER = {"name": "Prefer", "in": "header", "required": False, "schema": {"type": "string"},
           "description": "RFC 7240 `wait=N` (whole seconds) instead of ?wait=; answered with "
                          "Preference-Applied"}
+#: The caller's own timeout (web/common/sync_wait.py): its jobs' deadline.
+CALLER_TIMEOUT = {"name": "X-Carpool-Timeout", "in": "header", "required": False,
+                  "schema": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                             "maximum": 86400},
+                  "description": "seconds the caller waits: its jobs' deadline (the sooner "
+                                 "of it and deadline_ms), and the longest wait"}
 
 
 def event_paths(responses: Any, job_id: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
--- cancel.lua: cancel a queued job, or delete a finished one.
+-- cancel.lua: cancel a queued job, or delete a finished one; or, queued-only, cancel a
+-- job only while it is queued (a synchronous caller that hung up: web/common/sync_wait.py).
 --
 -- KEYS[1]  job              the job record {p.s}:job:<id> (carpool/backend/records.py)
 -- KEYS[2]  outbox           {p.s}:outbox (lib/outbox.lua): a cancelled job that asked for
@@ -18,6 +19,10 @@
 --                           for a cancel that undoes the job's own admission (a /v2
 --                           request refused in part: web/open_inference/routes.py), of
 --                           which no client knew
+-- ARGV[8]  queued_only      "1": only a queued job is touched (cancelled); a running,
+--                           finished or missing one is left as it is, and the answer
+--                           says which ("running", "ended", "missing")
+-- ARGV[9]  reason           the cancelled job's error, as its document shows it
 --
 -- Either way the job's idempotency key ("idem", when it still names this job) is
 -- deleted: a retry with that key queues a new job instead of finding this one.
@@ -26,7 +31,8 @@
 -- are named by its record (model, bin, owner, idem), which the caller has not read; all
 -- in KEYS[1]'s hash tag (carpool/backend/keys.py).
 --
--- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing".
+-- Returns "cancelled" | "deleted" | "running" (not cancellable) | "missing"; queued-only
+-- never "deleted": "ended" for a finished job.
 --#include lib/record.lua
 --#include lib/budget.lua
 --#include lib/outbox.lua
@@ -46,6 +52,9 @@ local bin_key = ARGV[2] .. model .. ":" .. bin
 if status == "queued" and redis.call("ZREM", bin_key, ARGV[1]) == 0 then
   status = "running"
 end
+if ARGV[8] == "1" and status ~= "queued" then
+  return status == "running" and "running" or "ended"  -- queued-only: nothing written
+end
 if status ~= "running" and idem ~= "" then
   local prior = redis.call("GET", idem)
   if prior and string.sub(prior, 1, #ARGV[1] + 1) == ARGV[1] .. " " then
@@ -62,7 +71,7 @@ if status == "queued" then
   local t = redis.call("TIME")
   local now_s = string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call("SET", KEYS[1], ended_record("cancelled", attempts, admission, "", now_s, "", "",
-    "cancelled by the client"), "EX", ARGV[4])  -- the input goes with the old record
+    ARGV[9]), "EX", ARGV[4])  -- the input goes with the old record
   redis.call("PUBLISH", ARGV[3], ARGV[1])
   if ARGV[7] == "1" then
     outbox_wake(KEYS[3], outbox_add(KEYS[2], ARGV[1], "c", record_hook(admission), owner,
