@@ -48,7 +48,8 @@ BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 class Feeder:
     def __init__(self, settings: Settings, queue: Queue, db: BulkDb, store: FileStore) -> None:
         self.settings, self.queue, self.db, self.store = settings, queue, db, store
-        self.admissions = Admissions(queue.client, queue.keys)
+        self.admissions = Admissions(queue.client, queue.keys,
+                                     policies=settings.api_key_policies)
         self.runs: dict[str, Run] = {}
         self.turn = 0  # which API key goes first this round
         self.metrics = FeederMetrics()

@@ -70,7 +70,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=notifier,
         metrics=metrics, reads=ReadBatcher(queue, notifier.pushed_view),
-        admissions=Admissions(client, keys, coalesce=True),
+        admissions=Admissions(client, keys, coalesce=True,
+                              policies=settings.api_key_policies),
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),

@@ -1,18 +1,24 @@
 """The server's own routes, beside the API's surfaces: /models (the catalogue with live
-depths), /metrics, /healthz, /readyz and /openapi.json."""
+depths), /usage (what each key's jobs cost), /metrics, /healthz, /readyz and
+/openapi.json."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
+from carpool.backend.usage import USAGE_KEEP_HOURS, current_hour, read_usage
 from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import InvalidInput
+from carpool.core.jobs import rfc3339
 from carpool.intake import inputs
+from web.common.auth import request_owner
 from web.common.refusals import Unauthorized
 from web.common.state import current_state
 from web.openapi.document import openapi_document
@@ -30,6 +36,62 @@ def models() -> Response:
     return jsonify({"models": [{**_describe(spec, depths),
                                 "workers": state.models.availability(spec.name).to_json()}
                                for spec in specs]})
+
+
+@blueprint.get("/usage")
+def usage() -> Response:
+    """What the caller's jobs cost per model over a window of whole hours (an ``admin``
+    key: every key's): jobs, device and queue time, refusals (docs/admission.md)."""
+    state = current_state()
+    owner = request_owner(state.settings)
+    policy = state.settings.api_key_policies.get(owner)
+    everyone = policy is not None and policy.admin
+    first, last = _usage_window(current_hour())
+    rows = read_usage(state.queue.client, state.queue.keys,
+                      [s.name for s in state.settings.catalogue], first, last,
+                      None if everyone else owner)
+    total = {name: sum(r.to_json()[name] for r in rows)  # type: ignore[misc]
+             for name in ("jobs", "device_ms", "queue_ms", "refused")}
+    return jsonify({"from": rfc3339(first * 3_600_000), "to": rfc3339((last + 1) * 3_600_000),
+                    "keys": "all" if everyone else "own", "total": total,
+                    "usage": [r.to_json() for r in rows]})
+
+
+def _usage_window(now_hour: int) -> tuple[int, int]:
+    """The first and last hour asked for: ``hours=N`` (the last N, this one included;
+    default 24), or ``from`` and ``to`` (RFC 3339; each names the hour it falls in)."""
+    args = request.args
+    if "hours" in args and ("from" in args or "to" in args):
+        raise InvalidInput("give either hours=N or from=...&to=..., not both")
+    if "from" in args or "to" in args:
+        last = _hour_arg("to", now_hour)
+        first = _hour_arg("from", last - 23)
+    else:
+        text = args.get("hours", "24")
+        if not text.isdigit() or not 1 <= int(text) <= USAGE_KEEP_HOURS:
+            raise InvalidInput(f"hours must be a whole number from 1 to {USAGE_KEEP_HOURS} "
+                               f"(usage is kept that long), not {text[:20]!r}")
+        first, last = now_hour - int(text) + 1, now_hour
+    if first > last:
+        raise InvalidInput("from must not be after to")
+    if last - first >= USAGE_KEEP_HOURS:
+        raise InvalidInput(f"a window spans {USAGE_KEEP_HOURS} hours at most "
+                           "(usage is kept that long)")
+    return first, last
+
+
+def _hour_arg(name: str, default: int) -> int:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{name} must be an RFC 3339 time such as 2026-01-31T09:00:00Z, "
+                           f"not {text[:40]!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp()) // 3600
 
 
 @blueprint.get("/metrics")

@@ -1,6 +1,6 @@
 """admit.lua's arguments, named in one place.
 
-``AdmitArgs`` holds ARGV[1..24] in the script's order, each field named as the
+``AdmitArgs`` holds ARGV[1..29] in the script's order, each field named as the
 script's header names that position (carpool/core/script_args.py's mechanism, as
 for every script; ``tests/unit/test_script_args.py`` checks the header); the jobs'
 (id, input JSON) pairs follow them.
@@ -48,6 +48,11 @@ class AdmitArgs(ScriptArgs):
     key_queued_bytes: int
     admitted_channel: str
     hook: str = ""  # the record's webhook field (carpool/core/webhooks.py)
+    usage_prefix: str = ""  # {p.s}:usage:<model>: (carpool/backend/keys.py)
+    usage_ttl_s: int = 0
+    quota_device_ms_per_hour: int = 0  # the owner's quotas (the keys file; 0: none)
+    quota_jobs_per_s: float = 0.0
+    tier_share: float = 1.0  # of the bound and allowed wait (carpool/admission/tiers.py)
 
     def argv(self, jobs: Sequence[tuple[str, str]]) -> list[Arg]:
         """The script's ARGV: these values (as Redis reads them), then each job's id and

@@ -17,7 +17,7 @@ from carpool.admission.retry_after import (
     share_retry_after_s,
 )
 from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.errors import BinFull, BudgetFull, OverShare, WaitTooLong
+from carpool.core.errors import BinFull, BudgetFull, OverShare, QuotaExceeded, WaitTooLong
 from carpool.core.jobs import Admitted
 
 
@@ -39,10 +39,18 @@ def admit_outcomes(
         refused = WaitTooLong(
             model.name, bin_spec.name, ahead, ahead / rate * 1000.0 if rate > 0 else math.inf,
             limit_ms, late_retry_after_s(ahead, rate, limit_ms))
+    elif kind == "quota":  # the owner's quota (lib/quota.lua): device time or jobs/s
+        refused = QuotaExceeded(model.name, bin_spec.name, str(reply[3]), float(reply[4]),
+                                float(reply[5]), float(reply[6]))
     elif kind == "share":
         refused = OverShare(model.name, bin_spec.name, depth, share_retry_after_s(
             float(reply[5]), drain_rate_per_s(float(reply[3]), int(reply[4]))))
     else:
-        refused = BinFull(model.name, bin_spec.name, depth, retry_after_s(
-            depth, drain_rate_per_s(float(reply[3]), int(reply[4]))))
+        wait_s = retry_after_s(depth, drain_rate_per_s(float(reply[3]), int(reply[4])))
+        # Below max_depth: the part of the bin its service tier may fill is full.
+        tiered = "" if depth >= bin_spec.max_depth else (
+            f"bin {bin_spec.name!r} of model {model.name!r} holds {depth} jobs, all this "
+            f"service tier may fill (the rest is kept for higher tiers); retry after "
+            f"{wait_s:.0f} s")
+        refused = BinFull(model.name, bin_spec.name, depth, wait_s, tiered)
     return out + [refused] * (len(ids) - admitted)

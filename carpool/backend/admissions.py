@@ -8,7 +8,7 @@ one bin with the same options share one admit.lua call (carpool/backend/coalesci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,11 +18,14 @@ from carpool.admission.admit_args import AdmitArgs
 from carpool.admission.admit_reply import admit_outcomes
 from carpool.admission.fair_share import FAIR_SHARE_NEAR, fair_lead_cap_ms
 from carpool.admission.retry_after import DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, DRAIN_TAU_MS
+from carpool.admission.tiers import DEFAULT_TIER, tier_shares
 from carpool.admission.urgency import effective_deadline_ms, sort_offset_ms
 from carpool.backend.coalescing import Coalescer
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
 from carpool.backend.queue import WAKE_LIST_CAP
+from carpool.backend.usage import USAGE_KEEP_S
+from carpool.core.api_keys import KeyPolicy
 from carpool.core.catalogue import BinSpec, ModelSpec
 from carpool.core.errors import (
     BackendUnavailable,
@@ -65,11 +68,13 @@ class AdmitRequest:
     input_digest: str = ""  # the input's digest, told apart under one idempotency key
     #: The webhook asked for, as the record keeps it (carpool/core/webhooks.py); "" none.
     hook: str = ""
+    #: The service tier it runs in (carpool/admission/tiers.py).
+    tier: str = DEFAULT_TIER
 
 
 #: What one-job requests must share to go in one admit.lua call: the model and bin
 #: (the script's keys) and the options (its per-call arguments).
-_CoalesceKey = tuple[str, str, int, int, int, str, float, str]
+_CoalesceKey = tuple[str, str, int, int, int, str, float, str, str]
 #: Calls' fixed KEYS and ARGV kept per bin and options (``Admissions._head``): one per
 #: model, bin and owner in use; past this many, all are dropped and built again.
 HEADS_KEPT = 1024
@@ -78,9 +83,14 @@ HEADS_KEPT = 1024
 class Admissions:
     """Admit jobs: ``admit`` is the only entry point (docs/admission.md)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, *, coalesce: bool = False) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, *, coalesce: bool = False,
+                 policies: Mapping[str, KeyPolicy] | None = None) -> None:
         self.client = client
         self.keys = keys
+        #: Each key's quotas (the keys file), by owner digest: admit.lua checks them.
+        self.policies: Mapping[str, KeyPolicy] = policies or {}
+        #: Each tier's share of a bin's bound: some reserve capacity for priority keys.
+        self.tier_shares = tier_shares(any(p.tier == "priority" for p in self.policies.values()))
         self._admit = load_script(client, "admit")
         self._heads: dict[_CoalesceKey, tuple[ModelSpec, BinSpec, list[bytes], list[bytes]]] = {}
         self.calls: Coalescer[_CoalesceKey, AdmitRequest, AdmitOutcome] | None = (
@@ -107,7 +117,8 @@ class Admissions:
         if self.calls is not None and len(request.jobs) == 1 and not request.idempotency_digest:
             job = request.jobs[0]
             key = (request.model.name, job.bin.name, request.queued_ttl_s, request.deadline_ms,
-                   request.priority, request.owner, request.owner_weight, request.hook)
+                   request.priority, request.owner, request.owner_weight, request.hook,
+                   request.tier)
             try:
                 return [self.calls.call(key, request)]
             except (BinFull, BudgetFull) as refused:  # this job's own answer, not the call's
@@ -161,7 +172,7 @@ class Admissions:
         if request.idempotency_digest:
             return self._build_head(request, bin_spec)
         key = (request.model.name, bin_spec.name, request.queued_ttl_s, request.deadline_ms,
-               request.priority, request.owner, request.owner_weight, request.hook)
+               request.priority, request.owner, request.owner_weight, request.hook, request.tier)
         kept = self._heads.get(key)
         # The same specs, not just their names: a catalogue reloaded in tests is new.
         if kept is not None and kept[0] is request.model and kept[1] is bin_spec:
@@ -189,6 +200,8 @@ class Admissions:
             other_bins=[self.keys.bin(model.name, b.name) for b in model.bins
                         if b.name != bin_spec.name])
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
+        # The owner's quotas: one per owner, so a head kept per owner keeps them.
+        policy = self.policies.get(request.owner) if request.owner else None
         head = AdmitArgs(
             job_prefix=self.keys.job_prefix(shard(model.name)), model=model.name,
             bin=bin_spec.name, max_depth=bin_spec.max_depth, max_batch=bin_spec.max_batch,
@@ -202,7 +215,11 @@ class Admissions:
             fair_share_near=FAIR_SHARE_NEAR,
             fair_lead_cap_ms=fair_lead_cap_ms(model.max_queue_ms_of(bin_spec)),
             max_queued_bytes=model.max_queued_bytes, key_queued_bytes=model.key_queued_bytes,
-            admitted_channel=self.keys.admitted_channel, hook=request.hook)
+            admitted_channel=self.keys.admitted_channel, hook=request.hook,
+            usage_prefix=self.keys.usage_prefix(model.name), usage_ttl_s=USAGE_KEEP_S,
+            quota_device_ms_per_hour=round(policy.quota_device_s_per_hour * 1000) if policy else 0,
+            quota_jobs_per_s=policy.quota_jobs_per_s if policy else 0.0,
+            tier_share=self.tier_shares[request.tier])
         return [key.encode() for key in keys], [str(v).encode() for v in head.argv(())]
 
 

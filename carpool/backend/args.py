@@ -61,6 +61,9 @@ class CompleteArgs(ScriptArgs):
     jobs: int
     late: int
     hooks: str
+    usage_prefix: str
+    usage_ttl_s: int
+    usage: str
 
 
 @dataclass(frozen=True)

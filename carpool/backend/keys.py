@@ -31,6 +31,8 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the
                                     byte budget (admit.lua; carpool/admission/budget.py)
     {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
+    {p.s}:usage:<model>:<hour> hash "<owner>:<j|d|q|r>" -> jobs, device µs, queue ms,
+                                    refused in that hour (hours since the epoch; lib/usage.lua)
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
     {p.s}:outbox              zset  webhook events to deliver (carpool/core/wire.py's
@@ -186,6 +188,13 @@ class Keys:
     def model_stats(self, model: str) -> str:
         """The model's drain rate and busy time over all its bins (admit.lua's pace)."""
         return f"{self._tag(shard(model))}:mstats:{model}"
+
+    def usage_prefix(self, model: str) -> str:
+        """The model's hourly usage hashes are this and the hour (lua/lib/usage.lua)."""
+        return f"{self._tag(shard(model))}:usage:{model}:"
+
+    def usage(self, model: str, hour: int) -> str:
+        return f"{self.usage_prefix(model)}{hour}"
 
     def tenants(self, model: str, bin_name: str) -> str:
         return f"{self._tag(shard(model))}:tenants:{model}:{bin_name}"

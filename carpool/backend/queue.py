@@ -29,6 +29,7 @@ from carpool.backend.replies import (
     completion_args,
     started_late,
 )
+from carpool.backend.usage import USAGE_KEEP_S
 from carpool.backend.wake import ShardWaiters
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
@@ -132,12 +133,14 @@ class Queue:
                              f"{len(scan)} given")
         tag = shard(model.name)
         batch_json = json.dumps(batch)
-        per_job, pushed, hooks = completion_args(model.name, claim, outcomes, batch_json)
+        per_job, pushed, hooks, usage = completion_args(model.name, claim, outcomes,
+                                                        batch_json)
         args = CompleteArgs(claim.token, self.keys.job_prefix(tag), self.keys.done_channel,
                             model.result_ttl_s, batch_json, DRAIN_TAU_MS,
                             self.keys.results_channel, pushed, len(outcomes),
                             started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
-                                         ran_ms), hooks)
+                                         ran_ms), hooks, self.keys.usage_prefix(model.name),
+                            USAGE_KEEP_S, usage)
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),

@@ -11,7 +11,13 @@ from typing import Any
 from carpool.backend import records
 from carpool.backend.pushed import job_blob
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
-from carpool.core.wire import CompletionHook, HookField, encode_completion_hooks
+from carpool.core.wire import (
+    CompletionHook,
+    HookField,
+    UsageLine,
+    encode_completion_hooks,
+    encode_usage,
+)
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,13 @@ def bin_states(model: str, bins: Sequence[str], reply: Sequence[Any]) -> list[Bi
 
 
 def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
-                    batch_json: str) -> tuple[list[Any], str, str]:
+                    batch_json: str) -> tuple[list[Any], str, str, str]:
     """complete.lua's ``per_job`` run (4 values per outcome), its ``pushed`` views, one
-    argument (the script keeps it whole), and its ``hooks``: the webhook events of
-    the jobs that asked for their outcome's."""
+    argument (the script keeps it whole), its ``hooks``: the webhook events of the
+    jobs that asked for their outcome's, and its ``usage``: what the jobs cost, per
+    owner (a job's ``device_ms`` rounded to µs, its queue time: admission to claim)."""
     per_job: list[Any] = []
+    usage: dict[str, list[tuple[int, int, int]]] = {}
     lines: list[str] = []
     hooks: list[CompletionHook] = []
     claimed = {j.id: j for j in claim.jobs}
@@ -64,8 +72,10 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
     if strangers:  # complete.lua writes a record from what its claim handed out
         raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
     for o in outcomes:
+        device_us = round(o.device_ms * 1000)
         timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
-                              "inference": round(o.inference_ms, 3)})
+                              "inference": round(o.inference_ms, 3),
+                              "device": device_us / 1000})
         payload = (o.error or "") if o.failed else json.dumps(o.result)
         job = claimed[o.id]
         hook = records.admission_hook(job.admission)
@@ -85,8 +95,11 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
             head, tail = records.ended_parts("failed" if o.failed else "done",
                                              job.attempts, job.admission, claim.now_ms,
                                              timings, batch_json, payload)
+            usage.setdefault(job.owner, []).append(
+                (len(per_job) // 4 + 1, device_us, max(0, claim.now_ms - job.admit_ms)))
         per_job += [o.id, len(blob.encode()), head, tail]
-    return per_job, "\n".join(lines), encode_completion_hooks(hooks)
+    return (per_job, "\n".join(lines), encode_completion_hooks(hooks),
+            encode_usage(UsageLine(owner, tuple(jobs)) for owner, jobs in usage.items()))
 
 
 def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:

@@ -1,5 +1,7 @@
 """The one error hierarchy of carpool; the web layer maps each class to a status."""
 
+import math
+
 
 class CarpoolError(Exception):
     """Raised for any failure that carpool itself detects."""
@@ -94,6 +96,20 @@ class OverShare(BinFull):
             f"this API key has sent more than its share of them; retry after "
             f"{retry_after_s:.0f} s",
         )
+
+
+class QuotaExceeded(BinFull):
+    """Raised when this API key's quota (the keys file) for a model is spent."""
+
+    def __init__(self, model: str, bin_name: str, kind: str, used: float, limit: float,
+                 retry_after_s: float) -> None:
+        what = (f"this API key used {used / 1000:.1f} s of its {limit / 1000:g} device seconds "
+                f"this hour on model {model!r} (quota_device_s_per_hour)" if kind == "device"
+                else f"this API key sends more than its {limit:g} jobs/s to model {model!r} "
+                     "(quota_jobs_per_s)")
+        super().__init__(model, bin_name, 0, retry_after_s,
+                         f"{what}; retry after {math.ceil(retry_after_s)} s")
+        self.kind = kind
 
 
 class BudgetFull(CarpoolError):

@@ -116,6 +116,9 @@ class Outcome:
     error: str | None = None
     preprocess_ms: float = 0.0
     inference_ms: float = 0.0
+    #: Its share of its batch's forward time: the batch's measured inference time split
+    #: by each input's padded size (docs/admission.md, "Usage"); 0: it never ran.
+    device_ms: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -164,6 +167,8 @@ class JobView:
     position: int | None = None
     #: Its webhook's delivery (carpool/backend/outbox.py ``webhook_doc``); None: no webhook.
     webhook: dict[str, Any] | None = None
+    #: Once ended by a worker: {"device_ms", "queue_ms"}, what it cost (docs/admission.md).
+    usage: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
@@ -178,6 +183,8 @@ class JobView:
             body["timings_ms"] = self.timings_ms
         if self.batch is not None:
             body["batch"] = self.batch
+        if self.usage is not None:
+            body["usage"] = self.usage
         for name, ms in (("created_at", self.created_ms), ("started_at", self.started_ms),
                          ("completed_at", self.completed_ms)):
             if ms is not None:
@@ -201,6 +208,7 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
     """Build the client's view from a job's record, parsed (carpool/backend/records.py)."""
     status = JobStatus(h["status"])
     timings: dict[str, float] | None = None
+    usage: dict[str, float] | None = None
     if "t_done" in h:
         t_admit = int(h["t_admit"])
         worker_t = json.loads(h.get("timings", "{}"))
@@ -211,6 +219,8 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
             "inference": float(worker_t.get("inference", 0.0)),
             "total": float(int(h["t_done"]) - t_admit),
         }
+        if "device" in worker_t:  # ended by a worker that measured it
+            usage = {"device_ms": float(worker_t["device"]), "queue_ms": timings["queue"]}
     attempts = int(h.get("attempts") or 0)
     if status is JobStatus.RUNNING:  # the record counts the runs before its claim's
         attempts += 1
@@ -229,6 +239,7 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
         completed_ms=_ms(h, "t_done"),
         position=_ms(h, "position"),
         webhook=WEBHOOK_PENDING if "hook" in h else None,
+        usage=usage,
     )
 
 

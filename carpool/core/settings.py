@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -11,11 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from carpool.core.api_keys import MIN_API_KEY_CHARS as MIN_API_KEY_CHARS
+from carpool.core.api_keys import KeyPolicy, read_api_keys
+from carpool.core.api_keys import api_key_digest as api_key_digest
 from carpool.core.bulk_settings import BulkSettings, load_bulk_settings
 from carpool.core.catalogue import Catalogue, load_catalogue
 from carpool.core.errors import ConfigError
 from carpool.core.input_limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ITEMS, InputLimits
-from carpool.core.webhook_settings import WebhookSettings, check_secret, read_webhook_settings
+from carpool.core.webhook_settings import WebhookSettings, read_webhook_settings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -26,8 +27,6 @@ DEFAULT_WORKER_METRICS_ADDR = "0.0.0.0"
 QUEUED_TTL_S_DEFAULT = 24 * 3600
 #: Renewal and reaping never run more often than this, whatever the lease.
 MIN_LEASE_TICK_MS = 30
-#: An API key shorter than this cannot hold 128 random bits in hex or base64.
-MIN_API_KEY_CHARS = 22
 
 
 #: What ``CARPOOL_CALIBRATE`` may say: calibrate when no profile is cached (on a GPU
@@ -119,6 +118,8 @@ class Settings:
     api_key_digests: frozenset[str] = frozenset()
     #: Fair-share weight per key digest (``<key> weight=N`` in the keys file); default 1.
     api_key_weights: Mapping[str, float] = field(default_factory=dict)
+    #: Admin flag and quotas per key digest, those given any (carpool/core/api_keys.py).
+    api_key_policies: Mapping[str, KeyPolicy] = field(default_factory=dict)
     #: A request body must arrive within this many seconds, plus one second per
     #: ``body_min_rate_bytes_per_s`` bytes received; else 408 (web/common/bodies.py).
     body_timeout_s: float = 10.0
@@ -254,72 +255,6 @@ def _executor(env: Mapping[str, str]) -> ExecutorSettings:
     )
 
 
-def api_key_digest(key: str) -> str:
-    """What carpool keeps of an API key (settings, and each job's owner): its SHA-256."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-#: What an API key entry may say after the key (the keys file, or a CARPOOL_API_KEYS
-#: entry): ``weight=N`` (fair share) and ``webhook_secret=whsec_...`` (signing).
-KEY_OPTIONS = ("weight", "webhook_secret")
-
-
-@dataclass(frozen=True)
-class ApiKeys:
-    """The API keys' digests, and what some of them were given."""
-
-    digests: frozenset[str]
-    weights: dict[str, float]
-    webhook_secrets: dict[str, str]
-
-
-def _api_keys(env: Mapping[str, str]) -> ApiKeys:
-    """Each key's digest, the fair-share weight and webhook secret of those given one."""
-    entries = [("CARPOOL_API_KEYS", e.strip()) for e in env.get("CARPOOL_API_KEYS", "").split(",")]
-    path = env.get("CARPOOL_API_KEYS_FILE")
-    if path:
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
-        entries += [(f"CARPOOL_API_KEYS_FILE={path}", line.strip()) for line in lines
-                    if line.strip() and not line.lstrip().startswith("#")]
-    out = ApiKeys(frozenset(), {}, {})
-    digests = set()
-    for where, entry in entries:
-        if not entry:
-            continue
-        key, *options = entry.split()
-        if len(key) < MIN_API_KEY_CHARS or not key.isascii() or not key.isprintable():
-            raise ConfigError(
-                f"an API key ({key[:4]}...) is shorter than {MIN_API_KEY_CHARS} characters or "
-                "not printable ASCII; make keys with `openssl rand -hex 16`")
-        digest = api_key_digest(key)
-        digests.add(digest)
-        for option in options:
-            name, _, value = option.partition("=")
-            if name == "weight":
-                out.weights[digest] = _weight(where, key, option)
-            elif name == "webhook_secret":
-                out.webhook_secrets[digest] = check_secret(value, f"{where}: key {key[:4]}...")
-            else:
-                raise ConfigError(f"{where}: key {key[:4]}...: unknown option "
-                                  f"{option[:40]!r}; allowed: {', '.join(KEY_OPTIONS)}")
-    return ApiKeys(frozenset(digests), out.weights, out.webhook_secrets)
-
-
-def _weight(where: str, key: str, text: str) -> float:
-    name, _, value = text.partition("=")
-    try:
-        weight = float(value) if name.strip() == "weight" else math.nan
-    except ValueError:
-        weight = math.nan
-    if not 0 < weight < math.inf:
-        raise ConfigError(f"{where}: key {key[:4]}...: write "
-                          f"'<key> weight=N' with N > 0, not {text[:40]!r}")
-    return weight
-
-
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -328,7 +263,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     worker_models = tuple(m for m in env.get("CARPOOL_MODELS", "").split(",") if m)
     for name in worker_models:
         catalogue.get(name)  # an unknown name fails at start-up, not at the first job
-    api_keys = _api_keys(env)
+    api_keys = read_api_keys(env)
     settings = Settings(
         redis_url=_redis_url(env),
         key_prefix=env.get("CARPOOL_KEY_PREFIX", "carpool"),
@@ -359,6 +294,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         require_durable=_flag(env, "CARPOOL_REQUIRE_DURABLE"),
         api_key_digests=api_keys.digests,
         api_key_weights=api_keys.weights,
+        api_key_policies=api_keys.policies,
         webhooks=read_webhook_settings(env, api_keys.webhook_secrets),
         metrics_token=env.get("CARPOOL_METRICS_TOKEN", ""),
         body_timeout_s=float(_int(env, "CARPOOL_BODY_TIMEOUT_S", 10, minimum=1)),

@@ -1,4 +1,4 @@
-"""The webhook formats that cross Python <-> Lua, each encoded and decoded here only.
+"""The formats that cross Python <-> Lua, each encoded and decoded here only.
 
 The Lua side of each is ``carpool/backend/lua/lib/wire.lua``; ``tests/redis/test_wire.py``
 round-trips each both ways (Python-encoded, decoded by the fragment; Lua-encoded, decoded
@@ -10,6 +10,8 @@ here). The job record, the third thing both sides write, has its own pair:
   "<subject id>\\t<event>\\t<t_ms>\\t<owner>\\t<url>".
 - ``CompletionHook``: one line of complete.lua's ``hooks`` argument:
   "<k>\\t<event letter>\\t<owner>\\t<hook field>".
+- ``UsageLine``: one line of complete.lua's ``usage`` argument, an owner's part of a
+  batch: "<owner>\\t<jobs>\\t<device_us>\\t<queue_ms>\\t<k> <device_us> <queue_ms> ...".
 
 No field holds a tab or a newline (ids, event names, digests, numbers, and URLs that
 ``carpool.core.webhooks.check_url`` let through); ``encode`` refuses one that does
@@ -112,3 +114,28 @@ class CompletionHook:
 def encode_completion_hooks(hooks: Iterable[CompletionHook]) -> str:
     """complete.lua's ``hooks`` argument: one line per job, "" for none."""
     return "\n".join(h.encode() for h in hooks)
+
+
+@dataclass(frozen=True)
+class UsageLine:
+    """One owner's part of a completed batch (complete.lua's ``usage`` argument): its
+    jobs, their device time (µs) and queue time (ms) summed, and each job's own
+    ``(k, device_us, queue_ms)`` (k: its place in per_job, from 1), which the script
+    reads only when some job's write was refused, to sum the written ones alone."""
+
+    owner: str
+    jobs: tuple[tuple[int, int, int], ...]
+
+    def encode(self) -> str:
+        _plain(self.owner)
+        if " " in self.owner:
+            raise ValueError(f"an owner holds no space: {self.owner[:80]!r}")
+        device_us = sum(d for _, d, _ in self.jobs)
+        queue_ms = sum(q for _, _, q in self.jobs)
+        each = " ".join(f"{k} {d} {q}" for k, d, q in self.jobs)
+        return f"{self.owner}\t{len(self.jobs)}\t{device_us}\t{queue_ms}\t{each}"
+
+
+def encode_usage(lines: Iterable[UsageLine]) -> str:
+    """complete.lua's ``usage`` argument: one line per owner, "" for none."""
+    return "\n".join(line.encode() for line in lines)

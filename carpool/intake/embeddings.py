@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from carpool.admission.tiers import known_tier
 from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import InvalidInput
 from carpool.core.input_limits import InputLimits
@@ -25,7 +26,8 @@ from carpool.intake import inputs
 #: Strings in one embeddings request (OpenAI's own bound).
 MAX_INPUTS = 2048
 ENCODINGS = ("float", "base64")
-_KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+_KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user",
+                   "service_tier"})
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class EmbedRequest:
     spec: ModelSpec
     prepared: tuple[inputs.Prepared, ...]
     encoding_format: str
+    service_tier: str = ""  # asked for (carpool/admission/tiers.py); "" none
 
 
 def embed_request(doc: Any, catalogue: Catalogue, limits: InputLimits,
@@ -66,7 +69,9 @@ def embed_request(doc: Any, catalogue: Catalogue, limits: InputLimits,
             prepared.append(inputs.prepare(spec, {"text": text}, limits))
         except InvalidInput as exc:
             raise type(exc)(f"input[{i}]: {exc}") from None
-    return EmbedRequest(spec, tuple(prepared), str(encoding))
+    tier = doc.get("service_tier")
+    return EmbedRequest(spec, tuple(prepared), str(encoding),
+                        "" if tier is None else known_tier(tier))
 
 
 def check_dimensions(doc: dict[str, Any], results: Sequence[Any]) -> None:

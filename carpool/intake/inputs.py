@@ -29,6 +29,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from carpool.admission.tiers import known_tier
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import (
@@ -65,10 +66,10 @@ _MAX_DIGITS = 12
 _MAX_NAMES_SHOWN, _MAX_NAME_CHARS = 5, 40
 
 SUBMIT_KEYS = frozenset({"model", "input", "deadline_ms", "priority", "idempotency_key",
-                         "webhook", "webhook_events"})
+                         "webhook", "webhook_events", "service_tier"})
 #: Fields of a /submit/batch body: many inputs for one model.
 MANY_KEYS = frozenset({"model", "inputs", "deadline_ms", "priority", "webhook",
-                       "webhook_events"})
+                       "webhook_events", "service_tier"})
 #: Fields of a multipart form, or query parameters of a raw image body.
 FILE_FIELDS = frozenset({"model", "deadline_ms", "priority", "idempotency_key", "webhook",
                          "webhook_events"})
@@ -99,6 +100,7 @@ class Options:
     idempotency_key: str | None = None
     #: The webhook asked for, as the record keeps it (carpool/core/webhooks.py); "" none.
     hook: str = ""
+    service_tier: str = ""  # a tier asked for, checked known (carpool/admission/tiers.py)
 
     def idempotency_digest(self, owner: str = "") -> str | None:
         """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name.
@@ -369,7 +371,7 @@ def _options(spec: ModelSpec, doc: Mapping[str, Any], idempotency_key: str | Non
                   else _int("priority", priority, MIN_PRIORITY, MAX_PRIORITY)),
         idempotency_key=idempotency_key,
         hook=webhook_option(doc, allow_private),
-    )
+        service_tier="" if doc.get("service_tier") is None else known_tier(doc["service_tier"]))
 
 
 def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:

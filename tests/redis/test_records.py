@@ -97,7 +97,8 @@ def test_a_done_record_keeps_its_admission_and_adds_its_end(queue: Queue) -> Non
     assert {k: done[k] for k in kept} == kept
     assert (done["status"], done["attempts"], done["t_claim"]) == ("done", "1", str(claim.now_ms))
     assert int(done["t_done"]) >= claim.now_ms
-    assert json.loads(done["timings"]) == {"preprocess": 1.5, "inference": 2.0}
+    assert json.loads(done["timings"]) == {"preprocess": 1.5, "inference": 2.0,
+                                           "device": 0.0}
     assert json.loads(done["batch"])["worker"] == "w9"
     assert json.loads(done["result"]) == {"multi\nline": "x\ty"}
     assert 0 < queue.client.ttl(queue.keys.job(job)) <= spec.result_ttl_s

@@ -163,3 +163,14 @@ def test_embeddings_whose_jobs_do_not_end_in_time_answer_504_saying_so(
     resp = http.post("/v1/embeddings", headers=AUTH, json={"model": "texts", "input": ["a"]})
     assert resp.status_code == 504
     assert "CARPOOL_MAX_WAIT_S" in resp.get_json()["error"]["message"]
+
+
+@pytest.mark.parametrize("tier, status, says", [
+    ("priority", 400, "above this API key's tier 'default'"),
+    ("gold", 400, "service_tier must be one of"), ("flex", 504, ""), ("auto", 504, "")])
+def test_embeddings_take_openais_service_tier_never_above_the_keys(
+        http: FlaskClient, tier: str, status: int, says: str) -> None:
+    resp = http.post("/v1/embeddings", headers=AUTH,
+                     json={"model": "texts", "input": ["a"], "service_tier": tier})
+    assert resp.status_code == status  # 504: admitted, and no worker here runs it
+    assert says in resp.get_json()["error"]["message"]

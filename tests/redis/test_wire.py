@@ -19,7 +19,9 @@ from carpool.core.wire import (
     Family,
     HookField,
     OutboxEvent,
+    UsageLine,
     encode_completion_hooks,
+    encode_usage,
 )
 from tests.support.jobs import admit, synthetic
 
@@ -98,3 +100,17 @@ def test_an_event_a_script_adds_is_one_python_decodes_as_a_jobs(queue: Queue) ->
     assert (event.job_id, event.event, event.url, event.family) == (
         job, "cancelled", URL, Family.JOB)
     assert OutboxEvent.decode(event.member).subject_id == job
+
+
+def test_usage_lines_python_encodes_are_what_the_lua_fragment_iterates(
+        client: redis.Redis) -> None:
+    lines = [UsageLine("o" * 64, ((1, 1250, 7), (3, 2500, 9))), UsageLine("", ((2, 0, 4),))]
+    got = run_lua(client, """
+local out = {}
+for owner, jobs, device_us, queue_ms, each in wire_usage_lines(ARGV[1]) do
+  local seen = {}
+  for k, d, q in wire_usage_each(each) do seen[#seen + 1] = k .. "/" .. d .. "/" .. q end
+  out[#out + 1] = {owner, jobs, device_us, queue_ms, table.concat(seen, ",")}
+end
+return out""", encode_usage(lines))
+    assert got == [["o" * 64, 2, 3750, 16, "1/1250/7,3/2500/9"], ["", 1, 0, 4, "2/0/4"]]

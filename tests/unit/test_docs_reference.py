@@ -14,7 +14,8 @@ REFERENCE = ROOT / "docs" / "reference.md"
 #: readers it calls for one group of settings.
 SETTINGS_SOURCES = (ROOT / "carpool" / "core" / "settings.py",
                     ROOT / "carpool" / "core" / "webhook_settings.py",
-                    ROOT / "carpool" / "core" / "bulk_settings.py")
+                    ROOT / "carpool" / "core" / "bulk_settings.py",
+                    ROOT / "carpool" / "core" / "api_keys.py")
 METRICS_LIST = ROOT / "ops" / "metrics.txt"
 
 #: The helpers in settings.py that take ``(env, NAME, ...)``.

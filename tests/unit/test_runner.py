@@ -51,6 +51,16 @@ def test_an_input_that_breaks_preprocessing_fails_alone() -> None:
     assert outs[2].result == expected_result({"value": 2, "size": 1})
 
 
+def test_the_batchs_forward_time_is_split_equally_among_the_jobs_that_reached_the_model(
+) -> None:
+    jobs = [job(0, {"value": 0, "size": 1}), job(1, "not an object"),
+            job(2, {"value": 2, "size": 1})]
+    outs = run_batch(SyntheticHandler(SPEC, (2.0, 0)), BIN, jobs)
+    assert outs[1].device_ms == 0.0  # never reached the model
+    assert outs[0].device_ms == outs[2].device_ms == pytest.approx(outs[0].inference_ms / 2)
+    assert outs[0].device_ms > 0
+
+
 class ShortHandler(SyntheticHandler):
     """Returns one result too few: the runner must notice, not misassign."""
 

@@ -33,6 +33,7 @@ REFUSING_REPLIES: dict[str, list[Any]] = {
     "share": ["share", 0, 5, "0.5", 1000, 2.0],
     "late": ["late", 0, 5, 3, 1.5, 1000],
     "over": ["over", 0, 5, "model", 10, 20],
+    "quota": ["quota", 0, 5, "jobs", "0", 2.0, "0.5"],
 }
 #: admit.lua's answers that are not a refusal of the job: admitted, or an idempotent
 #: repeat (carpool/backend/admissions.py reads those two itself).
@@ -41,7 +42,8 @@ NOT_REFUSALS = {"ok", "dup", "conflict"}
 
 def reply_kinds() -> set[str]:
     source = files("carpool.backend").joinpath("lua", "admit.lua").read_text()
-    return set(re.findall(r'return \{"(\w+)"', source))
+    # A refusal goes back through refused(...), which counts it (lib/usage.lua).
+    return set(re.findall(r'(?:return |refused\()\{"(\w+)"', source))
 
 
 def test_every_kind_admit_lua_answers_is_known_here() -> None:
@@ -78,6 +80,7 @@ def test_what_no_row_names_is_the_servers_fault_and_werkzeugs_own_keep_their_rea
     assert rejection_reason(RequestEntityTooLarge()) == "too_large"
     assert rejection_reason(BadRequest()) == "invalid"
     assert rejection_reason(ValueError()) == "error"
-    assert set(REASONS) == {"wait_too_long", "over_share", "bin_full", "budget_full",
+    assert set(REASONS) == {"wait_too_long", "over_share", "quota_exceeded", "bin_full",
+                            "budget_full",
                             "unavailable", "unknown_model", "too_large", "conflict",
                             "invalid", "error"}

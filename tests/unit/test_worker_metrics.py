@@ -115,3 +115,25 @@ def test_gpu_memory_is_absent_on_the_cpu_and_labelled_by_gpu_uuid_on_a_gpu() -> 
     assert s.series("carpool_gpu_memory_free_bytes") == [{"gpu": "GPU-0000"}]
     assert s.value("carpool_gpu_memory_used_bytes", gpu="GPU-0000") == 3 << 30
     assert s.value("carpool_gpu_memory_reserved_bytes", gpu="GPU-0000") == 2 << 30
+
+
+def test_usage_is_counted_per_key_and_keys_past_the_cap_share_the_label_other() -> None:
+    from worker.observe.metrics import USAGE_METRIC_KEYS
+
+    m = metrics()
+    owners = [f"{i:02x}" * 32 for i in range(USAGE_METRIC_KEYS + 2)]
+    jobs = tuple(ClaimedJob(f"j{i}", "{}", 9_000, attempts=1, owner=o)
+                 for i, o in enumerate(owners))
+    claim = Claim("synthetic", "small", "t1", now_ms=10_000, jobs=jobs)
+    outcomes = tuple(Outcome(j.id, result=1, device_ms=2.0) for j in jobs)
+    m.on_finished(claim, BatchReport("synthetic", "small", len(jobs), failed=0, refused=0,
+                                     runtime_s=0.1, inference_ms=2.0, queue_ms=[1000] * len(jobs),
+                                     outcomes=outcomes, written=(True,) * len(jobs)))
+    s = read(m)
+    first = owners[0][:12]
+    assert s.value("carpool_usage_jobs_total", model="synthetic", key=first) == 1
+    assert s.value("carpool_usage_device_seconds_total", model="synthetic", key=first) == 0.002
+    assert s.value("carpool_usage_queue_seconds_total", model="synthetic", key=first) == 1.0
+    assert s.value("carpool_usage_jobs_total", model="synthetic", key="other") == 2
+    keys = {labels["key"] for labels in s.series("carpool_usage_jobs_total")}
+    assert len(keys) == USAGE_METRIC_KEYS + 1

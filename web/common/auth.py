@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from flask import request
 
+from carpool.admission.tiers import DEFAULT_TIER, request_tier
 from carpool.core.jobs import JobView
 from carpool.core.settings import Settings, api_key_digest
 from web.common.refusals import JobNotFound, Unauthorized
 
 #: The header a client may use instead of ``Authorization: Bearer``.
 API_KEY_HEADER = "X-API-Key"
+#: A lower service tier asked for where the body has no ``service_tier`` field.
+SERVICE_TIER_HEADER = "X-Service-Tier"
 
 
 def _presented_key() -> str | None:
@@ -45,3 +48,12 @@ def check_owner(view: JobView | None, owner: str, job_id: str) -> JobView:
     if view is None or (owner and view.owner != owner):
         raise JobNotFound(f"no job {job_id}: never submitted, or its result has expired")
     return view
+
+
+def service_tier(settings: Settings, owner: str, asked: str = "") -> str:
+    """The tier a request runs in: its key's (the keys file; default ``default``), or
+    the lower one it asks for in ``asked`` (a body's ``service_tier``) or the
+    ``X-Service-Tier`` header; a higher or unknown one is a 400."""
+    policy = settings.api_key_policies.get(owner)
+    return request_tier(asked or request.headers.get(SERVICE_TIER_HEADER, ""),
+                        policy.tier if policy else DEFAULT_TIER)

@@ -39,6 +39,7 @@ from carpool.backend.admissions import AdmitJob, AdmitOutcome, AdmitRequest, sin
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable, CarpoolError, InvalidInput, NotCancellable
 from carpool.core.jobs import Admitted, JobView
+from web.common.auth import service_tier
 from web.common.errors import AdmissionUnknown
 from web.common.metrics import jobs_admitted, refusing_jobs
 from web.common.refusals import CallerGone
@@ -135,15 +136,18 @@ class SyncWait:
         self._stack.close()
 
     def request(self, spec: ModelSpec, jobs: Sequence[AdmitJob],
-                options: JobOptionsLike | None = None) -> AdmitRequest:
-        """``jobs`` as one admission, with the request's options, owner and timeout."""
+                options: JobOptionsLike | None = None, tier_asked: str = "") -> AdmitRequest:
+        """``jobs`` as one admission, with the request's options, owner and timeout, in
+        the key's service tier or the lower one asked for (a body's ``service_tier``, else
+        the ``X-Service-Tier`` header; web/common/auth.py)."""
         settings = self.state.settings
         deadline_ms = job_deadline_ms(spec, options.deadline_ms if options else 0,
                                       self.timeout_ms)
         return AdmitRequest(spec, tuple(jobs), settings.queued_ttl_s, deadline_ms,
                             options.priority if options else 0, self.owner,
                             settings.api_key_weights.get(self.owner, 1.0),
-                            hook=options.hook if options else "")
+                            hook=options.hook if options else "",
+                            tier=service_tier(settings, self.owner, tier_asked))
 
     def admit(self, req: AdmitRequest, *, one: bool = False) -> list[AdmitOutcome]:
         """Each job's outcome, watched first when the request waits; nothing counted

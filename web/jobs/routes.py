@@ -49,7 +49,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     sub = _read_submission(state.settings)
     job = AdmitJob(sub.prepared.bin, new_job_id(sub.spec.name), sub.prepared.input_json)
     with SyncWait(state, owner, wait_s) as sync:
-        admit_request = sync.request(sub.spec, (job,), sub.options)
+        admit_request = sync.request(sub.spec, (job,), sub.options, sub.options.service_tier)
         digest = sub.options.idempotency_digest(owner)
         if digest is not None:
             admit_request = replace(admit_request, idempotency_digest=digest,
@@ -118,7 +118,8 @@ def _admit_many(state: WebState, sync: SyncWait, many: inputs.ManySubmission,
     admitted: dict[int, Admitted] = {}
     if not valid:
         return items, admitted
-    outcomes = sync.admit(sync.request(many.spec, valid, many.options))
+    outcomes = sync.admit(sync.request(many.spec, valid, many.options,
+                                       many.options.service_tier))
     # Redis lost after a first bin's jobs were queued: the others say so, each (the
     # failed call's jobs with their ids: they may have been admitted).
     for i, outcome, job in zip(places, outcomes, valid, strict=True):

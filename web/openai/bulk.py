@@ -153,7 +153,8 @@ def embeddings() -> Response:
     req = embed_request(doc, state.settings.catalogue, state.settings.input_limits)
     jobs = [AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json) for p in req.prepared]
     with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True) as sync:
-        views = sync.finals(sync.admit_all(sync.request(req.spec, jobs)))
+        views = sync.finals(sync.admit_all(sync.request(req.spec, jobs,
+                                                         tier_asked=req.service_tier)))
     results = []
     for i, view in enumerate(views):
         if view is None:

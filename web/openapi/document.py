@@ -76,7 +76,9 @@ def _components(settings: Settings) -> dict[str, Any]:
             "state": {"type": "string", "enum": ["loading", "refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
-        "batch": {"type": "object"}, **JOB_FIELDS}}
+        "batch": {"type": "object"}, **JOB_FIELDS,
+        "usage": {"type": "object", "properties": {"device_ms": {"type": "number"},
+                                                   "queue_ms": {"type": "number"}}}}}
     schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}
     for spec in settings.catalogue:
         schemas[f"Input_{spec.name}"] = input_schema(spec)
@@ -186,6 +188,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             **event_paths(_responses, _JOB_ID),
             "/models": _plain("The catalogue with live queue depths and what the live "
                                  "workers say about each model", "503"),
+            "/usage": _plain("What the caller's key (an admin key: every key) used per "
+                             "model over whole hours: ?hours=N or ?from=&to=", "400"),
             "/healthz": _plain("Liveness"),
             "/readyz": _plain("Readiness: Redis answers", "503"),
             "/metrics": _metrics(),
@@ -196,7 +200,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }
     if settings.api_key_digests:
         for path in ("/submit", "/submit/batch", "/result/{job_id}", "/result/{job_id}/events",
-                     "/events", *(p for p in doc["paths"] if p.startswith("/v1/"))):
+                     "/events", "/usage", *(p for p in doc["paths"] if p.startswith("/v1/"))):
             for op in doc["paths"][path].values():
                 if isinstance(op, dict) and "responses" in op:
                     op["security"] = [{"bearer": []}]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from carpool.admission.tiers import AUTO, TIERS
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
 from carpool.core.kinds import kind_of
@@ -100,6 +101,8 @@ def _options_properties(spec: ModelSpec) -> dict[str, Any]:
         "webhook": {"type": "string", "maxLength": MAX_URL_CHARS, "nullable": True,
                     "pattern": "^[hH][tT][tT][pP][sS]?://[!-~]+$",
                     "description": "an http(s) URL to POST the job's document to"},
+        "service_tier": {"type": "string", "enum": [*TIERS, AUTO], "nullable": True,
+                         "description": "the key's tier or a lower one"},
         "webhook_events": {"type": "array", "minItems": 1, "maxItems": len(EVENTS),
                            "nullable": True, "items": {"type": "string", "enum": list(EVENTS)},
                            "description": f"default: {list(DEFAULT_EVENTS)}"},

@@ -164,13 +164,17 @@ def outcomes(
     jobs: Sequence[ClaimedJob], ready: Sequence[tuple[ClaimedJob, Any]],
     failed: Sequence[Outcome], results: Sequence[Any], pre_ms: float, inf_ms: float,
 ) -> list[Outcome]:
-    """One Outcome per job, in the order of ``jobs``."""
+    """One Outcome per job, in the order of ``jobs``. Each job that reached the model
+    gets an equal share of ``inf_ms`` as its ``device_ms``: every input of a bin is
+    padded to the bin's ``max_size``, so each holds an equal part of the padded batch
+    (padding rows, and an input that failed in the model, cost their batch too)."""
     by_id: dict[str, Outcome] = {o.id: o for o in failed}
+    share_ms = inf_ms / len(ready) if ready else 0.0
     for (job, _), result in zip(ready, results, strict=True):
         if isinstance(result, _Failed):
             by_id[job.id] = Outcome(job.id, error=failure_message(result),
-                                    preprocess_ms=pre_ms)
+                                    preprocess_ms=pre_ms, device_ms=share_ms)
         else:
             by_id[job.id] = Outcome(job.id, result=result, preprocess_ms=pre_ms,
-                                    inference_ms=inf_ms)
+                                    inference_ms=inf_ms, device_ms=share_ms)
     return [by_id[job.id] for job in jobs]

@@ -12,6 +12,11 @@ submissions and rejections; ``README.md`` maps every name to Triton's):
   as its result reports them). End to end is Redis's admission-to-claim time
   plus this worker's claim-to-written time.
 
+Usage per API key (docs/admission.md, "Usage"): jobs written, their device and queue
+seconds, labelled ``model, key`` (the key's digest's first hex digits); the first
+``USAGE_METRIC_KEYS`` keys a worker sees get a label of their own, the rest ``other``,
+so the series stay bounded however many keys there are.
+
 Read at scrape time: each bin's live batch limit, the executor's counters
 (``ExecutorStats``: padding waste per bin, batches split after a failure), and
 GPU memory (absent on the CPU). Methods for other parts of the worker:
@@ -32,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from carpool.backend.usage import key_label
 from carpool.core.errors import ConfigError
 from carpool.core.jobs import Claim
 from carpool.core.settings import DEFAULT_WORKER_METRICS_ADDR
@@ -50,6 +56,8 @@ COMPUTE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                      2.5, 5.0, 10.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BIN_LABELS = ("model", "bin")
+#: API keys with usage series of their own, per worker; later keys count as "other".
+USAGE_METRIC_KEYS = 50
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,16 @@ class WorkerMetrics(Observer):
         self.reclaimed = Counter("carpool_leases_reclaimed_total",
                                  "Job leases taken back from workers that stopped renewing.",
                                  registry=r)
+        usage_labels = ("model", "key")
+        self.usage_jobs = Counter("carpool_usage_jobs_total", "Jobs written, per API key.",
+                                  usage_labels, registry=r)
+        self.usage_device = Counter("carpool_usage_device_seconds_total",
+                                    "Device time of the jobs written: each one's share of "
+                                    "its batch's forward time.", usage_labels, registry=r)
+        self.usage_queue = Counter("carpool_usage_queue_seconds_total",
+                                   "Admission to claim of the jobs written.", usage_labels,
+                                   registry=r)
+        self._usage_keys: set[str] = set()
         r.register(_ScrapeTimeGauges(limits, stats or ExecutorStats(), gpu_memory))
         for handler in handlers.values():  # every series exists from the start, at zero
             for b in handler.spec.bins:
@@ -192,6 +210,10 @@ class WorkerMetrics(Observer):
                 continue
             queue_s = (claim.now_ms - job.admit_ms) / 1000.0
             self.queue_wait.labels(*key).observe(queue_s)
+            who = self._usage_label(job.owner)
+            self.usage_jobs.labels(report.model, who).inc()
+            self.usage_device.labels(report.model, who).inc(outcome.device_ms / 1000.0)
+            self.usage_queue.labels(report.model, who).inc(queue_s)
             self.latency.labels(*key).observe(queue_s + report.runtime_s)
             if outcome.failed:
                 self.failed.labels(*key).inc()
@@ -199,6 +221,13 @@ class WorkerMetrics(Observer):
             self.completed.labels(*key).inc()
             self.preprocess.labels(*key).observe(outcome.preprocess_ms / 1000.0)
             self.inference.labels(*key).observe(outcome.inference_ms / 1000.0)
+
+    def _usage_label(self, owner: str) -> str:
+        label = key_label(owner)
+        if label in self._usage_keys or len(self._usage_keys) < USAGE_METRIC_KEYS:
+            self._usage_keys.add(label)
+            return label
+        return "other"
 
     def record_shrink(self, model: str, bin_name: str) -> None:
         """The memory guard halved this bin's batch limit (``MemoryGuard.on_shrink``)."""

@@ -53,7 +53,11 @@
 --                            message per call that admits any (web/results/waiters.py)
 -- ARGV[24] hook              the record's webhook field, "<letters> <url>" ("" none:
 --                            carpool/core/webhooks.py), the same for every job of the call
--- ARGV[25..] jobs      per job, 2 values: id, input (JSON)
+-- ARGV[25] usage_prefix      {p.s}:usage:<model>: the hour's usage hash (lib/usage.lua):
+--                            refusals counted, quotas read     ARGV[26] usage_ttl_s
+-- ARGV[27] quota_device_ms_per_hour  ARGV[28] quota_jobs_per_s  the owner's (0: none)
+-- ARGV[29] tier_share   its tier's share of max_depth and of the allowed wait (tiers.py)
+-- ARGV[30..] jobs      per job, 2 values: id, input (JSON)
 --
 -- Keys built here, not in KEYS: the jobs' records, job_prefix .. id, and the record of
 -- an idempotency key's first job (an id read from KEYS[3]): one per job, as many as
@@ -76,13 +80,17 @@
 --         {"over", admitted, depth_after, "model" | "key", held_bytes, budget_bytes}:
 --         the next job's input would pass the byte budget (held counts the call's
 --         earlier jobs);
+--         {"quota", admitted, depth_after, "device" | "jobs", used, limit, retry_after_s}:
+--         the owner's quota (lib/quota.lua) is spent;
 --         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
+-- Every refusal but dup and conflict counts its jobs in the hour's usage (refused).
 -- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
 -- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
 -- empty in the record: every reader treats an empty one as its default.
 --#include lib/record.lua
 --#include lib/pace.lua
 --#include lib/budget.lua
+--#include lib/quota.lua
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
 -- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.
@@ -103,12 +111,17 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 25
+local FIRST_JOB = 30
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
 local max_batch = tonumber(ARGV[5])
-local n = math.min((#ARGV - FIRST_JOB + 1) / 2, tonumber(ARGV[4]) - depth)
+local share = tonumber(ARGV[29])  -- its tier's: the rest is kept for the tiers above
+local n = math.min((#ARGV - FIRST_JOB + 1) / 2, math.floor(tonumber(ARGV[4]) * share) - depth)
+local function refused(reply, admitted)  -- the call's jobs not admitted count (lib/usage.lua)
+  usage_refused(ARGV[25], now_ms, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted)
+  return reply
+end
 
 local function full(admitted, depth_now)
   local st = redis.call("HMGET", KEYS[4], "rate_c", "rate_t", "rate_t0")
@@ -119,8 +132,13 @@ local function full(admitted, depth_now)
   return {"full", admitted, depth_now, string.format("%.6f", c), now_ms - tonumber(st[3])}
 end
 if n <= 0 then
-  return full(0, depth)
+  return refused(full(0, depth), 0)
 end
+-- The owner's quotas (lib/quota.lua): its device time this hour, its jobs per second.
+local quota, tokens = nil, nil
+n, quota, tokens = quota_allow(ARGV[25], ARGV[13], now_ms, tonumber(ARGV[27]),
+  tonumber(ARGV[28]), n)
+if n <= 0 then return refused({"quota", 0, depth, unpack(quota)}, 0) end
 
 -- >>> byte budget (lib/budget.lua; carpool/admission/budget.py) >>>
 -- Job i of the call is refused when its input, on top of what is held and the call's
@@ -158,18 +176,11 @@ local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 
 -- >>> the model's pace (lib/pace.lua; docs/admission.md, "Refusing by predicted wait") >>>
 local DEADLINE_SHARE = 0.9  -- of a deadline, the predicted end may take (below)
-local pace = nil  -- jobs/ms
-if limit_ms > 0 then
-  pace = model_pace(KEYS[8], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
-end
+local pace = limit_ms > 0 and  -- jobs/ms, or false
+  model_pace(KEYS[8], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
 -- Workers starting count from when they serve (lib/pace.lua, model_coming).
 local coming = pace and model_coming(KEYS[8], now_ms, tonumber(ARGV[9]))
--- Jobs the model drains within ms from now: at its pace, and the coming workers'.
-local function drained_by(ms)
-  local jobs = ms * pace
-  if coming then jobs = jobs + coming[1] * math.max(0, ms - coming[2]) end
-  return jobs
-end
+local function drained_by(ms) return drained_within(pace, coming, ms) end
 local pace_s = pace and string.format("%.6f", pace * 1000)
 -- The jobs of the model that sort before score_us, in every bin: they run first.
 local function model_ahead(score_us)
@@ -267,8 +278,8 @@ for i = 0, n - 1 do
     -- A deadline is for the result: its own batch counts, and the end must come
     -- DEADLINE_SHARE of the way to it, leaving the rest to the prediction's noise and
     -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
-    local to_end, allowed_ms = ahead, limit_ms
-    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, limit_ms * DEADLINE_SHARE end
+    local to_end, allowed_ms = ahead, limit_ms * share  -- the wait its tier may fill
+    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, allowed_ms * DEADLINE_SHARE end
     if ahead >= max_batch and to_end * 1.0 > drained_by(allowed_ms) then
       refusal = {"late", to_end, pace_s, string.format("%d", allowed_ms)}
       n = i
@@ -361,9 +372,8 @@ if n > 0 then
     redis.call("LTRIM", KEYS[2], -tonumber(ARGV[8]), -1)
   end
 
-  -- >>> byte budget: count the admitted inputs >>>
-  budget_count(budgets, input_bytes, n)
-  -- <<< byte budget <<<
+  budget_count(budgets, input_bytes, n)  -- the byte budget: count the admitted inputs
+  quota_spend(ARGV[25], ARGV[13], now_ms, tokens, n, ARGV[26])
 
   -- The web's long-polls learn that these jobs are queued (and, from the done channel,
   -- when they end) without reading them. Not a write: after the first one anyway.
@@ -373,16 +383,17 @@ if n > 0 then
 end
 
 if refusal and refusal[1] == "share" then
-  if drain then return {"share", n, after, drain[1], drain[2], refusal[2]} end
-  return {"share", n, after, "0", -1, refusal[2]}
+  if drain then return refused({"share", n, after, drain[1], drain[2], refusal[2]}, n) end
+  return refused({"share", n, after, "0", -1, refusal[2]}, n)
 end
 if refusal then
-  return {"late", n, after, refusal[2], refusal[3], refusal[4] or limit_ms}
+  return refused({"late", n, after, refusal[2], refusal[3], refusal[4] or limit_ms}, n)
 end
 if over then  -- byte budget: the bound let the job through, its input did not fit
-  return {"over", n, after, over[1], over[2], over[3]}
+  return refused({"over", n, after, over[1], over[2], over[3]}, n)
 end
+if quota then return refused({"quota", n, after, unpack(quota)}, n) end
 if FIRST_JOB + 2 * n <= #ARGV then
-  return full(n, after)
+  return refused(full(n, after), n)
 end
 return {"ok", n, after, now_ms}

@@ -28,13 +28,18 @@
 -- ARGV[11] hooks            the webhook events of this batch (lib/wire.lua's completion
 --                           hooks; k: the job's place in per_job, from 1); each goes to
 --                           the outbox if, and only if, its job is written here
--- ARGV[12..11+4j] per_job   4 values per job: id, the byte length of its line in
+-- ARGV[12] usage_prefix     {p.s}:usage:<model>: the hour's usage hash is this and the
+--                           hour (lib/usage.lua; same slot)
+-- ARGV[13] usage_ttl_s      its TTL, set when the hour's hash is created
+-- ARGV[14] usage            the batch's usage, one line per owner (lib/wire.lua); added
+--                           for the jobs written only, once per owner, "" none
+-- ARGV[15..14+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
 --   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
 --   worker from the admission fields and the attempt count the claim handed out, and
 --   the rest from the timings on, payload included (the result JSON when done, the error
 --   message when failed); the record written is head .. t_done .. rest (Redis's clock)
--- ARGV[12+4j..] scans      the max_batch of each bin peeked, in KEYS' order
+-- ARGV[15+4j..] scans      the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -50,15 +55,17 @@
 -- states (peek_bins.lua), as they are after the write and before any claim.
 --
 -- Keys built here, not in KEYS: each job's record, job_prefix .. id (a batch's ids are
--- data: the worker's claim), in KEYS[1]'s hash tag (carpool/backend/keys.py).
+-- data: the worker's claim), and the hour's usage hash (its hour is Redis's clock), in
+-- KEYS[1]'s hash tag (carpool/backend/keys.py).
 --#include lib/record.lua
 --#include lib/peek_bins.lua
 --#include lib/leave_claim.lua
 --#include lib/outbox.lua
+--#include lib/usage.lua
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local FIRST_JOB = 12  -- ARGV index of the first job's id
+local FIRST_JOB = 15  -- ARGV index of the first job's id
 local npeek = (#KEYS - 6) / 2
 local jobs_end = FIRST_JOB - 1 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
@@ -141,6 +148,9 @@ if written > 0 then
     end
     outbox_wake(KEYS[6], hooked)
   end
+  -- What the jobs written cost, per owner and hour (lib/usage.lua): a few HINCRBY per
+  -- owner in the batch, none per job.
+  usage_add(usage_key(ARGV[12], now_ms), ARGV[13], ARGV[14], out, written == #out)
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/admission/retry_after.py turns it into jobs/s: the sum over all workers.

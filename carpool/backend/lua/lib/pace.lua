@@ -76,3 +76,11 @@ local function model_coming(model_stats_key, now_ms, tau_ms)
   return {tonumber(ms[1]) * written / math.max(1, tonumber(ms[4])) * on_time * fade,
     math.max(0, -since_ms)}
 end
+
+-- Jobs the model drains within ms from now: at its pace (jobs/ms), plus the coming
+-- workers' ({workers, ms until they serve}, or nil) once they serve.
+local function drained_within(pace, coming, ms)
+  local jobs = ms * pace
+  if coming then jobs = jobs + coming[1] * math.max(0, ms - coming[2]) end
+  return jobs
+end

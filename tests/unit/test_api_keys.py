@@ -1,0 +1,48 @@
+"""The keys file's options beyond the key: admin, quotas; a malformed line stops
+start-up with an error that names the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from carpool.core.api_keys import KeyPolicy, api_key_digest
+from carpool.core.errors import ConfigError
+from carpool.core.settings import load_settings
+
+OPS = "ops-" + "o" * 28
+TEAM = "team-" + "t" * 27
+
+
+def _keys_file(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "keys"
+    path.write_text(text)
+    return {"CARPOOL_API_KEYS_FILE": str(path)}
+
+
+def test_admin_and_quotas_are_read_per_key(tmp_path: Path) -> None:
+    env = _keys_file(tmp_path, f"# keys\n{OPS} admin\n{TEAM} weight=2 "
+                               "quota_device_s_per_hour=1.5 quota_jobs_per_s=20\n")
+    policies = load_settings(env).api_key_policies
+    assert policies == {api_key_digest(OPS): KeyPolicy(admin=True),
+                        api_key_digest(TEAM): KeyPolicy(quota_device_s_per_hour=1.5,
+                                                        quota_jobs_per_s=20.0)}
+
+
+@pytest.mark.parametrize("option", ["quota_device_s_per_hour=", "quota_device_s_per_hour=-1",
+                                    "quota_jobs_per_s=lots", "quota_jobs_per_s=inf"])
+def test_a_malformed_quota_names_its_line_and_the_form_to_write(
+        tmp_path: Path, option: str) -> None:
+    env = _keys_file(tmp_path, f"{OPS}\n\n{TEAM} {option}\n")
+    name = option.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"line 3: key team\.\.\.: write '{name}=N'"):
+        load_settings(env)
+
+
+@pytest.mark.parametrize("option", ["quota_bytes=3", "admin=yes", "quota=1"])
+def test_an_unknown_option_names_its_line_and_the_options_allowed(
+        tmp_path: Path, option: str) -> None:
+    env = _keys_file(tmp_path, f"{TEAM} {option}\n")
+    with pytest.raises(ConfigError, match=r"line 1: .*unknown option.*quota_jobs_per_s"):
+        load_settings(env)
