@@ -112,7 +112,7 @@ class Stack:
     def spawn_worker(self, notes: list[str]) -> str:
         """One more worker, named after the lowest index no child of ours holds (node
         names and metrics ports stay small and unique); its name."""
-        taken = {c.name for c in self.supervisor.children}
+        taken = {c.name for c in self.supervisor.children} | set(self.workers)
         index = next(i for i in range(len(taken) + 1) if f"worker{i}" not in taken)
         name = f"worker{index}"
         base = int(self.env.get("CARPOOL_WORKER_METRICS_PORT") or DEFAULT_WORKER_METRICS_PORT)

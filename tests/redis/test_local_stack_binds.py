@@ -12,6 +12,7 @@ import pytest
 from carpool.core.settings import load_settings
 from carpool.stack import localstack
 from carpool.stack.localstack import UpOptions, start_stack
+from carpool.stack.scaling import Bounds
 from tests.conftest import REDIS_URL
 from tests.support.procs import free_port
 
@@ -25,7 +26,7 @@ def test_carpool_up_binds_worker_metrics_to_loopback_and_shows_batch_args_in_flo
         spawned[name] = (cmd, env)  # recorded, not started
 
     monkeypatch.setattr(localstack.Stack, "spawn", spawn)
-    opts = UpOptions(port=free_port(), redis_url=REDIS_URL, workers=2, flower=True,
+    opts = UpOptions(port=free_port(), redis_url=REDIS_URL, workers=Bounds(2, 2), flower=True,
                      flower_port=free_port(), models="", state_dir=tmp_path)
     start_stack(opts)
     for name in ("worker0", "worker1"):
