@@ -91,6 +91,7 @@
 --#include lib/pace.lua
 --#include lib/budget.lua
 --#include lib/quota.lua
+--#include lib/fair_share.lua
 redis.replicate_commands()  -- needed on Redis 6.2 before writes that follow TIME
 
 -- Arguments of one MSET at most (2 per job): Lua's unpack is bounded by its C stack.
@@ -192,8 +193,7 @@ end
 -- <<< the model's pace <<<
 
 -- >>> fair share between tenants (docs/admission.md): the owner's state >>>
--- Field per owner: "decayed admissions, as of ms, weight, virtual clock (us)", read
--- once per call (all jobs of a call have one owner) and written back once.
+-- The owner's state (lib/fair_share.lua), written back once after the checks.
 -- Share: near the bound (depth, or predicted wait of the whole bin, over ARGV[19] of
 -- its limit), an owner over its weight's part of the active owners' weights is refused
 -- first; one under its part is admitted. Its part: of the bin's bound, its queued
@@ -206,30 +206,11 @@ local function near(d)
   if d >= frac * tonumber(ARGV[4]) then return true end
   return drain ~= nil and limit_ms > 0 and d >= max_batch and d >= frac * limit_ms * drain[3]
 end
-local mine, clock_us, sum_c, sum_w = 0, 0, 0, 0
-local forgotten = {}  -- owners idle for ~5 tau: dropped, so the hash stays small
 local cap_us, dl_us = now_us + tonumber(ARGV[20]) * 1000, tonumber(ARGV[10]) * 1000
-if owned then
-  local all, found = {}, false
-  if drain or near(depth + n - 1) then  -- near only grows with depth: else no job is
-    all = redis.call("HGETALL", KEYS[5])
-  else
-    local prev = redis.call("HGET", KEYS[5], ARGV[13])
-    if prev then all = {ARGV[13], prev} end
-  end
-  for i = 1, #all, 2 do
-    local c, ct, wt, v = string.match(all[i + 1], "(%S+) (%S+) (%S+) ?(%S*)")
-    c, v = tonumber(c) * math.exp(-(now_ms - tonumber(ct)) / tau), tonumber(v) or 0
-    if all[i] == ARGV[13] then
-      mine, clock_us, found = c, v, true
-    elseif c < 0.01 and v < now_us then
-      forgotten[#forgotten + 1] = all[i]
-    end
-    if c >= 0.5 or all[i] == ARGV[13] then  -- active: one admission within ~0.7 tau
-      sum_c, sum_w = sum_c + c, sum_w + tonumber(wt)
-    end
-  end
-  if not found then sum_w = sum_w + w end
+local mine, clock_us, sum_c, sum_w, forgotten = 0, 0, 0, 0, {}
+if owned then  -- every owner's only where a share may be judged (near grows with depth)
+  mine, clock_us, sum_c, sum_w, forgotten = fair_owner_state(KEYS[5], ARGV[13], w,
+    drain ~= nil or near(depth + n - 1), now_ms, now_us, tau)
 end
 -- <<< fair share between tenants <<<
 
