@@ -28,14 +28,18 @@ blueprint = Blueprint("carpool_server", __name__)
 
 @blueprint.get("/models")
 def models() -> Response:
-    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)
-    and what the live workers say about each model (served, refused and why, none)."""
+    """The catalogue, with each bin's live depth and each model's jobs refused at
+    admission by service tier (one pipelined round trip for all), and what the live
+    workers say about each model (served, refused and why, none)."""
     state = current_state()
     specs = list(state.settings.catalogue)
-    depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
-    return jsonify({"models": [{**_describe(spec, depths),
-                                "workers": state.models.availability(spec.name).to_json()}
-                               for spec in specs]})
+    depths, refused = state.queue.depths_and_refused(
+        [(s.name, b.name) for s in specs for b in s.bins], [s.name for s in specs])
+    bin_depths = iter(depths)
+    return jsonify({"models": [{**_describe(spec, bin_depths),
+                                "workers": state.models.availability(spec.name).to_json(),
+                                "refused_by_tier": by_tier}
+                               for spec, by_tier in zip(specs, refused, strict=True)]})
 
 
 @blueprint.get("/usage")

@@ -1,6 +1,6 @@
 """admit.lua's arguments, named in one place.
 
-``AdmitArgs`` holds ARGV[1..29] in the script's order, each field named as the
+``AdmitArgs`` holds ARGV[1..30] in the script's order, each field named as the
 script's header names that position (carpool/core/script_args.py's mechanism, as
 for every script; ``tests/unit/test_script_args.py`` checks the header); the jobs'
 (id, input JSON) pairs follow them.
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from carpool.admission.tiers import DEFAULT_TIER
 from carpool.core.script_args import Arg, ScriptArgs, argv
 
 
@@ -53,6 +54,7 @@ class AdmitArgs(ScriptArgs):
     quota_device_ms_per_hour: int = 0  # the owner's quotas (the keys file; 0: none)
     quota_jobs_per_s: float = 0.0
     tier_share: float = 1.0  # of the bound and allowed wait (carpool/admission/tiers.py)
+    tier: str = DEFAULT_TIER  # its name: the model's refusals are counted by it
 
     def argv(self, jobs: Sequence[tuple[str, str]]) -> list[Arg]:
         """The script's ARGV: these values (as Redis reads them), then each job's id and

@@ -219,7 +219,7 @@ class Admissions:
             usage_prefix=self.keys.usage_prefix(model.name), usage_ttl_s=USAGE_KEEP_S,
             quota_device_ms_per_hour=round(policy.quota_device_s_per_hour * 1000) if policy else 0,
             quota_jobs_per_s=policy.quota_jobs_per_s if policy else 0.0,
-            tier_share=self.tier_shares[request.tier])
+            tier_share=self.tier_shares[request.tier], tier=request.tier)
         return [key.encode() for key in keys], [str(v).encode() for v in head.argv(())]
 
 

@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from carpool.admission.retry_after import DRAIN_TAU_MS
+from carpool.admission.tiers import TIERS
 from carpool.backend import records
 from carpool.backend.args import CancelArgs, ClaimArgs, CompleteArgs, PeekArgs, ReadArgs
 from carpool.backend.connection import load_script, redis_errors
@@ -29,7 +30,7 @@ from carpool.backend.replies import (
     completion_args,
     started_late,
 )
-from carpool.backend.usage import USAGE_KEEP_S
+from carpool.backend.usage import TIER_REFUSED_FIELD, USAGE_KEEP_S
 from carpool.backend.wake import ShardWaiters
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
@@ -250,6 +251,23 @@ class Queue:
             for model, bin_name in bins:
                 pipe.zcard(self.keys.bin(model, bin_name))
             return [int(x) for x in pipe.execute()]
+
+    def depths_and_refused(self, bins: Sequence[tuple[str, str]], models: Sequence[str],
+                           ) -> tuple[list[int], list[dict[str, int]]]:
+        """Each bin's depth and each model's jobs refused at admission by service tier
+        (admit.lua counts them in the model's stats hash since it began), in one round
+        trip: ``GET /models``."""
+        fields = [f"{TIER_REFUSED_FIELD}{tier}" for tier in TIERS]
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for model, bin_name in bins:
+                pipe.zcard(self.keys.bin(model, bin_name))
+            for model in models:
+                pipe.hmget(self.keys.model_stats(model), fields)
+            found = pipe.execute()
+        refused = [{tier: int(n or 0) for tier, n in zip(TIERS, row, strict=True)}
+                   for row in found[len(bins):]]
+        return [int(x) for x in found[:len(bins)]], refused
 
     def drained(self, bins: Sequence[tuple[str, str]]) -> list[int]:
         """Jobs each bin's workers have written (done or failed) since its stats began."""

@@ -25,6 +25,9 @@ HOUR_MS = 3_600_000
 KEY_LABEL_CHARS = 12
 #: The hash's field letters (lua/lib/usage.lua) and what each counts.
 _FIELDS = {"j": "jobs", "d": "device_us", "q": "queue_ms", "r": "refused"}
+#: The model's stats hash ({p.s}:mstats:<model>) counts its refusals per service tier
+#: in fields "refused:<tier>" (lua/lib/usage.lua, usage_refused): never reset.
+TIER_REFUSED_FIELD = "refused:"
 
 
 def key_label(owner: str) -> str:

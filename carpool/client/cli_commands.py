@@ -14,6 +14,7 @@ from typing import Any
 
 from carpool.client.errors import ApiError
 from carpool.client.sync import Client
+from carpool.core.api_keys import KEY_TIERS
 
 #: Adds --url and --api-key to a command's parser (carpool/cli.py owns them).
 AddClientOptions = Callable[[argparse.ArgumentParser], None]
@@ -28,13 +29,22 @@ def _refused(exc: ApiError) -> int:
     return 1
 
 
+#: The tiers as ``carpool status`` lists a model's refusals: highest first.
+_TIERS_SHOWN = tuple(reversed(KEY_TIERS))
+
+
 def model_line(model: dict[str, Any]) -> str:
-    """One model as ``carpool status`` prints it: its workers' state and its depth."""
+    """One model as ``carpool status`` prints it: its workers' state, its depth, and
+    the jobs admission refused by service tier (a server without them: no column)."""
     depth = sum(int(b.get("depth", 0)) for b in model.get("bins", []))
     workers = model.get("workers", {})
     state = workers.get("state", "?") if isinstance(workers, dict) else "?"
     bins = " ".join(f"{b['name']}={b.get('depth', 0)}" for b in model.get("bins", []))
-    return f"{model['name']:<16} {state:<10} depth {depth:<6} {bins}"
+    line = f"{model['name']:<16} {state:<10} depth {depth:<6} {bins}"
+    refused = model.get("refused_by_tier")
+    if isinstance(refused, dict):
+        line += "  refused " + " ".join(f"{t}={refused.get(t, 0)}" for t in _TIERS_SHOWN)
+    return line
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -87,7 +97,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any, client_options: AddClientOptions) -> None:
     """Add status, models, cancel and watch to ``sub`` (argparse's subparsers)."""
-    st = sub.add_parser("status", help="the web's health, each model's workers and depth")
+    st = sub.add_parser("status", help="the web's health, each model's workers, depth and "
+                                       "refusals by service tier")
     client_options(st)
     st.set_defaults(func=cmd_status)
     m = sub.add_parser("models", help="GET /models: every model, its bins and workers")

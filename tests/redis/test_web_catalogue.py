@@ -1,4 +1,4 @@
-"""GET /models, /healthz and /readyz."""
+"""GET /models (with each model's refusals by service tier), /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import redis
 from flask.testing import FlaskClient
 
 from tests.support.webtools import web_client, web_settings
+
+FLEX = "flex-key-0123456789abcdef0123"
+PRIO = "prio-key-0123456789abcdef0123"
 
 
 @pytest.fixture
@@ -53,6 +56,35 @@ def test_models_shows_queue_depths_that_move(http: FlaskClient) -> None:
     assert depths(http, "synthetic") == {"small": 2, "medium": 1, "large": 0}
     http.delete(f"/result/{ids[0]}")
     assert depths(http, "synthetic") == {"small": 1, "medium": 1, "large": 0}
+
+
+def test_models_shows_refusals_by_the_tier_each_request_ran_in(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{FLEX} tier=flex\n{PRIO} tier=priority\n")
+    settings = web_settings(redis_url, key_prefix, tmp_path, CARPOOL_API_KEYS_FILE=str(keys))
+
+    def submit(key: str, **extra: Any) -> int:
+        headers = {"Authorization": f"Bearer {key}", **extra.pop("headers", {})}
+        return http.post("/submit", json={"model": "tiny", "input": {"value": 0, "size": 1},
+                                          **extra}, headers=headers).status_code
+
+    with web_client(settings) as http:
+        prio = {"Authorization": f"Bearer {PRIO}"}
+        assert model(http, "tiny")["refused_by_tier"] == {"priority": 0, "default": 0, "flex": 0}
+        # tiny holds 2: flex may fill 1 of them, default 1 (a priority key exists), priority 2.
+        assert submit(PRIO, headers={"X-Service-Tier": "flex"}) == 202
+        assert submit(FLEX) == 429  # its tier's part is full
+        assert submit(PRIO, headers={"X-Service-Tier": "flex"}) == 429  # the tier it asked for
+        assert submit(PRIO) == 202
+        assert submit(PRIO) == 429  # bin_full
+        assert submit(PRIO, service_tier="default") == 429
+        batch = http.post("/submit/batch", headers=prio, json={
+            "model": "tiny", "inputs": [{"value": 0, "size": 1}] * 2, "service_tier": "flex"})
+        assert [j["status"] for j in batch.get_json()["jobs"]] == [429, 429]
+        assert model(http, "tiny")["refused_by_tier"] == {"priority": 1, "default": 1, "flex": 4}
+        assert model(http, "synthetic")["refused_by_tier"] == {
+            "priority": 0, "default": 0, "flex": 0}
 
 
 def test_healthz_and_readyz_answer_200_when_redis_answers(http: FlaskClient) -> None:

@@ -57,7 +57,8 @@
 --                            refusals counted, quotas read     ARGV[26] usage_ttl_s
 -- ARGV[27] quota_device_ms_per_hour  ARGV[28] quota_jobs_per_s  the owner's (0: none)
 -- ARGV[29] tier_share   its tier's share of max_depth and of the allowed wait (tiers.py)
--- ARGV[30..] jobs      per job, 2 values: id, input (JSON)
+-- ARGV[30] tier         its tier's name: refusals counted in KEYS[8]'s "refused:<tier>"
+-- ARGV[31..] jobs      per job, 2 values: id, input (JSON)
 --
 -- Keys built here, not in KEYS: the jobs' records, job_prefix .. id, and the record of
 -- an idempotency key's first job (an id read from KEYS[3]): one per job, as many as
@@ -83,7 +84,8 @@
 --         {"quota", admitted, depth_after, "device" | "jobs", used, limit, retry_after_s}:
 --         the owner's quota (lib/quota.lua) is spent;
 --         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
--- Every refusal but dup and conflict counts its jobs in the hour's usage (refused).
+-- Every refusal but dup and conflict counts its jobs in the hour's usage (refused) and
+-- in the model's refusals by tier (lib/usage.lua, usage_refused).
 -- Admission time is Redis's own clock, so the hosts' clocks never matter. Fields that
 -- hold their default (no deadline, priority 0, no owner, no digest, 0 attempts) are left
 -- empty in the record: every reader treats an empty one as its default.
@@ -112,7 +114,7 @@ if ARGV[7] == "1" then
   end
 end
 
-local FIRST_JOB = 30
+local FIRST_JOB = 31
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local depth = redis.call("ZCARD", KEYS[1])
@@ -120,7 +122,8 @@ local max_batch = tonumber(ARGV[5])
 local share = tonumber(ARGV[29])  -- its tier's: the rest is kept for the tiers above
 local n = math.min((#ARGV - FIRST_JOB + 1) / 2, math.floor(tonumber(ARGV[4]) * share) - depth)
 local function refused(reply, admitted)  -- the call's jobs not admitted count (lib/usage.lua)
-  usage_refused(ARGV[25], now_ms, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted)
+  usage_refused(ARGV[25], now_ms, ARGV[26], ARGV[13], (#ARGV - FIRST_JOB + 1) / 2 - admitted,
+    KEYS[8], ARGV[30])
   return reply
 end
 

@@ -1,9 +1,10 @@
 -- usage.lua: not a script of its own. What each API key's jobs cost, per model and
 -- hour (docs/admission.md, "Usage"): complete.lua adds a batch's jobs, device and queue
--- time once per owner in the batch (not per job); admit.lua counts refusals and reads
--- it for quotas. The hour's hash is built here from Redis's clock: a usage prefix
--- "{p.s}:usage:<model>:" (carpool/backend/keys.py) and the hour since the epoch; its
--- fields "<owner>:<letter>": j jobs written, d device µs, q queue ms, r refused.
+-- time once per owner in the batch (not per job); admit.lua counts refusals (here and
+-- per model and service tier) and reads it for quotas. The hour's hash is built here
+-- from Redis's clock: a usage prefix "{p.s}:usage:<model>:" (carpool/backend/keys.py)
+-- and the hour since the epoch; its fields "<owner>:<letter>": j jobs written, d device
+-- µs, q queue ms, r refused.
 -- Its TTL is set when an owner's field is new only (HINCRBY answers the count it added:
 -- EXPIRE NX would need Redis 7), so a busy hour pays no extra command. usage_add reads
 -- lib/wire.lua's lines: a script that calls it includes that (complete.lua does,
@@ -39,11 +40,15 @@ local function usage_add(key, ttl_s, text, written, all_written)
   if fresh then redis.call("EXPIRE", key, ttl_s) end
 end
 
--- Count `count` jobs refused at admission in the hour's hash (prefix: the usage
--- prefix). redis.pcall: on a full Redis (noeviction) the write fails, and the refusal
--- is still answered.
-local function usage_refused(prefix, now_ms, ttl_s, owner, count)
-  if count <= 0 or prefix == "" then return end
+-- Count `count` jobs refused at admission: in the hour's hash for their owner (prefix:
+-- the usage prefix; "" none), and in the model's stats hash (model_stats,
+-- {p.s}:mstats:<model>) for their service tier, field "refused:<tier>", which GET
+-- /models shows. redis.pcall: on a full Redis (noeviction) the write fails, and the
+-- refusal is still answered.
+local function usage_refused(prefix, now_ms, ttl_s, owner, count, model_stats, tier)
+  if count <= 0 then return end
+  redis.pcall("HINCRBY", model_stats, "refused:" .. tier, count)
+  if prefix == "" then return end
   local key = usage_key(prefix, now_ms)
   local added = redis.pcall("HINCRBY", key, owner .. ":r", count)
   if added == count then redis.pcall("EXPIRE", key, ttl_s) end
