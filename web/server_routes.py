@@ -5,6 +5,7 @@ depths), /usage (what each key's jobs cost), /metrics, /healthz, /readyz and
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,8 @@ from web.common.state import current_state
 from web.openapi.document import openapi_document
 
 blueprint = Blueprint("carpool_server", __name__)
+#: ``?hours=N`` of GET /usage: a whole number of a few ASCII digits.
+_HOURS = re.compile(r"[0-9]{1,6}")
 
 
 @blueprint.get("/models")
@@ -72,7 +75,8 @@ def _usage_window(now_hour: int) -> tuple[int, int]:
         first = _hour_arg("from", last - 23)
     else:
         text = args.get("hours", "24")
-        if not text.isdigit() or not 1 <= int(text) <= USAGE_KEEP_HOURS:
+        # ASCII digits, few of them: int() refuses "²" (a digit to isdigit) and 5,000 digits.
+        if not _HOURS.fullmatch(text) or not 1 <= int(text) <= USAGE_KEEP_HOURS:
             raise InvalidInput(f"hours must be a whole number from 1 to {USAGE_KEEP_HOURS} "
                                f"(usage is kept that long), not {text[:20]!r}")
         first, last = now_hour - int(text) + 1, now_hour

@@ -31,6 +31,8 @@ def tier_shares(priority_keys: bool) -> Mapping[str, float]:
 
 #: What a request may ask for besides a tier: its key's (OpenAI's default value).
 AUTO: Final = "auto"
+#: The header that asks for a lower tier where the body has no ``service_tier`` field.
+SERVICE_TIER_HEADER: Final = "X-Service-Tier"
 
 
 def known_tier(asked: object) -> str:

@@ -73,7 +73,8 @@ def test_a_key_sees_its_own_usage_and_an_admin_key_sees_every_keys(
 
 @pytest.mark.parametrize("query, says", [
     ("hours=0", "hours must be a whole number"), ("hours=abc", "hours must be"),
-    ("hours=100000", "hours must be"), ("from=yesterday", "RFC 3339"),
+    ("hours=100000", "hours must be"), ("hours=%C2%B2", "hours must be"),  # "²"
+    ("hours=" + "9" * 5000, "hours must be"), ("from=yesterday", "RFC 3339"),
     ("hours=2&from=2026-01-01T00:00:00Z", "not both"),
     ("from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "from must not be after to"),
     ("from=2020-01-01T00:00:00Z&to=2026-01-01T00:00:00Z", "spans"),

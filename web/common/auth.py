@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from flask import request
 
-from carpool.admission.tiers import DEFAULT_TIER, request_tier
+from carpool.admission.tiers import DEFAULT_TIER, SERVICE_TIER_HEADER, request_tier
 from carpool.core.jobs import JobView
 from carpool.core.settings import Settings, api_key_digest
 from web.common.refusals import JobNotFound, Unauthorized
 
 #: The header a client may use instead of ``Authorization: Bearer``.
 API_KEY_HEADER = "X-API-Key"
-#: A lower service tier asked for where the body has no ``service_tier`` field.
-SERVICE_TIER_HEADER = "X-Service-Tier"
 
 
 def _presented_key() -> str | None:
