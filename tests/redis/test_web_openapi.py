@@ -1,4 +1,5 @@
-"""GET /openapi.json, and each model's published input schema against what the web enforces."""
+"""GET /openapi.json, each model's published input schema against what the web enforces,
+and the tenancy parts (/models, /usage, usage, service tiers) against live answers."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool.backend.queue import Queue
 from carpool.core.errors import InvalidInput
 from carpool.core.input_limits import InputLimits
+from carpool.core.jobs import Outcome
 from carpool.intake import inputs
-from tests.support.webtools import png, web_client, web_settings
+from tests.support.webtools import app_state, png, web_client, web_settings
 from web.openapi.schemas import input_schema
 
 
@@ -94,3 +97,54 @@ def test_error_messages_never_echo_a_whole_body(http: FlaskClient) -> None:
     assert len(resp.get_data()) < 1000 and "and 195 more" in resp.get_json()["error"]["message"]
     resp = http.post("/submit", json={"model": "m" * 100_000, "input": {}})
     assert resp.status_code == 404 and len(resp.get_data()) < 1000
+
+
+FLEX = "flex-key-0123456789abcdef0123"
+OPS = "ops-key-0123456789abcdef01234"
+
+
+def test_the_tenancy_parts_are_described_and_live_answers_match_them(
+        redis_url: str, key_prefix: str, tmp_path: Path, queue: Queue) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{FLEX} tier=flex\n{OPS} admin tier=priority\n")
+    settings = web_settings(redis_url, key_prefix, tmp_path, CARPOOL_API_KEYS_FILE=str(keys))
+    with web_client(settings) as http:
+        doc = http.get("/openapi.json").get_json()
+        paths, schemas = doc["paths"], doc["components"]["schemas"]
+        usage = paths["/usage"]["get"]
+        assert [p["name"] for p in usage["parameters"]] == ["hours", "from", "to"]
+        assert set(usage["responses"]) >= {"200", "400", "401"}
+        usage_200 = usage["responses"]["200"]["content"]["application/json"]["schema"]
+        assert set(usage_200["properties"]["usage"]["items"]["required"]) == {
+            "key", "model", "jobs", "device_ms", "queue_ms", "refused"}
+        models_200 = paths["/models"]["get"]["responses"]["200"]["content"][
+            "application/json"]["schema"]
+        by_tier = models_200["properties"]["models"]["items"]["properties"]["refused_by_tier"]
+        assert set(by_tier["required"]) == {"priority", "default", "flex"}
+        assert set(schemas["Job"]["properties"]["usage"]["properties"]) == {"device_ms",
+                                                                            "queue_ms"}
+        embed = paths["/v1/embeddings"]["post"]
+        for body in (schemas["Submit_tiny"], schemas["Batch_tiny"],
+                     embed["requestBody"]["content"]["application/json"]["schema"]):
+            assert body["properties"]["service_tier"]["enum"] == ["flex", "default",
+                                                                  "priority", "auto"]
+        for op in (paths["/submit"]["post"], paths["/submit/batch"]["post"], embed):
+            assert "X-Service-Tier" in [p["name"] for p in op["parameters"]]
+        assert "quota_exceeded" in paths["/submit"]["post"]["responses"]["429"]["description"]
+
+        # Live answers, with a refusal, a completed job and a usage row, match the schemas.
+        flex = {"Authorization": f"Bearer {FLEX}"}
+        codes = [http.post("/submit", json={"model": "tiny", "input": {"value": 0, "size": 1}},
+                           headers=flex).status_code for _ in range(2)]
+        assert codes == [202, 429]  # flex fills half of tiny's 2
+        spec = app_state(http).settings.catalogue.get("tiny")
+        claim = queue.claim(spec, "only", 1, lease_ms=30_000, token="t", worker="w")
+        queue.complete(spec, claim, [Outcome(j.id, result=1, device_ms=2.0) for j in claim.jobs],
+                       {"size": 1})
+        job = http.get(f"/result/{claim.jobs[0].id}", headers=flex).get_json()
+        jsonschema.validate(job["usage"], schemas["Job"]["properties"]["usage"])
+        listing = http.get("/models").get_json()
+        jsonschema.validate(listing, models_200)
+        seen = http.get("/usage?hours=1", headers={"Authorization": f"Bearer {OPS}"}).get_json()
+        jsonschema.validate(seen, usage_200)
+        assert [(r["jobs"], r["refused"]) for r in seen["usage"]] == [(1, 1)]

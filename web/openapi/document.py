@@ -14,6 +14,7 @@ from carpool.core.settings import Settings
 from web.openapi.event_paths import CALLER_TIMEOUT, JOB_FIELDS, PREFER, event_paths
 from web.openapi.openai_paths import v1_paths
 from web.openapi.schemas import input_schema, many_schema, submit_schema
+from web.openapi.tenant_paths import JOB_USAGE, TIER_HEADER, tenant_paths
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -43,10 +44,11 @@ _ERROR_TEXT = {
     "414": "request line over gunicorn's limit (4094 bytes; answered by gunicorn, in HTML)",
     "415": "a content type this route does not take",
     "422": "idempotency key reused with a different input",
-    "429": "the bin is full, the job would start too late, this API key is over its share "
-           "of a nearly full bin, the model's byte budget is spent (code bin_full, "
-           "wait_too_long, over_share, budget_full), or this client holds too many long-polls "
-           "(too_many_polls); see Retry-After",
+    "429": "the bin is full (for the request's service tier), the job would start too "
+           "late, this API key is over its share of a nearly full bin, the model's byte "
+           "budget is spent, the key's quota is spent (code bin_full, wait_too_long, "
+           "over_share, budget_full, quota_exceeded), or this client holds too many "
+           "long-polls (too_many_polls); see Retry-After",
     "503": "Redis is unreachable, loading or full (see Retry-After; during a submit the body "
            "carries the id the job may have been admitted under); or, at submit, every live "
            "worker refused the model (code model_unavailable, with the reason); or, at "
@@ -76,9 +78,7 @@ def _components(settings: Settings) -> dict[str, Any]:
             "state": {"type": "string", "enum": ["loading", "refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
-        "batch": {"type": "object"}, **JOB_FIELDS,
-        "usage": {"type": "object", "properties": {"device_ms": {"type": "number"},
-                                                   "queue_ms": {"type": "number"}}}}}
+        "batch": {"type": "object"}, **JOB_FIELDS, "usage": JOB_USAGE}}
     schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}
     for spec in settings.catalogue:
         schemas[f"Input_{spec.name}"] = input_schema(spec)
@@ -106,7 +106,7 @@ def _submit(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue one job; ?wait=S answers 200 with its result if it ends within S",
         "parameters": [
-            _wait(settings), PREFER, CALLER_TIMEOUT,
+            _wait(settings), PREFER, CALLER_TIMEOUT, TIER_HEADER,
             {"name": "Idempotency-Key", "in": "header", "required": False,
              "schema": {"type": "string", "minLength": 1, "maxLength": 256}},
             {"name": "model", "in": "query", "required": False,
@@ -136,7 +136,7 @@ def _many(settings: Settings) -> dict[str, Any]:
     return {"post": {
         "summary": "Queue many jobs for one model; each input fails alone; ?wait=S answers "
                    "200 when every job ended within S",
-        "parameters": [_wait(settings), PREFER, CALLER_TIMEOUT],
+        "parameters": [_wait(settings), PREFER, CALLER_TIMEOUT, TIER_HEADER],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "oneOf": [{"$ref": f"#/components/schemas/Batch_{n}"} for n in names]}}}},
         "responses": {**_responses(("202", "one entry per input, in order", jobs),
@@ -186,10 +186,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/submit/batch": _many(settings),
             "/result/{job_id}": _result(settings),
             **event_paths(_responses, _JOB_ID),
-            "/models": _plain("The catalogue with live queue depths and what the live "
-                                 "workers say about each model", "503"),
-            "/usage": _plain("What the caller's key (an admin key: every key) used per "
-                             "model over whole hours: ?hours=N or ?from=&to=", "400"),
+            **tenant_paths(_responses),
             "/healthz": _plain("Liveness"),
             "/readyz": _plain("Readiness: Redis answers", "503"),
             "/metrics": _metrics(),

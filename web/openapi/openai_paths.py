@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from carpool.admission.tiers import AUTO, TIERS
 from carpool.intake.bulk_lines import ENDPOINTS
+from web.openapi.tenant_paths import TIER_HEADER
 
 _OBJECT = {"type": "object"}
 
@@ -48,7 +50,9 @@ _BATCH = {"type": "object", "required": ["input_file_id", "endpoint", "completio
 _EMBED = {"type": "object", "required": ["model", "input"], "properties": {
     "model": {"type": "string"},
     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "encoding_format": {"type": "string", "enum": ["float", "base64"]}}}
+    "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+    "service_tier": {"type": "string", "enum": [*TIERS, AUTO], "nullable": True,
+                     "description": "the key's tier or a lower one"}}}
 
 
 def _upload() -> dict[str, Any]:
@@ -81,5 +85,6 @@ def v1_paths() -> dict[str, Any]:
             "post": _op("Cancel a batch", "404", "409", "503", params=(_id("batch_id"),))},
         "/v1/embeddings": {
             "post": _op("Embed strings with a text model (OpenAI's shape)", "400", "404",
-                        "408", "413", "429", "500", "503", "504", body=_EMBED)},
+                        "408", "413", "429", "500", "503", "504", body=_EMBED,
+                        params=(TIER_HEADER,))},
     }
