@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from carpool.admission.tiers import TIERS
 from carpool.admission.urgency import BULK_PRIORITY
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest
 from carpool.backend.bulkdb import BulkDb
@@ -251,20 +252,30 @@ class Feeder:
             return False
         self.turn = (self.turn + 1) % len(owners)
         owners = owners[self.turn:] + owners[:self.turn]
+        closed: dict[tuple[str, str], int] = {}
         fed_any, progress = False, True
         while progress:
             progress = False
             for owner in owners:
                 n = 0
                 for run in by_owner[owner]:
-                    n += self._feed_run(run, room, QUANTUM_LINES - n)
+                    n += self._feed_run(run, room, closed, QUANTUM_LINES - n)
                     if n >= QUANTUM_LINES:
                         break
                 progress |= n > 0
             fed_any |= progress
         return fed_any
 
-    def _feed_run(self, run: Run, room: dict[tuple[str, str], int], most: int) -> int:
+    def _feed_run(self, run: Run, room: dict[tuple[str, str], int],
+                  closed: dict[tuple[str, str], int], most: int) -> int:
+        """Admit up to ``most`` of the run's lines where ``room`` is left in their bins
+        and no line of the run's tier or a higher one was refused this step (``closed``:
+        each bin's highest tier refused, as an index of TIERS)."""
+        rank = TIERS.index(run.tier)
+
+        def shut(k: tuple[str, str]) -> bool:
+            return room.get(k, 0) <= 0 or closed.get(k, -1) >= rank
+
         try:
             self.models.check(run.spec.name)
         except ModelRefused as refused:  # the scan window's lines end, not admitted
@@ -276,16 +287,18 @@ class Feeder:
         admitted: dict[int, list[str]] = {}
         bins = [(run.spec.name, b.name) for b in run.spec.bins]
         for i in run.waiting():
-            if len(admitted) >= most or all(room.get(k, 0) <= 0 for k in bins):
+            if len(admitted) >= most or all(shut(k) for k in bins):
                 break
             line = run.lines[i]
             keys = [(run.spec.name, job.bin.name) for job in line.jobs]
-            if any(room.get(k, 0) <= 0 for k in keys):
+            if any(shut(k) for k in keys):
                 continue
             ids = self._admit_line(run, i)
             if ids is None:
+                # Refused (its tier's part full, over budget): that bin waits a step for
+                # this tier and those below it; a higher tier's larger part may have room.
                 for k in keys:
-                    room[k] = 0  # refused (full, over budget): that bin waits a step
+                    closed[k] = max(closed.get(k, -1), rank)
                 continue
             for k in keys:
                 room[k] -= 1
@@ -307,7 +320,7 @@ class Feeder:
                 owner=run.owner,
                 owner_weight=self.settings.api_key_weights.get(run.owner, 1.0),
                 idempotency_digest=run.idempotency(i, k),
-                input_digest=hashlib.sha256(job.input_json.encode()).hexdigest())
+                input_digest=hashlib.sha256(job.input_json.encode()).hexdigest(), tier=run.tier)
             (outcome,) = self.admissions.admit(request)
             if not isinstance(outcome, Admitted):
                 if isinstance(outcome, BackendUnavailable):

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import replace
 
+from carpool.admission.tiers import TIERS
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.core.bulk import BulkStatus, BulkView
@@ -66,6 +67,9 @@ def load(settings: Settings, db: BulkDb, store: FileStore, view: BulkView) -> Ru
     """The batch as Redis and the file store have it. Without its input file, a Run with
     no lines to feed, its lines named by the labels written at validation."""
     bulk_id = view.id
+    if view.service_tier not in TIERS:
+        raise ValueError(f"its service_tier {view.service_tier[:40]!r} is not one of "
+                         f"{', '.join(TIERS)}")
     lost = view.input_lost_at is not None
     data = None if lost else store.get(store_name(view.input_file_id))
     if data is None:
@@ -83,7 +87,7 @@ def load(settings: Settings, db: BulkDb, store: FileStore, view: BulkView) -> Ru
     jobs, bitmap = db.line_state(bulk_id)
     run = Run(bulk_id, view.owner, spec, view.endpoint, lines, labels,
               float(view.expires_at), view.chunks, jobs, stored_set(bitmap),
-              input_gone=data is None)
+              input_gone=data is None, tier=view.service_tier)
     run.sampled = (time.monotonic(), len(run.stored))
     run.advance()
     return run

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from carpool.core.bulk import BulkStatus
+from carpool.core.bulk import UNRECORDED_TIER, BulkStatus
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import JobStatus, JobView
 from carpool.intake.bulk_lines import Line
@@ -83,6 +83,8 @@ class Run:
     input_checked_at: float = 0.0
     #: Set once the batch winds down: the error of its lines that end unanswered.
     ending: Ending | None = None
+    #: The service tier every line is admitted and refused under (its record's).
+    tier: str = UNRECORDED_TIER
 
     @property
     def total(self) -> int:

@@ -232,6 +232,8 @@ def bulk_document(view: BulkView) -> dict[str, Any]:
         "request_counts": {"total": counts.total, "completed": counts.completed,
                            "failed": counts.failed},
         "metadata": view.metadata,
+        # Not in OpenAI's batch object; OpenAI answers it on its other objects.
+        "service_tier": view.service_tier,
     }
     # carpool's own: when the bulk batch ends at the rate it has gone so far, and whether
     # that is past its window (docs/batches.md).

@@ -38,6 +38,9 @@ FINAL = frozenset({BulkStatus.FAILED, BulkStatus.COMPLETED, BulkStatus.EXPIRED,
 #: The record's Unix-second timestamps, one per status it reached, and its deadline.
 STAMPS = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at", "expires_at")
+#: The service tier of a record made before batches had one: its key's tier then is
+#: unknown, and its lines were admitted under ``default``.
+UNRECORDED_TIER = "default"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class BulkView:
     #: When the feeder found the input file gone while lines were unfinished (Unix
     #: seconds): the batch winds down, its finished lines kept (feeder/intake.py).
     input_lost_at: int | None = None
+    #: The service tier its lines are admitted under, decided at creation
+    #: (carpool/admission/tiers.py; docs/batches.md).
+    service_tier: str = UNRECORDED_TIER
 
     @property
     def expires_at(self) -> int:
@@ -105,4 +111,5 @@ class BulkView:
             errors=loaded("errors"), metadata=loaded("metadata"),
             model=h.get("model") or None, webhook=h.get("webhook") or None,
             projected_at=stamp("projected_at"), at_risk=h.get("at_risk") == "1",
-            input_lost_at=stamp("input_lost_at"))
+            input_lost_at=stamp("input_lost_at"),
+            service_tier=h.get("service_tier") or UNRECORDED_TIER)

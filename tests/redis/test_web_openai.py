@@ -24,7 +24,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def http(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[FlaskClient]:
     settings = web_settings(redis_url, key_prefix, tmp_path,
                             CARPOOL_FILES_DIR=str(tmp_path / "files"),
-                            CARPOOL_API_KEYS=f"{KEY},{OTHER}",
+                            CARPOOL_API_KEYS=f"{KEY},{OTHER} tier=flex",
                             CARPOOL_BATCH_MAX_FILE_BYTES="65536",
                             CARPOOL_MAX_WAIT_S="1")  # no worker here: embeddings end 504
     with web_client(settings) as c:
@@ -146,7 +146,8 @@ _bodies = st.one_of(_json, st.fixed_dictionaries({}, optional={
     "endpoint": st.sampled_from(["/v1/embeddings", "/submit"]) | _json,
     "completion_window": st.sampled_from(["24h", "1s", "0h"]) | _json,
     "metadata": _json, "model": st.sampled_from(["texts", "synthetic"]) | _json,
-    "input": _json, "encoding_format": _json, "dimensions": _json, "webhook": _json}))
+    "input": _json, "encoding_format": _json, "dimensions": _json, "webhook": _json,
+    "service_tier": st.sampled_from(["flex", "priority", "auto"]) | _json}))
 
 
 @settings(max_examples=150, deadline=None,
@@ -174,3 +175,34 @@ def test_embeddings_take_openais_service_tier_never_above_the_keys(
                      json={"model": "texts", "input": ["a"], "service_tier": tier})
     assert resp.status_code == status  # 504: admitted, and no worker here runs it
     assert says in resp.get_json()["error"]["message"]
+
+
+@pytest.mark.parametrize("key, body, headers, status, tier_or_says", [
+    (KEY, {}, {}, 200, "default"),  # the key's tier
+    (OTHER, {}, {}, 200, "flex"),
+    (KEY, {"service_tier": "flex"}, {}, 200, "flex"),
+    (KEY, {"service_tier": "auto"}, {"X-Service-Tier": "flex"}, 200, "default"),
+    (KEY, {}, {"X-Service-Tier": "flex"}, 200, "flex"),
+    (KEY, {"service_tier": "priority"}, {}, 400, "above this API key's tier 'default'"),
+    (OTHER, {"service_tier": "default"}, {}, 400, "above this API key's tier 'flex'"),
+    (OTHER, {}, {"X-Service-Tier": "priority"}, 400, "above this API key's tier 'flex'"),
+    (KEY, {"service_tier": "gold"}, {}, 400, "service_tier must be one of"),
+    (KEY, {"service_tier": ["flex"]}, {}, 400, "service_tier must be one of"),
+    (KEY, {}, {"X-Service-Tier": "gold"}, 400, "service_tier must be one of"),
+])
+def test_a_batch_runs_in_its_keys_tier_or_a_lower_one_it_asks_for_never_a_higher(
+        http: FlaskClient, key: str, body: dict[str, Any], headers: dict[str, str],
+        status: int, tier_or_says: str) -> None:
+    auth = {"Authorization": f"Bearer {key}"}
+    fid = upload(http, embedding_lines(1, model="texts"), headers=auth).get_json()["id"]
+    resp = http.post("/v1/batches", headers={**auth, **headers}, json={
+        "input_file_id": fid, "endpoint": "/v1/embeddings", "completion_window": "24h",
+        **body})
+    assert resp.status_code == status, resp.get_json()
+    if status != 200:
+        assert tier_or_says in resp.get_json()["error"]["message"]
+        assert http.get("/v1/batches", headers=auth).get_json()["data"] == []
+        return
+    assert resp.get_json()["service_tier"] == tier_or_says
+    kept = http.get(f"/v1/batches/{resp.get_json()['id']}", headers=auth).get_json()
+    assert kept["service_tier"] == tier_or_says

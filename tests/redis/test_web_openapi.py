@@ -123,12 +123,13 @@ def test_the_tenancy_parts_are_described_and_live_answers_match_them(
         assert set(by_tier["required"]) == {"priority", "default", "flex"}
         assert set(schemas["Job"]["properties"]["usage"]["properties"]) == {"device_ms",
                                                                             "queue_ms"}
-        embed = paths["/v1/embeddings"]["post"]
+        embed, bulk = paths["/v1/embeddings"]["post"], paths["/v1/batches"]["post"]
         for body in (schemas["Submit_tiny"], schemas["Batch_tiny"],
-                     embed["requestBody"]["content"]["application/json"]["schema"]):
+                     embed["requestBody"]["content"]["application/json"]["schema"],
+                     bulk["requestBody"]["content"]["application/json"]["schema"]):
             assert body["properties"]["service_tier"]["enum"] == ["flex", "default",
                                                                   "priority", "auto"]
-        for op in (paths["/submit"]["post"], paths["/submit/batch"]["post"], embed):
+        for op in (paths["/submit"]["post"], paths["/submit/batch"]["post"], embed, bulk):
             assert "X-Service-Tier" in [p["name"] for p in op["parameters"]]
         assert "quota_exceeded" in paths["/submit"]["post"]["responses"]["429"]["description"]
 

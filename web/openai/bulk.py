@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
+from carpool.admission.tiers import known_tier
 from carpool.backend.admissions import AdmitJob
 from carpool.backend.bulkdb import bulk_document, new_bulk_id
 from carpool.backend.outbox import webhook_doc
@@ -26,7 +27,7 @@ from carpool.core.webhooks import check_url
 from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
-from web.common.auth import request_owner
+from web.common.auth import request_owner, service_tier
 from web.common.metrics import remember_model
 from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
@@ -44,9 +45,10 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 #: Metadata as OpenAI bounds it: 16 pairs, keys of 64 and values of 512 characters.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 #: "webhook" is carpool's own (the SDK sends it with extra_body): where the batch's
-#: end is POSTed (docs/batches.md, "Webhooks").
+#: end is POSTed (docs/batches.md, "Webhooks"). "service_tier" is OpenAI's name for
+#: the tier asked for, sent with extra_body too: its lines are admitted under it.
 _CREATE_KEYS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata",
-                          "webhook"})
+                          "webhook", "service_tier"})
 
 
 def window_s(text: Any) -> int:
@@ -79,6 +81,9 @@ def create_bulk() -> tuple[Response, int]:
         raise InvalidInput(f"the body must be an object with {sorted(_CREATE_KEYS)}")
     if doc.get("endpoint") not in ENDPOINTS:
         raise InvalidInput(f"endpoint must be one of {list(ENDPOINTS)}")
+    # Decided once, here: the feeder admits every line under it, after a restart too.
+    tier = service_tier(state.settings, owner, "" if doc.get("service_tier") is None
+                        else known_tier(doc["service_tier"]))
     file_id = doc.get("input_file_id")
     if not isinstance(file_id, str):
         raise InvalidInput("input_file_id must be the id of a file uploaded with "
@@ -97,6 +102,7 @@ def create_bulk() -> tuple[Response, int]:
         "window_s": window, "metadata": _metadata(doc.get("metadata")),
         "created_at": now, "expires_at": now + window, "status": BulkStatus.VALIDATING.value,
         "total": 0, "completed": 0, "failed": 0, "chunks": 0, "webhook": webhook or "",
+        "service_tier": tier,
     }
     state.bulkdb.add_bulk(fields, state.settings.bulk.keep_s)
     return jsonify(bulk_document(BulkView.from_hash({k: str(v) for k, v in fields.items()}))), 200

@@ -37,6 +37,9 @@ def _id(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+#: The tier asked for: the key's or a lower one (docs/admission.md, "Service tiers").
+_TIER = {"type": "string", "enum": [*TIERS, AUTO], "nullable": True,
+         "description": "the key's tier or a lower one"}
 _PAGE = ({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                       "maximum": 10000}},
          {"name": "after", "in": "query", "schema": {"type": "string"}})
@@ -46,13 +49,13 @@ _BATCH = {"type": "object", "required": ["input_file_id", "endpoint", "completio
                          "completion_window": {"type": "string", "example": "24h"},
                          "metadata": {"type": "object",
                                       "additionalProperties": {"type": "string"}},
-                         "webhook": {"type": "string", "format": "uri"}}}
+                         "webhook": {"type": "string", "format": "uri"},
+                         "service_tier": _TIER}}
 _EMBED = {"type": "object", "required": ["model", "input"], "properties": {
     "model": {"type": "string"},
     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "encoding_format": {"type": "string", "enum": ["float", "base64"]},
-    "service_tier": {"type": "string", "enum": [*TIERS, AUTO], "nullable": True,
-                     "description": "the key's tier or a lower one"}}}
+    "service_tier": _TIER}}
 
 
 def _upload() -> dict[str, Any]:
@@ -77,8 +80,9 @@ def v1_paths() -> dict[str, Any]:
             "get": _op("A file's bytes", "404", "503", params=(_id("file_id"),), binary=True)},
         "/v1/batches": {
             "get": _op("This key's batches, newest first", "400", "503", params=_PAGE),
-            "post": _op("Create a batch (validating)", "400", "404", "408", "413", "503",
-                        body=_BATCH)},
+            "post": _op("Create a batch (validating); its lines run in its service tier",
+                        "400", "404", "408", "413", "503", body=_BATCH,
+                        params=(TIER_HEADER,))},
         "/v1/batches/{batch_id}": {
             "get": _op("A batch", "404", "503", params=(_id("batch_id"),))},
         "/v1/batches/{batch_id}/cancel": {
