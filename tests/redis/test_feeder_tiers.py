@@ -121,14 +121,18 @@ def test_a_priority_keys_batch_is_fed_past_the_part_where_default_is_refused(
         setup: Setup) -> None:
     setup.fill(78)  # default may fill 80 of the bin's 100, priority all of it
     lowered = setup.batch(PRIO, service_tier="default")  # one key: no fair share between
-    own = setup.batch(PRIO)
     feeder = setup.feeder()
     feeder.step()
     feeder.step()
-    assert setup.admitted(lowered) <= 80 - 78
-    assert setup.admitted(lowered) + setup.admitted(own) == FEED_ROOM
-    assert setup.depth() == 78 + FEED_ROOM
+    assert (setup.admitted(lowered), setup.depth()) == (80 - 78, 80)
     assert setup.refused() == {"priority": 0, "default": 1, "flex": 0}
+    own = setup.batch(PRIO)
+    feeder.step()  # validates it; the default line refused once more
+    assert setup.refused() == {"priority": 0, "default": 2, "flex": 0}
+    feeder.step()  # feeds both: the priority batch takes the rest of the feeder's room
+    assert (setup.admitted(lowered), setup.admitted(own)) == (2, FEED_ROOM - 2)
+    assert setup.depth() == 78 + FEED_ROOM
+    assert setup.refused()["priority"] == 0
 
 
 @pytest.mark.parametrize("stored, status, tier", [
