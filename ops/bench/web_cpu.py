@@ -18,6 +18,20 @@ busy machine weighs on both alike.
 
 ``--profile N`` instead profiles N in-process submits (Flask's test client, real
 Redis, no gunicorn) with cProfile and prints where the time goes.
+
+``--tiers N``: API keys, tiers and quotas on against off, ``wait`` mode against a
+worker at a, b = 16, 2 ms (the limit, 400 jobs/s: full batches), in N rounds of three
+fresh stacks on one private redis-server (its ``INFO cpu`` gives Redis CPU
+per job), in an order that rotates each round; the figures are the medians of each
+round's ratios:
+
+    off    no keys file: no fair share, no tiers, no quotas
+    keys   two plain keys (each client one of them): fair share between them
+    on     the same two keys, ``tier=priority`` and ``tier=flex``, each with quotas on
+           device time and jobs/s too high to bind, so admit.lua checks both
+
+Usage per key and hour is counted in every stack (without keys, under
+``anonymous``): it has no switch, so none of the three leaves it out.
 """
 
 from __future__ import annotations
@@ -27,21 +41,32 @@ import asyncio
 import cProfile
 import json
 import pstats
+import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import psutil
+import redis
 
 from carpool.bench.httpclient import HttpClient
-from carpool.bench.policies import policy
+from carpool.bench.policies import Policy, policy
 from carpool.bench.stack import Stack, StackSpec
+from carpool.stack.redis_local import start_redis
 
 MODES = ("poll", "wait", "submit", "v2")
 #: The worker's synthetic cost: far below the web's, so the web tier saturates first.
 COST_MS = (2.0, 0.05)
 #: ?wait= of every long-poll and inline wait: a bound, never reached here.
 WAIT_S = 30
+#: --tiers: a slower model (a full batch of 32 in 80 ms, 400 jobs/s), so the worker is
+#: the limit, every batch is full and Redis's work per job is alike in every stack.
+TIERS_COST_MS = (16.0, 2.0)
+#: --tiers: the two keys' options in the "on" stack. Quotas that never bind, still checked.
+QUOTAS = "quota_device_s_per_hour=1000000 quota_jobs_per_s=1000000"
+TIER_KEYS = {"off": (), "keys": ("", ""),
+             "on": (f"tier=priority {QUOTAS}", f"tier=flex {QUOTAS}")}
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -53,13 +78,16 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-async def drive(base_url: str, mode: str, jobs: int, clients: int) -> int:
-    """Run ``jobs`` jobs through ``mode``; the number that ended done."""
-    http = HttpClient(base_url, max_connections=clients)
+async def drive(base_url: str, mode: str, jobs: int, clients: int,
+                keys: Sequence[str] = ("",)) -> int:
+    """Run ``jobs`` jobs through ``mode``; the number that ended done. Client k sends
+    with API key ``keys[k % len(keys)]`` ("": none)."""
+    pools = [HttpClient(base_url, clients, {"Authorization": f"Bearer {k}"} if k else None)
+             for k in keys]
     todo = iter(range(jobs))
     done = 0
 
-    async def client() -> None:
+    async def client(http: HttpClient) -> None:
         nonlocal done
         for i in todo:
             if mode == "v2":  # the same size-8 job, as one row of a tensor
@@ -81,8 +109,9 @@ async def drive(base_url: str, mode: str, jobs: int, clients: int) -> int:
             elif answer.status == 200 and json.loads(answer.body)["status"] == "done":
                 done += 1
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    http.close()
+    await asyncio.gather(*(client(pools[k % len(pools)]) for k in range(clients)))
+    for http in pools:
+        http.close()
     return done
 
 
@@ -114,6 +143,73 @@ def measure(args: argparse.Namespace) -> int:
         print(f"wait / poll web CPU per job: {per_job['wait'] / per_job['poll']:.2f}")
     if "v2" in per_job and "wait" in per_job:
         print(f"v2 / wait web CPU per job: {per_job['v2'] / per_job['wait']:.2f}")
+    return 0
+
+
+#: --tiers figures per job: web CPU (ms), Redis CPU (µs, INFO cpu), Redis command time
+#: (µs, INFO commandstats: scripts and commands alone, less the event loop's syscalls).
+FIGURES = ("web_ms", "redis_cpu_us", "redis_cmd_us")
+
+
+def redis_now(r: redis.Redis) -> tuple[float, float]:
+    """Redis's CPU (s) and its commands' time (s) so far."""
+    cpu = r.info("cpu")
+    usec = sum(int(v["usec"]) for v in r.info("commandstats").values())
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), usec / 1e6
+
+
+def tiers_stack(name: str, redis_url: str, workdir: Path, args: argparse.Namespace,
+                ) -> dict[str, float]:
+    """One fresh stack of ``TIER_KEYS[name]``: FIGURES per job, and jobs/s."""
+    options = TIER_KEYS[name]
+    keys = [f"{name}-key-{k}-0123456789abcdef" for k in range(len(options))]
+    # Shedding off: the closed loop saturates the web, and a shed answer costs less
+    # than a job, so every stack must end every job.
+    env = {"CARPOOL_WEB_MAX_QUEUE_MS": "0"}
+    if keys:
+        path = workdir / f"{name}.keys"
+        path.write_text("".join(f"{k} {o}\n" for k, o in zip(keys, options, strict=True)))
+        env["CARPOOL_API_KEYS_FILE"] = str(path)
+    spec = StackSpec(Policy(name, "API keys, tiers and quotas", env), redis_url,
+                     cost_ms=TIERS_COST_MS, web_workers=args.web_workers)
+    r = redis.Redis.from_url(redis_url)
+    with Stack(spec, workdir) as stack:
+        web_pid = stack.procs[-1].pid
+        asyncio.run(drive(stack.base_url, "wait", args.clients * 4, args.clients, keys or [""]))
+        web0, (cpu0, cmd0), t0 = tree_cpu_s(web_pid), redis_now(r), time.monotonic()
+        done = asyncio.run(drive(stack.base_url, "wait", args.jobs, args.clients, keys or [""]))
+        web1, (cpu1, cmd1), t1 = tree_cpu_s(web_pid), redis_now(r), time.monotonic()
+    r.close()
+    if done != args.jobs:
+        raise RuntimeError(f"{name}: {done} of {args.jobs} jobs done")
+    return {"web_ms": (web1 - web0) / done * 1e3, "redis_cpu_us": (cpu1 - cpu0) / done * 1e6,
+            "redis_cmd_us": (cmd1 - cmd0) / done * 1e6, "jobs_per_s": done / (t1 - t0)}
+
+
+def tiers(args: argparse.Namespace) -> int:
+    """``--tiers N``: off, keys and on, N rotated rounds; medians of the rounds' ratios."""
+    names = list(TIER_KEYS)
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    with TemporaryDirectory() as tmp:
+        server = start_redis(Path(tmp) / "redis")
+        try:
+            for k in range(args.tiers):
+                for name in names[k % 3:] + names[:k % 3]:
+                    runs[name].append(tiers_stack(name, server.url, Path(tmp), args))
+                    print(f"round {k + 1} {name}: " + ", ".join(
+                        f"{f} {v:.3f}" for f, v in runs[name][-1].items()), flush=True)
+        finally:
+            server.stop()
+    print(f"{args.jobs} jobs per stack, {args.tiers} rounds, {args.clients} clients, wait mode")
+    print("| | web CPU per job (ms) | Redis CPU per job (µs) | Redis commands per job (µs) |")
+    print("|---|---|---|---|")
+    for name in names:
+        print(f"| {name} | " + " | ".join(
+            f"{statistics.median(x[f] for x in runs[name]):.3f}" for f in FIGURES) + " |")
+    for base in ("off", "keys"):
+        pairs = list(zip(runs["on"], runs[base], strict=True))
+        print(f"| on / {base}, median of rounds | " + " | ".join(
+            f"{statistics.median(a[f] / b[f] for a, b in pairs):.3f}" for f in FIGURES) + " |")
     return 0
 
 
@@ -156,7 +252,11 @@ def main() -> int:
     p.add_argument("--web-workers", type=int, default=None, help="gunicorn -w (default 2)")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--profile", type=int, default=0, help="profile this many submits instead")
+    p.add_argument("--tiers", type=int, default=0,
+                   help="rounds of keys, tiers and quotas off / keys / on instead")
     args = p.parse_args()
+    if args.tiers:
+        return tiers(args)
     return profile(args) if args.profile else measure(args)
 
 
