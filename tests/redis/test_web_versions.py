@@ -7,6 +7,7 @@ paths admit to that version."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,13 @@ def test_a_model_entrys_own_version_shows_in_its_jobs_documents_and_webhooks(
     (body,) = dispatcher._bodies([event])
     assert json.loads(body)["event"] == "cancelled"
     assert json.loads(body)["model_version"] == "2024-06"  # the catalogue's, not a default
+
+
+def test_the_openapi_document_offers_each_version_under_valid_component_names(
+        http: FlaskClient) -> None:
+    doc = http.get("/openapi.json").get_json()
+    schemas = doc["components"]["schemas"]
+    assert schemas["Submit_synthetic.v2"]["properties"]["model"]["enum"] == ["synthetic@2"]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in schemas)  # OpenAPI's rule
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs <= set(schemas) and "Submit_synthetic.v2" in refs
