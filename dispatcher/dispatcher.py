@@ -26,6 +26,7 @@ from carpool.core.errors import BackendUnavailable
 from carpool.core.jobs import JobStatus, job_urls, view_from_record
 from carpool.core.settings import Settings
 from carpool.core.shards import shard
+from carpool.core.versions import version_map
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.wire import Family
 from dispatcher.delivery import Answer, post
@@ -56,7 +57,7 @@ class Dispatcher:
         self.hooks = settings.webhooks
         keys = Keys(settings.key_prefix)
         self.outbox = Outbox(client, keys)
-        self.queue = Queue(client, keys)
+        self.queue = Queue(client, keys, version_map(settings.catalogue))
         # The shards' outboxes, and the batches' (their events: batch.completed, ...).
         self.tags = [BULK_HOOK_TAG, *sorted({shard(spec.name) for spec in settings.catalogue})]
         self.sender = sender
@@ -152,7 +153,7 @@ class Dispatcher:
             row = next(rows)
             doc: dict[str, Any]
             if row and "status" in row:
-                view = view_from_record(event.job_id, row)
+                view = view_from_record(event.job_id, row, self.queue.versions)
                 if (event.event == "running" and view.status is JobStatus.RUNNING
                         and view.started_ms is None):
                     # claim.lua writes no record, only the event, stamped with the

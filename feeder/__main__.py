@@ -15,6 +15,7 @@ from carpool.backend.filestore import file_store
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.settings import load_settings
+from carpool.core.versions import version_map
 from feeder.feeder import Feeder, run_forever
 
 log = logging.getLogger("carpool.feeder")
@@ -49,7 +50,7 @@ def main() -> None:
     settings = load_settings()
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
-    queue = Queue(client, keys)
+    queue = Queue(client, keys, version_map(settings.catalogue))
     feeder = Feeder(settings, queue, BulkDb(client, keys), file_store(settings.bulk))
     feeder.metrics.serve(settings.bulk.metrics_port, settings.worker_metrics_addr)
     stop = threading.Event()

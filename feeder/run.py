@@ -122,7 +122,7 @@ def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
     base: dict[str, Any] = {"id": request_id(run, line), "custom_id": label.custom_id}
     bad = next((v for v in views if v.status is not JobStatus.DONE), None)
     if bad is None:
-        body = (embeddings_answer(run.spec.name, [v.result for v in views],
+        body = (embeddings_answer(run.spec, [v.result for v in views],
                                   label.encoding_format)
                 if run.endpoint == "/v1/embeddings" else views[0].to_json())
         doc = {**base, "response": {"status_code": 200, "request_id": views[0].id,

@@ -17,6 +17,7 @@ from carpool.backend.registry import Registry, RegistryCache
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
+from carpool.core.versions import version_map
 from carpool.intake import custom
 from web import server_routes
 from web.common import errors, shedding
@@ -58,7 +59,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                      cluster=settings.redis_cluster,
                      max_connections=REDIS_CONNECTIONS)
     keys = Keys(settings.key_prefix)
-    queue = Queue(client, keys)
+    queue = Queue(client, keys, version_map(settings.catalogue))
     metrics = WebMetrics(queue, settings.catalogue)
     # The scaling rule's gauges, computed at each scrape (never per request).
     metrics.registry.register(NeedGauges(NeedReader(

@@ -146,5 +146,7 @@ def _describe(spec: ModelSpec, depths: Iterator[int]) -> dict[str, Any]:
                   "max_deadline_ms": spec.max_deadline_ms,
                   "priorities": [MIN_PRIORITY, MAX_PRIORITY],
                   "priority_step_ms": spec.priority_step_ms, "p99_target_ms": spec.p99_target_ms}
-    return {"name": spec.name, "kind": spec.kind, "measure": spec.measure,
+    # "name" addresses it ("m@2" for a declared version); "model" and "version" say whose.
+    return {"name": spec.name, "model": spec.base_name, "version": spec.version,
+            "kind": spec.kind, "measure": spec.measure,
             "limits": inputs.input_limits(spec), "scheduling": scheduling, "bins": bins}

@@ -8,7 +8,7 @@ without either knowing redis-py's exception tree.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -64,9 +64,13 @@ class Queue:
     """Peek, claim, complete and cancel jobs; each is one Lua script call. Admission is
     carpool/backend/admissions.py's."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys,
+                 versions: Mapping[str, str] | None = None) -> None:
         self.client = client
         self.keys = keys
+        #: Each catalogue name's version (carpool.core.versions.version_map), which the
+        #: documents of a model's own entry's jobs show; without it, "1".
+        self.versions = versions or {}
         self._peek = load_script(client, "peek")
         self._claim = load_script(client, "claim")
         self._complete = load_script(client, "complete")
@@ -192,7 +196,7 @@ class Queue:
     def get_many(self, job_ids: Sequence[str]) -> list[JobView | None]:
         """Several jobs in one round trip (``read.lua``, one call per shard), never
         their inputs, which may be large; a claimed job reads as running."""
-        views = [view_from_record(job_id, h) if h and "status" in h else None
+        views = [view_from_record(job_id, h, self.versions) if h and "status" in h else None
                  for job_id, h in zip(job_ids, self.read_records(job_ids), strict=True)]
         return self._with_webhooks(views)
 

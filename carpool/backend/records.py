@@ -28,7 +28,8 @@ no owner, no idempotency key, and, for the timings, not reached):
   carpool/core/webhooks.py), last, so a script tells "none" by the byte before the
   newline;
 - once ended (``ENDED``): ``t_claim``, ``t_done`` (ms), ``timings`` (the worker's JSON)
-  and ``batch`` (the batch JSON, naming the worker).
+  and ``batch`` (the batch JSON: its ``id``, the claim's token; the worker; the
+  model version that ran it).
 
 Every field but the payload is a name, a number, a hex digest or a JSON text that
 ``json.dumps`` wrote, so none holds a tab or a newline.

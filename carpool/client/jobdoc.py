@@ -34,6 +34,12 @@ class JobDoc:
         position = self.doc.get("queue_position")
         return position if isinstance(position, int) else None
 
+    @property
+    def model_version(self) -> str | None:
+        """The model version it was admitted to (and, once it ran, that ran it)."""
+        version = self.doc.get("model_version")
+        return version if isinstance(version, str) else None
+
     def outcome(self) -> Any:
         """The result of a done job; raises ``JobFailed`` for any other final status."""
         if self.status != "done":

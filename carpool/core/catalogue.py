@@ -1,4 +1,5 @@
-"""The model catalogue: each model's bins, batch limits and input limits.
+"""The model catalogue: each model's bins, batch limits and input limits (and its
+versions, ``[models.<m>.versions.<v>]``: carpool/core/versions.py).
 
 Built-in defaults live here; a TOML file named by ``CARPOOL_CONFIG`` overrides
 fields of a built-in model or adds new ones::
@@ -44,6 +45,7 @@ from typing import Any
 
 from carpool.core.errors import ConfigError, InputTooLarge, UnknownModel
 from carpool.core.tensor_specs import tensors_from
+from carpool.core.versions import DEFAULT_VERSION, expand, internal_name, resolve, split_versions
 
 #: Characters of an unknown model name quoted back in an error.
 MAX_NAME_SHOWN = 64
@@ -63,8 +65,6 @@ MAX_DEADLINE_MS = 24 * 3600 * 1000
 #: rest for the batch itself and for the drain-rate estimate being off
 #: (docs/admission.md). Longer waits are refused at once with 429 + Retry-After.
 DEFAULT_MAX_QUEUE_MS = 5_000
-
-
 #: How long a finished job's result is kept when the catalogue does not say: a
 #: model's default, and the TTL of a job whose model has left the catalogue.
 DEFAULT_RESULT_TTL_S = 3600
@@ -126,6 +126,14 @@ class ModelSpec:
     #: A job without a deadline is refused (429) when its predicted wait in its bin
     #: is longer than this (a bin may set its own); 0: the depth bound alone.
     max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
+    #: The version it serves: the entry's ``version``, or a declared version's name.
+    version: str = DEFAULT_VERSION
+    #: A declared version's model ("" for a model's own entry); its name is ``family@version``.
+    family: str = ""
+
+    @property
+    def base_name(self) -> str:  # the model's name, as a caller addresses it
+        return self.family or self.name
 
     def max_queue_ms_of(self, bin_spec: BinSpec) -> int:
         """The predicted-wait limit of a job without a deadline in ``bin_spec``."""
@@ -150,16 +158,12 @@ class ModelSpec:
         for spec in self.bins:
             if measure_value <= spec.max_size:
                 return spec
-        largest = self.bins[-1].max_size
-        raise InputTooLarge(
-            f"input {self.measure} {measure_value} is over model {self.name!r}'s "
-            f"largest bin ({largest})"
-        )
+        raise InputTooLarge(f"input {self.measure} {measure_value} is over model "
+                            f"{self.name!r}'s largest bin ({self.bins[-1].max_size})")
 
     def bin_named(self, name: str) -> BinSpec:
-        for spec in self.bins:
-            if spec.name == name:
-                return spec
+        if (found := next((b for b in self.bins if b.name == name), None)) is not None:
+            return found
         raise ConfigError(f"model {self.name!r} has no bin {name!r}")
 
 
@@ -229,12 +233,12 @@ class Catalogue:
     models: Mapping[str, ModelSpec]
 
     def get(self, name: str) -> ModelSpec:
-        try:
-            return self.models[name]
-        except KeyError:
+        """The entry ``name`` addresses: ``<m>``, or ``<m>@<version>``."""
+        found = resolve(self.models, name)
+        if found is None:
             known = ", ".join(sorted(self.models))
-            raise UnknownModel(
-                f"unknown model {name[:MAX_NAME_SHOWN]!r}; known models: {known}") from None
+            raise UnknownModel(f"unknown model {name[:MAX_NAME_SHOWN]!r}; known models: {known}")
+        return found
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.models.values())
@@ -244,10 +248,6 @@ class Catalogue:
         job whose model has left the catalogue since it was admitted."""
         spec = self.models.get(model)
         return spec.result_ttl_s if spec is not None else DEFAULT_RESULT_TTL_S
-
-    def only(self, names: Sequence[str]) -> Catalogue:
-        """The catalogue restricted to ``names`` (each must exist)."""
-        return Catalogue({n: self.get(n) for n in names})
 
 
 def _bins_from(model: str, raw: Sequence[Mapping[str, Any]]) -> tuple[BinSpec, ...]:
@@ -284,7 +284,7 @@ def _schema_from(model: str, raw: Any, folder: Path) -> Mapping[str, Any]:
 
 def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None,
                 folder: Path = Path(".")) -> ModelSpec:
-    allowed = {f.name for f in fields(ModelSpec)} - {"name"}
+    allowed = {f.name for f in fields(ModelSpec)} - {"name", "family"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"model {name!r}: unknown keys {sorted(unknown)}")
@@ -308,24 +308,20 @@ def _model_from(name: str, raw: Mapping[str, Any], base: ModelSpec | None,
 
 def validate(spec: ModelSpec) -> None:
     """Refuse a model whose settings contradict each other, naming both."""
-    if spec.measure not in MEASURES:
-        raise ConfigError(f"model {spec.name!r}: measure {spec.measure!r} not in {MEASURES}")
-    if not spec.bins:
-        raise ConfigError(f"model {spec.name!r} has no bins")
+    if spec.measure not in MEASURES or not spec.bins:
+        raise ConfigError(f"model {spec.name!r}: measure {spec.measure!r} must be one of "
+                          f"{MEASURES}, and it needs bins")
     previous = -1
     for b in spec.bins:
         where = f"model {spec.name!r} bin {b.name!r}"
         if b.max_size <= previous:
             raise ConfigError(f"{where}: max_size {b.max_size} must exceed the bin before's")
-        if b.max_batch < 1 or b.max_wait_ms < 0:
-            raise ConfigError(f"{where}: max_batch must be >= 1 and max_wait_ms >= 0")
+        if b.max_batch < 1 or b.max_wait_ms < 0 or b.max_queue_ms < 0:
+            raise ConfigError(f"{where}: max_batch must be >= 1, max_wait_ms and max_queue_ms "
+                              ">= 0")
         if b.max_batch > b.max_depth:
-            raise ConfigError(
-                f"{where}: max_batch ({b.max_batch}) exceeds max_depth ({b.max_depth}); "
-                "a batch could never fill"
-            )
-        if b.max_queue_ms < 0:
-            raise ConfigError(f"{where}: max_queue_ms must be >= 0")
+            raise ConfigError(f"{where}: max_batch ({b.max_batch}) exceeds max_depth "
+                              f"({b.max_depth}); a batch could never fill")
         if not b.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"{where}: bin names are letters, digits, '-' and '_'")
         previous = b.max_size
@@ -393,7 +389,11 @@ def load_catalogue(path: Path | None) -> Catalogue:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"CARPOOL_CONFIG={path}: {exc}") from exc
         for name, table in raw.get("models", {}).items():
-            models[name] = _model_from(name, table, models.get(name), path.parent)
+            own, declared = split_versions(name, table)
+            models[name] = _model_from(name, own, models.get(name), path.parent)
+            models.update(expand(models[name], declared, lambda own, v, t: replace(
+                _model_from(own.name, t, own, path.parent),
+                name=internal_name(own.name, v), version=v, family=own.name)))
     for spec in models.values():
         validate(spec)
     return Catalogue(models)

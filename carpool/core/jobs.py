@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from carpool.core.shards import SHARD_CHARS, shard
+from carpool.core.versions import DEFAULT_VERSION, split
 
 #: 16 random bytes = 128 bits (≥ 122 required): ids cannot be guessed.
 JOB_ID_BYTES = 16
@@ -150,6 +152,7 @@ class JobView:
     """A job as ``GET /result/<id>`` shows it."""
 
     id: str
+    #: Its catalogue name, ``<m>@<v>`` for a declared version (carpool/core/versions.py).
     model: str
     status: JobStatus
     result: Any
@@ -169,9 +172,12 @@ class JobView:
     webhook: dict[str, Any] | None = None
     #: Once ended by a worker: {"device_ms", "queue_ms"}, what it cost (docs/admission.md).
     usage: dict[str, float] | None = None
+    #: The version it was admitted to (and, once a worker ran it, the one that ran it).
+    model_version: str = DEFAULT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": self.id, "model": self.model, "status": self.status.value}
+        body: dict[str, Any] = {"id": self.id, "model": split(self.model)[0],
+                                "model_version": self.model_version, "status": self.status.value}
         if self.status is JobStatus.DONE:
             body["result"] = self.result
         if self.error is not None:
@@ -204,8 +210,10 @@ def _ms(h: dict[str, str], name: str) -> int | None:
     return int(raw) if raw else None
 
 
-def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
-    """Build the client's view from a job's record, parsed (carpool/backend/records.py)."""
+def view_from_record(job_id: str, h: dict[str, str],
+                     versions: Mapping[str, str] | None = None) -> JobView:
+    """Build the client's view from a job's record, parsed (carpool/backend/records.py);
+    ``versions``: each catalogue name's version (``Catalogue.versions``)."""
     status = JobStatus(h["status"])
     timings: dict[str, float] | None = None
     usage: dict[str, float] | None = None
@@ -224,14 +232,16 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
     attempts = int(h.get("attempts") or 0)
     if status is JobStatus.RUNNING:  # the record counts the runs before its claim's
         attempts += 1
+    model = h.get("model", "")
+    batch = json.loads(h["batch"]) if "batch" in h else None
     return JobView(
         id=job_id,
-        model=h.get("model", ""),
+        model=model,
         status=status,
         result=json.loads(h["result"]) if "result" in h else None,
         error=h.get("error"),
         timings_ms=timings,
-        batch=json.loads(h["batch"]) if "batch" in h else None,
+        batch=batch,
         owner=h.get("owner", ""),
         attempts=attempts,
         created_ms=_ms(h, "t_admit"),
@@ -240,7 +250,18 @@ def view_from_record(job_id: str, h: dict[str, str]) -> JobView:
         position=_ms(h, "position"),
         webhook=WEBHOOK_PENDING if "hook" in h else None,
         usage=usage,
+        model_version=model_version(model, batch, versions),
     )
+
+
+def model_version(model: str, batch: Mapping[str, Any] | None,
+                  versions: Mapping[str, str] | None) -> str:
+    """A job's version: the one its batch ran (a worker names it), else its catalogue
+    name's: ``<m>@<v>`` is ``v``, ``<m>`` its entry's own (``versions``; "1" unknown)."""
+    ran = batch.get("model_version") if batch is not None else None
+    if isinstance(ran, str) and ran:
+        return ran
+    return (versions or {}).get(model) or split(model)[1] or DEFAULT_VERSION
 
 
 #: A job's webhook before its first try (the outbox's delivery states replace it).

@@ -260,9 +260,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     config = env.get("CARPOOL_CONFIG")
     catalogue = load_catalogue(Path(config) if config else None)
-    worker_models = tuple(m for m in env.get("CARPOOL_MODELS", "").split(",") if m)
-    for name in worker_models:
-        catalogue.get(name)  # an unknown name fails at start-up, not at the first job
+    # An unknown name fails at start-up, not at the first job; "m@1" is "m" when m's own
+    # entry is version 1 (carpool/core/versions.py).
+    worker_models = tuple(catalogue.get(m).name
+                          for m in env.get("CARPOOL_MODELS", "").split(",") if m)
     api_keys = read_api_keys(env)
     settings = Settings(
         redis_url=_redis_url(env),

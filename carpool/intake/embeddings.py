@@ -82,14 +82,16 @@ def check_dimensions(doc: dict[str, Any], results: Sequence[Any]) -> None:
                            f"{len(results[0]['embedding'])} dimensions")
 
 
-def embeddings_answer(model: str, results: Sequence[Any], encoding_format: str
+def embeddings_answer(spec: ModelSpec, results: Sequence[Any], encoding_format: str
                       ) -> dict[str, Any]:
-    """OpenAI's answer from carpool text results (``{"embedding", "tokens", ...}``)."""
+    """OpenAI's answer from carpool text results (``{"embedding", "tokens", ...}``); its
+    ``model`` is the name addressed (``m@2`` for a declared version), and carpool adds
+    ``model_version``."""
     data = [{"object": "embedding", "index": i,
              "embedding": _encoded(r["embedding"], encoding_format)}
             for i, r in enumerate(results)]
     tokens = sum(int(r.get("tokens", 0)) for r in results)
-    return {"object": "list", "data": data, "model": model,
+    return {"object": "list", "data": data, "model": spec.name, "model_version": spec.version,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 

@@ -55,7 +55,8 @@ def test_queued_job_reads_as_queued_with_its_place_time_and_links(http: FlaskCli
     assert doc.pop("waiting_for")["state"] == "no worker"  # no worker is live in this test
     created = doc.pop("created_at")
     assert created.endswith("Z") and created[:4].isdigit()  # RFC 3339, UTC
-    assert doc == {"id": job_id, "model": "synthetic", "status": "queued", "attempts": 0,
+    assert doc == {"id": job_id, "model": "synthetic", "model_version": "1", "status": "queued",
+                   "attempts": 0,
                    "queue_position": 1, "urls": {"result": f"/result/{job_id}",
                                                  "cancel": f"/result/{job_id}",
                                                  "events": f"/result/{job_id}/events"}}

@@ -44,8 +44,8 @@ def test_valid_submit_answers_202_and_queues_the_job_in_its_bin(
     resp = http.post(SUBMIT, json=job(size=100, value={"a": [1, 2]}))
     assert resp.status_code == 202
     body = resp.get_json()
-    assert body == {"id": body["id"], "status": "queued", "model": "synthetic", "bin": "medium",
-                    "result_url": f"/result/{body['id']}"}
+    assert body == {"id": body["id"], "status": "queued", "model": "synthetic",
+                    "model_version": "1", "bin": "medium", "result_url": f"/result/{body['id']}"}
     assert resp.headers["Location"] == body["result_url"]
     assert client.zrange(keys.bin("synthetic", "medium"), 0, -1) == [body["id"]]
     stored = (records.read(client, keys.job(body["id"])) or {}).get("input")

@@ -122,7 +122,12 @@ def requested_model(catalogue: Catalogue, exc: Exception) -> str:
             name = request.form.get("model")
         except HTTPException:  # a malformed form: no model to name
             return ""
-    return name if isinstance(name, str) and name in catalogue.models else ""
+    if not isinstance(name, str):
+        return ""
+    try:
+        return catalogue.get(name).name  # "m@1" counts under "m" when m's entry is 1
+    except UnknownModel:
+        return ""
 
 
 class BinGauges(Collector):

@@ -20,8 +20,9 @@ from carpool.core.errors import (
     NotSent,
     UnsupportedMediaType,
 )
-from carpool.core.jobs import Admitted, JobView, is_job_id, new_job_id
+from carpool.core.jobs import Admitted, JobView, is_job_id, model_version, new_job_id
 from carpool.core.settings import Settings
+from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
@@ -205,8 +206,9 @@ def _require_json() -> None:
 
 def _accepted(admitted: Admitted) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "id": admitted.id, "status": "queued", "model": admitted.model, "bin": admitted.bin,
-        "result_url": f"/result/{admitted.id}",
+        "id": admitted.id, "status": "queued", "model": split(admitted.model)[0],
+        "model_version": model_version(admitted.model, None, current_state().queue.versions),
+        "bin": admitted.bin, "result_url": f"/result/{admitted.id}",
     }
     if admitted.duplicate:
         body["duplicate"] = True

@@ -22,11 +22,12 @@ from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
+from carpool.core.versions import DEFAULT_VERSION
 from carpool.core.webhooks import EVENTS, webhook_option
 from web.open_inference.tensors import InferRequest, ModelOutputMismatch, Tensor
 
-#: The one version of each model: carpool serves what its catalogue names.
-VERSION = "1"
+#: A model entry's version when it does not say (its other versions: docs/deployments.md).
+VERSION = DEFAULT_VERSION
 PLATFORM = "carpool"
 #: Triton's priority levels: 1 is the highest, and level 1 + i is carpool's 9 - i.
 PRIORITY_LEVELS = MAX_PRIORITY - MIN_PRIORITY + 1
@@ -67,9 +68,10 @@ def max_batch_size(spec: ModelSpec) -> int:
     return max(b.max_batch for b in spec.bins)
 
 
-def metadata(spec: ModelSpec) -> dict[str, Any]:
+def metadata(spec: ModelSpec, versions: Sequence[str]) -> dict[str, Any]:
+    """The model metadata of ``spec``, which serves one of the model's ``versions``."""
     tensors = tensors_of(spec)
-    return {"name": spec.name, "versions": [VERSION], "platform": PLATFORM,
+    return {"name": spec.base_name, "versions": list(versions), "platform": PLATFORM,
             "inputs": [t.to_json() for t in tensors.inputs],
             "outputs": [t.to_json() for t in tensors.outputs]}
 
@@ -85,7 +87,7 @@ def config(spec: ModelSpec, instances: int) -> dict[str, Any]:
     bins = ";".join(f"{b.name}:max_size={b.max_size},max_batch={b.max_batch},"
                     f"max_wait_ms={b.max_wait_ms},max_depth={b.max_depth}" for b in spec.bins)
     return {
-        "name": spec.name, "platform": PLATFORM, "backend": PLATFORM, "version_policy":
+        "name": spec.base_name, "platform": PLATFORM, "backend": PLATFORM, "version_policy":
         {"latest": {"num_versions": 1}}, "max_batch_size": max_batch_size(spec),
         "input": [entry(t) for t in tensors.inputs],
         "output": [entry(t) for t in tensors.outputs],
@@ -112,7 +114,7 @@ def statistics(spec: ModelSpec, ended: int) -> dict[str, Any]:
     def zero(count: int = 0) -> dict[str, int]:
         return {"count": count, "ns": 0}
 
-    return {"name": spec.name, "version": VERSION, "last_inference": 0,
+    return {"name": spec.base_name, "version": spec.version, "last_inference": 0,
             "inference_count": ended, "execution_count": 0,
             "inference_stats": {"success": zero(ended), "fail": zero(), "queue": zero(),
                                 "compute_input": zero(), "compute_infer": zero(),

@@ -27,6 +27,7 @@ from carpool.core.errors import (
     UnknownModel,
 )
 from carpool.core.jobs import JobStatus, JobView, new_job_id
+from carpool.core.versions import SEPARATOR, internal_name, versions_of
 from carpool.intake import inputs
 from web.common.auth import request_owner
 from web.common.errors import retry_after_s, status_and_code
@@ -35,7 +36,6 @@ from web.common.post_body import read_post_body
 from web.common.state import WebState, current_state
 from web.common.sync_wait import SyncWait
 from web.open_inference.model import (
-    VERSION,
     JobOptions,
     config,
     job_inputs,
@@ -96,34 +96,39 @@ def ready() -> Response:
     return jsonify({"ready": True})
 
 
+# Each model route also answers under /versions/<v>: that version's own entry
+# (docs/deployments.md); without it, the model's own entry.
 @blueprint.get("/models/<name>")
 @blueprint.get("/models/<name>/versions/<version>")
-def model_metadata(name: str, version: str = VERSION) -> Response:
-    return jsonify(metadata(_model(name, version)))
+def model_metadata(name: str, version: str | None = None) -> Response:
+    spec = _model(name, version)
+    models = current_state().settings.catalogue.models
+    return jsonify(metadata(spec, [spec.version] if version or spec.family
+                            else versions_of(models, spec.name)))
 
 
 @blueprint.get("/models/<name>/ready")
 @blueprint.get("/models/<name>/versions/<version>/ready")
-def model_ready(name: str, version: str = VERSION) -> Response:
+def model_ready(name: str, version: str | None = None) -> Response:
     """200 while a live worker serves the model; 400 otherwise, as Triton answers."""
     spec = _model(name, version)
     availability = current_state().models.availability(spec.name)
     if availability.served_by:
-        return jsonify({"name": spec.name, "ready": True})
+        return jsonify({"name": spec.base_name, "ready": True})
     raise NotServed(f"model {spec.name!r} is not ready: {availability.state} (GET /models "
                     "says which workers refused it and why)")
 
 
 @blueprint.get("/models/<name>/config")
 @blueprint.get("/models/<name>/versions/<version>/config")
-def model_config(name: str, version: str = VERSION) -> Response:
+def model_config(name: str, version: str | None = None) -> Response:
     spec = _model(name, version)
     return jsonify(config(spec, current_state().models.availability(spec.name).served_by))
 
 
 @blueprint.get("/models/<name>/stats")
 @blueprint.get("/models/<name>/versions/<version>/stats")
-def model_stats(name: str, version: str = VERSION) -> Response:
+def model_stats(name: str, version: str | None = None) -> Response:
     """The statistics extension, as far as carpool counts: jobs ended (perf_analyzer
     reads it around each measurement); times are carpool's own, in /metrics."""
     spec = _model(name, version)
@@ -133,17 +138,19 @@ def model_stats(name: str, version: str = VERSION) -> Response:
 
 @blueprint.post("/models/<name>/infer")
 @blueprint.post("/models/<name>/versions/<version>/infer")
-def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, str]]:
+def infer(name: str, version: str | None = None) -> tuple[Response, int, dict[str, str]]:
     state = current_state()
-    remember_model({"model": name})  # refusals count under the model it names
+    # Refusals count under the model it names.
+    remember_model({"model": name if version is None else internal_name(name, version)})
     owner = request_owner(state.settings)
     spec = _model(name, version)
     tensors = tensors_of(spec)
     req = parse_request(request.get_data(), request.headers.get(HEADER_LENGTH))
-    if req.model_name not in (None, spec.name) or req.model_version not in (None, "", VERSION):
+    if (req.model_name not in (None, spec.name, spec.base_name)
+            or req.model_version not in (None, "", spec.version)):
         raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
-                           f"{str(req.model_version)[:20]!r}, the path {spec.name!r} version "
-                           f"{VERSION!r}: send one, or the same")
+                           f"{str(req.model_version)[:20]!r}, the path {spec.base_name!r} "
+                           f"version {spec.version!r}: send one, or the same")
     options = job_options(spec, req.parameters, state.settings.webhooks.allow_private)
     outputs = requested_outputs(tensors, req)
     prepared = []
@@ -154,7 +161,7 @@ def infer(name: str, version: str = VERSION) -> tuple[Response, int, dict[str, s
             exc.args = (f"row {i}: {exc}",)
             raise
     views = _run(state, spec, prepared, options, owner)
-    body: dict[str, Any] = {"model_name": spec.name, "model_version": VERSION}
+    body: dict[str, Any] = {"model_name": spec.base_name, "model_version": spec.version}
     if req.id is not None:
         body["id"] = req.id
     body["parameters"] = {"carpool_job_ids": [v.id for v in views]}
@@ -205,11 +212,15 @@ def _job_error(view: JobView) -> CarpoolError:
     return JobFailed(message)
 
 
-def _model(name: str, version: str) -> ModelSpec:
-    if version != VERSION:
-        raise UnknownModel(f"model {name[:64]!r} has no version {version[:20]!r}; carpool "
-                           f"serves one version of each model, {VERSION!r}")
-    return current_state().settings.catalogue.get(name)
+def _model(name: str, version: str | None) -> ModelSpec:
+    """The entry a path names: ``<m>`` (or ``<m>@<v>``), and its version if it says."""
+    catalogue = current_state().settings.catalogue
+    if version is None:
+        return catalogue.get(name)
+    if SEPARATOR in name:
+        raise UnknownModel(f"model {name[:64]!r} under /versions/{version[:20]}: name the "
+                           f"version once, in the path (/v2/models/<m>/versions/<v>)")
+    return catalogue.get(internal_name(name, version))
 
 
 @blueprint.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])

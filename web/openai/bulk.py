@@ -171,4 +171,4 @@ def embeddings() -> Response:
             raise JobFailed(f"input[{i}] {view.status.value}: {view.error}")
         results.append(view.result)
     check_dimensions(doc, results)
-    return jsonify(embeddings_answer(req.spec.name, results, req.encoding_format))
+    return jsonify(embeddings_answer(req.spec, results, req.encoding_format))

@@ -13,7 +13,7 @@ from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
 from web.openapi.event_paths import CALLER_TIMEOUT, JOB_FIELDS, PREFER, event_paths
 from web.openapi.openai_paths import v1_paths
-from web.openapi.schemas import input_schema, many_schema, submit_schema
+from web.openapi.schemas import component, input_schema, many_schema, submit_schema
 from web.openapi.tenant_paths import JOB_USAGE, TIER_HEADER, tenant_paths
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -64,6 +64,7 @@ def _components(settings: Settings) -> dict[str, Any]:
     accepted = {"type": "object", "required": ["id", "status", "model", "bin", "result_url"],
                 "properties": {"id": {"type": "string"}, "status": {"type": "string"},
                                "model": {"type": "string"}, "bin": {"type": "string"},
+                               "model_version": {"type": "string"},
                                "result_url": {"type": "string"},
                                "duplicate": {"type": "boolean"}}}
     error = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -71,6 +72,7 @@ def _components(settings: Settings) -> dict[str, Any]:
         "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}
     job = {"type": "object", "required": ["id", "model", "status"], "properties": {
         "id": {"type": "string"}, "model": {"type": "string"},
+        "model_version": {"type": "string"},
         "status": {"type": "string", "enum": [s.value for s in JobStatus]},
         "result": {}, "error": {"type": "string"},
         "error_code": {"type": "string", "enum": ["model_unavailable"]},
@@ -78,12 +80,15 @@ def _components(settings: Settings) -> dict[str, Any]:
             "state": {"type": "string", "enum": ["loading", "refused", "no worker"]},
             "reason": {"type": "string"}}},
         "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
-        "batch": {"type": "object"}, **JOB_FIELDS, "usage": JOB_USAGE}}
+        "batch": {"type": "object", "properties": {  # the batch that ran it
+            "id": {"type": "string"}, "size": {"type": "integer"}, "bin": {"type": "string"},
+            "worker": {"type": "string"}, "model_version": {"type": "string"}}}, **JOB_FIELDS,
+        "usage": JOB_USAGE}}
     schemas: dict[str, Any] = {"Accepted": accepted, "Error": error, "Job": job}
     for spec in settings.catalogue:
-        schemas[f"Input_{spec.name}"] = input_schema(spec)
-        schemas[f"Submit_{spec.name}"] = submit_schema(spec)
-        schemas[f"Batch_{spec.name}"] = many_schema(spec)
+        schemas[f"Input_{component(spec)}"] = input_schema(spec)
+        schemas[f"Submit_{component(spec)}"] = submit_schema(spec)
+        schemas[f"Batch_{component(spec)}"] = many_schema(spec)
     out: dict[str, Any] = {"schemas": schemas}
     if settings.api_key_digests:
         out["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -96,7 +101,7 @@ def _wait(settings: Settings) -> dict[str, Any]:
 
 
 def _submit(settings: Settings) -> dict[str, Any]:
-    names = [spec.name for spec in settings.catalogue]
+    names = [component(spec) for spec in settings.catalogue]
     json_body = {"oneOf": [{"$ref": f"#/components/schemas/Submit_{n}"} for n in names]}
     form = {"type": "object", "required": ["model", "file"], "properties": {
         "model": {"type": "string"}, "file": {"type": "string", "format": "binary"},
@@ -125,7 +130,7 @@ def _submit(settings: Settings) -> dict[str, Any]:
 
 
 def _many(settings: Settings) -> dict[str, Any]:
-    names = [spec.name for spec in settings.catalogue]
+    names = [component(spec) for spec in settings.catalogue]
     item = {"oneOf": [{"$ref": "#/components/schemas/Accepted"},
                       {"$ref": "#/components/schemas/Job"}, {
         "type": "object", "required": ["error", "status"],

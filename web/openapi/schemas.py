@@ -14,6 +14,7 @@ from carpool.admission.tiers import AUTO, TIERS
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
 from carpool.core.catalogue import ModelSpec
 from carpool.core.kinds import kind_of
+from carpool.core.versions import SEPARATOR
 from carpool.core.webhooks import DEFAULT_EVENTS, EVENTS, MAX_URL_CHARS
 from carpool.intake import inputs
 from carpool.intake.images import ImageLimits
@@ -22,6 +23,11 @@ from carpool.intake.images import ImageLimits
 _B64_CHARS_PER_BYTE = 4 / 3
 #: Keys a JSON Schema document may carry that an OpenAPI 3.0 schema object may not.
 _JSON_SCHEMA_ONLY = frozenset({"$schema", "$id"})
+
+
+def component(spec: ModelSpec) -> str:
+    """``spec``'s part of its component names: OpenAPI's allow no '@' ("m@2" is "m.v2")."""
+    return spec.name.replace(SEPARATOR, ".v")
 
 
 def input_schema(spec: ModelSpec) -> dict[str, Any]:
@@ -83,7 +89,7 @@ def many_schema(spec: ModelSpec) -> dict[str, Any]:
         # Items are any JSON on purpose: each is validated alone against the model's
         # input schema, and a bad one gets an error entry in the 202 answer.
         "inputs": {"type": "array", "minItems": 1, "maxItems": inputs.MAX_MANY_INPUTS,
-                   "items": {"description": f"see Input_{spec.name}"}},
+                   "items": {"description": f"see Input_{component(spec)}"}},
         **_options_properties(spec),
     }, required=("model", "inputs"))
 

@@ -330,7 +330,10 @@ class BatchLoop:
         claim = flight.claim
         spec = self.handlers[claim.model].spec
         outcomes = flight.outcomes.result()
-        batch = {"size": len(claim.jobs), "bin": claim.bin, "worker": self.worker_name}
+        # The claim's token names the batch: every job of a claim ran in this one batch
+        # (a split of it included), a retry runs under another claim.
+        batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,
+                 "worker": self.worker_name, "model_version": spec.version}
         peek = [key for key in self.scheduler.bins if key[0] == claim.model]
         done = self.writer.write(spec, claim, outcomes, batch, flight.started,
                                  peek=[b for _, b in peek],
