@@ -25,7 +25,9 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:mstats:<model>      hash  the same drain rate and busy time over all the model's
                                     bins (rate_c, rate_t, rate_t0, busy_c): the pace of
                                     the predicted wait (admit.lua); coming_n, coming_at:
-                                    workers starting and when they serve (coming.lua)
+                                    workers starting and when they serve (coming.lua);
+                                    unloaded, gen, config: the repository's desired state
+                                    (model_state.lua; carpool/backend/repository.py)
     {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
                                     virtual clock (µs)": fair share and fair queueing
     {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the

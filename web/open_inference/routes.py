@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException, NotFound
 
 import carpool
 from carpool.backend.admissions import AdmitJob
+from carpool.backend.repository import READY, model_state
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
     CarpoolError,
@@ -105,13 +106,17 @@ def model_metadata(name: str, version: str = VERSION) -> Response:
 @blueprint.get("/models/<name>/ready")
 @blueprint.get("/models/<name>/versions/<version>/ready")
 def model_ready(name: str, version: str = VERSION) -> Response:
-    """200 while a live worker serves the model; 400 otherwise, as Triton answers."""
+    """200 while the model is loaded and a live worker serves it; 400 otherwise, as
+    Triton answers. Read fresh, not from the admission's cache: a client asks right
+    after a load or an unload."""
     spec = _model(name, version)
-    availability = current_state().models.availability(spec.name)
-    if availability.served_by:
+    state = current_state()
+    found, why = model_state(spec.name, state.repository.read([spec.name])[spec.name],
+                             state.models.registry.live())
+    if found == READY:
         return jsonify({"name": spec.name, "ready": True})
-    raise NotServed(f"model {spec.name!r} is not ready: {availability.state} (GET /models "
-                    "says which workers refused it and why)")
+    raise NotServed(f"model {spec.name!r} is not ready: {found}" + (f", {why}" if why else "")
+                    + " (POST /v2/repository/index lists every model's state)")
 
 
 @blueprint.get("/models/<name>/config")
