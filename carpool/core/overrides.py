@@ -28,10 +28,10 @@ def parse_override(config: object) -> dict[str, Any]:
         try:
             config = json.loads(config)
         except ValueError as exc:
-            raise ConfigError(f"parameters.config is not JSON: {exc}") from None
+            raise ConfigError(f"not JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise ConfigError("parameters.config must be a JSON object: a catalogue entry such "
-                          'as {"options": {"weights": "/models/m.pt"}}')
+        raise ConfigError('must be a JSON object: a catalogue entry such as {"options": '
+                          '{"weights": "/models/m.pt"}}')
     return config
 
 
