@@ -127,9 +127,11 @@ def add_commands(sub: Any, client_options: AddClientOptions) -> None:
     munload = msub.add_parser("unload", help="unload a model: its queued jobs fail, its "
                               "claimed ones finish")
     munload.add_argument("model", help="the model")
-    for p in (m, ml, mload, munload):
-        client_options(p)
-        p.set_defaults(func=cmd_models)
+    client_options(m)
+    m.set_defaults(func=cmd_models)
+    for p in (ml, mload, munload):  # the options after the action too, those before kept
+        p.add_argument("--url", default=argparse.SUPPRESS, help="as before the action")
+        p.add_argument("--api-key", default=argparse.SUPPRESS, help="as before the action")
     c = sub.add_parser("cancel", help="cancel a queued job (a finished one's result is deleted)")
     c.add_argument("id", help="the job id")
     client_options(c)

@@ -25,9 +25,10 @@ from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
     CarpoolError,
     InvalidInput,
+    ModelRefused,
     UnknownModel,
 )
-from carpool.core.jobs import JobStatus, JobView, new_job_id
+from carpool.core.jobs import MODEL_UNAVAILABLE, JobStatus, JobView, new_job_id
 from carpool.intake import inputs
 from web.common.auth import request_owner
 from web.common.errors import retry_after_s, status_and_code
@@ -207,6 +208,8 @@ def _job_error(view: JobView) -> CarpoolError:
         return ResultTimeout(message)
     if view.error is not None and view.error.startswith("invalid_input"):
         return InvalidInput(message)
+    if view.error is not None and view.error.startswith(MODEL_UNAVAILABLE):
+        return ModelRefused(message)  # 503: refused by every worker, or unloaded
     return JobFailed(message)
 
 
