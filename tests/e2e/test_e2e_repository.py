@@ -140,8 +140,6 @@ def test_tritonclient_unloads_and_loads_a_model_with_a_config_override(
         assert client.is_model_ready("reload", "1")  # the load answered once served
         assert state_of(client, "reload") == ("READY", "")
         assert infer(client, "reload").as_numpy("ECHO").tolist() == [[1, 1, 1, 1]]
-        assert ["reload"] == [e["name"] for e in client.get_model_repository_index(
-            query_params=None) if e["name"] == "reload" and e["state"] == "READY"]
 
 
 def test_an_unload_lets_claimed_jobs_finish_and_ends_queued_ones_with_the_reason(
@@ -221,15 +219,17 @@ def carpool(stack: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
                           timeout=ACT_S, check=False)
 
 
-def test_carpool_models_lists_unloads_and_loads(stack: dict[str, str]) -> None:
+def test_carpool_models_unloads_before_any_worker_and_a_worker_starts_serving_nothing(
+        stack: dict[str, str]) -> None:
+    unloaded = carpool(stack, "unload", "cli")  # a state in Redis, for workers to come
+    assert unloaded.returncode == 0 and json.loads(unloaded.stdout)["state"] == "UNAVAILABLE"
     with start_worker(worker_env(stack, "cli"), "w-cli@repo"):
-        wait_until(lambda: "cli                  1    READY" in carpool(stack, "list").stdout,
-                   ACT_S, "carpool models list to show cli ready")
-        unloaded = carpool(stack, "unload", "cli")
-        assert unloaded.returncode == 0 and json.loads(unloaded.stdout)["state"] == "UNAVAILABLE"
-        bad = carpool(stack, "load", "cli", "--config", '{"bins": []}')
-        assert bad.returncode == 1 and "400" in bad.stderr and "bins" in bad.stderr
+        listed = carpool(stack, "list")
+        assert "cli                  1    UNAVAILABLE  unloaded" in listed.stdout, listed.stdout
+        bad = carpool(stack, "load", "cli", "--config", '{"max_batch": 3}')
+        assert bad.returncode == 1 and "400" in bad.stderr and "unknown keys" in bad.stderr
         loaded = carpool(stack, "load", "cli", "--config", '{"options": {"load_delay_ms": 10}}')
         assert loaded.returncode == 0, loaded.stderr
         assert json.loads(loaded.stdout)["state"] == "READY"
         assert "cli                  1    READY" in carpool(stack, "list").stdout
+        assert final(stack["base"], submit(stack["base"], "cli", 1)[0])["status"] == "done"
