@@ -14,6 +14,7 @@ from carpool.backend.keys import Keys
 from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry, RegistryCache
+from carpool.backend.repository import Repository
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
@@ -26,6 +27,7 @@ from web.common.metrics import WebMetrics
 from web.common.state import EXTENSION, WebState
 from web.events import routes as event_routes
 from web.jobs import routes as job_routes
+from web.open_inference import repository as repository_routes
 from web.open_inference import routes as open_inference_routes
 from web.openai import bulk as openai_bulk
 from web.openai import files as openai_files
@@ -77,11 +79,13 @@ def create_app(settings: Settings | None = None) -> Flask:
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),
         bulkdb=BulkDb(client, keys), files=file_store(settings.bulk),
+        repository=Repository(client, keys),
     )
     metrics.instrument(app)
     app.register_blueprint(server_routes.blueprint)
     app.register_blueprint(job_routes.blueprint)
     app.register_blueprint(open_inference_routes.blueprint)  # docs/v2.md
+    app.register_blueprint(repository_routes.blueprint)  # docs/v2.md#repository-api
     app.register_blueprint(event_routes.blueprint)
     app.register_blueprint(openai_files.blueprint)
     app.register_blueprint(openai_bulk.blueprint)

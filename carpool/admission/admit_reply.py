@@ -17,22 +17,34 @@ from carpool.admission.retry_after import (
     share_retry_after_s,
 )
 from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.errors import BinFull, BudgetFull, OverShare, QuotaExceeded, WaitTooLong
+from carpool.core.errors import (
+    BinFull,
+    BudgetFull,
+    ModelUnloaded,
+    OverShare,
+    QuotaExceeded,
+    WaitTooLong,
+)
 from carpool.core.jobs import Admitted
+
+#: What admit.lua answers a job it did not queue.
+Refused = BinFull | BudgetFull | ModelUnloaded
 
 
 def admit_outcomes(
     model: ModelSpec, bin_spec: BinSpec, ids: Sequence[str], reply: Sequence[Any]
-) -> list[Admitted | BinFull | BudgetFull]:
+) -> list[Admitted | Refused]:
     """Per id, from admit.lua's reply: the first ``admitted`` were queued, the rest are
     refused for the reason the reply names (the first refused job's)."""
     kind, admitted, depth = reply[0], int(reply[1]), int(reply[2])
-    out: list[Admitted | BinFull | BudgetFull] = [
+    out: list[Admitted | Refused] = [
         Admitted(job_id, model.name, bin_spec.name, depth) for job_id in ids[:admitted]]
     if kind == "ok":
         return out
-    refused: BinFull | BudgetFull
-    if kind == "over":  # the byte budget (carpool/admission/budget.py): model's or API key's
+    refused: Refused
+    if kind == "unloaded":  # the repository API (lua/model_state.lua)
+        refused = ModelUnloaded(model.name)
+    elif kind == "over":  # the byte budget (carpool/admission/budget.py): model's or API key's
         refused = BudgetFull(model.name, str(reply[3]), int(reply[4]), int(reply[5]))
     elif kind == "late":
         ahead, rate, limit_ms = int(reply[3]), float(reply[4]), int(reply[5])

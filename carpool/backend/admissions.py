@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from carpool.admission.admit_args import AdmitArgs
-from carpool.admission.admit_reply import admit_outcomes
+from carpool.admission.admit_reply import Refused, admit_outcomes
 from carpool.admission.fair_share import FAIR_SHARE_NEAR, fair_lead_cap_ms
 from carpool.admission.retry_after import DRAIN_MIN_AGE_MS, DRAIN_STALE_MS, DRAIN_TAU_MS
 from carpool.admission.tiers import DEFAULT_TIER, tier_shares
@@ -32,6 +32,7 @@ from carpool.core.errors import (
     BinFull,
     BudgetFull,
     IdempotencyConflict,
+    ModelUnloaded,
     NotSent,
 )
 from carpool.core.jobs import Admitted
@@ -39,8 +40,9 @@ from carpool.core.script_args import keys_of
 from carpool.core.shards import shard, shard_of_job
 
 #: One job's place in an admission's answer: queued, refused (``BinFull`` covers
-#: ``WaitTooLong`` and ``OverShare``), or unknown/not sent when Redis was lost midway.
-AdmitOutcome = Admitted | BinFull | BudgetFull | BackendUnavailable
+#: ``WaitTooLong`` and ``OverShare``; ``ModelUnloaded``: the repository API), or
+#: unknown/not sent when Redis was lost midway.
+AdmitOutcome = Admitted | Refused | BackendUnavailable
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Admissions:
                    request.tier)
             try:
                 return [self.calls.call(key, request)]
-            except (BinFull, BudgetFull) as refused:  # this job's own answer, not the call's
+            except (BinFull, BudgetFull, ModelUnloaded) as refused:  # this job's own answer
                 return [refused]
         return self._uncoalesced(request)
 
@@ -229,7 +231,7 @@ def _merged(requests: list[AdmitRequest]) -> AdmitRequest:
 
 
 def _outcomes(model: ModelSpec, bin_spec: BinSpec, ids: list[str], reply: Sequence[Any]
-              ) -> list[Admitted | BinFull | BudgetFull]:
+              ) -> list[Admitted | Refused]:
     """admit.lua's reply per job; an idempotent call's (one job) may name the first job."""
     if reply[0] == "dup":
         return [Admitted(str(reply[1]), model.name, bin_spec.name, 0, duplicate=True)]

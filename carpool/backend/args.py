@@ -249,8 +249,18 @@ class ComingArgs(ScriptArgs):
     ready_in_ms: int
 
 
+@dataclass(frozen=True)
+class ModelStateArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "model_state"
+    KEYS: ClassVar[_K] = ("model_stats",)
+
+    action: str
+    config: str
+    expect: int
+
+
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
     GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
-    HookExpireArgs, ComingArgs)
+    HookExpireArgs, ComingArgs, ModelStateArgs)

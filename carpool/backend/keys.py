@@ -28,6 +28,8 @@ leases) has a tag of its own, ``{p}``.
                                     workers starting and when they serve (coming.lua);
                                     refused:<tier>: jobs admit.lua refused, by service
                                     tier, never reset (GET /models)
+                                    unloaded, gen, config: the repository's desired state
+                                    (model_state.lua; carpool/backend/repository.py)
     {p.s}:tenants:<model>:<bin> hash  API-key owner -> "decayed admissions, as of ms, weight,
                                     virtual clock (µs)": fair share and fair queueing
     {p.s}:bytes:<model>       hash  queued input bytes of the model ("queued" -> bytes): the

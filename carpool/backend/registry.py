@@ -2,7 +2,8 @@
 
 Each worker publishes, with a heartbeat (heartbeat.lua), the models it serves, those
 it could not load, with the reason, and those it is still loading (from before its
-first model loads until its batch loop starts); an entry lapses when its worker stops
+first model loads until its batch loop starts, and during each load the repository API
+asks for: carpool/backend/repository.py); an entry lapses when its worker stops
 renewing it. The web reads the whole registry at most once per ``REFRESH_S`` (a
 cache, never a Redis round trip per request) and applies one rule:
 
@@ -38,8 +39,8 @@ from carpool.scheduling.batching import Cost
 HEARTBEAT_S = 5.0
 #: ...and it holds this long: three missed beats before a worker counts as gone.
 HEARTBEAT_TTL_MS = 15_000
-#: The web rereads the registry at most this often (a few seconds of staleness is
-#: fine: workers load models once, at start).
+#: The web rereads the registry at most this often for admission (a few seconds of
+#: staleness is fine there; the repository API reads it fresh).
 REFRESH_S = 2.0
 
 
@@ -56,6 +57,9 @@ class WorkerModels:
     cold_start_s: Mapping[str, float] = field(default_factory=dict)
     #: Per (model, bin): the cost model fitted so far (bins without one are left out).
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)
+    #: Per model it may serve: the repository generation it has acted on
+    #: (carpool/backend/repository.py).
+    generations: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,14 @@ class Registry:
     def publish(self, worker: str, served: Sequence[str], refused: Mapping[str, str],
                 loading: Sequence[str] = (), ttl_ms: int = HEARTBEAT_TTL_MS, *,
                 cold_start_s: Mapping[str, float] | None = None,
-                costs: Mapping[tuple[str, str], Cost] | None = None) -> None:
+                costs: Mapping[tuple[str, str], Cost] | None = None,
+                generations: Mapping[str, int] | None = None) -> None:
         nested: dict[str, dict[str, list[float]]] = {}
         for (model, bin_name), cost in (costs or {}).items():
             nested.setdefault(model, {})[bin_name] = [round(cost.a_ms, 3), round(cost.b_ms, 4)]
         doc = json.dumps({"served": list(served), "refused": dict(refused),
                           "loading": list(loading), "cold_start_s": dict(cold_start_s or {}),
-                          "costs": nested})
+                          "costs": nested, "generations": dict(generations or {})})
         with redis_errors():
             self._heartbeat(keys=keys_of(HeartbeatArgs, workers=self.keys.workers),
                             args=argv(HeartbeatArgs(worker, ttl_ms, doc)))
@@ -138,7 +143,8 @@ class Registry:
                                     dict(parsed.get("refused") or {}),
                                     tuple(parsed.get("loading") or ()),
                                     _cold_starts(parsed.get("cold_start_s")),
-                                    _costs(parsed.get("costs"))))
+                                    _costs(parsed.get("costs")),
+                                    _generations(parsed.get("generations"))))
         return out
 
 
@@ -146,6 +152,12 @@ def _cold_starts(doc: object) -> dict[str, float]:
     if not isinstance(doc, dict):
         return {}
     return {str(m): float(s) for m, s in doc.items() if isinstance(s, int | float)}
+
+
+def _generations(doc: object) -> dict[str, int]:
+    if not isinstance(doc, dict):
+        return {}
+    return {str(m): g for m, g in doc.items() if isinstance(g, int)}
 
 
 def _costs(doc: object) -> dict[tuple[str, str], Cost]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from carpool.client.errors import ApiError
+from carpool.client.protocol import RetryPolicy
 from carpool.client.sync import Client
 from carpool.core.api_keys import KEY_TIERS
 
@@ -63,10 +64,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(text: str) -> dict[str, Any] | None:
+    """``--config``'s JSON object (None when not given); the server checks the rest."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_config", f"--config is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError(400, "invalid_config", "--config must be a JSON object")
+    return doc
+
+
 def cmd_models(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    """``GET /models``; or the repository API: ``list``, ``load M``, ``unload M``."""
+    # Asked once: a refused load or unload is the answer, not a reason to retry.
+    with Client(args.url, api_key=args.api_key or None, retry=RetryPolicy(attempts=1)) as c:
         try:
-            print(json.dumps(client.models(), indent=2))
+            if args.action == "list":
+                for entry in c.repository_index():
+                    print(f"{entry['name']:<20} {entry['version']:<4} {entry['state']:<12} "
+                          f"{entry.get('reason', '')}".rstrip())
+            elif args.action == "load":
+                print(json.dumps(c.load_model(args.model, _config(args.config))))
+            elif args.action == "unload":
+                print(json.dumps(c.unload_model(args.model)))
+            else:
+                print(json.dumps(c.models(), indent=2))
         except ApiError as exc:
             return _refused(exc)
     return 0
@@ -101,9 +126,23 @@ def add_commands(sub: Any, client_options: AddClientOptions) -> None:
                                        "refusals by service tier")
     client_options(st)
     st.set_defaults(func=cmd_status)
-    m = sub.add_parser("models", help="GET /models: every model, its bins and workers")
+    m = sub.add_parser("models", help="GET /models: every model, its bins and workers; "
+                       "list, load and unload them (the repository API, docs/v2.md)")
+    msub = m.add_subparsers(dest="action", metavar="ACTION")
+    ml = msub.add_parser("list", help="each model's state: READY, LOADING, UNLOADING, "
+                         "UNAVAILABLE and why")
+    mload = msub.add_parser("load", help="load (or reload) a model; answers once served")
+    mload.add_argument("model", help="the model")
+    mload.add_argument("--config", default="", help="a JSON catalogue entry overriding "
+                       "the model's, e.g. '{\"options\": {\"weights\": \"/m.pt\"}}'")
+    munload = msub.add_parser("unload", help="unload a model: its queued jobs fail, its "
+                              "claimed ones finish")
+    munload.add_argument("model", help="the model")
     client_options(m)
     m.set_defaults(func=cmd_models)
+    for p in (ml, mload, munload):  # the options after the action too, those before kept
+        p.add_argument("--url", default=argparse.SUPPRESS, help="as before the action")
+        p.add_argument("--api-key", default=argparse.SUPPRESS, help="as before the action")
     c = sub.add_parser("cancel", help="cancel a queued job (a finished one's result is deleted)")
     c.add_argument("id", help="the job id")
     client_options(c)

@@ -149,6 +149,8 @@ def decode(response: httpx.Response) -> Any:
             raise ApiError(response.status_code, "bad_body", "the answer is not JSON")
         return body
     err = body.get("error", {}) if isinstance(body, dict) else {}
+    if isinstance(err, str):  # the Open Inference Protocol's {"error": "<message>"} (/v2)
+        err = {"message": err}
     message = err.get("message") or response.text[:200] or response.reason_phrase
     raise error_for(response.status_code, str(err.get("code", "http")), str(message),
                     response.headers.get("Retry-After"))

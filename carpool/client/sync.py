@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -27,6 +29,10 @@ from carpool.client.protocol import (
     unreachable,
 )
 from carpool.client.sse import READ_TIMEOUT_S, Event, Following, SseParser
+
+#: How long ``load_model`` waits for its answer: the server answers within its own
+#: wait (CARPOOL_MAX_WAIT_S, default 60 s), 504 if the model is still loading.
+LOAD_TIMEOUT_S = 120.0
 
 
 class Client:
@@ -114,6 +120,25 @@ class Client:
     def models(self) -> list[dict[str, Any]]:
         """``GET /models``: each model's bins with their depth, limits and workers."""
         return list((self._send(Call("GET", "/models")))["models"])
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """``POST /v2/repository/index``: each model's ``name``, ``version``, ``state``
+        (READY, LOADING, UNLOADING, UNAVAILABLE) and ``reason``."""
+        return list(self._send(Call("POST", "/v2/repository/index", json={})))
+
+    def load_model(self, model: str, config: Mapping[str, Any] | None = None, *,
+                   timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+        """Load (or reload) ``model``, with ``config``, a catalogue entry overriding its
+        own (Triton's ``parameters.config``); returns once a worker serves it."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        return dict(self._send(Call("POST", f"/v2/repository/models/{quote(model)}/load",
+                                    json=body, timeout_s=timeout_s)))
+
+    def unload_model(self, model: str) -> dict[str, Any]:
+        """Unload ``model``: it takes no new jobs, its queued ones end failed, its claimed
+        ones finish, then the workers free it."""
+        return dict(self._send(Call("POST", f"/v2/repository/models/{quote(model)}/unload",
+                                    json={})))
 
     def health(self, timeout_s: float = 2.0) -> dict[str, bool]:
         """``{"live", "ready"}``: the web answers ``/healthz``; it reaches Redis

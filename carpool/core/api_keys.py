@@ -4,7 +4,8 @@ key a line, ``#`` comments), each key followed by its options:
     <key> weight=2 webhook_secret=whsec_... admin quota_device_s_per_hour=60 quota_jobs_per_s=5
 
 - ``weight=N``: its fair share (docs/admission.md); ``webhook_secret``: signing;
-- ``admin``: ``GET /usage`` shows every key's usage, not only its own;
+- ``admin``: ``GET /usage`` shows every key's usage, not only its own; only an admin
+  key loads and unloads models (/v2/repository);
 - ``tier=priority|default|flex``: its service tier (carpool/admission/tiers.py);
 - ``quota_device_s_per_hour=X``: device seconds its jobs may use per hour and model;
   ``quota_jobs_per_s=Y``: jobs it may submit per second and model. Past either,

@@ -56,6 +56,15 @@ class ModelRefused(CarpoolError):
     """Raised when every live worker that tried to load a model refused it (with why)."""
 
 
+class ModelUnloaded(ModelRefused):
+    """Raised when a job names a model that was unloaded (the repository API)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model!r} was unloaded (POST /v2/repository/models/{model}"
+                         "/unload): it takes no jobs until it is loaded again")
+        self.model = model
+
+
 class BinFull(CarpoolError):
     """Raised when a bin is at its depth bound; the client should retry later."""
 

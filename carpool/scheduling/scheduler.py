@@ -64,18 +64,29 @@ class Scheduler:
         self, specs: Iterable[ModelSpec], *, adaptive: bool = True,
         cost_seeds: Mapping[BinKey, Cost] | None = None, max_bypass: int = MAX_BYPASS,
     ) -> None:
-        seeds = cost_seeds or {}
         self.max_bypass = max_bypass
+        self.adaptive = adaptive
         self._bins: dict[BinKey, _Bin] = {}
-        for spec in specs:
-            for b in spec.bins:
-                key = (spec.name, b.name)
-                base = Limits(b.max_batch, b.max_wait_ms, adaptive=adaptive)
-                self._bins[key] = _Bin(base, base, spec.p99_target_ms, spec.p99_target_ms,
-                                       CostModel.seeded(seeds.get(key), b.max_batch))
         self._now_ms = 0
         self._waited = True  # the last decision was a Wait: the worker was idle
         self._lock = threading.Lock()
+        for spec in specs:
+            self.add(spec, cost_seeds or {})
+
+    def add(self, spec: ModelSpec, cost_seeds: Mapping[BinKey, Cost]) -> None:
+        """Serve ``spec``'s bins from the next decision on (a model loaded at run time)."""
+        with self._lock:
+            for b in spec.bins:
+                key = (spec.name, b.name)
+                base = Limits(b.max_batch, b.max_wait_ms, adaptive=self.adaptive)
+                self._bins[key] = _Bin(base, base, spec.p99_target_ms, spec.p99_target_ms,
+                                       CostModel.seeded(cost_seeds.get(key), b.max_batch))
+
+    def remove(self, model: str) -> None:
+        """Serve none of ``model``'s bins from the next decision on (it was unloaded)."""
+        with self._lock:
+            for key in [k for k in self._bins if k[0] == model]:
+                del self._bins[key]
 
     @property
     def bins(self) -> list[BinKey]:

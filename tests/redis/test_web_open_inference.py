@@ -269,7 +269,7 @@ def test_perf_analyzers_preload_calls_answer_as_it_reads_them(http: FlaskClient)
 
 def test_a_model_no_worker_serves_is_not_ready(http: FlaskClient) -> None:
     resp = http.get("/v2/models/synthetic/ready")
-    assert resp.status_code == 400 and "no worker" in resp.get_json()["error"]
+    assert resp.status_code == 400 and "no live worker serves it" in resp.get_json()["error"]
 
 
 def test_unknown_paths_under_v2_answer_404_in_the_protocols_shape(http: FlaskClient) -> None:

@@ -11,6 +11,7 @@ from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore
 from carpool.backend.queue import Queue
 from carpool.backend.registry import RegistryCache
+from carpool.backend.repository import Repository
 from carpool.core.settings import Settings
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
@@ -39,6 +40,8 @@ class WebState:
     #: Files' and batches' records (Redis) and the files' bytes (web/openai/files.py).
     bulkdb: BulkDb
     files: FileStore
+    #: Which models are loaded: the repository API's desired states (/v2/repository).
+    repository: Repository
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

@@ -20,13 +20,15 @@ from werkzeug.exceptions import HTTPException, NotFound
 
 import carpool
 from carpool.backend.admissions import AdmitJob
+from carpool.backend.repository import READY, model_state
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import (
     CarpoolError,
     InvalidInput,
+    ModelRefused,
     UnknownModel,
 )
-from carpool.core.jobs import JobStatus, JobView, new_job_id
+from carpool.core.jobs import MODEL_UNAVAILABLE, JobStatus, JobView, new_job_id
 from carpool.core.versions import SEPARATOR, internal_name, versions_of
 from carpool.intake import inputs
 from web.common.auth import request_owner
@@ -110,13 +112,17 @@ def model_metadata(name: str, version: str | None = None) -> Response:
 @blueprint.get("/models/<name>/ready")
 @blueprint.get("/models/<name>/versions/<version>/ready")
 def model_ready(name: str, version: str | None = None) -> Response:
-    """200 while a live worker serves the model; 400 otherwise, as Triton answers."""
+    """200 while the model is loaded and a live worker serves it; 400 otherwise, as
+    Triton answers. Read fresh, not from the admission's cache: a client asks right
+    after a load or an unload."""
     spec = _model(name, version)
-    availability = current_state().models.availability(spec.name)
-    if availability.served_by:
+    state = current_state()
+    found, why = model_state(spec.name, state.repository.read([spec.name])[spec.name],
+                             state.models.registry.live())
+    if found == READY:
         return jsonify({"name": spec.base_name, "ready": True})
-    raise NotServed(f"model {spec.name!r} is not ready: {availability.state} (GET /models "
-                    "says which workers refused it and why)")
+    raise NotServed(f"model {spec.name!r} is not ready: {found}" + (f", {why}" if why else "")
+                    + " (POST /v2/repository/index lists every model's state)")
 
 
 @blueprint.get("/models/<name>/config")
@@ -209,6 +215,8 @@ def _job_error(view: JobView) -> CarpoolError:
         return ResultTimeout(message)
     if view.error is not None and view.error.startswith("invalid_input"):
         return InvalidInput(message)
+    if view.error is not None and view.error.startswith(MODEL_UNAVAILABLE):
+        return ModelRefused(message)  # 503: refused by every worker, or unloaded
     return JobFailed(message)
 
 

@@ -41,6 +41,10 @@ class BatchExecutor(Protocol):
                jobs: Sequence[ClaimedJob]) -> Future[list[Outcome]]:
         """Start a batch; the future gives one Outcome per job, in order."""
 
+    def release(self) -> None:
+        """Free the device memory no tensor holds any more (the CUDA cache): after out
+        of memory, and once a model is unloaded."""
+
     def close(self) -> None:
         """Release threads and buffers; called once the loop has stopped."""
 

@@ -81,7 +81,7 @@ class PipelinedExecutor:
         return contextlib.nullcontext()
 
     def release(self) -> None:
-        """Free what an out-of-memory error left behind, before the retry."""
+        """Free what an out-of-memory error or an unloaded model left behind."""
 
     # -- the pipeline ----------------------------------------------------------------------
     def limit(self, model: str, bin_name: str, max_batch: int) -> int:

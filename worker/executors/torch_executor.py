@@ -158,7 +158,7 @@ class TorchExecutor(PipelinedExecutor):
     def release(self) -> None:
         if self.gpu is not None:
             self.gpu.empty_cache()
-            log.info("after out of memory: %s", self.memory_summary())
+            log.info("device memory released: %s", self.memory_summary())
 
     def synchronize(self) -> None:
         """Wait for the device (calibration's timings); nothing on the CPU."""

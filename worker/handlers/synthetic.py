@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.errors import InvalidInput
+from carpool.core.errors import ConfigError, InvalidInput
 from carpool.core.settings import Settings
 from carpool.core.synthetic import batch_cost_s, expected_result
 
@@ -34,9 +34,14 @@ class SyntheticHandler:
         self.poison = poison
         #: Test-only (CARPOOL_SYNTHETIC_CALL_LOG): one JSON line per model call.
         self.call_log = call_log
+        #: ``options.load_delay_ms``: how long a load takes, as a large model's would.
+        self.load_delay_ms = spec.options.get("load_delay_ms", 0)
+        if type(self.load_delay_ms) is not int or self.load_delay_ms < 0:
+            raise ConfigError(f"model {spec.name!r}: options.load_delay_ms must be a whole "
+                              f"number of ms >= 0, not {self.load_delay_ms!r}")
 
     def load(self) -> None:
-        return None
+        time.sleep(self.load_delay_ms / 1000.0)
 
     def preprocess(self, job_input: Any) -> dict[str, Any]:
         # The web validated this already; a worker checks again and fails the job

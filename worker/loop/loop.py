@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
@@ -33,13 +33,14 @@ from carpool.core.errors import BackendUnavailable, DeviceLost
 from carpool.core.jobs import BinState, Claim, Outcome
 from carpool.core.settings import Settings
 from carpool.scheduling.batching import Cost, Go, Limits, Wait
-from carpool.scheduling.scheduler import Scheduler
+from carpool.scheduling.scheduler import BinKey, Scheduler
 from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.base import ModelHandler
 from worker.loop.completion import CompletionWriter, GaveUp
 from worker.loop.leasekeeper import LeaseHolder, NoLeaseKeeper
 from worker.loop.observers import BatchObserver, BatchReport, tell_observers
+from worker.loop.repertoire import Repertoire
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class BatchLoop:
     #: Called once the CUDA context is lost and every lease in hand was ended and reaped;
     #: the default ends the process (tests record it instead).
     on_device_lost: Callable[[DeviceLost], None] = exit_process
+    #: Loads and unloads models between batches as the repository API asks
+    #: (worker/loop/repertoire.py); None: the models served never change.
+    repertoire: Repertoire | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: int = 0
     batches: int = 0
@@ -156,6 +160,8 @@ class BatchLoop:
         peeked: Peeked | None = None
         while not self._stop.is_set():
             try:
+                if self.repertoire is not None and self.repertoire.poll(self):
+                    peeked = None  # the bins served changed
                 peeked = self.step(peeked)
                 backoff_s = BACKOFF_MIN_S
             except DeviceLost as exc:
@@ -190,6 +196,16 @@ class BatchLoop:
 
     def _tell_failed(self, claim: Claim) -> None:
         tell_observers(self.observers, lambda h: h.on_failed(claim))
+
+    def add_model(self, handler: ModelHandler, cost_seeds: Mapping[BinKey, Cost]) -> None:
+        """Serve ``handler``'s model from the next decision on (loaded and warmed)."""
+        self.handlers[handler.spec.name] = handler
+        self.scheduler.add(handler.spec, cost_seeds)
+
+    def remove_model(self, model: str) -> None:
+        """Claim no more of ``model``: call with no batch of it in flight (``drain``)."""
+        self.scheduler.remove(model)
+        del self.handlers[model]
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""
@@ -242,7 +258,10 @@ class BatchLoop:
             # send a message per batch again at moderate load.
             tell_observers(self.observers, lambda h: h.on_idle())
         models = sorted({m for m, _ in self.scheduler.bins})
-        self.queue.wait_for_work(models, wait_s)
+        if models:
+            self.queue.wait_for_work(models, wait_s)
+        else:  # every model unloaded: nothing to wake it but the repository's next poll
+            self._stop.wait(wait_s)
         return None
 
     def _token(self) -> str:

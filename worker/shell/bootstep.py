@@ -9,9 +9,10 @@ their bin (its late results are then refused), so a stop never strands a job.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,10 @@ from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.backend.refused_models import RefusedJobs
 from carpool.backend.registry import Registry
+from carpool.backend.repository import Desired, Repository
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError, DeviceLost
+from carpool.core.overrides import apply_stored
 from carpool.core.settings import Settings, load_settings
 from carpool.scheduling.batching import Cost
 from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
@@ -39,6 +43,7 @@ from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import MAX_BLOCK_S, BatchLoop
+from worker.loop.repertoire import Repertoire
 from worker.observe.coldstart import ColdStart, process_start_s
 from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
@@ -67,19 +72,22 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
 
 
 def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
-                on_refused: Callable[[str, str], object] | None = None) -> Loaded:
+                on_refused: Callable[[str, str], object] | None = None,
+                overrides: Mapping[str, str] | None = None) -> Loaded:
     """A model named in CARPOOL_MODELS that cannot load stops the worker; with
     CARPOOL_MODELS empty ("every model"), it is left out, the log says why in an
     ERROR line, and ``on_refused(model, reason)`` publishes the reason at once
-    (worker/shell/presence.py)."""
+    (worker/shell/presence.py). So is a model whose override (``overrides``: the
+    repository API's, by model) does not load: the override is wrong, not the worker."""
     handlers: dict[str, ModelHandler] = {}
     refused: dict[str, str] = {}
     for name in names:
+        stored = (overrides or {}).get(name, "")
         try:
-            handler = make_handler(settings.catalogue.get(name), settings)
+            handler = make_handler(apply_stored(settings.catalogue.get(name), stored), settings)
             handler.load()
         except ConfigError as exc:
-            if explicit:
+            if explicit and not stored:
                 raise
             log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
                       "to make this fatal)", name, exc)
@@ -88,19 +96,21 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
                 on_refused(name, str(exc))
             continue
         handlers[name] = handler
-    if not handlers:
+    if names and not handlers:  # none: every model it may serve is unloaded; it waits
         raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
     return Loaded(handlers, refused)
 
 
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
+                  torch_later: bool = False,
                   ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
-    """The torch executor, warmed up and calibrated, when a torch model is served;
+    """The torch executor, warmed up and calibrated, when a torch model is served, or
+    may be loaded later (``torch_later``: one it may serve is unloaded now);
     else the torch-free pipeline (torch is never imported), one batch at a time at
     depth 1. And
     the cost models that calibration profiles give each bin, to seed the scheduler."""
     torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
-    if not torch_handlers:
+    if not torch_handlers and not torch_later:
         return PipelinedExecutor(settings.executor.pipeline_depth,
                                  settings.executor.preprocess_threads), {}
     from worker.executors.torch_executor import TorchExecutor
@@ -113,6 +123,27 @@ def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
         if profile is not None:
             seeds.update(cost_seeds(profile))
     return executor, seeds
+
+
+def load_at_run_time(settings: Settings, executor: BatchExecutor, spec: ModelSpec,
+                     ) -> tuple[ModelHandler, dict[tuple[str, str], Cost]]:
+    """A model the repository API loads (worker/loop/repertoire.py): made and loaded,
+    then on the torch executor calibrated and warmed up as at start, with its bins'
+    calibrated costs."""
+    handler = make_handler(spec, settings)
+    if spec.kind not in TORCH_KINDS:
+        handler.load()
+        return handler, {}
+    from worker.executors.torch_executor import TorchExecutor
+    from worker.observe.calibrate import prepare
+
+    if not isinstance(executor, TorchExecutor):
+        raise ConfigError(f"model {spec.name!r} runs on torch, and this worker started "
+                          "without a torch model (so without the torch executor): restart "
+                          "it to serve this model")
+    handler.load()
+    profile = prepare(executor, handler, settings.executor)
+    return handler, cost_seeds(profile) if profile is not None else {}
 
 
 def require_solo_pool(pool_cls: Any) -> None:
@@ -161,7 +192,10 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                          cluster=settings.redis_cluster)
         check_durability(client, require=settings.require_durable, who="worker")
         keys = Keys(settings.key_prefix)
-        names = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
+        # The models it may serve, and which of them the repository API says are loaded.
+        may_serve = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
+        desired = Repository(client, keys).read(may_serve)
+        names = tuple(m for m in may_serve if desired[m].loaded)
         registry = Registry(client, keys)
         watch = RefusalWatch(registry, RefusedJobs(client, keys), settings.catalogue,
                              settings.refused_grace_s)
@@ -169,28 +203,33 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         # every model it tries as "loading" until it serves or refuses it, and a
         # refusal is final for this worker as soon as it is published.
         self.presence = Presence(registry, settings.worker_name or hostname, names,
-                                 on_beat=lambda entry: watch.tick(entry.refused))
+                                 on_beat=lambda entry: watch.tick(entry.refused),
+                                 generations={m: d.generation for m, d in desired.items()})
         self.presence.start()
         try:
-            self._start_serving(parent, settings, client, keys, names)
+            self._start_serving(parent, settings, client, keys, desired)
         except BaseException:
             self.presence.stop()  # withdrawn: no entry says "loading" for a dead start
             self.presence = None
             raise
 
     def _start_serving(self, parent: Any, settings: Settings, client: redis.Redis, keys: Keys,
-                       names: tuple[str, ...]) -> None:
+                       desired: dict[str, Desired]) -> None:
         """Load the models, start the batch loop; then the presence says what it serves."""
         assert self.presence is not None
         hostname = parent.hostname
         queue = Queue(client, keys)
         leases = Leases(client, keys, settings.catalogue)
-        loaded = load_models(settings, names, explicit=bool(settings.worker_models),
-                             on_refused=self.presence.refuse)
+        loaded = load_models(settings, tuple(m for m, d in desired.items() if d.loaded),
+                             explicit=bool(settings.worker_models),
+                             on_refused=self.presence.refuse,
+                             overrides={m: d.config for m, d in desired.items()})
         handlers = loaded.handlers
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
-        executor, seeds = make_executor(settings, handlers)
+        executor, seeds = make_executor(settings, handlers, torch_later=any(
+            not d.loaded and settings.catalogue.get(m).kind in TORCH_KINDS
+            for m, d in desired.items()))
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
@@ -199,6 +238,11 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
                               executor=executor, cost_seeds=seeds)
         loop = self.loop
         loop.on_device_lost = self._device_lost
+        loop.repertoire = Repertoire(
+            Repository(client, keys), settings.catalogue,
+            {m: d.generation for m, d in desired.items()},
+            loader=functools.partial(load_at_run_time, settings, executor),
+            reporter=self.presence)
         # `<counter>_created` series would double the series count for a timestamp
         # that Prometheus does not use; this process exports nothing else.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream

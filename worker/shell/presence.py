@@ -31,7 +31,8 @@ class Presence:
 
     def __init__(self, registry: Registry, worker: str, trying: Sequence[str],
                  interval_s: float = HEARTBEAT_S,
-                 on_beat: Callable[[WorkerModels], object] | None = None) -> None:
+                 on_beat: Callable[[WorkerModels], object] | None = None,
+                 generations: Mapping[str, int] | None = None) -> None:
         self.registry = registry
         self.interval_s = interval_s
         #: Run after each beat with the entry it published (worker/shell/refusal_watch.py's
@@ -39,7 +40,9 @@ class Presence:
         self.on_beat = on_beat
         #: Each bin's fitted cost, read at each beat (the batch loop's, once it runs).
         self.costs: Callable[[], Mapping[tuple[str, str], Cost]] = dict
-        self._entry = WorkerModels(worker, (), {}, tuple(trying))
+        #: ``generations``: the repository generation of each model it may serve.
+        self._entry = WorkerModels(worker, (), {}, tuple(trying),
+                                   generations=dict(generations or {}))
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -47,14 +50,35 @@ class Presence:
 
     def refuse(self, model: str, reason: str) -> None:
         """``model`` cannot load here: no longer loading, refused with ``reason``."""
+        self._set(model, refused=reason)
+
+    def loading(self, model: str) -> None:
+        """``model`` loads now (the repository API asked): neither served nor refused."""
+        self._set(model, loading=True)
+
+    def settled(self, model: str, generation: int, *, served: bool,
+                refused: str | None = None) -> None:
+        """This worker has acted on ``generation`` of ``model``: it serves it, refused
+        it with ``refused``, or neither (unloaded)."""
+        self._set(model, served=served, refused=refused, generation=generation)
+
+    def _set(self, model: str, *, served: bool = False, loading: bool = False,
+             refused: str | None = None, generation: int | None = None) -> None:
+        def only(models: Sequence[str], keep: bool) -> tuple[str, ...]:
+            return (*(m for m in models if m != model), *((model,) if keep else ()))
+
         with self._lock:
             e = self._entry
-            self._entry = replace(e, refused={**e.refused, model: reason},
-                                  loading=tuple(m for m in e.loading if m != model))
+            others = {m: r for m, r in e.refused.items() if m != model}
+            self._entry = replace(
+                e, served=only(e.served, served), loading=only(e.loading, loading),
+                refused=others if refused is None else {**others, model: refused},
+                generations=e.generations if generation is None else
+                {**e.generations, model: generation})
         self._wake.set()
 
     def serve(self, served: Sequence[str]) -> None:
-        """The batch loop runs ``served``: nothing is loading any more."""
+        """The batch loop runs ``served``: nothing it loaded at start is loading any more."""
         with self._lock:
             e = self._entry
             self._entry = replace(e, served=tuple(served), loading=())
@@ -77,7 +101,8 @@ class Presence:
             entry = self._entry
             try:
                 self.registry.publish(entry.worker, entry.served, entry.refused, entry.loading,
-                                      cold_start_s=entry.cold_start_s, costs=self.costs())
+                                      cold_start_s=entry.cold_start_s, costs=self.costs(),
+                                      generations=entry.generations)
             except BackendUnavailable as exc:  # the entry lapses; the next beat renews it
                 log.warning("model registry heartbeat failed (%s)", exc)
             if self.on_beat is not None:

@@ -22,7 +22,8 @@
 -- KEYS[7]  owner_bytes   {p.s}:bytes:<model>:<owner> hash: the API key's (read when owned)
 -- KEYS[8]  model_stats   {p.s}:mstats:<model> hash: the model's drain rate and busy time
 --                        over all its bins (complete.lua): the pace of the predicted wait;
---                        and the workers starting (coming.lua), counted once they serve
+--                        and the workers starting (coming.lua), counted once they serve;
+--                        "unloaded" set: the model takes no jobs (model_state.lua)
 -- KEYS[9..] other_bins   the model's other bins' zsets: their jobs that sort ahead of a
 --                        job run before it too (one worker serves every bin of its model)
 -- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (one test checks
@@ -83,6 +84,7 @@
 --         earlier jobs);
 --         {"quota", admitted, depth_after, "device" | "jobs", used, limit, retry_after_s}:
 --         the owner's quota (lib/quota.lua) is spent;
+--         {"unloaded", 0, depth}: the model was unloaded (POST .../unload);
 --         {"dup", first_id} | {"conflict", first_id} for a repeated idempotency key.
 -- Every refusal but dup and conflict counts its jobs in the hour's usage (refused) and
 -- in the model's refusals by tier (lib/usage.lua, usage_refused).
@@ -135,9 +137,8 @@ local function full(admitted, depth_now)
   local c = tonumber(st[1]) * math.exp(-(now_ms - tonumber(st[2])) / tonumber(ARGV[9]))
   return {"full", admitted, depth_now, string.format("%.6f", c), now_ms - tonumber(st[3])}
 end
-if n <= 0 then
-  return refused(full(0, depth), 0)
-end
+if redis.call("HEXISTS", KEYS[8], "unloaded") == 1 then return refused({"unloaded", 0, depth}, 0)
+elseif n <= 0 then return refused(full(0, depth), 0) end
 -- The owner's quotas (lib/quota.lua): its device time this hour, its jobs per second.
 local quota, tokens = nil, nil
 n, quota, tokens = quota_allow(ARGV[25], ARGV[13], now_ms, tonumber(ARGV[27]),

@@ -1,0 +1,179 @@
+"""The repository API on a real Redis: model_state.lua's generations and its guard (two
+loads at once load once), admission refusing an unloaded model, and the /v2/repository
+routes: the index, a load's answer from the workers' registry entries, an unload ending
+the queued jobs, bad overrides and keys refused with nothing changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask.testing import FlaskClient
+
+from carpool.backend.keys import Keys
+from carpool.backend.registry import Registry
+from carpool.backend.repository import IN_PROGRESS, Desired, Repository
+from tests.support.webtools import web_client, web_settings
+
+ADMIN, USER = "k-admin-0123456789abcdef", "k-user-0123456789abcdefgh"
+LOAD, UNLOAD = "/v2/repository/models/{}/load", "/v2/repository/models/{}/unload"
+
+
+@pytest.fixture
+def repo(client: redis.Redis, keys: Keys) -> Repository:
+    return Repository(client, keys)
+
+
+@pytest.fixture
+def http(redis_url: str, key_prefix: str, tmp_path: Path,
+         client: redis.Redis) -> Iterator[FlaskClient]:
+    with web_client(web_settings(redis_url, key_prefix, tmp_path)) as c:
+        yield c
+
+
+def config(doc: Any) -> dict[str, Any]:
+    """A load's body as tritonclient sends it: the override as a JSON string."""
+    return {"parameters": {"config": json.dumps(doc)}}
+
+
+def submit(http: FlaskClient, model: str = "tiny") -> Any:
+    return http.post("/submit", json={"model": model, "input": {"value": 1, "size": 1}})
+
+
+def test_each_change_is_a_generation_and_a_model_never_touched_is_loaded(
+        repo: Repository) -> None:
+    assert repo.read(["tiny"]) == {"tiny": Desired(True, 0, "")}
+    assert repo.unload("tiny") == (1, True)
+    assert repo.unload("tiny") == (1, False)  # already unloaded: nothing to do
+    assert repo.read(["tiny"])["tiny"] == Desired(False, 1, "")
+    assert repo.load("tiny", '{"options":{"a":1}}', IN_PROGRESS) == (2, True)
+    assert repo.read(["tiny"])["tiny"] == Desired(True, 2, '{"options":{"a":1}}')
+    assert repo.unload("tiny") == (3, True)
+    assert repo.read(["tiny"])["tiny"] == Desired(False, 3, "")  # an unload drops the override
+
+
+def test_two_loads_of_one_entry_at_once_start_one_generation(repo: Repository) -> None:
+    # Both callers saw generation 0 settled and load the same entry: the first starts
+    # generation 1, the second joins it instead of starting a second load.
+    assert repo.load("tiny", "", 0) == (1, True)
+    assert repo.load("tiny", "", 0) == (1, False)
+    assert repo.load("tiny", "", IN_PROGRESS) == (1, False)  # saw it in progress: joins
+    # Once settled, a load of the same entry is a reload (Triton's load of a loaded model);
+    # another entry always starts its own generation.
+    assert repo.load("tiny", "", 1) == (2, True)
+    assert repo.load("tiny", '{"options":{"a":1}}', IN_PROGRESS) == (3, True)
+
+
+def test_an_unloaded_model_is_refused_at_once_and_admitted_again_once_loaded(
+        http: FlaskClient, repo: Repository) -> None:
+    repo.unload("tiny")
+    refused = submit(http)
+    assert refused.status_code == 503, refused.get_json()
+    error = refused.get_json()["error"]
+    assert error["code"] == "model_unavailable" and "'tiny' was unloaded" in error["message"]
+    assert "Retry-After" not in refused.headers  # retrying does not help: a load does
+    repo.load("tiny", "", IN_PROGRESS)
+    assert submit(http).status_code == 202
+
+
+def test_an_unload_ends_the_queued_jobs_with_the_reason(
+        http: FlaskClient, client: redis.Redis, keys: Keys) -> None:
+    queued = [submit(http).get_json()["id"] for _ in range(2)]
+    answer = http.post(UNLOAD.format("tiny"), json={"parameters": {"unload_dependents": False}})
+    assert answer.status_code == 200, answer.get_json()
+    assert answer.get_json()["queued_jobs_ended"] == 2
+    for job_id in queued:
+        view = http.get(f"/result/{job_id}").get_json()
+        assert view["status"] == "failed" and view["error_code"] == "model_unavailable"
+        assert "'tiny' was unloaded" in view["error"], view
+    assert client.zcard(keys.bin("tiny", "only")) == 0
+
+
+def test_the_index_lists_every_model_with_its_state_and_why(
+        http: FlaskClient, client: redis.Redis, keys: Keys, repo: Repository) -> None:
+    Registry(client, keys).publish("w1", ["synthetic"], {"imgs": "no weights"},
+                                   generations={"synthetic": 0, "imgs": 0, "tiny": 0})
+    repo.unload("tiny")
+    index = {e["name"]: e for e in http.post("/v2/repository/index", data=b"").get_json()}
+    assert index["synthetic"] == {"name": "synthetic", "version": "1", "state": "READY"}
+    assert index["imgs"]["state"] == "UNAVAILABLE"
+    assert index["imgs"]["reason"] == "worker w1 refused it: no weights"
+    # w1 may serve tiny and has not acted on its unload yet: it is unloading.
+    assert index["tiny"] == {"name": "tiny", "version": "1", "state": "UNAVAILABLE",
+                             "reason": "unloaded"}
+    assert "no live worker serves it" in index["texts"]["reason"]
+    ready = http.post("/v2/repository/index", json={"ready": True}).get_json()
+    assert [e["name"] for e in ready] == ["synthetic"]
+
+
+def test_a_load_answers_once_a_worker_serves_it_and_with_the_reason_when_all_refused(
+        http: FlaskClient, client: redis.Redis, keys: Keys, repo: Repository) -> None:
+    registry = Registry(client, keys)
+    # Entries as workers that acted on a later generation would publish them.
+    registry.publish("w1", ["synthetic"], {"imgs": "no weights"},
+                     generations={"synthetic": 99, "imgs": 99})
+    served = http.post(LOAD.format("synthetic"), data=b"")
+    assert served.status_code == 200 and served.get_json()["state"] == "READY"
+    refused = http.post(LOAD.format("imgs"), json=config({"options": {"weights": "/x"}}))
+    assert refused.status_code == 400
+    assert refused.get_json()["error"] == "failed to load 'imgs': worker w1 refused it: no weights"
+    assert repo.read(["imgs"])["imgs"].config == '{"options":{"weights":"/x"}}'
+    # No live worker may serve tiny: the answer says so; it stays loaded.
+    repo.unload("tiny")
+    nobody = http.post(LOAD.format("tiny"), json={})
+    assert nobody.status_code == 503 and "no live worker may serve it" in nobody.get_json()["error"]
+    assert repo.read(["tiny"])["tiny"].loaded and submit(http).status_code == 202
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"parameters": {"config": "{"}}, "parameters.config: not JSON"),
+    ({"parameters": {"config": "[1]"}}, "must be a JSON object"),
+    (config({"colour": "red"}), "unknown keys ['colour']"),
+    (config({"result_ttl_s": "long"}), "model 'tiny'"),
+    (config({"bins": [{"name": "only", "max_size": 10, "max_batch": 2, "max_wait_ms": 5,
+                       "max_depth": 2}]}), "changes bins of model 'tiny'"),
+    (config({"max_input_bytes": 10}), "changes max_input_bytes"),
+    ({"parameters": {"file:1/model.pt": "AAAA"}}, "no model files"),
+    ({"parameters": 5}, "parameters must be a JSON object"),
+    (b"{", "the body is not JSON"),
+])
+def test_a_bad_load_answers_400_naming_the_problem_and_changes_nothing(
+        http: FlaskClient, repo: Repository, body: Any, says: str) -> None:
+    before = repo.read(["tiny"])
+    sent = http.post(LOAD.format("tiny"), data=body) if isinstance(body, bytes) else \
+        http.post(LOAD.format("tiny"), json=body)
+    assert sent.status_code == 400, sent.get_json()
+    assert says in sent.get_json()["error"]
+    assert repo.read(["tiny"]) == before
+
+
+def test_an_override_of_an_option_the_web_reads_is_refused(
+        http: FlaskClient, repo: Repository) -> None:
+    sent = http.post(LOAD.format("imgs"), json=config({"options": {"max_pixels": 10}}))
+    assert sent.status_code == 400 and "its input limits" in sent.get_json()["error"]
+    assert repo.read(["imgs"])["imgs"] == Desired()
+
+
+def test_an_unknown_model_answers_404(http: FlaskClient) -> None:
+    assert http.post(LOAD.format("nope"), json={}).status_code == 404
+    assert http.post(UNLOAD.format("nope"), json={}).status_code == 404
+
+
+def test_with_keys_on_only_an_admin_key_changes_models(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis,
+        repo: Repository) -> None:
+    settings = web_settings(redis_url, key_prefix, tmp_path,
+                            CARPOOL_API_KEYS=f"{ADMIN} admin,{USER}")
+    with web_client(settings) as http:
+        assert http.post(UNLOAD.format("tiny")).status_code == 401
+        user = {"Authorization": f"Bearer {USER}"}
+        forbidden = http.post(UNLOAD.format("tiny"), headers=user)
+        assert forbidden.status_code == 403 and "admin key" in forbidden.get_json()["error"]
+        assert http.post("/v2/repository/index", headers=user).status_code == 200
+        assert repo.read(["tiny"])["tiny"] == Desired()
+        admin = http.post(UNLOAD.format("tiny"), headers={"Authorization": f"Bearer {ADMIN}"})
+        assert admin.status_code == 200 and not repo.read(["tiny"])["tiny"].loaded
