@@ -20,6 +20,7 @@ from carpool.core.errors import (
     CarpoolError,
     ConfigError,
     IdempotencyConflict,
+    ModelUnloaded,
     NotSent,
 )
 from carpool.core.jobs import Admitted
@@ -38,6 +39,9 @@ REFUSING_REPLIES: dict[str, list[Any]] = {
 #: admit.lua's answers that are not a refusal of the job: admitted, or an idempotent
 #: repeat (carpool/backend/admissions.py reads those two itself).
 NOT_REFUSALS = {"ok", "dup", "conflict"}
+#: The refusal of an unloaded model (the repository API): not a 429 to retry, but the
+#: 503 of a model that no worker serves.
+UNLOADED_REPLY = ["unloaded", 0, 5]
 
 
 def reply_kinds() -> set[str]:
@@ -47,7 +51,7 @@ def reply_kinds() -> set[str]:
 
 
 def test_every_kind_admit_lua_answers_is_known_here() -> None:
-    assert reply_kinds() == set(REFUSING_REPLIES) | NOT_REFUSALS
+    assert reply_kinds() == set(REFUSING_REPLIES) | NOT_REFUSALS | {UNLOADED_REPLY[0]}
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSING_REPLIES))
@@ -57,6 +61,13 @@ def test_every_refusal_of_an_admit_reply_has_a_row_of_its_own(kind: str) -> None
     assert not isinstance(refused, Admitted)
     assert refusal_of(refused).error is type(refused)
     assert refusal_of(refused).status == 429
+
+
+def test_an_unloaded_models_refusal_answers_503_model_unavailable() -> None:
+    spec = builtin_models()["synthetic"]
+    (refused,) = admit_outcomes(spec, spec.bins[0], ["j"], UNLOADED_REPLY)
+    assert isinstance(refused, ModelUnloaded)
+    assert status_and_code(refused) == (503, "model_unavailable")
 
 
 @pytest.mark.parametrize("cls", [IdempotencyConflict, BackendUnavailable])
