@@ -2,7 +2,8 @@
 client and ``carpool models``: real gunicorn, real Celery workers serving synthetic
 models. A load waits for a worker to load and warm the model; an unload refuses new
 jobs at once, ends the queued ones with the reason, lets the claimed ones finish; two
-loads at once load once; a worker killed while loading loses no job."""
+loads at once load once; a worker killed while loading loses no job; a model's version
+unloads alone while the model serves on."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ max_batch = {batch}
 max_wait_ms = 0
 max_depth = 100
 """ for name, batch in (("reload", 8), ("pinned", 2), ("dying", 8), ("twice", 8),
-                        ("cli", 8)))
+                        ("cli", 8), ("ver", 8))) + """
+[models.ver.versions.2]
+result_ttl_s = 120
+"""
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +78,9 @@ def triton(stack: dict[str, str]) -> Any:
                                             network_timeout=120.0)
 
 
-def state_of(client: Any, model: str) -> tuple[str, str]:
-    entry = next(e for e in client.get_model_repository_index() if e["name"] == model)
-    assert entry["version"] == "1"
+def state_of(client: Any, model: str, version: str = "1") -> tuple[str, str]:
+    entry = next(e for e in client.get_model_repository_index()
+                 if (e["name"], e["version"]) == (model, version))
     return entry["state"], entry.get("reason", "")
 
 
@@ -97,10 +101,10 @@ def final(base: str, job_id: str) -> dict[str, Any]:
     return view
 
 
-def infer(client: Any, model: str) -> Any:
+def infer(client: Any, model: str, version: str = "") -> Any:
     tensor = httpclient.InferInput("VALUE", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-    return client.infer(model, [tensor])
+    return client.infer(model, [tensor], model_version=version)
 
 
 def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -233,3 +237,29 @@ def test_carpool_models_unloads_before_any_worker_and_a_worker_starts_serving_no
         assert json.loads(loaded.stdout)["state"] == "READY"
         assert "cli                  1    READY" in carpool(stack, "list").stdout
         assert final(stack["base"], submit(stack["base"], "cli", 1)[0])["status"] == "done"
+
+
+def test_a_version_unloads_alone_while_the_model_serves_on_and_loads_with_it(
+        stack: dict[str, str], tmp_path: Path) -> None:
+    client = triton(stack)
+    log = tmp_path / "worker.log"
+    with start_worker(worker_env(stack, "ver,ver@2"), "w-ver@repo", log_path=log):
+        wait_until(lambda: client.is_model_ready("ver", "1") and client.is_model_ready(
+            "ver", "2"), ACT_S, "both versions of ver to be ready")
+        assert [(e["version"], e["state"]) for e in client.get_model_repository_index()
+                if e["name"] == "ver"] == [("1", "READY"), ("2", "READY")]
+        client.unload_model("ver@2")  # sent as ver%402
+        assert not client.is_model_ready("ver", "2")
+        assert client.is_model_ready("ver", "1") and client.is_model_ready("ver")
+        with pytest.raises(InferenceServerException, match="'ver@2' was unloaded"):
+            infer(client, "ver", "2")
+        wait_until(lambda: state_of(client, "ver", "2") == ("UNAVAILABLE", "unloaded"),
+                   ACT_S, "the worker to free ver@2")
+        assert log_says(log, "unloaded model 'ver@2'")
+        assert state_of(client, "ver") == ("READY", "")
+        assert infer(client, "ver").as_numpy("ECHO").tolist() == [[1, 1, 1, 1]]
+        client.load_model("ver")  # every version of ver
+        assert client.is_model_ready("ver", "2")
+        assert infer(client, "ver", "2").as_numpy("ECHO").tolist() == [[1, 1, 1, 1]]
+        client.unload_model("ver")
+        assert not (client.is_model_ready("ver", "1") or client.is_model_ready("ver", "2"))

@@ -1,7 +1,8 @@
 """The repository API on a real Redis: model_state.lua's generations and its guard (two
 loads at once load once), admission refusing an unloaded model, and the /v2/repository
 routes: the index, a load's answer from the workers' registry entries, an unload ending
-the queued jobs, bad overrides and keys refused with nothing changed."""
+the queued jobs, bad overrides and keys refused with nothing changed; a model's versions:
+one index row each, ``m`` loads and unloads them all and ``m@v`` one."""
 
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from flask.testing import FlaskClient
 from carpool.backend.keys import Keys
 from carpool.backend.registry import Registry
 from carpool.backend.repository import IN_PROGRESS, Desired, Repository
-from tests.support.webtools import web_client, web_settings
+from carpool.core.settings import load_settings
+from tests.conftest import make_env
+from tests.support.webtools import CATALOGUE_TOML, web_client, web_settings
 
 ADMIN, USER = "k-admin-0123456789abcdef", "k-user-0123456789abcdefgh"
 LOAD, UNLOAD = "/v2/repository/models/{}/load", "/v2/repository/models/{}/unload"
+#: tiny's version 2 ("tiny@2"), beside its own entry's version 1; tritonclient sends the
+#: name URL-encoded.
+TINY_2, TINY_2_URL = "\n[models.tiny.versions.2]\nresult_ttl_s = 120\n", "tiny%402"
 
 
 @pytest.fixture
@@ -177,3 +183,69 @@ def test_with_keys_on_only_an_admin_key_changes_models(
         assert repo.read(["tiny"])["tiny"] == Desired()
         admin = http.post(UNLOAD.format("tiny"), headers={"Authorization": f"Bearer {ADMIN}"})
         assert admin.status_code == 200 and not repo.read(["tiny"])["tiny"].loaded
+
+
+@pytest.fixture
+def versioned(redis_url: str, key_prefix: str, tmp_path: Path,
+              client: redis.Redis) -> Iterator[FlaskClient]:
+    catalogue = tmp_path / "versions.toml"
+    catalogue.write_text(CATALOGUE_TOML + TINY_2)
+    with web_client(load_settings(make_env(redis_url, key_prefix,
+                                           CARPOOL_CONFIG=str(catalogue)))) as c:
+        yield c
+
+
+def rows(http: FlaskClient, model: str) -> dict[str, dict[str, Any]]:
+    index = http.post("/v2/repository/index", data=b"").get_json()
+    return {e["version"]: e for e in index if e["name"] == model}
+
+
+def test_each_version_is_an_index_row_and_unloading_one_leaves_the_other_served(
+        versioned: FlaskClient, client: redis.Redis, keys: Keys, repo: Repository) -> None:
+    Registry(client, keys).publish("w1", ["tiny", "tiny@2"], {},
+                                   generations={"tiny": 0, "tiny@2": 0})
+    assert rows(versioned, "tiny") == {v: {"name": "tiny", "version": v, "state": "READY"}
+                                       for v in ("1", "2")}
+    assert versioned.get("/v2/models/tiny/versions/2/ready").status_code == 200
+    answer = versioned.post(UNLOAD.format(TINY_2_URL), data=b"").get_json()
+    assert (answer["name"], answer["versions"]) == ("tiny", ["2"])
+    assert not repo.read(["tiny@2"])["tiny@2"].loaded and repo.read(["tiny"])["tiny"].loaded
+    # w1 still serves tiny@2 until it acts on the unload: its claimed jobs finish.
+    assert rows(versioned, "tiny")["2"]["state"] == "UNLOADING"
+    assert rows(versioned, "tiny")["1"]["state"] == "READY"
+    for path in ("tiny/ready", "tiny/versions/1/ready", "tiny@1/ready"):
+        assert versioned.get(f"/v2/models/{path}").status_code == 200, path
+    for path in ("tiny/versions/2/ready", "tiny@2/ready"):
+        unready = versioned.get(f"/v2/models/{path}")
+        assert unready.status_code == 400 and "'tiny@2' is not ready: UNLOADING" in \
+            unready.get_json()["error"], path
+    assert submit(versioned, "tiny@2").status_code == 503
+    assert submit(versioned, "tiny").status_code == 202
+
+
+def test_the_plain_name_loads_and_unloads_every_version_and_m_at_v_one(
+        versioned: FlaskClient, client: redis.Redis, keys: Keys, repo: Repository) -> None:
+    both = ["tiny", "tiny@2"]
+    unloaded = versioned.post(UNLOAD.format("tiny"), data=b"").get_json()
+    assert unloaded["versions"] == ["1", "2"] and unloaded["state"] == "UNAVAILABLE"
+    assert not any(d.loaded for d in repo.read(both).values())
+    # A worker that acted on a later generation serves tiny@2 only; none may serve tiny.
+    Registry(client, keys).publish("w1", ["tiny@2"], {}, generations={"tiny@2": 99})
+    loaded = versioned.post(LOAD.format("tiny"), json={})
+    assert loaded.status_code == 200, loaded.get_json()
+    assert [(v["version"], v["state"]) for v in loaded.get_json()["versions"]] == [
+        ("1", "NO_WORKER"), ("2", "READY")]
+    assert all(d.loaded for d in repo.read(both).values())
+    # An override is one version's entry: a load of every version with one is refused.
+    overridden = config({"options": {"a": 1}})
+    refused = versioned.post(LOAD.format("tiny"), json=overridden)
+    assert refused.status_code == 400 and "'tiny@2' (URL-encoded 'tiny%402')" in \
+        refused.get_json()["error"]
+    assert versioned.post(LOAD.format(TINY_2_URL), json=overridden).status_code == 200
+    assert (repo.read(["tiny"])["tiny"].config, repo.read(["tiny@2"])["tiny@2"].config) == (
+        "", '{"options":{"a":1}}')
+    # m@<its own version> is the model's own entry.
+    assert versioned.post(UNLOAD.format("tiny@1"), data=b"").get_json()["versions"] == ["1"]
+    assert not repo.read(["tiny"])["tiny"].loaded and repo.read(["tiny@2"])["tiny@2"].loaded
+    unknown = versioned.post(LOAD.format("tiny@3"), json={})
+    assert unknown.status_code == 404 and "its versions: 1, 2" in unknown.get_json()["error"]

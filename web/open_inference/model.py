@@ -22,12 +22,9 @@ from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.kinds import kind_of
 from carpool.core.tensor_specs import ModelTensors, TensorSpec
-from carpool.core.versions import DEFAULT_VERSION
 from carpool.core.webhooks import EVENTS, webhook_option
 from web.open_inference.tensors import InferRequest, ModelOutputMismatch, Tensor
 
-#: A model entry's version when it does not say (its other versions: docs/deployments.md).
-VERSION = DEFAULT_VERSION
 PLATFORM = "carpool"
 #: Triton's priority levels: 1 is the highest, and level 1 + i is carpool's 9 - i.
 PRIORITY_LEVELS = MAX_PRIORITY - MIN_PRIORITY + 1

@@ -1,14 +1,17 @@
 """Triton's model repository extension: the index, load and unload (docs/v2.md), on the
 desired states in Redis (carpool/backend/repository.py).
 
-``POST /v2/repository/index`` lists every catalogue model with its state. A load starts
-a new generation of the model (or joins the one in progress: two loads at once load
-once) and answers once a live worker serves it, as Triton's does: 200; 400 with the
-worker's reason when every one that may serve it refused it; 503 when no live worker
-may serve it (it stays loaded: the next that starts loads it); 504 when it is still
-loading after the wait. An unload answers at once: new jobs are refused (503
-model_unavailable), its queued jobs end failed with the reason, and workers finish its
-claimed batches, then free it. With API keys on, only an ``admin`` key changes models.
+``POST /v2/repository/index`` lists every catalogue entry (each version of each model)
+with its state. A load or an unload of ``<m>`` acts on every version of ``m``, as
+Triton's does; of ``<m>@<v>`` on that version alone. A load starts a new generation of
+each entry (or joins the one in progress: two loads at once load once) and answers once
+none is loading, as Triton's does: 200 when a live worker serves one at least; 400 with
+the worker's reason when every one that may serve an entry refused it; 503 when no live
+worker may serve any (they stay loaded: the next that starts loads them); 504 when one
+is still loading after the wait. An unload answers at once: new jobs are refused (503
+model_unavailable), queued jobs end failed with the reason, and workers finish their
+claimed batches, then free the model. With API keys on, only an ``admin`` key changes
+models.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import logging
 import time
 from dataclasses import fields
 from typing import Any
+from urllib.parse import quote
 
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from carpool.backend.repository import (
     IN_PROGRESS,
+    LOADING,
     NO_WORKER,
     READY,
     REFUSED,
@@ -32,18 +37,18 @@ from carpool.backend.repository import (
     model_state,
     unsettled,
 )
-from carpool.core.catalogue import ModelSpec
+from carpool.core.catalogue import Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError, ConfigError, InvalidInput, ModelRefused
 from carpool.core.kinds import kind_of
 from carpool.core.overrides import canonical, overridden, parse_override
 from carpool.core.settings import Settings
 from carpool.core.tokens import TokenizerConfig
+from carpool.core.versions import SEPARATOR, internal_name
 from carpool.intake.inputs import input_limits
 from web.common.auth import request_owner
 from web.common.post_body import read_post_body
 from web.common.refusals import Forbidden
 from web.common.state import WebState, current_state
-from web.open_inference.model import VERSION
 from web.open_inference.routes import MIN_INFER_WAIT_S, carpool_error, http_error, unexpected
 
 log = logging.getLogger(__name__)
@@ -79,20 +84,20 @@ class LoadTimeout(CarpoolError):
 
 @blueprint.post("/index")
 def index() -> Response:
-    """Every catalogue model, ``{"name", "version", "state"[, "reason"]}``; with
-    ``{"ready": true}``, the READY ones only."""
+    """Every catalogue entry, ``{"name", "version", "state"[, "reason"]}`` (``m@v`` as
+    name ``m``, version ``v``); with ``{"ready": true}``, the READY ones only."""
     state = current_state()
     request_owner(state.settings)  # any known key reads it
     only_ready = _body().get("ready") is True
-    names = [spec.name for spec in state.settings.catalogue]
-    desired = state.repository.read(names)
+    specs = list(state.settings.catalogue)
+    desired = state.repository.read([spec.name for spec in specs])
     live = state.models.registry.live()
     out = []
-    for name in names:
-        found, reason = model_state(name, desired[name], live)
+    for spec in specs:
+        found, reason = model_state(spec.name, desired[spec.name], live)
         if only_ready and found != READY:
             continue
-        out.append({"name": name, "version": VERSION, "state": found,
+        out.append({"name": spec.base_name, "version": spec.version, "state": found,
                     **({"reason": reason} if reason else {})})
     return jsonify(out)
 
@@ -101,31 +106,56 @@ def index() -> Response:
 def load(name: str) -> Response:
     state = current_state()
     _admin(state.settings)
-    base = state.settings.catalogue.get(name)
-    doc = _override(base, _body().get("parameters"))
+    specs = versions_addressed(state.settings.catalogue, name)
+    doc = _override(specs[0], _body().get("parameters"))
+    if doc and len(specs) > 1:
+        raise BadOverride(
+            f"model {name!r} has versions {', '.join(s.version for s in specs)}: a load with "
+            f"parameters.config names one, {internal_name(name, specs[-1].version)!r} "
+            f"(URL-encoded {quote(internal_name(name, specs[-1].version))!r})")
     live = state.models.registry.live()
-    current = state.repository.read([name])[name]
-    seen = IN_PROGRESS if unsettled(live, name, current.generation) else current.generation
-    generation, started = state.repository.load(name, canonical(doc), seen)
-    log.info("model %r: load %s generation %d", name, "started" if started else "joined",
-             generation)
-    _wait_loaded(state, name, generation)
-    return jsonify({"name": name, "version": VERSION, "state": READY})
+    current = state.repository.read([spec.name for spec in specs])
+    generations = {}
+    for spec in specs:
+        was = current[spec.name].generation
+        seen = IN_PROGRESS if unsettled(live, spec.name, was) else was
+        generations[spec.name], started = state.repository.load(spec.name, canonical(doc), seen)
+        log.info("model %r: load %s generation %d", spec.name,
+                 "started" if started else "joined", generations[spec.name])
+    outcomes = _wait_loaded(state, generations)
+    return jsonify({"name": specs[0].base_name, "state": READY, "versions": [
+        {"version": spec.version, "state": outcomes[spec.name][0],
+         **({"reason": outcomes[spec.name][1]} if outcomes[spec.name][1] else {})}
+        for spec in specs]})
 
 
 @blueprint.post("/models/<name>/unload")
 def unload(name: str) -> Response:
     state = current_state()
     _admin(state.settings)
-    spec = state.settings.catalogue.get(name)
+    specs = versions_addressed(state.settings.catalogue, name)
     _body()  # Triton's unload_dependents: carpool's models have no dependents
-    generation, changed = state.repository.unload(name)
-    ended = state.repository.end_queued(spec)
-    if changed or ended:
-        log.info("model %r unloaded (generation %d): %d queued jobs ended", name,
-                 generation, ended)
-    return jsonify({"name": name, "version": VERSION, "state": UNAVAILABLE,
-                    "reason": "unloaded", "queued_jobs_ended": ended})
+    ended = 0
+    for spec in specs:
+        generation, changed = state.repository.unload(spec.name)
+        ended_here = state.repository.end_queued(spec)
+        if changed or ended_here:
+            log.info("model %r unloaded (generation %d): %d queued jobs ended", spec.name,
+                     generation, ended_here)
+        ended += ended_here
+    return jsonify({"name": specs[0].base_name, "versions": [spec.version for spec in specs],
+                    "state": UNAVAILABLE, "reason": "unloaded", "queued_jobs_ended": ended})
+
+
+def versions_addressed(catalogue: Catalogue, name: str) -> list[ModelSpec]:
+    """The entries a load or unload of ``name`` acts on: ``<m>@<v>``, that version's;
+    ``<m>``, every version of ``m`` (its own entry first), as Triton's load and unload
+    act on every version of a model."""
+    spec = catalogue.get(name)
+    if SEPARATOR in name:
+        return [spec]
+    return [spec, *sorted((s for s in catalogue if s.family == spec.name),
+                          key=lambda s: s.version)]
 
 
 def _admin(settings: Settings) -> None:
@@ -191,22 +221,28 @@ def _web_changes(base: ModelSpec, spec: ModelSpec) -> list[str]:
     return changed + [what for what, view in views if view(base) != view(spec)]
 
 
-def _wait_loaded(state: WebState, name: str, generation: int) -> None:
-    """Return once a live worker serves ``generation`` of ``name``; raise why not."""
+def _wait_loaded(state: WebState, generations: dict[str, int]) -> dict[str, tuple[str, str]]:
+    """Each entry's outcome once none is loading (load_outcome), when a live worker
+    serves one at least and none was refused; else raise why not."""
     wait_s = max(state.settings.max_wait_s, MIN_INFER_WAIT_S)
     deadline = time.monotonic() + wait_s
     while True:
-        found, reason = load_outcome(name, generation, state.models.registry.live())
-        if found == READY:
-            return
-        if found == NO_WORKER:
-            raise NoWorkerLoaded(f"failed to load {name!r}: {reason}")
-        if found == REFUSED:
-            raise LoadFailed(f"failed to load {name!r}: {reason}")
+        live = state.models.registry.live()
+        outcomes = {m: load_outcome(m, g, live) for m, g in generations.items()}
+        loading = [m for m, (found, _) in outcomes.items() if found == LOADING]
+        if not loading:
+            break
         if time.monotonic() >= deadline:
-            raise LoadTimeout(f"model {name!r} is still loading after {wait_s:g} s; the load "
-                              "goes on (POST /v2/repository/index shows its state)")
+            raise LoadTimeout(f"model {loading[0]!r} is still loading after {wait_s:g} s; the "
+                              "load goes on (POST /v2/repository/index shows its state)")
         time.sleep(LOAD_POLL_S)  # a greenlet's pause under gunicorn's gevent workers
+    refused = [(m, why) for m, (found, why) in outcomes.items() if found == REFUSED]
+    if refused:
+        raise LoadFailed(f"failed to load {refused[0][0]!r}: {refused[0][1]}")
+    if all(found == NO_WORKER for found, _ in outcomes.values()):
+        model, (_, why) = next(iter(outcomes.items()))
+        raise NoWorkerLoaded(f"failed to load {model!r}: {why}")
+    return outcomes
 
 
 @blueprint.errorhandler(CarpoolError)
