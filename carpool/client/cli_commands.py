@@ -132,12 +132,12 @@ def add_commands(sub: Any, client_options: AddClientOptions) -> None:
     ml = msub.add_parser("list", help="each model's state: READY, LOADING, UNLOADING, "
                          "UNAVAILABLE and why")
     mload = msub.add_parser("load", help="load (or reload) a model; answers once served")
-    mload.add_argument("model", help="the model")
+    mload.add_argument("model", help="the model (every version), or m@v (one)")
     mload.add_argument("--config", default="", help="a JSON catalogue entry overriding "
                        "the model's, e.g. '{\"options\": {\"weights\": \"/m.pt\"}}'")
     munload = msub.add_parser("unload", help="unload a model: its queued jobs fail, its "
                               "claimed ones finish")
-    munload.add_argument("model", help="the model")
+    munload.add_argument("model", help="the model (every version), or m@v (one)")
     client_options(m)
     m.set_defaults(func=cmd_models)
     for p in (ml, mload, munload):  # the options after the action too, those before kept

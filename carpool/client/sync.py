@@ -128,15 +128,17 @@ class Client:
 
     def load_model(self, model: str, config: Mapping[str, Any] | None = None, *,
                    timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
-        """Load (or reload) ``model``, with ``config``, a catalogue entry overriding its
-        own (Triton's ``parameters.config``); returns once a worker serves it."""
+        """Load (or reload) ``model`` (``m``: every version of it; ``m@v``: that one),
+        with ``config``, a catalogue entry overriding the version's (Triton's
+        ``parameters.config``); returns once a worker serves it."""
         body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
         return dict(self._send(Call("POST", f"/v2/repository/models/{quote(model)}/load",
                                     json=body, timeout_s=timeout_s)))
 
     def unload_model(self, model: str) -> dict[str, Any]:
-        """Unload ``model``: it takes no new jobs, its queued ones end failed, its claimed
-        ones finish, then the workers free it."""
+        """Unload ``model`` (``m``: every version of it; ``m@v``: that one): it takes no
+        new jobs, its queued ones end failed, its claimed ones finish, then the workers
+        free it."""
         return dict(self._send(Call("POST", f"/v2/repository/models/{quote(model)}/unload",
                                     json={})))
 
