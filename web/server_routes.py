@@ -28,13 +28,17 @@ blueprint = Blueprint("carpool_server", __name__)
 
 @blueprint.get("/models")
 def models() -> Response:
-    """The catalogue, with each bin's live depth (one pipelined round trip for all bins)
-    and what the live workers say about each model (served, refused and why, none)."""
+    """The catalogue, with each bin's live depth (one pipelined round trip for all bins),
+    what the live workers say about each model (served, refused and why, none), and on
+    a model's own entry its rollout, when it has one (docs/deployments.md)."""
     state = current_state()
     specs = list(state.settings.catalogue)
     depths = iter(state.queue.depths([(s.name, b.name) for s in specs for b in s.bins]))
+    rollouts = state.routing.describe()
     return jsonify({"models": [{**_describe(spec, depths),
-                                "workers": state.models.availability(spec.name).to_json()}
+                                "workers": state.models.availability(spec.name).to_json(),
+                                **({"rollout": rollouts[spec.name]}
+                                   if spec.name in rollouts else {})}
                                for spec in specs]})
 
 

@@ -249,8 +249,16 @@ class ComingArgs(ScriptArgs):
     ready_in_ms: int
 
 
+@dataclass(frozen=True)
+class PinnedArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "pinned"
+    KEYS: ClassVar[_K] = ("leases", "bins*")
+
+    claim_prefix: str
+
+
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
     GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
-    HookExpireArgs, ComingArgs)
+    HookExpireArgs, ComingArgs, PinnedArgs)

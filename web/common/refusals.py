@@ -30,6 +30,7 @@ from carpool.core.errors import (
     UnsupportedMediaType,
     WaitTooLong,
 )
+from carpool.core.rollouts import RolloutConflict
 from web.results.polls import TooManyPolls
 
 
@@ -75,6 +76,10 @@ class Unauthorized(CarpoolError):
     """Raised when the server has API keys and a request brings none or an unknown one."""
 
 
+class Forbidden(CarpoolError):
+    """Raised when a known API key asks for what only an ``admin`` key may do."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """How one error class answers: HTTP ``status``, error ``code``, metric ``reason``."""
@@ -107,6 +112,8 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(JobFailed, 500, "job_failed", "error"),
     Refusal(CallerGone, 499, "client_gone", "error"),
     Refusal(Unauthorized, 401, "unauthorized", "error"),
+    Refusal(Forbidden, 403, "forbidden", "error"),
+    Refusal(RolloutConflict, 409, "rollout_conflict", "error"),
     Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
     Refusal(NotCancellable, 409, "not_cancellable", "error"),
     Refusal(WaitTooLong, 429, "wait_too_long", "wait_too_long"),

@@ -14,6 +14,7 @@ from carpool.backend.registry import RegistryCache
 from carpool.core.settings import Settings
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
+from web.common.routing import Routing
 from web.results.polls import PollCounter
 from web.results.reads import ReadBatcher
 from web.results.waiters import Notifier
@@ -39,6 +40,8 @@ class WebState:
     #: Files' and batches' records (Redis) and the files' bytes (web/openai/files.py).
     bulkdb: BulkDb
     files: FileStore
+    #: The version each job goes to, and the shadow copies (docs/deployments.md).
+    routing: Routing
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

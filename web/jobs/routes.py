@@ -21,7 +21,6 @@ from carpool.core.errors import (
     UnsupportedMediaType,
 )
 from carpool.core.jobs import Admitted, JobView, is_job_id, model_version, new_job_id
-from carpool.core.settings import Settings
 from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
@@ -47,7 +46,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state.settings)
+    sub = _read_submission(state)
     job = AdmitJob(sub.prepared.bin, new_job_id(sub.spec.name), sub.prepared.input_json)
     with SyncWait(state, owner, wait_s) as sync:
         admit_request = sync.request(sub.spec, (job,), sub.options, sub.options.service_tier)
@@ -80,7 +79,7 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to /submit/batch")
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    many = inputs.many_from_json(doc, state.settings.catalogue,
+    many = inputs.many_from_json(doc, state.routing.catalogue(),
                                  state.settings.webhooks.allow_private)
     state.models.check(many.spec.name)  # one model per request: the same 503 as /submit
     with SyncWait(state, owner, wait_s) as sync:
@@ -174,8 +173,10 @@ def delete_result(job_id: str) -> Response:
     raise JobNotFound(f"no job {job_id}: it expired just now")
 
 
-def _read_submission(settings: Settings) -> inputs.Submission:
-    catalogue, allow_private = settings.catalogue, settings.webhooks.allow_private
+def _read_submission(state: WebState) -> inputs.Submission:
+    """The request's one job, its model routed (web/common/routing.py)."""
+    settings = state.settings
+    catalogue, allow_private = state.routing.catalogue(), settings.webhooks.allow_private
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
