@@ -60,6 +60,17 @@ class Load:
     sent: list[Sent] = field(default_factory=list)
     refused: dict[int, int] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        """Stop sending; returns once the last request is answered and kept."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(30)
 
     def run(self) -> None:
         with requests.Session() as s:
@@ -106,13 +117,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisProc) -> 
 def load(stack: str) -> Iterator[Load]:
     assert requests.delete(f"{stack}/models/hemb/rollout", timeout=10).status_code == 200
     running = Load(stack)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
+    running.start()
     try:
         yield running
     finally:
-        running.stop.set()
-        thread.join(30)
+        running.finish()
 
 
 def change(base: str, body: dict[str, Any] | None) -> float:
@@ -171,7 +180,7 @@ def test_a_ramp_under_steady_load_then_a_rollback_loses_nothing_and_mixes_no_bat
     assert 0.25 <= half.count("2") / len(half) <= 0.75, half
     assert set(phase(load, {"version": "2", "percent": 100})) == {"2"}
     assert set(phase(load, None)) == {"1"}  # the rollback: every new job home
-    load.stop.set()
+    load.finish()
     assert_each_ran_where_admitted(load)
     assert load.refused == {}
     record("rollout ramp 0/50/100 % then rollback, steady load", jobs=len(load.sent),
@@ -189,7 +198,7 @@ def test_a_redis_restart_during_a_ramp_loses_no_job_and_moves_none(
     after = load.after(load.sent[before].at)
     assert 0.2 <= [s.version for s in after].count("2") / len(after) <= 0.8  # still 50 %
     assert set(phase(load, {"version": "2", "percent": 100})) == {"2"}
-    load.stop.set()
+    load.finish()
     assert_each_ran_where_admitted(load)
     assert set(load.refused) <= {0, 503}, load.refused  # only while Redis was away
     record("Redis restarted during a rollout ramp", jobs=len(load.sent), lost=0,
@@ -214,5 +223,5 @@ def test_a_shadows_comparison_counters_move_and_its_copies_are_never_answered(
     for_twin, for_v2 = shadow_counts(load.base, "3"), shadow_counts(load.base, "2")
     assert for_twin[1] - start["3"][1] == for_twin[0] - start["3"][0] >= 20  # all agree
     assert for_v2[1] == start["2"][1] and for_v2[0] >= start["2"][0] + 20  # none agree
-    load.stop.set()
+    load.finish()
     assert_each_ran_where_admitted(load)
