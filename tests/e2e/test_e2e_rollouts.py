@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,13 +212,17 @@ def shadow_counts(base: str, version: str) -> tuple[float, float]:
             found.value("carpool_shadow_agreed_total", model="hemb", version=version))
 
 
+def compared_past(base: str, version: str, floor: float) -> bool:
+    return shadow_counts(base, version)[0] >= floor
+
+
 def test_a_shadows_comparison_counters_move_and_its_copies_are_never_answered(
         load: Load) -> None:
     start = {v: shadow_counts(load.base, v) for v in ("2", "3")}
     for version in ("3", "2"):
         first = len(load.sent)
         change(load.base, {"shadow": version, "percent": 100})
-        wait_until(lambda: shadow_counts(load.base, version)[0] >= start[version][0] + 20,
+        wait_until(partial(compared_past, load.base, version, start[version][0] + 20),
                    WAIT_S, f"20 comparisons with shadow {version}")
         assert {s.version for s in load.sent[first:]} == {"1"}  # the served version alone
     for_twin, for_v2 = shadow_counts(load.base, "3"), shadow_counts(load.base, "2")
