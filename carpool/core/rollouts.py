@@ -67,6 +67,13 @@ class Rollout:
         return bool(self.shadow) and served_version != self.shadow and \
             draw < self.shadow_percent
 
+    def check_open(self, spec: ModelSpec) -> None:
+        """Raise VersionRetiring (503) when ``spec``, a version of this model, is retiring."""
+        if spec.version in self.retiring:
+            raise VersionRetiring(f"version {spec.version!r} of model {spec.base_name!r} is "
+                                  "retiring: it admits no new jobs (GET /models shows its "
+                                  "drain); name another version, or none")
+
     def is_empty(self) -> bool:
         return not (self.version or self.shadow or self.retiring)
 

@@ -29,7 +29,7 @@ from carpool.backend.shadows import ShadowBook
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError
 from carpool.core.jobs import Admitted, new_job_id
-from carpool.core.rollouts import Routed, VersionRetiring
+from carpool.core.rollouts import Routed
 from carpool.core.settings import Settings
 from carpool.core.versions import SEPARATOR, internal_name
 
@@ -66,10 +66,7 @@ class Routing:
             version = rollout.route(spec.version, self.rng.random() * 100)
             # A version the catalogue lost since the PUT (a redeploy): the entry's own.
             spec = self.settings.catalogue.models.get(internal_name(spec.name, version), spec)
-        if spec.version in rollout.retiring:
-            raise VersionRetiring(f"version {spec.version!r} of model {spec.base_name!r} is "
-                                  "retiring: it admits no new jobs (GET /models shows its "
-                                  "drain); name another version, or none")
+        rollout.check_open(spec)
         return spec
 
     def shadow(self, req: AdmitRequest, outcomes: Sequence[AdmitOutcome]) -> None:
