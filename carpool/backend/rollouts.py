@@ -84,6 +84,15 @@ class RolloutStore:
             return cast(Rollout, self.client.transaction(cast(Any, step), key,
                                                          value_from_callable=True))
 
+    def holding_key(self, models: Sequence[str], key_digest: str) -> str | None:
+        """The first of ``models`` (catalogue names) that holds an idempotency key."""
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for model in models:
+                pipe.exists(self.keys.idempotency(model, key_digest))
+            found = pipe.execute()
+        return next((m for m, n in zip(models, found, strict=True) if n), None)
+
     def now_ms(self) -> int:
         with redis_errors():
             seconds, micros = self.client.time()

@@ -309,3 +309,28 @@ def test_a_shadow_at_0_percent_copies_nothing(http: FlaskClient, client: redis.R
     for i in range(20):
         submit(http, value=i)
     assert client.zcard(keys.bin("synthetic@3", "small")) == 0
+
+
+def keyed(http: FlaskClient, key: str, value: Any = 0) -> dict[str, Any]:
+    resp = http.post("/submit", json={"model": "synthetic", "input": {"value": value,
+                                                                       "size": 5}},
+                     headers={"Idempotency-Key": key})
+    assert resp.status_code == 202, resp.get_json()
+    body: dict[str, Any] = resp.get_json()
+    return body
+
+
+def test_a_retry_with_an_idempotency_key_finds_its_job_whatever_the_percent(
+        http: FlaskClient) -> None:
+    put(http, {"version": "2", "percent": 50})
+    first = {f"key-{i}": keyed(http, f"key-{i}") for i in range(40)}
+    assert {j["model_version"] for j in first.values()} == {"1", "2"}
+    for percent in (50, 10, 90, 100):  # a ramp moves no retry to another version
+        put(http, {"version": "2", "percent": percent})
+        for key, job in first.items():
+            again = keyed(http, key)
+            assert (again["id"], again["duplicate"]) == (job["id"], True), (percent, key)
+    surrogate = http.post("/submit", data='{"model": "synthetic", "input": {"value": 1, '
+                          '"size": 1}, "idempotency_key": "\\ud800"}',
+                          headers={"Content-Type": "application/json"})
+    assert surrogate.status_code == 400

@@ -29,7 +29,7 @@ from carpool.backend.shadows import ShadowBook
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError
 from carpool.core.jobs import Admitted, new_job_id
-from carpool.core.rollouts import Routed
+from carpool.core.rollouts import Rollout, Routed
 from carpool.core.settings import Settings
 from carpool.core.versions import SEPARATOR, internal_name
 
@@ -54,20 +54,33 @@ class Routing:
         #: The draws (tests seed it); one per request, and one per job for a shadow.
         self.rng = rng or random.Random()
 
-    def catalogue(self) -> Catalogue:
-        """The catalogue as one request's jobs see it."""
-        return Routed(self.settings.catalogue.models, self._choose)
+    def catalogue(self, key_digest: str | None = None) -> Catalogue:
+        """The catalogue as one request's jobs see it; ``key_digest``: its idempotency
+        key's (carpool.core.jobs.idempotency_digest), which picks its version."""
+        return Routed(self.settings.catalogue.models,
+                      lambda spec, name: self._choose(spec, name, key_digest))
 
-    def _choose(self, spec: ModelSpec, name: str) -> ModelSpec:
+    def _choose(self, spec: ModelSpec, name: str, key_digest: str | None) -> ModelSpec:
         rollout = self.cache.get(spec.base_name)
         if rollout.is_empty():
             return spec
         if SEPARATOR not in name:  # names no version: the model's own entry, or the rollout's
-            version = rollout.route(spec.version, self.rng.random() * 100)
+            version = self._version_for(spec, rollout, key_digest)
             # A version the catalogue lost since the PUT (a redeploy): the entry's own.
             spec = self.settings.catalogue.models.get(internal_name(spec.name, version), spec)
         rollout.check_open(spec)
         return spec
+
+    def _version_for(self, own: ModelSpec, rollout: Rollout, key_digest: str | None) -> str:
+        if key_digest is None or not rollout.version:
+            return rollout.route(own.version, self.rng.random() * 100)
+        # A keyed submit goes where its key is held (a retry finds its job, whatever
+        # the percent now), else where its key draws: the same for every retry.
+        held = self.cache.store.holding_key(
+            [own.name, internal_name(own.name, rollout.version)], key_digest)
+        if held is not None:
+            return self.settings.catalogue.models[held].version
+        return rollout.route(own.version, int(key_digest[:8], 16) / 16**8 * 100)
 
     def shadow(self, req: AdmitRequest, outcomes: Sequence[AdmitOutcome]) -> None:
         """Copy a share of ``req``'s admitted jobs to the model's shadow version."""
