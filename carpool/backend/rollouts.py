@@ -70,10 +70,10 @@ class RolloutStore:
         """Apply ``change(current, Redis's now in ms)`` and store its answer, atomically
         against any other change; its errors propagate, nothing written."""
         key = self.keys.rollout(model)
+        now_ms = self.now_ms()  # Redis's clock, as the drain's settle time reads it
 
         def step(pipe: Any) -> Rollout:
-            seconds, micros = pipe.time()
-            after = change(rollout_from(pipe.hgetall(key)), seconds * 1000 + micros // 1000)
+            after = change(rollout_from(pipe.hgetall(key)), now_ms)
             pipe.multi()
             pipe.delete(key)
             if not after.is_empty():
