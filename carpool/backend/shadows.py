@@ -153,5 +153,6 @@ class ShadowCounters(Collector):
             for version, (n, ok) in versions.items():
                 compared.add_metric([model, version], n)
                 agreed.add_metric([model, version], ok)
-        yield compared
-        yield agreed
+        if compared.samples:  # no shadow ever compared: no series, as for a model never run
+            yield compared
+            yield agreed
