@@ -117,8 +117,7 @@ class Routing:
         own = [s.name for s in catalogue if not s.family]
         store = self.cache.store
         state = store.read(own)
-        if any(r.shadow for r in state.values()):
-            self.book.compare({m: catalogue.models[m].kind for m in own})
+        self.book.compare({m: catalogue.models[m].kind for m in own})
         counts = self.book.counts(own)
         now_ms = store.now_ms() if any(r.retiring for r in state.values()) else 0
         out = {}
@@ -128,10 +127,11 @@ class Routing:
             body = rollout.to_json()
             body["shadow_counts"] = {v: {"compared": n, "agreed": ok}
                                      for v, (n, ok) in counts[model].items()}
-            body["retiring"] = [
-                store.drain_state(spec, t, now_ms) for v, t in sorted(rollout.retiring.items())
-                if (spec := catalogue.models.get(internal_name(model, v),
-                                                 catalogue.models[model])).version == v]
+            entries = {v: catalogue.models.get(internal_name(model, v)) for v in rollout.retiring}
+            entries[catalogue.models[model].version] = catalogue.models[model]
+            body["retiring"] = [store.drain_state(spec, t, now_ms)
+                                for v, t in sorted(rollout.retiring.items())
+                                if (spec := entries.get(v)) is not None]  # a version gone
             out[model] = body
         return out
 
