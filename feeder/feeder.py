@@ -22,6 +22,7 @@ from carpool.backend.bulkdb import BulkDb
 from carpool.backend.filestore import FileStore, store_name
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry, RegistryCache
+from carpool.backend.rollouts import RolloutCache, RolloutStore
 from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.errors import BackendUnavailable, ModelRefused, NotCancellable
 from carpool.core.jobs import MODEL_UNAVAILABLE, Admitted, JobView, new_job_id
@@ -57,6 +58,9 @@ class Feeder:
         #: What the workers serve: the lines of a model every live worker refused
         #: fail at once, as /submit answers 503 (carpool/backend/registry.py).
         self.models = RegistryCache(Registry(queue.client, queue.keys))
+        #: A retiring version's lines not yet admitted fail so too (docs/deployments.md).
+        self.rollouts = RolloutCache(RolloutStore(queue.client, queue.keys),
+                                     [s.name for s in settings.catalogue if not s.family])
 
     def step(self) -> bool:
         """One pass over every active batch; True when it did something."""
@@ -278,6 +282,7 @@ class Feeder:
 
         try:
             self.models.check(run.spec.name)
+            self.rollouts.get(run.spec.base_name).check_open(run.spec)
         except ModelRefused as refused:  # the scan window's lines end, not admitted
             lines = list(run.waiting())
             if lines:

@@ -15,6 +15,8 @@ from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry, RegistryCache
 from carpool.backend.repository import Repository
+from carpool.backend.rollouts import RolloutCache, RolloutStore
+from carpool.backend.shadows import ShadowBook, ShadowCounters
 from carpool.core.catalogue import PYTHON_KIND
 from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
@@ -24,6 +26,7 @@ from web import server_routes
 from web.common import errors, shedding
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
+from web.common.routing import Routing
 from web.common.state import EXTENSION, WebState
 from web.events import routes as event_routes
 from web.jobs import routes as job_routes
@@ -35,6 +38,7 @@ from web.results.polls import PollCounter
 from web.results.pushed_views import max_age_for
 from web.results.reads import ReadBatcher
 from web.results.waiters import Notifier
+from web.rollouts import routes as rollout_routes
 
 #: Bounds a hung Redis: a request answers 503 after this, instead of hanging.
 REDIS_SOCKET_TIMEOUT_S = 5.0
@@ -67,19 +71,25 @@ def create_app(settings: Settings | None = None) -> Flask:
     metrics.registry.register(NeedGauges(NeedReader(
         client, keys, queue, Registry(client, keys), settings.catalogue,
         settings.cold_start_s)))
+    own_models = [s.name for s in settings.catalogue if not s.family]
+    shadows = ShadowBook(queue, keys)
+    metrics.registry.register(ShadowCounters(shadows, {m: settings.catalogue.models[m].kind
+                                                       for m in own_models}))
+    admissions = Admissions(client, keys, coalesce=True, policies=settings.api_key_policies)
     notifier = Notifier(client, keys.done_channel, keys.admitted_channel, keys.results_channel,
                         max_age_for(spec.result_ttl_s for spec in settings.catalogue),
                         claimed_channel=keys.claimed_channel)
     app.extensions[EXTENSION] = WebState(
         settings=settings, queue=queue, notifier=notifier,
         metrics=metrics, reads=ReadBatcher(queue, notifier.pushed_view),
-        admissions=Admissions(client, keys, coalesce=True,
-                              policies=settings.api_key_policies),
+        admissions=admissions,
         models=RegistryCache(Registry(client, keys)),
         polls=PollCounter(settings.max_polls_per_client),
         body_limits=BodyLimits(settings),
         bulkdb=BulkDb(client, keys), files=file_store(settings.bulk),
         repository=Repository(client, keys),
+        routing=Routing(settings, RolloutCache(RolloutStore(client, keys), own_models),
+                        admissions, shadows),
     )
     metrics.instrument(app)
     app.register_blueprint(server_routes.blueprint)
@@ -89,6 +99,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(event_routes.blueprint)
     app.register_blueprint(openai_files.blueprint)
     app.register_blueprint(openai_bulk.blueprint)
+    app.register_blueprint(rollout_routes.blueprint)  # docs/deployments.md
     errors.register(app, on_refused=metrics.count_refused_request)
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app

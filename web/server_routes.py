@@ -32,16 +32,20 @@ _HOURS = re.compile(r"[0-9]{1,6}")
 @blueprint.get("/models")
 def models() -> Response:
     """The catalogue, with each bin's live depth and each model's jobs refused at
-    admission by service tier (one pipelined round trip for all), and what the live
-    workers say about each model (served, refused and why, none)."""
+    admission by service tier (one pipelined round trip for all), what the live
+    workers say about each model (served, refused and why, none), and on a model's
+    own entry its rollout, when it has one (docs/deployments.md)."""
     state = current_state()
     specs = list(state.settings.catalogue)
     depths, refused = state.queue.depths_and_refused(
         [(s.name, b.name) for s in specs for b in s.bins], [s.name for s in specs])
     bin_depths = iter(depths)
+    rollouts = state.routing.describe()
     return jsonify({"models": [{**_describe(spec, bin_depths),
                                 "workers": state.models.availability(spec.name).to_json(),
-                                "refused_by_tier": by_tier}
+                                "refused_by_tier": by_tier,
+                                **({"rollout": rollouts[spec.name]}
+                                   if spec.name in rollouts else {})}
                                for spec, by_tier in zip(specs, refused, strict=True)]})
 
 

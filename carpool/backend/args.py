@@ -259,8 +259,16 @@ class ModelStateArgs(ScriptArgs):
     expect: int
 
 
+@dataclass(frozen=True)
+class PinnedArgs(ScriptArgs):
+    SCRIPT: ClassVar[str] = "pinned"
+    KEYS: ClassVar[_K] = ("leases", "bins*")
+
+    claim_prefix: str
+
+
 SCRIPTS: tuple[type[ScriptArgs], ...] = (
     AdmitArgs, ClaimArgs, PeekArgs, CompleteArgs, CancelArgs, ReadArgs, RenewArgs,
     ReleaseArgs, ReapArgs, AuditArgs, HeartbeatArgs, GpuClaimArgs, GpuRenewArgs,
     GpuReleaseArgs, FailQueuedArgs, ReclaimArgs, HookTakeArgs, HookSettleArgs,
-    HookExpireArgs, ComingArgs, ModelStateArgs)
+    HookExpireArgs, ComingArgs, ModelStateArgs, PinnedArgs)

@@ -37,6 +37,12 @@ leases) has a tag of its own, ``{p}``.
     {p.s}:bytes:<model>:<own> hash  the same, per API key (owner digest) when keys are on
     {p.s}:usage:<model>:<hour> hash "<owner>:<j|d|q|r>" -> jobs, device µs, queue ms,
                                     refused in that hour (hours since the epoch; lib/usage.lua)
+    {p.s}:rollout:<model>     hash  the model's rollout (its own name's shard): version,
+                                    percent, shadow, shadow_percent, retire:<v> -> ms
+                                    (carpool/backend/rollouts.py)
+    {p.s}:shadow-pairs:<model> zset "<served id> <copy id>" of shadow copies waiting to be
+                                    compared, scored by when copied (ms)
+    {p.s}:shadow:<model>      hash  compared:<v>, agreed:<v>: the shadow comparisons
     {p.s}:dead                list  ids of jobs failed by the reaper (workers lost them too
                                     often), newest first, capped: poison inputs to inspect
     {p.s}:outbox              zset  webhook events to deliver (carpool/core/wire.py's
@@ -192,6 +198,15 @@ class Keys:
     def model_stats(self, model: str) -> str:
         """The model's drain rate and busy time over all its bins (admit.lua's pace)."""
         return f"{self._tag(shard(model))}:mstats:{model}"
+
+    def rollout(self, model: str) -> str:
+        return f"{self._tag(shard(model))}:rollout:{model}"
+
+    def shadow_pairs(self, model: str) -> str:
+        return f"{self._tag(shard(model))}:shadow-pairs:{model}"
+
+    def shadow_counts(self, model: str) -> str:
+        return f"{self._tag(shard(model))}:shadow:{model}"
 
     def usage_prefix(self, model: str) -> str:
         """The model's hourly usage hashes are this and the hour (lua/lib/usage.lua)."""

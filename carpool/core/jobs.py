@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import secrets
 from collections.abc import Mapping
@@ -42,6 +43,14 @@ def new_job_id(model: str) -> str:
     """A fresh id for a job of ``model``; it starts with the model's shard tag, so the
     job's keys are found (on its shard) from the id alone."""
     return shard(model) + secrets.token_urlsafe(JOB_ID_BYTES)
+
+
+def idempotency_digest(key: str, owner: str = "") -> str:
+    """What Redis stores of an idempotency key: its SHA-256, so keys of any shape fit a
+    key name. With API keys, the key is scoped to its owner: two clients that pick the
+    same idempotency key get two jobs, and neither learns of the other's."""
+    scoped = f"{owner}\n{key}" if owner else key
+    return hashlib.sha256(scoped.encode()).hexdigest()
 
 
 def is_job_id(text: str) -> bool:

@@ -42,6 +42,7 @@ from carpool.core.errors import (
     UnsupportedMediaType,
 )
 from carpool.core.input_limits import InputLimits, check_input
+from carpool.core.jobs import idempotency_digest
 from carpool.core.kinds import kind_of
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
@@ -103,15 +104,9 @@ class Options:
     service_tier: str = ""  # a tier asked for, checked known (carpool/admission/tiers.py)
 
     def idempotency_digest(self, owner: str = "") -> str | None:
-        """What Redis stores of the key: its SHA-256, so keys of any shape fit a key name.
-
-        With API keys, the key is scoped to its owner: two clients that pick the same
-        idempotency key get two jobs, and neither learns of the other's.
-        """
-        if self.idempotency_key is None:
-            return None
-        scoped = f"{owner}\n{self.idempotency_key}" if owner else self.idempotency_key
-        return hashlib.sha256(scoped.encode()).hexdigest()
+        """What Redis stores of the key (carpool.core.jobs.idempotency_digest)."""
+        key = self.idempotency_key
+        return None if key is None else idempotency_digest(key, owner)
 
 
 @dataclass(frozen=True)

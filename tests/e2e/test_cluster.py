@@ -17,8 +17,11 @@ import requests
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys, shard
 from carpool.backend.queue import Queue
+from carpool.backend.rollouts import RolloutStore
+from carpool.backend.shadows import ShadowBook
 from carpool.core.catalogue import load_catalogue
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from carpool.core.rollouts import change
 from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
 from tests.e2e.test_faults_worker import held_by
@@ -202,3 +205,24 @@ def test_a_web_process_learns_admissions_and_ends_on_every_shard(
         wait_until(lambda: notifier.pending() == 0, 30, "every end notice")
     finally:
         notifier.close()
+
+
+def test_a_rollouts_state_drain_counts_and_shadow_pairs_work_on_a_cluster(
+        cq: Queue, key_prefix: str) -> None:
+    """Each model's rollout keys are in its own slot; the reads that span models are
+    pipelines, the change a WATCH/MULTI on one key, the drain count one script."""
+    spec = load_catalogue(None).get("synthetic")
+    store, book = RolloutStore(cq.client, cq.keys), ShadowBook(cq, cq.keys)
+    store.update("synthetic", lambda now, ms: change(now, {"retire": "1"}, ["1"], "0", ms))
+    state = store.read(["synthetic", "minilm"])
+    assert list(state["synthetic"].retiring) == ["1"] and state["minilm"].is_empty()
+    (job,) = admit_jobs(cq, spec, [1])
+    assert store.pinned(spec) == (1, 0)
+    claim = cq.claim(spec, "small", 8, lease_ms=60_000, token="t", worker="w")
+    assert store.pinned(spec) == (0, 1)
+    cq.complete(spec, claim, [Outcome(job, result=expected_result({"value": 1, "size": 1}))],
+                {"size": 1})
+    assert store.holding_key(["synthetic", "minilm"], "0" * 64) is None
+    book.add("synthetic", [(job, job)], 0)
+    assert book.compare({"synthetic": "synthetic", "minilm": "text"}) == 1
+    assert book.counts(["synthetic"]) == {"synthetic": {"1": (1, 1)}}

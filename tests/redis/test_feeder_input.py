@@ -39,9 +39,10 @@ def new_feeder(settings: Settings, client: redis.Redis, keys: Keys) -> Feeder:
                   LocalFileStore(settings.bulk.files_dir))
 
 
-def add_batch(db: BulkDb, store: LocalFileStore, file_id: str) -> str:
-    """A batch as the web creates it, its input in the store."""
-    store.put(store_name(file_id), embedding_lines(LINES))
+def add_batch(db: BulkDb, store: LocalFileStore, file_id: str, data: bytes | None = None
+              ) -> str:
+    """A batch as the web creates it, its input (default: LINES hemb lines) in the store."""
+    store.put(store_name(file_id), embedding_lines(LINES) if data is None else data)
     now = int(time.time())
     batch_id = new_bulk_id()
     db.add_bulk({"id": batch_id, "owner": "", "endpoint": "/v1/embeddings",

@@ -67,9 +67,10 @@ ALLOWED: dict[str, set[str]] = {
     "web.openai": CORE_FOR_WEB | {"web.common", "web.results"},
     "web.openapi": CORE_FOR_WEB | {"web.events"},
     "web.server_routes": CORE_FOR_WEB | {"web.common", "web.openapi"},
+    "web.rollouts": CORE_FOR_WEB | {"web.common"},
     "web": CORE_FOR_WEB | {"web.common", "web.results", "web.events", "web.jobs",
                            "web.open_inference", "web.openai", "web.openapi",
-                           "web.server_routes"},
+                           "web.server_routes", "web.rollouts"},
     # The two torch-free process kinds beside web/ and worker/.
     "dispatcher": {"carpool.core", "carpool.backend"},
     "feeder": {"carpool.core", "carpool.admission", "carpool.backend", "carpool.intake"},

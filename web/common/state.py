@@ -15,6 +15,7 @@ from carpool.backend.repository import Repository
 from carpool.core.settings import Settings
 from web.common.bodies import BodyLimits
 from web.common.metrics import WebMetrics
+from web.common.routing import Routing
 from web.results.polls import PollCounter
 from web.results.reads import ReadBatcher
 from web.results.waiters import Notifier
@@ -42,6 +43,8 @@ class WebState:
     files: FileStore
     #: Which models are loaded: the repository API's desired states (/v2/repository).
     repository: Repository
+    #: The version each job goes to, and the shadow copies (docs/deployments.md).
+    routing: Routing
 
     def close(self) -> None:
         """Stop the listener and drop the Redis connections (tests; an app is per process)."""

@@ -160,7 +160,7 @@ class SyncWait:
                 self._woken[job.id] = self._stack.enter_context(
                     self.state.notifier.watch(job.id))
         try:
-            return self.state.admissions.admit(req)
+            outcomes = self.state.admissions.admit(req)
         except BackendUnavailable as exc:
             if one:
                 raise AdmissionUnknown([req.jobs[0].id], exc) from exc
@@ -169,6 +169,8 @@ class SyncWait:
             # bins' calls were never sent.
             first = [job.id for job in req.jobs if job.bin.name == req.jobs[0].bin.name]
             raise AdmissionUnknown(first, exc, many=True) from exc
+        self.state.routing.shadow(req, outcomes)
+        return outcomes
 
     def took(self, admitted: Admitted, kept: bool = False) -> None:
         """Count a job queued; unless ``kept`` (an idempotency key), it is cancelled

@@ -13,6 +13,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from carpool.backend.admissions import AdmitJob
+from carpool.core.catalogue import Catalogue
 from carpool.core.errors import (
     BackendUnavailable,
     CarpoolError,
@@ -20,8 +21,14 @@ from carpool.core.errors import (
     NotSent,
     UnsupportedMediaType,
 )
-from carpool.core.jobs import Admitted, JobView, is_job_id, model_version, new_job_id
-from carpool.core.settings import Settings
+from carpool.core.jobs import (
+    Admitted,
+    JobView,
+    idempotency_digest,
+    is_job_id,
+    model_version,
+    new_job_id,
+)
 from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
@@ -47,7 +54,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     state = current_state()
     owner = request_owner(state.settings)
     wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state.settings)
+    sub = _read_submission(state, owner)
     job = AdmitJob(sub.prepared.bin, new_job_id(sub.spec.name), sub.prepared.input_json)
     with SyncWait(state, owner, wait_s) as sync:
         admit_request = sync.request(sub.spec, (job,), sub.options, sub.options.service_tier)
@@ -80,7 +87,7 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to /submit/batch")
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    many = inputs.many_from_json(doc, state.settings.catalogue,
+    many = inputs.many_from_json(doc, state.routing.catalogue(),
                                  state.settings.webhooks.allow_private)
     state.models.check(many.spec.name)  # one model per request: the same 503 as /submit
     with SyncWait(state, owner, wait_s) as sync:
@@ -174,8 +181,11 @@ def delete_result(job_id: str) -> Response:
     raise JobNotFound(f"no job {job_id}: it expired just now")
 
 
-def _read_submission(settings: Settings) -> inputs.Submission:
-    catalogue, allow_private = settings.catalogue, settings.webhooks.allow_private
+def _read_submission(state: WebState, owner: str) -> inputs.Submission:
+    """The request's one job, its model routed (web/common/routing.py): by its
+    idempotency key when it has one, so that a retry goes where the first went."""
+    settings = state.settings
+    allow_private = settings.webhooks.allow_private
     header_key = request.headers.get("Idempotency-Key")
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
@@ -183,17 +193,33 @@ def _read_submission(settings: Settings) -> inputs.Submission:
         if set(files) != {"file"} or len(files.getlist("file")) != 1:
             raise InvalidInput("send exactly one file, in the form field 'file'")
         data = files["file"].read()
-        return inputs.submission_from_file(request.form.to_dict(), data, catalogue, header_key,
-                                           allow_private)
+        form = request.form.to_dict()
+        return inputs.submission_from_file(
+            form, data, _routed(state, owner, form.get("idempotency_key"), header_key),
+            header_key, allow_private)
     if mimetype.startswith("image/"):
         fields = {k: v for k, v in request.args.items() if k != "wait"}  # ?wait= is ours
-        return inputs.submission_from_file(fields, request.get_data(),
-                                           catalogue, header_key, allow_private)
+        return inputs.submission_from_file(
+            fields, request.get_data(),
+            _routed(state, owner, fields.get("idempotency_key"), header_key), header_key,
+            allow_private)
     _require_json()
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    return inputs.submission_from_json(doc, catalogue, settings.input_limits, header_key,
-                                       allow_private)
+    body_key = doc.get("idempotency_key") if isinstance(doc, dict) else None
+    return inputs.submission_from_json(doc, _routed(state, owner, body_key, header_key),
+                                       settings.input_limits, header_key, allow_private)
+
+
+def _routed(state: WebState, owner: str, body_key: object, header_key: str | None
+            ) -> Catalogue:
+    key = body_key if body_key is not None else header_key
+    # A malformed key is refused by the parse (400): none picks a version meanwhile.
+    try:
+        digest = idempotency_digest(key, owner) if isinstance(key, str) else None
+    except UnicodeEncodeError:  # an unpaired surrogate
+        digest = None
+    return state.routing.catalogue(digest)
 
 
 def _require_json() -> None:

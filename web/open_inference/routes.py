@@ -149,9 +149,11 @@ def infer(name: str, version: str | None = None) -> tuple[Response, int, dict[st
     # Refusals count under the model it names.
     remember_model({"model": name if version is None else internal_name(name, version)})
     owner = request_owner(state.settings)
-    spec = _model(name, version)
-    tensors = tensors_of(spec)
     req = parse_request(request.get_data(), request.headers.get(HEADER_LENGTH))
+    # A version in the path or the body pins it; else the model's rollout picks one.
+    pinned = req.model_version if isinstance(req.model_version, str) else None
+    spec = _model(name, version or pinned or None, routed=True)
+    tensors = tensors_of(spec)
     if (req.model_name not in (None, spec.name, spec.base_name)
             or req.model_version not in (None, "", spec.version)):
         raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
@@ -220,9 +222,11 @@ def _job_error(view: JobView) -> CarpoolError:
     return JobFailed(message)
 
 
-def _model(name: str, version: str | None) -> ModelSpec:
-    """The entry a path names: ``<m>`` (or ``<m>@<v>``), and its version if it says."""
-    catalogue = current_state().settings.catalogue
+def _model(name: str, version: str | None, routed: bool = False) -> ModelSpec:
+    """The entry a path names: ``<m>`` (or ``<m>@<v>``), and its version if it says;
+    ``routed``: the one a job of it goes to (web/common/routing.py)."""
+    state = current_state()
+    catalogue = state.routing.catalogue() if routed else state.settings.catalogue
     if version is None:
         return catalogue.get(name)
     if SEPARATOR in name:

@@ -156,7 +156,7 @@ def embeddings() -> Response:
     owner = request_owner(state.settings)
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
-    req = embed_request(doc, state.settings.catalogue, state.settings.input_limits)
+    req = embed_request(doc, state.routing.catalogue(), state.settings.input_limits)
     jobs = [AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json) for p in req.prepared]
     with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True) as sync:
         views = sync.finals(sync.admit_all(sync.request(req.spec, jobs,

