@@ -5,7 +5,9 @@ by every web process at most ``ROLLOUT_REFRESH_S`` old (``RolloutCache``).
 A change is rare and made by an operator: it reads the hash, applies the pure rule and
 writes the whole hash back in one ``MULTI`` under ``WATCH`` (as bulk batches move,
 docs/architecture.md), so two concurrent changes never interleave. A retiring
-version's queued and running jobs are counted at one instant (``pinned.lua``).
+version's queued and running jobs are counted at one instant (``pinned.lua``); once it
+counts as retired, it is unloaded as the repository API unloads a model, once per
+retirement, so its workers free it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import redis
 from carpool.backend.args import PinnedArgs
 from carpool.backend.connection import load_script, redis_errors
 from carpool.backend.keys import Keys
+from carpool.backend.repository import Repository
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable
 from carpool.core.rollouts import RETIRE_SETTLE_MS, ROLLOUT_REFRESH_S, Rollout
@@ -28,6 +31,9 @@ from carpool.core.shards import shard
 
 #: The hash field of a retiring version: ``retire:<v>`` -> when it was retired (ms).
 RETIRE_FIELD = "retire:"
+#: The field of a version's ``{p.s}:mstats:<m@v>`` hash naming the retirement (when it
+#: was retired, ms) whose end unloaded it: a load after that is the operator's, kept.
+UNLOADED_RETIREMENT_FIELD = "retired_unload"
 
 
 def rollout_from(h: Mapping[str, str]) -> Rollout:
@@ -55,6 +61,7 @@ class RolloutStore:
         self.client = client
         self.keys = keys
         self._pinned = load_script(client, "pinned")
+        self.repository = Repository(client, keys)
 
     def read(self, models: Sequence[str]) -> dict[str, Rollout]:
         """Each of ``models``' rollout, in one round trip."""
@@ -110,12 +117,27 @@ class RolloutStore:
     def drain_state(self, spec: ModelSpec, retired_ms: int, now_ms: int) -> dict[str, Any]:
         """A retiring version as ``GET /models`` shows it: ``draining`` while a job of it
         is queued or running, or a web process may still admit one (RETIRE_SETTLE_MS);
-        then ``retired``: its workers may drop it."""
+        then ``retired``, and unloaded (``unload_retired``)."""
         queued, running = self.pinned(spec)
-        settled = now_ms - retired_ms >= RETIRE_SETTLE_MS
+        retired = now_ms - retired_ms >= RETIRE_SETTLE_MS and queued == running == 0
+        if retired:
+            self.unload_retired(spec, retired_ms)
         return {"version": spec.version, "retired_at_ms": retired_ms, "queued": queued,
-                "running": running,
-                "state": "retired" if settled and queued == running == 0 else "draining"}
+                "running": running, "state": "retired" if retired else "draining"}
+
+    def unload_retired(self, spec: ModelSpec, retired_ms: int) -> bool:
+        """Unload a retired version (POST /v2/repository/models/<m@v>/unload's way: its
+        workers stop claiming it and free it), once per retirement: whether this call
+        did. Two processes doing it at once unload once (model_state.lua)."""
+        key = self.keys.model_stats(spec.name)
+        with redis_errors():
+            done = self.client.hget(key, UNLOADED_RETIREMENT_FIELD)
+        if done is not None and int(done) == retired_ms:
+            return False
+        self.repository.unload(spec.name)
+        with redis_errors():
+            self.client.hset(key, UNLOADED_RETIREMENT_FIELD, str(retired_ms))
+        return True
 
 
 class RolloutCache:

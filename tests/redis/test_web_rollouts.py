@@ -194,6 +194,28 @@ def test_a_retiring_version_admits_nothing_new_and_counts_its_jobs_until_they_en
     assert (drains(http)["2"]["queued"], drains(http)["2"]["running"]) == (0, 0)
 
 
+def test_a_retired_version_is_unloaded_once_and_a_later_load_is_kept(
+        http: FlaskClient, settings: Settings) -> None:
+    repository = app_state(http).repository
+    assert repository.read(["synthetic@2"])["synthetic@2"].loaded
+    put(http, {"retire": "2"})
+    assert drains(http)["2"]["state"] == "draining"
+    assert repository.read(["synthetic@2"])["synthetic@2"].loaded  # not before it drained
+    wait_until(lambda: drains(http)["2"]["state"] == "retired",
+               RETIRE_SETTLE_MS / 1000 + 10, "version 2 to count as retired")
+    unloaded = repository.read(["synthetic@2"])["synthetic@2"]
+    assert not unloaded.loaded  # as POST /v2/repository/models/synthetic@2/unload leaves it
+    index = {(r["name"], r["version"]): r for r in
+             http.post("/v2/repository/index", json={}).get_json()}
+    assert (index[("synthetic", "2")]["state"], index[("synthetic", "2")]["reason"]) == (
+        "UNAVAILABLE", "unloaded")
+    assert index[("synthetic", "1")]["state"] != "UNAVAILABLE" or (
+        index[("synthetic", "1")]["reason"] != "unloaded")  # the other version untouched
+    repository.load("synthetic@2", "", unloaded.generation)  # the operator's load
+    assert drains(http)["2"]["state"] == "retired"
+    assert repository.read(["synthetic@2"])["synthetic@2"].loaded  # not unloaded again
+
+
 def test_the_entrys_own_version_retires_only_behind_a_rollout_at_100_percent(
         http: FlaskClient) -> None:
     put(http, {"version": "2", "percent": 100})
