@@ -13,6 +13,7 @@ from carpool.core.jobs import JOB_ID_CHARS, JobStatus
 from carpool.core.settings import Settings
 from web.openapi.event_paths import CALLER_TIMEOUT, JOB_FIELDS, PREFER, event_paths
 from web.openapi.openai_paths import v1_paths
+from web.openapi.rollout_paths import rollout_paths
 from web.openapi.schemas import component, input_schema, many_schema, submit_schema
 from web.openapi.tenant_paths import JOB_USAGE, TIER_HEADER, tenant_paths
 
@@ -35,6 +36,7 @@ def _responses(ok: tuple[str, str, dict[str, Any]], *errors: str) -> dict[str, A
 _ERROR_TEXT = {
     "400": "bad input, with a message that says what to fix",
     "401": "an API key is needed, or this one is unknown",
+    "403": "this API key is not an admin key, which this call needs",
     "404": "unknown model, or unknown, malformed or expired job id",
     "405": "method not allowed",
     "408": "the request body did not arrive in time (CARPOOL_BODY_TIMEOUT_S), or the "
@@ -192,6 +194,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/result/{job_id}": _result(settings),
             **event_paths(_responses, _JOB_ID),
             **tenant_paths(_responses),
+            **rollout_paths(_responses),
             "/healthz": _plain("Liveness"),
             "/readyz": _plain("Readiness: Redis answers", "503"),
             "/metrics": _metrics(),
@@ -202,7 +205,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }
     if settings.api_key_digests:
         for path in ("/submit", "/submit/batch", "/result/{job_id}", "/result/{job_id}/events",
-                     "/events", "/usage", *(p for p in doc["paths"] if p.startswith("/v1/"))):
+                     "/events", "/usage", "/models/{name}/rollout",
+                     *(p for p in doc["paths"] if p.startswith("/v1/"))):
             for op in doc["paths"][path].values():
                 if isinstance(op, dict) and "responses" in op:
                     op["security"] = [{"bearer": []}]

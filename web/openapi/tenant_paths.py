@@ -9,6 +9,7 @@ from typing import Any
 
 from carpool.admission.tiers import AUTO, SERVICE_TIER_HEADER, TIERS
 from carpool.backend.usage import USAGE_KEEP_HOURS
+from web.openapi.rollout_paths import ROLLOUT
 
 #: A lower tier asked for by header (a body's ``service_tier`` wins over it).
 TIER_HEADER = {"name": SERVICE_TIER_HEADER, "in": "header", "required": False,
@@ -52,7 +53,8 @@ MODEL = {"type": "object",
              "measure": {"type": "string"}, "limits": {"type": "object"},
              "scheduling": {"type": "object"},
              "bins": {"type": "array", "items": _BIN}, "workers": _WORKERS,
-             "refused_by_tier": _REFUSED_BY_TIER}}
+             "refused_by_tier": _REFUSED_BY_TIER,
+             "rollout": {**ROLLOUT, "description": "a model's own entry's, when it has one"}}}
 
 _USAGE_SUMS = {"jobs": _COUNT, "device_ms": {"type": "number", "minimum": 0},
                "queue_ms": _COUNT, "refused": _COUNT}
