@@ -11,11 +11,14 @@ from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, singl
 from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry
-from carpool.core.jobs import Claim, new_job_id
+from carpool.backend.shadows import ShadowBook, ShadowCounters
+from carpool.core.jobs import Claim, Outcome, new_job_id
 from carpool.core.settings import Settings
+from carpool.core.synthetic import expected_result
 from dispatcher.metrics import DispatchMetrics
 from feeder.metrics import FeederMetrics
 from tests.support.deployfiles import load_metrics
+from tests.support.faults import admit_jobs
 from tests.support.procs import wait_until
 from tests.support.promtext import Scrape
 from tests.unit.test_worker_metrics import (
@@ -52,6 +55,15 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
     web.registry.register(NeedGauges(NeedReader(  # as web/app.py registers them
         queue.client, queue.keys, queue, Registry(queue.client, queue.keys),
         settings.catalogue, settings.cold_start_s)))
+    # Shadow counters appear once a copy was compared: a done job as its own copy.
+    spec = settings.catalogue.get("synthetic")
+    (job,) = admit_jobs(queue, spec, [1])
+    claim = queue.claim(spec, spec.bin_for(1).name, 8, lease_ms=60_000, token="sh", worker="w")
+    queue.complete(spec, claim, [Outcome(job, result=expected_result({"value": 1, "size": 1}))],
+                   {"size": 1})
+    book = ShadowBook(queue, queue.keys)
+    book.add("synthetic", [(job, job)], 0)
+    web.registry.register(ShadowCounters(book, {"synthetic": spec.kind}))
     web.observe_request("/submit", "POST", 202, 0.001)  # HTTP series appear with a request
     hooks = DispatchMetrics()
     hooks.latency.observe(0.02)
