@@ -50,6 +50,8 @@ class StackSpec:
     #: Bins are made at least this deep (a drain admits its whole backlog at once).
     min_depth: int = 0
     model: str = "synthetic"
+    #: A checkout whose carpool and web the processes import (PYTHONPATH), else this one.
+    root: Path | None = None
 
 
 def free_port() -> int:
@@ -111,7 +113,8 @@ class Stack:
                 "CARPOOL_MODELS": self.spec.model, "PYTHONUNBUFFERED": "1",
                 # Several bench workers share this host: none takes the metrics port.
                 "CARPOOL_WORKER_METRICS_PORT": "0",
-                **self.spec.policy.env}
+                **self.spec.policy.env,
+                **({"PYTHONPATH": str(self.spec.root)} if self.spec.root else {})}
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[
             subprocess.Popen[bytes], Path]:

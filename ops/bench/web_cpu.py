@@ -79,13 +79,16 @@ def tree_cpu_s(pid: int) -> float:
 
 
 async def drive(base_url: str, mode: str, jobs: int, clients: int,
-                keys: Sequence[str] = ("",)) -> int:
+                keys: Sequence[str] = ("",), model: str = "synthetic") -> int:
     """Run ``jobs`` jobs through ``mode``; the number that ended done. Client k sends
-    with API key ``keys[k % len(keys)]`` ("": none)."""
+    with API key ``keys[k % len(keys)]`` ("": none); ``model`` may name a version
+    (``m@v``: ``/v2/models/m/versions/v/infer`` in mode v2)."""
     pools = [HttpClient(base_url, clients, {"Authorization": f"Bearer {k}"} if k else None)
              for k in keys]
     todo = iter(range(jobs))
     done = 0
+    name, _, version = model.partition("@")
+    v2_path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "") + "/infer"
 
     async def client(http: HttpClient) -> None:
         nonlocal done
@@ -94,11 +97,11 @@ async def drive(base_url: str, mode: str, jobs: int, clients: int,
                 row = [float(i)] + [0.0] * 7
                 body = json.dumps({"inputs": [{"name": "VALUE", "datatype": "FP32",
                                                "shape": [1, 8], "data": row}]}).encode()
-                answer = await http.request("POST", "/v2/models/synthetic/infer", body)
+                answer = await http.request("POST", v2_path, body)
                 done += answer.status == 200 and json.loads(answer.body)["outputs"][0][
                     "data"] == row
                 continue
-            body = json.dumps({"model": "synthetic", "input": {"value": i, "size": 8}}).encode()
+            body = json.dumps({"model": model, "input": {"value": i, "size": 8}}).encode()
             path = f"/submit?wait={WAIT_S}" if mode == "wait" else "/submit"
             answer = await http.request("POST", path, body)
             if mode == "poll" and answer.status == 202:
