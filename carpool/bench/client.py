@@ -18,7 +18,7 @@ from typing import Any
 from carpool.admission.urgency import MAX_PRIORITY
 from carpool.bench.arrivals import Arrival
 from carpool.bench.httpclient import ConnectionClosed, HttpClient
-from carpool.bench.records import JobRecord, Outcome, batch_fields, verify
+from carpool.bench.records import JobRecord, Outcome, Verdict, batch_fields, verify
 from carpool.bench.workload import SYNTHETIC, make_input
 from carpool.core.synthetic import checksum
 
@@ -46,6 +46,10 @@ class HttpOptions:
     #: Sent as ``Authorization: Bearer`` (a tenant of a server with API keys).
     api_key: str = ""
     protocol: str = "poll"  # one of PROTOCOLS
+    #: A job's input from (nonce, seq, arrival); None: the synthetic model's (make_input).
+    job_input: Callable[[str, int, Arrival], dict[str, Any]] | None = None
+    #: Judges a final body: (job id, input, body); None: the synthetic model's (verify).
+    verify: Callable[[str, dict[str, Any], dict[str, Any]], Verdict] | None = None
 
 
 class HttpDriver:
@@ -94,7 +98,11 @@ class HttpDriver:
 
     async def _job(self, seq: int, arrival: Arrival) -> JobRecord:
         # One JobRecord built at the end: dataclasses.replace per step cost ~25 µs a job.
-        job_input = make_input(self.nonce, seq, arrival.size, arrival.payload)
+        if self.opts.job_input is not None:
+            job_input = self.opts.job_input(self.nonce, seq, arrival)
+        else:
+            job_input = make_input(self.nonce, seq, arrival.size, arrival.payload)
+        judge = self.opts.verify or verify
         t_start = self.now()
 
         def record(outcome: Outcome, status: int = 0, **more: Any) -> JobRecord:
@@ -119,7 +127,7 @@ class HttpDriver:
             return record(Outcome.REJECTED, 429, t_final=self.now())
         if inline and answer.status == 200:  # the final result, inline
             body_now: dict[str, Any] = json.loads(answer.body)
-            verdict = verify(str(body_now.get("id")), job_input, body_now)
+            verdict = judge(str(body_now.get("id")), job_input, body_now)
             return record(verdict.outcome, 200, t_final=self.now(), job_id=str(body_now["id"]),
                           detail=verdict.detail, **batch_fields(body_now))
         if answer.status != 202:
@@ -131,7 +139,7 @@ class HttpDriver:
             return record(Outcome.LOST, 202, job_id=job_id, detail="not final before the deadline")
         if not body:
             return record(Outcome.LOST, 202, job_id=job_id, detail="404 for an accepted id")
-        verdict = verify(job_id, job_input, body)
+        verdict = judge(job_id, job_input, body)
         return record(verdict.outcome, 202, t_final=self.now(), job_id=job_id,
                       detail=verdict.detail, **batch_fields(body))
 
