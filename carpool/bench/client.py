@@ -63,6 +63,8 @@ class HttpDriver:
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.deadline = self.t0
+        #: The id each admitted job got (by seq): a record of a client that gave up has it.
+        self.admitted: dict[int, str] = {}
 
     def now(self) -> float:
         return self.loop.time() - self.t0
@@ -90,7 +92,8 @@ class HttpDriver:
                     record = await self._job(seq, arrival)
             except TimeoutError:
                 record = JobRecord(seq, arrival.size, arrival.t_s, t_start, Outcome.TIMEOUT,
-                                   t_final=self.now(), detail="the client gave up")
+                                   t_final=self.now(), job_id=self.admitted.get(seq, ""),
+                                   detail="the client gave up")
         else:
             record = await self._job(seq, arrival)
         self.tick()
@@ -134,6 +137,7 @@ class HttpDriver:
             detail = answer.body[:200].decode("utf-8", "replace")
             return record(Outcome.ERROR, answer.status, t_final=self.now(), detail=detail)
         job_id = str(json.loads(answer.body)["id"])
+        self.admitted[seq] = job_id
         body = await self._await_final(job_id)
         if body is None:
             return record(Outcome.LOST, 202, job_id=job_id, detail="not final before the deadline")

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,14 +44,18 @@ from typing import Any
 import psutil
 import requests
 import torch
-from overload import _raise_open_files, _wait_ok, _worker_serving  # this folder
+from overload import _p99_ms, _raise_open_files, _wait_ok, _worker_serving  # this folder
 from text_padding import docstrings  # this folder
 
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from carpool.backend.queue import Queue
 from carpool.bench.arrivals import Arrival, poisson_times
 from carpool.bench.client import HttpOptions, run_http
 from carpool.bench.records import JobRecord, Outcome, Verdict, write_jsonl
 from carpool.bench.workload import new_nonce
 from carpool.core.catalogue import ModelSpec, builtin_models
+from carpool.core.settings import load_settings
 from carpool.core.tokens import tokenizer_for
 from carpool.stack.localstack import web_command, worker_command
 from carpool.stack.redis_local import free_port, start_redis
@@ -84,6 +89,13 @@ class RunResult:
     worker_cores: float
     web_cores: float
     mean_batch: float
+    #: The generator's own CPU (cores) over the run: it shares the machine.
+    generator_cores: float
+    #: p99 of how late the generator sent jobs after their scheduled arrival (ms).
+    start_late_p99_ms: float
+    #: The late jobs as Redis saw them: counts by status ("no id": the submit was
+    #: never answered), and for those done the p50 of queue and admit-to-done ms.
+    late_detail: dict[str, float]
     #: Per second of arrivals: [jobs refused, admitted jobs late].
     timeline: list[list[int]]
 
@@ -136,6 +148,11 @@ def judge(expected: dict[str, int]) -> Any:
     return check
 
 
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _cpu_s(procs: Sequence[psutil.Process]) -> float:
     total = 0.0
     for p in procs:
@@ -162,8 +179,27 @@ def warm(base_url: str, spec: ModelSpec, texts: Sequence[Text]) -> None:
             raise RuntimeError(f"warm-up of {name}: {r.status_code} {r.text[:200]}")
 
 
+def late_detail(redis_url: str, late_ids: Sequence[str], missing: int) -> dict[str, float]:
+    """How the late jobs ended, from their records (read before the stack stops)."""
+    queue = Queue(connect(redis_url), Keys(load_settings({}).key_prefix))
+    found = queue.read_records(list(late_ids)) if late_ids else []
+    out: dict[str, float] = {"no id": missing}
+    waits, ends = [], []
+    for fields in found:
+        status = fields.get("status", "gone") if fields else "gone"
+        out[status] = out.get(status, 0) + 1
+        if fields and status == "done":
+            waits.append(int(fields["t_claim"]) - int(fields["t_admit"]))
+            ends.append(int(fields["t_done"]) - int(fields["t_admit"]))
+    if waits:
+        out["queue_ms_p50"] = statistics.median(waits)
+        out["end_ms_p50"] = statistics.median(ends)
+    return out
+
+
 def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: float,
-              worker_cores: float, web_cores: float) -> RunResult:
+              worker_cores: float, web_cores: float, generator_cores: float,
+              detail: dict[str, float]) -> RunResult:
     ok = [r for r in records if r.outcome is Outcome.OK]
     refused = [r for r in records if r.outcome is Outcome.REJECTED]
     errors = [r for r in records if r.outcome is Outcome.ERROR]
@@ -186,7 +222,9 @@ def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: f
         late_share=round(len(late) / max(1, len(admitted)), 4),
         worker_cores=round(worker_cores, 2), web_cores=round(web_cores, 2),
         mean_batch=round(statistics.mean([r.batch_size for r in ok]), 1) if ok else 0.0,
-        timeline=timeline)
+        generator_cores=round(generator_cores, 2),
+        start_late_p99_ms=_p99_ms([r.t_start - r.t_sched for r in records]),
+        late_detail=detail, timeline=timeline)
 
 
 def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Sequence[Text],
@@ -213,6 +251,16 @@ def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Seque
         warm(base_url, spec, texts)
         web, worker = psutil.Process(procs[0].pid), psutil.Process(procs[1].pid)
         web0, worker0, t0 = _cpu_s([web]), _cpu_s([worker]), time.monotonic()
+        gen0 = _own_cpu_s()
+        spy = None
+        if args.profile:  # the worker's stacks over the surge (py-spy: pip install py-spy)
+            args.profile.mkdir(parents=True, exist_ok=True)
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                 str(procs[1].pid), "--rate", "50", "--format", "raw", "--duration",
+                 str(int(args.duration)), "--output",
+                 str(args.profile / f"{root.name}-{factor:g}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         opts = HttpOptions(base_url=base_url, model=MODEL,
                            client_timeout_s=args.client_timeout_s,
                            grace_s=args.client_timeout_s + 5, protocol="poll",
@@ -221,18 +269,26 @@ def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Seque
                            verify=judge({t.text: t.tokens for t in texts}))
         records = run_http(arrivals, opts, new_nonce())
         elapsed = time.monotonic() - t0
+        if spy is not None:
+            spy.wait(timeout=60)
         web_cores = (_cpu_s([web]) - web0) / elapsed
         worker_cores = (_cpu_s([worker]) - worker0) / elapsed
+        generator_cores = (_own_cpu_s() - gen0) / elapsed
+        late = [r for r in records if r.outcome not in (Outcome.OK, Outcome.REJECTED,
+                                                        Outcome.ERROR)]
+        detail = late_detail(server.url, [r.job_id for r in late if r.job_id],
+                             sum(not r.job_id for r in late))
     finally:
         for p in procs:
-            p.terminate()
+            p.terminate()  # the late jobs' records were read before this
         for p in procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
         server.stop()
-    return summarise(str(root), factor, records, offline, worker_cores, web_cores), records
+    return summarise(str(root), factor, records, offline, worker_cores, web_cores,
+                     generator_cores, detail), records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--client-timeout-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--profile", type=Path,
+                    help="record the worker with py-spy over the surge into this folder")
     ap.add_argument("--records", type=Path, help="write every job's record (JSON lines)")
     args = ap.parse_args(argv)
     spec = builtin_models()[MODEL]
@@ -271,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({"offline_before": round(offline_before, 1),
                       "offline_after": round(offline_after, 1)}), flush=True)
     print(f"{'root':40s} {'x':>4s} {'offered':>7s} {'admit':>6s} {'late%':>6s} "
-          f"{'good/s':>7s} {'ratio':>6s} {'wrk':>5s} {'web':>5s} {'batch':>5s}")
+          f"{'good/s':>7s} {'ratio':>6s} {'wrk':>5s} {'web':>5s} {'gen':>5s} {'batch':>5s}")
     results = []
     for result, _ in runs:
         ratio = result.goodput_per_s / offline
@@ -281,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{result.root[-40:]:40s} {result.factor:4g} {result.offered:7d} "
               f"{result.admitted:6d} {100 * result.late_share:6.1f} "
               f"{result.goodput_per_s:7.1f} {ratio:6.2f} {result.worker_cores:5.2f} "
-              f"{result.web_cores:5.2f} {result.mean_batch:5.1f}")
+              f"{result.web_cores:5.2f} {result.generator_cores:5.2f} {result.mean_batch:5.1f}")
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
     if args.records:
