@@ -14,6 +14,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from carpool.bench import stub
 from carpool.bench.arrivals import poisson_times, with_sizes
 from carpool.bench.ceiling import stub_server
 from carpool.bench.client import HttpOptions, run_http
-from carpool.bench.records import JobRecord, Outcome
+from carpool.bench.records import JobRecord, Outcome, Verdict
 from carpool.bench.workload import SizeMix
 from tests.support.procs import free_port, wait_until
 
@@ -159,3 +160,48 @@ def test_a_client_that_gives_up_counts_its_job_as_a_timeout(
     assert timeouts and len(timeouts) + _count(records, Outcome.OK) == len(records)
     assert _count(records, Outcome.LOST) == 0
     assert all(r.e2e_ms is not None and r.e2e_ms >= 300 for r in timeouts)
+
+
+def test_a_run_sends_the_job_input_hooks_inputs_and_judges_them_with_its_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    honest = stub.respond
+    sent: list[dict[str, object]] = []
+
+    def record_inputs(method: str, path: str, body: bytes) -> bytes:
+        if path == "/submit":
+            sent.append(json.loads(body)["input"])
+        return honest(method, path, body)
+
+    def judge(job_id: str, job_input: dict[str, Any], body: dict[str, Any]) -> Verdict:
+        # A real model's answer is no echo: here every other job is judged wrong.
+        return Verdict(Outcome.OK if job_input["value"]["n"] % 2 else Outcome.MISROUTED)
+
+    arrivals = with_sizes(poisson_times(100, 0.5, seed=3), SizeMix.parse("16"), 3)
+    with tampered_stub(monkeypatch, record_inputs) as stub_url:
+        opts = HttpOptions(stub_url, grace_s=10.0,
+                           job_input=lambda _nonce, seq, a: {"value": {"n": seq}, "size": a.size},
+                           verify=judge)
+        records = run_http(arrivals, opts, "hooks")
+    assert sorted(x["value"]["n"] for x in sent) == list(range(len(arrivals)))  # type: ignore[index]
+    assert [r.outcome for r in records] == [
+        Outcome.OK if r.seq % 2 else Outcome.MISROUTED for r in records]
+
+
+def test_a_job_whose_client_gave_up_after_its_admission_keeps_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    honest = stub.respond
+
+    def never_done(method: str, path: str, body: bytes) -> bytes:
+        if path.startswith("/result/"):  # still queued, every time it is asked
+            job_id = path[len("/result/"):].partition("?")[0]
+            return stub._answer(200, {"id": job_id, "status": "queued"})
+        return honest(method, path, body)
+
+    arrivals = with_sizes(poisson_times(50, 0.2, seed=5), SizeMix.parse("16"), 5)
+    with tampered_stub(monkeypatch, never_done) as url:
+        records = run_http(arrivals, HttpOptions(url, client_timeout_s=0.3, grace_s=5.0,
+                                                 poll_wait_s=0.1), "gave-up")
+    assert records and all(r.outcome is Outcome.TIMEOUT for r in records)
+    assert all(r.job_id.startswith("stub") for r in records)
