@@ -107,7 +107,8 @@ class Scheduler:
         return [self.limits(k).max_batch for k in keys]
 
     def decide(self, now_ms: int, states: Sequence[BinState]) -> Go | Wait:
-        """The decision for this peek; counts a passed-over bin toward rule 4."""
+        """The decision for this peek; counts a passed-over bin toward rule 4, once per
+        full batch it holds."""
         with self._lock:
             self._now_ms = now_ms
             views = []
@@ -123,8 +124,12 @@ class Scheduler:
                 chosen.depth_at_go = next(s.depth for s in states
                                           if (s.model, s.bin) == (decision.model, decision.bin))
                 chosen.held_at_go = self._waited
+                # A pass counts once per full batch the bin holds: served in turn, a bin
+                # with k batches waiting would otherwise get a k-th of its due share.
+                depths = {(s.model, s.bin): s.depth for s in states}
                 for key in decision.passed_over:
-                    self._bins[key].bypassed += 1
+                    b = self._bins[key]
+                    b.bypassed += max(1, depths[key] // b.effective().max_batch)
             self._waited = isinstance(decision, Wait)
             return decision
 
