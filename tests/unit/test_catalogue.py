@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from carpool.core.catalogue import TEXT_BATCH_TOKENS, builtin_models, load_catalogue
+from carpool.core.catalogue import builtin_models, load_catalogue
 from carpool.core.errors import ConfigError
 from worker.handlers.torchload import weights_setting
 
@@ -46,14 +46,3 @@ max_depth = 100
     builtin = builtin_models()["synthetic"]
     assert spec.result_ttl_s == 60 and spec.options == builtin.options
     assert [b.name for b in spec.bins] == ["only"]
-
-
-def test_a_short_text_bins_batch_holds_the_text_token_budget_not_64_texts() -> None:
-    # The busiest bins of a text mix are the short ones, and their jobs the cheapest:
-    # a batch of 64 texts of 16 tokens would drain the busiest bin slower than it fills
-    # while a backlogged worker serves 19 bins in turn.
-    bins = {b.max_size: b.max_batch for b in builtin_models()["minilm"].bins}
-    assert bins[16] == TEXT_BATCH_TOKENS // 16 == 128
-    assert bins[24] == TEXT_BATCH_TOKENS // 24
-    assert all(bins[n] == max(64, TEXT_BATCH_TOKENS // n) for n in bins if n <= 128)
-    assert (bins[32], bins[128], bins[256], bins[512]) == (64, 64, 32, 16)
