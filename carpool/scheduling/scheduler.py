@@ -107,8 +107,7 @@ class Scheduler:
         return [self.limits(k).max_batch for k in keys]
 
     def decide(self, now_ms: int, states: Sequence[BinState]) -> Go | Wait:
-        """The decision for this peek; counts a passed-over bin toward rule 4, once per
-        full batch it holds."""
+        """The decision for this peek; counts a passed-over bin toward rule 4."""
         with self._lock:
             self._now_ms = now_ms
             views = []
@@ -124,12 +123,8 @@ class Scheduler:
                 chosen.depth_at_go = next(s.depth for s in states
                                           if (s.model, s.bin) == (decision.model, decision.bin))
                 chosen.held_at_go = self._waited
-                # A pass counts once per full batch the bin holds: served in turn, a bin
-                # with k batches waiting would otherwise get a k-th of its due share.
-                depths = {(s.model, s.bin): s.depth for s in states}
                 for key in decision.passed_over:
-                    b = self._bins[key]
-                    b.bypassed += max(1, depths[key] // b.effective().max_batch)
+                    self._bins[key].bypassed += 1
             self._waited = isinstance(decision, Wait)
             return decision
 

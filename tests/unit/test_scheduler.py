@@ -95,28 +95,3 @@ def test_a_p99_target_shrinks_max_batch_when_missed() -> None:
     assert sched.scan_sizes([("m", "a")]) == [6]
     sched.tune("m", p99_target_ms=0)
     assert sched.limits(("m", "a")).max_batch == 8
-
-
-def test_a_bin_holding_several_batches_is_not_served_in_turn_with_bins_holding_few() -> None:
-    # Under a backlog every bin is due, and a bin passed over MAX_BYPASS times goes
-    # first. Served strictly in turn, the busy bin (6 jobs a turn, batches of 16) gets
-    # one batch per round of the bins that each hold a job or two, and falls ever
-    # further behind (1,500 jobs after 400 turns) though one batch in three would do.
-    bins = [BinSpec(f"b{i}", max_size=10 * (i + 1), max_batch=16 if i == 0 else 8,
-                    max_wait_ms=20, max_depth=10_000) for i in range(8)]
-    sched = Scheduler([replace(SPEC, bins=tuple(bins))], adaptive=False)
-    depth = {b.name: 2 for b in bins}
-    served = []
-    for turn in range(400):
-        now = 10_000 + turn * 50
-        for i, name in enumerate(depth):
-            depth[name] += 6 if i == 0 else (turn + i) % 4 == 0
-        states = [BinState("m", name, d, now - 1000, None, 0) for name, d in depth.items() if d]
-        go = sched.decide(now, states)
-        assert isinstance(go, Go)
-        served.append(go.bin)
-        depth[go.bin] -= min(depth[go.bin], go.max_n)
-    # Its passes count once per full batch it holds: it goes about as often as its
-    # arrivals ask, its backlog stays bounded, and every other bin still gets its turn.
-    assert depth["b0"] <= 10 * 16
-    assert set(served[-40:]) == set(depth)
