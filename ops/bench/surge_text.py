@@ -1,7 +1,7 @@
 """minilm under a surge: goodput and late jobs at factors × its offline rate, old code
 against new, each beside the offline rate measured in the same run.
 
-    flock /work/wt/cpu.lock python ops/bench/surge_text.py --roots /path/to/old,. \\
+    python ops/bench/surge_text.py --roots /path/to/old,. \\
         --factors 1.5,3 --duration 30 --out surge.json --records surge.jsonl
 
 Texts: the docstrings of the standard library (``text_padding.docstrings``), drawn at
