@@ -42,7 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -138,38 +139,30 @@ def _sheds(base_url: str) -> dict[str, float]:
     return out
 
 
-def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
-            factor: float, deadline_ms: int, offline_per_s: float,
-            protocol: str = "poll") -> RunResult:
-    tmp = Path(tempfile.mkdtemp(prefix="carpool-overload-"))
+@contextmanager
+def local_stack(root: Path, tmp: Path, env: dict[str, str],
+                ) -> Iterator[tuple[str, str, list[subprocess.Popen[bytes]]]]:
+    """A private redis-server, the web and one worker importing ``root``'s code, with
+    ``env`` over this process's environment: yields the Redis URL, the web's base URL and
+    the processes (web, worker) once the worker serves; all stopped on exit."""
     server = start_redis(tmp / "redis")
     port = free_port()
-    a_ms, b_ms = args.cost_ms
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
-               CARPOOL_SYNTHETIC_COST_MS=f"{a_ms:g},{b_ms:g}", CARPOOL_MODELS="synthetic",
-               CARPOOL_WORKER_METRICS_PORT="0", PYTHONPATH=str(root))
-    if args.web_workers:
-        env["CARPOOL_WEB_WORKERS"] = str(args.web_workers)
+               CARPOOL_WORKER_METRICS_PORT="0", PYTHONPATH=str(root), **env)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(tmp / "procs.log", "ab") as logs:
             for cmd in (web_command(), worker_command(0)):
                 procs.append(subprocess.Popen(cmd, env=env, stdout=logs, cwd=root,
                                               stderr=subprocess.STDOUT))
-        _wait_ok(f"http://127.0.0.1:{port}/healthz", procs[0])
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_ok(f"{base_url}/healthz", procs[0])
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _worker_serving(server.url):
             if time.monotonic() > deadline:
-                raise TimeoutError("no worker registered")
+                raise TimeoutError(f"no worker registered; see {tmp / 'procs.log'}")
             time.sleep(0.2)  # the worker loads and registers: no event to block on here
-        opts = HttpOptions(base_url=f"http://127.0.0.1:{port}",
-                           client_timeout_s=args.client_timeout_s,
-                           grace_s=args.client_timeout_s + 5, protocol=protocol,
-                           submit_connections=args.connections,
-                           poll_connections=args.connections)
-        records = run_http(arrivals, opts, new_nonce())
-        load_1m = os.getloadavg()[0]
-        sheds = _sheds(opts.base_url)
+        yield server.url, base_url, procs
     finally:
         for p in procs:
             p.terminate()
@@ -179,6 +172,25 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
             except subprocess.TimeoutExpired:
                 p.kill()
         server.stop()
+
+
+def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
+            factor: float, deadline_ms: int, offline_per_s: float,
+            protocol: str = "poll") -> RunResult:
+    tmp = Path(tempfile.mkdtemp(prefix="carpool-overload-"))
+    a_ms, b_ms = args.cost_ms
+    env = {"CARPOOL_SYNTHETIC_COST_MS": f"{a_ms:g},{b_ms:g}", "CARPOOL_MODELS": "synthetic"}
+    if args.web_workers:
+        env["CARPOOL_WEB_WORKERS"] = str(args.web_workers)
+    with local_stack(root, tmp, env) as (_, base_url, _procs):
+        opts = HttpOptions(base_url=base_url,
+                           client_timeout_s=args.client_timeout_s,
+                           grace_s=args.client_timeout_s + 5, protocol=protocol,
+                           submit_connections=args.connections,
+                           poll_connections=args.connections)
+        records = run_http(arrivals, opts, new_nonce())
+        load_1m = os.getloadavg()[0]
+        sheds = _sheds(opts.base_url)
     result = summarise(str(root), factor, deadline_ms, records, args, offline_per_s, protocol)
     return RunResult(**{**asdict(result), "sheds": sheds, "load_avg_1m": round(load_1m, 2)})
 

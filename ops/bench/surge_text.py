@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import statistics
@@ -44,7 +43,7 @@ from typing import Any
 import psutil
 import requests
 import torch
-from overload import _p99_ms, _raise_open_files, _wait_ok, _worker_serving  # this folder
+from overload import _p99_ms, _raise_open_files, local_stack  # this folder
 from text_padding import docstrings  # this folder
 
 from carpool.backend.connection import connect
@@ -57,12 +56,9 @@ from carpool.bench.workload import new_nonce
 from carpool.core.catalogue import ModelSpec, builtin_models
 from carpool.core.settings import load_settings
 from carpool.core.tokens import tokenizer_for
-from carpool.stack.localstack import web_command, worker_command
-from carpool.stack.redis_local import free_port, start_redis
 from worker.handlers.text import TextHandler
 
 MODEL = "minilm"
-START_TIMEOUT_S = 120.0
 EMBEDDING_DIM = 384
 
 
@@ -231,23 +227,7 @@ def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Seque
             spec: ModelSpec, offline: float, args: argparse.Namespace,
             ) -> tuple[RunResult, list[JobRecord]]:
     tmp = Path(tempfile.mkdtemp(prefix="carpool-surge-"))
-    server = start_redis(tmp / "redis")
-    port = free_port()
-    env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
-               CARPOOL_MODELS=MODEL, CARPOOL_WORKER_METRICS_PORT="0", PYTHONPATH=str(root))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        with open(tmp / "procs.log", "ab") as logs:
-            for cmd in (web_command(), worker_command(0)):
-                procs.append(subprocess.Popen(cmd, env=env, stdout=logs, cwd=root,
-                                              stderr=subprocess.STDOUT))
-        base_url = f"http://127.0.0.1:{port}"
-        _wait_ok(f"{base_url}/healthz", procs[0])
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _worker_serving(server.url):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no worker registered; see {tmp / 'procs.log'}")
-            time.sleep(0.2)  # the worker loads and registers: no event to block on here
+    with local_stack(root, tmp, {"CARPOOL_MODELS": MODEL}) as (redis_url, base_url, procs):
         warm(base_url, spec, texts)
         web, worker = psutil.Process(procs[0].pid), psutil.Process(procs[1].pid)
         web0, worker0, t0 = _cpu_s([web]), _cpu_s([worker]), time.monotonic()
@@ -276,17 +256,9 @@ def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Seque
         generator_cores = (_own_cpu_s() - gen0) / elapsed
         late = [r for r in records if r.outcome not in (Outcome.OK, Outcome.REJECTED,
                                                         Outcome.ERROR)]
-        detail = late_detail(server.url, [r.job_id for r in late if r.job_id],
+        # Read before the stack stops: the late jobs' records are in its Redis.
+        detail = late_detail(redis_url, [r.job_id for r in late if r.job_id],
                              sum(not r.job_id for r in late))
-    finally:
-        for p in procs:
-            p.terminate()  # the late jobs' records were read before this
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        server.stop()
     return summarise(str(root), factor, records, offline, worker_cores, web_cores,
                      generator_cores, detail), records
 
