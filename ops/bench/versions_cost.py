@@ -33,7 +33,8 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import redis
-from web_cpu import drive, redis_now, tree_cpu_s
+from web_cpu import drive, redis_now, tree_cpu_s  # this folder
+from web_instructions import VERSION_TABLE  # this folder
 
 from carpool.bench.policies import Policy
 from carpool.bench.stack import Stack, StackSpec
@@ -43,8 +44,6 @@ STACKS = ("before", "plain", "rollout", "pinned")
 FIGURES = ("web_ms", "redis_cpu_us", "redis_cmd_us")
 #: The worker is the limit (400 jobs/s), so every stack runs full batches.
 COST_MS = (16.0, 2.0)
-#: Version 2 of the synthetic model: its own pace, everything else inherited.
-VERSION_TABLE = "[models.synthetic.versions.2]\nmax_queue_ms = 5000\n"
 
 
 def start_rollout(base_url: str) -> None:
