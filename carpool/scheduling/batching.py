@@ -13,10 +13,11 @@ The rules (docs/scheduling.md explains and measures them):
    unless waiting for more jobs pays (``worth_waiting_for``); it then waits for
    the batch it wants, never past its leave-by time. Fixed windows (adaptive
    off) wait until the leave-by time.
-4. **Across bins**, the ready bin with the earliest leave-by goes first; but a
-   bin that was due and passed over ``max_bypass`` times goes next, so under any
-   load on other bins a due bin waits at most ``max_bypass`` + (number of bins)
-   batches.
+4. **Across bins**, full bins go before the rest, each group earliest leave-by
+   first, so a backlog is served oldest first, as admission predicts. A due bin
+   goes next, before them all, once it was passed over ``max_bypass`` times for a
+   bin due later (overtaken), or ``max_bypass`` times and for ``max_bypass`` longest
+   batches: so under any load on other bins a due bin waits a bounded time.
 
 Times are Redis's clock, in ms. This module imports neither torch, Celery nor Redis.
 """
@@ -77,16 +78,22 @@ class BinView:
     arrivals_per_ms: float = 0.0
     #: How many decisions in a row passed this bin over while it was due.
     bypassed: int = 0
+    #: How many of those chose a bin due later than this one (out of leave-by order).
+    overtaken: int = 0
+    #: How long ago the first of those passes was, ms.
+    passed_over_ms: int = 0
 
 
 @dataclass(frozen=True)
 class Go:
-    """Claim up to ``max_n`` jobs of this bin now; ``passed_over``: due bins that wait."""
+    """Claim up to ``max_n`` jobs of this bin now; ``passed_over``: due bins that wait;
+    ``overtaken``: those of them due before the chosen bin."""
 
     model: str
     bin: str
     max_n: int
     passed_over: tuple[tuple[str, str], ...] = ()
+    overtaken: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,12 +192,30 @@ def ready_at_ms(now_ms: int, view: BinView) -> int | None:
     return min(by, now_ms + adaptive_wait_ms(view))
 
 
-def _order(now_ms: int, view: BinView, max_bypass: int) -> tuple[int, int, int]:
+def forced_after_ms(views: Sequence[BinView], max_bypass: int) -> float:
+    """How long a due bin may be passed over in leave-by order before it is forced:
+    ``max_bypass`` of the longest batches expected (0 while no cost is known, so the
+    count of passes alone decides)."""
+    longest = max((v.cost.ms(v.limits.max_batch) for v in views if v.cost is not None),
+                  default=0.0)
+    return max_bypass * longest
+
+
+def _is_forced(view: BinView, max_bypass: int, after_ms: float) -> bool:
+    """Rule 4's guarantee. Passes in leave-by order serve older jobs first and count
+    toward it only by time, so a backlog is not broken into turns of one batch per
+    bin (a busy bin of short jobs would wait longer than admission predicted)."""
+    if view.overtaken >= max_bypass:
+        return True
+    return view.bypassed >= max_bypass and view.passed_over_ms >= after_ms
+
+
+def _order(now_ms: int, view: BinView, forced: bool) -> tuple[int, int, int]:
     """Sort key among ready bins (rule 4): forced bins, full bins, then the rest;
     within each, the earliest leave-by."""
     by = leave_by_ms(view, now_ms)
     assert by is not None  # a ready bin has jobs
-    if view.bypassed >= max_bypass:
+    if forced:
         return (0, -view.bypassed, by)
     if view.state.depth >= view.limits.max_batch:
         return (1, 0, by)
@@ -226,7 +251,22 @@ def decide(
             soonest = wake
     if not ready:
         return Wait(soonest)
-    chosen = min(ready, key=lambda v: _order(now_ms, v, max_bypass))  # first of equals: stable
-    passed = tuple((v.state.model, v.state.bin) for v in ready
-                   if v is not chosen and _is_due(now_ms, v))
-    return Go(chosen.state.model, chosen.state.bin, batch_that_fits(now_ms, chosen), passed)
+    after_ms = forced_after_ms(views, max_bypass)
+    chosen = min(ready, key=lambda v: _order(  # first of equals: stable
+        now_ms, v, _is_forced(v, max_bypass, after_ms)))
+    chosen_by = leave_by_ms(chosen, now_ms)
+    assert chosen_by is not None
+    passed = [v for v in ready if v is not chosen and _is_due(now_ms, v)]
+    overtaken = tuple(_key(v) for v in passed if _by(v, now_ms) < chosen_by)
+    return Go(chosen.state.model, chosen.state.bin, batch_that_fits(now_ms, chosen),
+              tuple(_key(v) for v in passed), overtaken)
+
+
+def _key(view: BinView) -> tuple[str, str]:
+    return (view.state.model, view.state.bin)
+
+
+def _by(view: BinView, now_ms: int) -> int:
+    by = leave_by_ms(view, now_ms)
+    assert by is not None  # a due bin has jobs
+    return by

@@ -47,6 +47,10 @@ class _Bin:
         default_factory=lambda: RateMeter(ARRIVAL_TAU_MS, ARRIVAL_MIN_AGE_MS))
     cap: BatchCap = field(default_factory=BatchCap)
     bypassed: int = 0
+    #: Of those passes, the ones for a bin due later (rule 4).
+    overtaken: int = 0
+    #: When the first of those passes was, ms (None: not passed over since chosen).
+    first_pass_ms: int | None = None
     #: The bin's depth when it was last chosen: a backlog when it held two batches.
     depth_at_go: int = 0
     #: Whether the worker had been waiting (not busy) when the bin was last chosen.
@@ -114,17 +118,23 @@ class Scheduler:
             for s in states:
                 b = self._bins[(s.model, s.bin)]
                 b.arrivals.update(now_ms, s.admitted)
+                since = now_ms if b.first_pass_ms is None else b.first_pass_ms
                 views.append(BinView(s, b.effective(), b.cost.cost(),
-                                     b.arrivals.per_ms(now_ms), b.bypassed))
+                                     b.arrivals.per_ms(now_ms), b.bypassed, b.overtaken,
+                                     now_ms - since))
             decision = decide(now_ms, views, self.max_bypass)
             if isinstance(decision, Go):
                 chosen = self._bins[(decision.model, decision.bin)]
-                chosen.bypassed = 0
+                chosen.bypassed, chosen.overtaken, chosen.first_pass_ms = 0, 0, None
                 chosen.depth_at_go = next(s.depth for s in states
                                           if (s.model, s.bin) == (decision.model, decision.bin))
                 chosen.held_at_go = self._waited
                 for key in decision.passed_over:
-                    self._bins[key].bypassed += 1
+                    passed = self._bins[key]
+                    passed.bypassed += 1
+                    passed.overtaken += key in decision.overtaken
+                    if passed.first_pass_ms is None:
+                        passed.first_pass_ms = now_ms
             self._waited = isinstance(decision, Wait)
             return decision
 

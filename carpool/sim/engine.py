@@ -32,6 +32,8 @@ class SimConfig:
     #: What a batch of n truly takes (the model and the completion round trip).
     cost: Cost
     workers: int = 1
+    #: Bins whose batches cost otherwise (a model's long inputs), by bin name.
+    bin_costs: tuple[tuple[str, Cost], ...] = ()
     adaptive: bool = True
     #: Each batch's service time is multiplied by a lognormal factor of this sigma.
     jitter: float = 0.0
@@ -137,7 +139,8 @@ class _Run:
             self.push(t_us, _STEP, w.idx)
             return
         factor = math.exp(self.rng.gauss(0.0, self.config.jitter)) if self.config.jitter else 1.0
-        service_us = max(1, round(self.config.cost.ms(len(live)) * 1000 * factor))
+        cost = dict(self.config.bin_costs).get(go.bin, self.config.cost)
+        service_us = max(1, round(cost.ms(len(live)) * 1000 * factor))
         batch = SimBatch(t_us, go.bin, len(live), w.idx, service_us)
         self.running[w.idx] = (live, batch)
         self.push(t_us + service_us, _DONE, w.idx)

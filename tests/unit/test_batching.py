@@ -135,7 +135,8 @@ def test_adaptive_never_waits_past_the_window_or_a_deadline() -> None:
 def test_a_full_bin_goes_before_a_due_bin_that_was_not_passed_over_yet() -> None:
     due = (state(1, 900, "a"), LIM)
     full = (state(8, 1000, "b"), LIM)
-    assert decide(1000, [due, full]) == Go("m", "b", 8, passed_over=(("m", "a"),))
+    assert decide(1000, [due, full]) == Go("m", "b", 8, passed_over=(("m", "a"),),
+                                           overtaken=(("m", "a"),))
 
 
 def test_a_due_bin_passed_over_max_bypass_times_goes_before_any_full_bin() -> None:
