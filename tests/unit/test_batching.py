@@ -151,6 +151,32 @@ def test_among_forced_bins_the_most_passed_over_goes_first() -> None:
     assert decide(1000, [a, b]).bin == "b"  # type: ignore[union-attr]
 
 
+def test_passes_in_leave_by_order_force_a_bin_only_after_max_bypass_longest_batches() -> None:
+    # A backlog: both bins full and due, b's oldest job younger than a's. Serving a
+    # first is oldest-first, as admission predicts: it forces b by time, not by count.
+    longest_ms = COST.ms(LIM.max_batch)
+    older = BinView(state(8, 900, "a"), LIM, COST)
+    waited = MAX_BYPASS * longest_ms
+
+    def younger(passed_over_ms: float) -> BinView:
+        return BinView(state(8, 950, "b"), LIM, COST, bypassed=MAX_BYPASS,
+                       passed_over_ms=math.ceil(passed_over_ms))
+    assert decide(1000, [older, younger(waited - 1)]) == Go(
+        "m", "a", 8, passed_over=(("m", "b"),))  # passed over, not overtaken
+    assert decide(1000, [older, younger(waited)]).bin == "b"  # type: ignore[union-attr]
+
+
+def test_a_bin_overtaken_max_bypass_times_by_bins_due_later_is_forced() -> None:
+    due = BinView(state(1, 900, "a"), LIM, COST, bypassed=MAX_BYPASS - 1,
+                  overtaken=MAX_BYPASS - 1, passed_over_ms=1)
+    full = BinView(state(8, 1000, "b"), LIM, COST)
+    assert decide(1000, [due, full]) == Go("m", "b", 8, passed_over=(("m", "a"),),
+                                           overtaken=(("m", "a"),))
+    forced = BinView(state(1, 900, "a"), LIM, COST, bypassed=MAX_BYPASS,
+                     overtaken=MAX_BYPASS, passed_over_ms=1)
+    assert decide(1000, [forced, full]).bin == "a"  # type: ignore[union-attr]
+
+
 def test_among_due_bins_the_earliest_deadline_goes_first() -> None:
     slow = (state(2, 950, "slow"), Limits(8, 40))  # due at 990
     fast = (state(2, 960, "fast"), Limits(8, 20))  # due at 980

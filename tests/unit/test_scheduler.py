@@ -33,6 +33,20 @@ def test_a_due_bin_under_a_flood_on_another_bin_goes_within_max_bypass_plus_one_
     assert served == ["a"] * MAX_BYPASS + ["b"]
 
 
+def test_a_backlog_is_served_oldest_first_not_in_turns_once_costs_are_known() -> None:
+    # Bin a's batches are cheap, b's dear, both always full: a's oldest job is the
+    # oldest for six decisions, so a goes six times (turns would let b in after four).
+    seeds = {("m", "a"): Cost(20, 1), ("m", "b"): Cost(20, 100)}
+    sched = Scheduler([SPEC], adaptive=False, cost_seeds=seeds)
+    served = []
+    for turn in range(MAX_BYPASS + 3):
+        now = 1000 + turn * 30  # a's batch takes 28 ms
+        go = sched.decide(now, [st("a", 50, 500 + turn * 45), st("b", 50, 760)])
+        assert isinstance(go, Go)
+        served.append(go.bin)
+    assert served == ["a"] * (MAX_BYPASS + 2) + ["b"]
+
+
 def test_retuning_changes_the_next_decision_and_reset_restores_the_catalogue() -> None:
     sched = Scheduler([SPEC], adaptive=False)
     assert sched.decide(1000, [st("a", 3, 1000)]) == Wait(1020)

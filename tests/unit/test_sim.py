@@ -11,7 +11,7 @@ import pytest
 from carpool.bench.arrivals import Arrival, arrivals, diurnal_times
 from carpool.bench.workload import SizeMix
 from carpool.cli import main as carpool_main
-from carpool.core.catalogue import BinSpec, ModelSpec
+from carpool.core.catalogue import BinSpec, ModelSpec, builtin_models
 from carpool.scheduling.batching import MAX_BYPASS, Cost
 from carpool.sim.engine import SimConfig, simulate
 from carpool.sim.summary import percentile, summarize
@@ -42,9 +42,9 @@ def test_a_trickle_bin_waits_within_its_bound_while_another_bin_is_flooded() -> 
     result = simulate(SimConfig(SPEC, COST, rtt_us=RTT_US), merged(flood, trickle))
     longest_batch_ms = max(COST.ms(b.max_batch) for b in SPEC.bins)
     per_turn_ms = longest_batch_ms + 2 * RTT_US / 1000 + 1  # a batch, a peek and a claim
-    # Due after its window; then the batch in hand, MAX_BYPASS passes and the other
-    # bins' forced turns, then its own batch.
-    bound_ms = 20 + (1 + MAX_BYPASS + len(SPEC.bins) - 1) * per_turn_ms + COST.ms(8)
+    # Due after its window; then the batch in hand, MAX_BYPASS longest batches and the
+    # one under way when they have passed, the other bins' forced turns, its own batch.
+    bound_ms = 20 + (2 + MAX_BYPASS + len(SPEC.bins) - 1) * per_turn_ms + COST.ms(8)
     waits = [j.latency_ms for j in result.jobs if j.bin == "large"]
     assert len(waits) == 50 and max(waits) <= bound_ms
     flooded = [j for j in result.jobs if j.bin == "small"]
@@ -58,6 +58,28 @@ def test_without_the_bypass_rule_the_trickle_bin_would_starve() -> None:
     result = simulate(SimConfig(never_full, COST, max_bypass=10**9), merged(flood, trickle))
     first = min(j.done_us for j in result.jobs if j.bin == "large")
     assert first / 1e6 > 10  # not one served before the flood's arrivals ended
+
+
+def test_a_backlog_drains_oldest_first_so_a_busy_bin_of_short_texts_keeps_up() -> None:
+    # minilm's bins, a batch costing 0.4 ms per token of the bin per job, 6 s of work
+    # arriving at once on top of 80 % load. Bins taking turns under the backlog (one
+    # batch each per round, the long bins' taking seconds) left the busiest bin of
+    # short texts behind: its jobs waited longest and some expired.
+    minilm = builtin_models()["minilm"]
+    spec = replace(minilm, default_deadline_ms=10_000,
+                   bins=tuple(replace(b, max_depth=100_000) for b in minilm.bins))
+    costs = tuple((b.name, Cost(15, 0.4 * b.max_size)) for b in spec.bins)
+    weights = {12: 0.34, 24: 0.26, 48: 0.2, 100: 0.12, 200: 0.06, 400: 0.02}
+    mix = SizeMix.parse(",".join(f"{size}:{w}" for size, w in weights.items()))
+    job_ms = sum(w * dict(costs)[spec.bin_for(size).name].ms(spec.bin_for(size).max_batch)
+                 / spec.bin_for(size).max_batch for size, w in weights.items())
+    burst = arrivals("poisson", 6 * 1000 / job_ms, 1, mix, seed=6)
+    steady = arrivals("poisson", 0.8 * 1000 / job_ms, 30, mix, seed=5)
+    result = simulate(SimConfig(spec, Cost(15, 1), bin_costs=costs), merged(burst, steady))
+    short = [j for j in result.jobs if j.bin == "t16"]
+    assert not [j for j in short if j.status != "done"]
+    assert percentile(sorted(j.latency_ms for j in short), 50) <= percentile(
+        sorted(j.latency_ms for j in result.jobs if j.status == "done"), 50)
 
 
 def test_jobs_whose_deadline_passes_in_the_queue_are_never_run() -> None:
