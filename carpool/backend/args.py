@@ -64,6 +64,7 @@ class CompleteArgs(ScriptArgs):
     usage_prefix: str
     usage_ttl_s: int
     usage: str
+    busy_ms: int
 
 
 @dataclass(frozen=True)

@@ -127,12 +127,14 @@ class Queue:
     def complete(
         self, model: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
         batch: dict[str, Any], peek: Sequence[str] = (), scan: Sequence[int] = (),
-        ran_ms: int = 0,
+        ran_ms: int = 0, busy_ms: int = 0,
     ) -> Completed:
         """Write each outcome once (``Completed.written``: False where the lease was lost,
         the write refused); and then, in the same script call, the state of the model's
         bins named in ``peek`` (``scan``: each one's max_batch, as for ``peek``): what the
-        worker decides its next batch from, without a round trip of its own."""
+        worker decides its next batch from, without a round trip of its own.
+        ``busy_ms``: how long the batch kept its worker busy, not counting its overlap
+        with the batch before it (0: claim to completion), for the model's pace."""
         if len(scan) != len(peek):
             raise ValueError(f"one max_batch per bin peeked: {len(peek)} bins, "
                              f"{len(scan)} given")
@@ -145,7 +147,7 @@ class Queue:
                             self.keys.results_channel, pushed, len(outcomes),
                             started_late(claim, model.max_queue_ms_of(model.bin_named(claim.bin)),
                                          ran_ms), hooks, self.keys.usage_prefix(model.name),
-                            USAGE_KEEP_S, usage)
+                            USAGE_KEEP_S, usage, busy_ms)
         keys = keys_of(CompleteArgs, leases=self.keys.leases(tag),
                        stats=self.keys.stats(model.name, claim.bin),
                        claim=self.keys.claim(tag, claim.token),

@@ -41,9 +41,10 @@ def admit(q: Queue, spec: ModelSpec, bin_spec: BinSpec, **kw: object) -> str:
 
 
 def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
-          batch_ms: int = 1000, waited_ms: int = 0) -> None:
+          batch_ms: int = 1000, waited_ms: int = 0, busy_ms: int = 0) -> None:
     """``n`` jobs admitted, claimed as one batch that ran ``batch_ms``, completed; each
-    admitted ``waited_ms`` before the claim (on Redis's clock)."""
+    admitted ``waited_ms`` before the claim (on Redis's clock); ``busy_ms``: the part of
+    the batch its worker gave it alone (0: all of it)."""
     ids = [admit(q, spec, bin_spec) for _ in range(n)]
     if waited_ms:
         now_ms = int(q.client.time()[0]) * 1000
@@ -53,7 +54,8 @@ def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
     claim = q.claim(spec, bin_spec.name, n, lease_ms=5000, token=token, worker="w")
     assert len(claim.jobs) == n
     q.client.hset(q.keys.claim(shard(spec.name), token), "t", claim.now_ms - batch_ms)
-    q.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": n})
+    q.complete(spec, claim, [Outcome(j.id, result=1) for j in claim.jobs], {"size": n},
+               busy_ms=busy_ms)
 
 
 def fill_until_refused(q: Queue, spec: ModelSpec, bin_spec: BinSpec,
@@ -122,6 +124,27 @@ def test_with_no_pace_yet_a_bin_takes_jobs_up_to_its_depth_whatever_the_other_bi
     for _ in range(50):
         admit(queue, spec, small)
     assert queue.client.zcard(queue.keys.bin(spec.name, small.name)) == 50
+
+
+def test_a_pipelined_workers_overlapping_batches_count_their_busy_time_once(
+        queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    small, medium = spec.bins[0], spec.bins[1]
+    # A worker with two batches in flight: each was claimed 1 s before its completion,
+    # but the second ran its first half while the first computed, so the worker was
+    # busy 1.5 s, not 2 s; then idle: the first drain was 2.5 s ago.
+    drain(queue, spec, small)
+    drain(queue, spec, medium, busy_ms=500)
+    model_stats = queue.keys.model_stats(spec.name)
+    stats = queue.client.hgetall(model_stats)
+    assert float(stats["busy_c"]) == pytest.approx(1500, rel=0.05)
+    queue.client.hset(model_stats, "rate_t0", int(stats["rate_t"]) - 2500)
+    # Busy 60 % of the time, not saturated: the pace is its busy speed, 20 jobs in
+    # 1.5 s (about 13 a second), not the drain rate of a window with idle time in it
+    # (about 9 a second), which counting the overlap twice (80 % busy) would give.
+    first, _ = fill_until_refused(queue, spec, small)
+    second, _ = fill_until_refused(queue, spec, medium)
+    assert first + second >= 12
 
 
 def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Queue) -> None:

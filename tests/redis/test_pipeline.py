@@ -181,3 +181,22 @@ def test_the_states_a_completion_answered_go_to_the_next_step_only_unless_it_fai
     loop._run()
     assert given == [None, answered, None, None, answered, None]
     loop.executor.close()
+
+
+def test_the_pace_counts_a_batchs_own_busy_time_not_its_overlap_with_the_batch_ahead(
+        settings: Settings, queue: Queue) -> None:
+    heard = Recorder()
+    ids = admit_small(queue, 64)
+    executor = PipelinedExecutor(depth=2, preprocess_threads=2)
+    loop = BatchLoop(settings, queue, {"synthetic": SyntheticHandler(SPEC, (40, 0))},
+                     "w-test", observers=[heard], executor=executor)
+    serve_until_final(loop, queue, ids)
+    executor.close()
+    reports = heard.reports()
+    own_ms = 1000 * sum(r.service_s for r in reports)
+    overlap_ms = 1000 * sum(r.runtime_s - r.service_s for r in reports)
+    assert overlap_ms > 20  # the second batch was claimed while the first computed
+    # complete.lua summed each batch's own time (admit.lua's busy share and speed), not
+    # its claim to completion, which counts the overlap twice.
+    busy_ms = float(queue.client.hget(queue.keys.model_stats(SPEC.name), "busy_c") or 0)
+    assert own_ms - 2 * len(reports) <= busy_ms <= own_ms + 2 * len(reports)

@@ -60,17 +60,21 @@ class CompletionWriter:
 
     def write(self, spec: ModelSpec, claim: Claim, outcomes: Sequence[Outcome],
               batch: dict[str, Any], started_s: float, peek: Sequence[str] = (),
-              scan: Sequence[int] = ()) -> Completed:
+              scan: Sequence[int] = (), busy_from_s: float | None = None) -> Completed:
         """Per job: True written, False refused (lease lost); with ``peek``, the state
-        of those bins of the model right after (``Queue.complete``). Raises
-        ``GaveUp``."""
+        of those bins of the model right after (``Queue.complete``). ``busy_from_s``:
+        when the worker began on this batch alone (after the batch before it ended),
+        on ``clock``; None: from ``started_s``. Raises ``GaveUp``."""
         backoff_s = RETRY_MIN_S
         first_failure_s: float | None = None
         while True:
             try:
-                ran_ms = round((self.clock() - started_s) * 1000)
+                now_s = self.clock()
+                ran_ms = round((now_s - started_s) * 1000)
+                busy_ms = round((now_s - (started_s if busy_from_s is None else busy_from_s))
+                                * 1000)
                 done = self.queue.complete(spec, claim, outcomes, batch, peek, scan,
-                                           ran_ms=ran_ms)
+                                           ran_ms=ran_ms, busy_ms=max(1, busy_ms))
             except BackendUnavailable as exc:
                 now_s = self.clock()
                 if first_failure_s is None:

@@ -354,13 +354,14 @@ class BatchLoop:
         batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,
                  "worker": self.worker_name, "model_version": spec.version}
         peek = [key for key in self.scheduler.bins if key[0] == claim.model]
+        # Its own service: from its start, or from the end of the batch it overlapped.
+        service_start = max(flight.started, self._last_finished)
         done = self.writer.write(spec, claim, outcomes, batch, flight.started,
                                  peek=[b for _, b in peek],
-                                 scan=self.scheduler.scan_sizes(peek))
+                                 scan=self.scheduler.scan_sizes(peek), busy_from_s=service_start)
         self.keeper.finished(claim)
         written = done.written
         now = time.perf_counter()
-        service_start = max(flight.started, self._last_finished)
         self._last_finished = now
         report = BatchReport(spec.name, claim.bin, len(claim.jobs),
                              failed=sum(o.failed for o in outcomes),

@@ -33,13 +33,18 @@
 -- ARGV[13] usage_ttl_s      its TTL, set when the hour's hash is created
 -- ARGV[14] usage            the batch's usage, one line per owner (lib/wire.lua); added
 --                           for the jobs written only, once per owner, "" none
--- ARGV[15..14+4j] per_job   4 values per job: id, the byte length of its line in
+-- ARGV[15] busy_ms          how long the worker was busy with this batch alone: from its
+--                           start, or the end of the batch before it when they overlapped
+--                           (a pipelined worker claims batch N+1 while N computes); 0:
+--                           claim to completion. busy_c sums it: admit.lua's busy share
+--                           and busy speed
+-- ARGV[16..15+4j] per_job   4 values per job: id, the byte length of its line in
 --   `pushed` (0: not pushed), and its ended record but for t_done, in two parts
 --   (carpool/backend/records.py's `ended_parts`): the head up to t_claim, built by the
 --   worker from the admission fields and the attempt count the claim handed out, and
 --   the rest from the timings on, payload included (the result JSON when done, the error
 --   message when failed); the record written is head .. t_done .. rest (Redis's clock)
--- ARGV[15+4j..] scans      the max_batch of each bin peeked, in KEYS' order
+-- ARGV[16+4j..] scans      the max_batch of each bin peeked, in KEYS' order
 --
 -- The claim hash (KEYS[3]) says which jobs the claim still holds, and its time: one
 -- HMGET for the batch. Per job: one SET ... XX EX of its ended record, which takes the
@@ -65,7 +70,7 @@
 redis.replicate_commands()
 
 local STRIDE = 4  -- values per job in ARGV
-local FIRST_JOB = 15  -- ARGV index of the first job's id
+local FIRST_JOB = 16  -- ARGV index of the first job's id
 local npeek = (#KEYS - 6) / 2
 local jobs_end = FIRST_JOB - 1 + tonumber(ARGV[9]) * STRIDE  -- the last per-job argument
 
@@ -154,10 +159,14 @@ if written > 0 then
   -- The drain rate is an exponentially decayed count of written jobs (rate_c, as of
   -- rate_t) and the time of the first drain (rate_t0); admit.lua reads it on a full
   -- bin and carpool/admission/retry_after.py turns it into jobs/s: the sum over all workers.
-  -- busy_c, decayed alike, sums claim-to-completion ms: rate_c / busy_c is how fast
-  -- the workers drain while busy, whatever the load. The model's hash (KEYS[4]) sums
-  -- both over all its bins, with late_c: admit.lua's pace for the predicted wait.
-  local busy_ms = math.max(1, now_ms - (claimed_ms or now_ms))
+  -- busy_c, decayed alike, sums the ms each batch kept its worker busy (ARGV[15]; else
+  -- claim to completion): rate_c / busy_c is how fast the workers drain while busy,
+  -- whatever the load. Overlapping batches of one worker count once, or a pipelined
+  -- worker would look twice as busy and half as fast as it is. The model's hash
+  -- (KEYS[4]) sums both over all its bins, with late_c: admit.lua's pace.
+  local busy_ms = tonumber(ARGV[15])
+  if busy_ms <= 0 then busy_ms = now_ms - (claimed_ms or now_ms) end
+  busy_ms = math.max(1, busy_ms)
   local tau_ms = tonumber(ARGV[6])
   for _, key in ipairs({KEYS[2], KEYS[4]}) do
     local st = redis.call("HMGET", key, "rate_c", "rate_t", "rate_t0", "busy_c", "late_c")
