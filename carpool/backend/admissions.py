@@ -198,9 +198,11 @@ class Admissions:
             owner_bytes=self.keys.owner_queued_bytes(model.name, request.owner or "-"),
             model_stats=self.keys.model_stats(model.name),
             # Their jobs that sort ahead of this one run first: one worker serves
-            # every bin of its model (admit.lua's predicted wait).
-            other_bins=[self.keys.bin(model.name, b.name) for b in model.bins
-                        if b.name != bin_spec.name])
+            # every bin of its model (admit.lua's predicted wait), each bin's weighing
+            # what it costs (its stats hash follows its zset).
+            other_bins=[key for b in model.bins if b.name != bin_spec.name
+                        for key in (self.keys.bin(model.name, b.name),
+                                    self.keys.stats(model.name, b.name))])
         deadline_ms = effective_deadline_ms(model, request.deadline_ms)
         # The owner's quotas: one per owner, so a head kept per owner keeps them.
         policy = self.policies.get(request.owner) if request.owner else None

@@ -105,6 +105,35 @@ def test_the_pace_is_summed_over_the_models_bins(queue: Queue) -> None:
     assert first + second <= DRAINED + 4
 
 
+def drained_two_bins_at_different_costs(queue: Queue, spec: ModelSpec) -> None:
+    """Small: 10 jobs in 1 s (100 ms each); medium: 2 jobs in 1 s (500 ms each); one
+    after the other, 2 s ago: the model drains 12 jobs in 2 s, about 167 ms each."""
+    small, medium = spec.bins[0], spec.bins[1]
+    drain(queue, spec, small)
+    drain(queue, spec, medium, n=2)
+    model_stats = queue.keys.model_stats(spec.name)
+    first_ms = int(queue.client.hget(model_stats, "rate_t") or 0) - 2000
+    for key in (model_stats, *(queue.keys.stats(spec.name, b.name) for b in (small, medium))):
+        queue.client.hset(key, "rate_t0", first_ms)
+
+
+def test_jobs_of_a_dear_bin_count_for_more_of_the_predicted_wait(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drained_two_bins_at_different_costs(queue, spec)
+    # A second of the model's work is about 6.6 average jobs: 2 of medium's (3 each),
+    # where counting jobs alike would take 6.
+    admitted, exc = fill_until_refused(queue, spec, spec.bins[1])
+    assert isinstance(exc, WaitTooLong) and 2 <= admitted <= 4
+
+
+def test_jobs_of_a_cheap_bin_count_for_less_of_the_predicted_wait(queue: Queue) -> None:
+    spec = spec_with(max_queue_ms=1000)
+    drained_two_bins_at_different_costs(queue, spec)
+    # Small's jobs cost 0.6 of an average one: about 11 fit in a second, not 6.
+    admitted, exc = fill_until_refused(queue, spec, spec.bins[0])
+    assert isinstance(exc, WaitTooLong) and admitted >= 9
+
+
 def test_a_job_that_sorts_ahead_counts_no_later_job_of_another_bin(queue: Queue) -> None:
     spec = spec_with(max_queue_ms=1000)
     small, medium = spec.bins[0], spec.bins[1]
@@ -142,9 +171,11 @@ def test_a_pipelined_workers_overlapping_batches_count_their_busy_time_once(
     # Busy 60 % of the time, not saturated: the pace is its busy speed, 20 jobs in
     # 1.5 s (about 13 a second), not the drain rate of a window with idle time in it
     # (about 9 a second), which counting the overlap twice (80 % busy) would give.
+    # Small's jobs took 100 ms each of busy time and medium's 50, against 75 on
+    # average: they count 4/3 and 2/3 of an average job.
     first, _ = fill_until_refused(queue, spec, small)
     second, _ = fill_until_refused(queue, spec, medium)
-    assert first + second >= 12
+    assert first * 4 / 3 + second * 2 / 3 >= 12
 
 
 def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Queue) -> None:

@@ -24,8 +24,9 @@
 --                        over all its bins (complete.lua): the pace of the predicted wait;
 --                        and the workers starting (coming.lua), counted once they serve;
 --                        "unloaded" set: the model takes no jobs (model_state.lua)
--- KEYS[9..] other_bins   the model's other bins' zsets: their jobs that sort ahead of a
---                        job run before it too (one worker serves every bin of its model)
+-- KEYS[9..] other_bins   the model's other bins, each its zset then its stats hash: their
+--                        jobs that sort ahead of a job run before it too (one worker
+--                        serves every bin of its model), each weighing its bin's cost
 -- ARGV, by the names of carpool/admission/admit_args.py's AdmitArgs (one test checks
 -- every script's header against its Python arguments):
 -- ARGV[1]  job_prefix        "{p.s}:job:" (records are <prefix><id>, created here; same
@@ -187,12 +188,21 @@ local pace = limit_ms > 0 and  -- jobs/ms, or false
 local coming = pace and model_coming(KEYS[8], now_ms, tonumber(ARGV[9]))
 local function drained_by(ms) return drained_within(pace, coming, ms) end
 local pace_s = pace and string.format("%.6f", pace * 1000)
+-- Each bin's jobs weigh what they cost in average jobs (lib/pace.lua, bin_weights): read
+-- once per call, when a wait is first predicted. KEYS index of a bin's zset -> weight.
+local weights = nil
 -- The jobs of the model that sort before score_us, in every bin: they run first.
+-- Returns them in average jobs (weighed), and counted.
 local function model_ahead(score_us)
+  if not weights then weights = bin_weights(KEYS, KEYS[4], KEYS[8], 9) end
   local bound = string.format("(%.0f", score_us)
-  local ahead = redis.call("ZCOUNT", KEYS[1], "-inf", bound)
-  for k = 9, #KEYS do ahead = ahead + redis.call("ZCOUNT", KEYS[k], "-inf", bound) end
-  return ahead
+  local count = redis.call("ZCOUNT", KEYS[1], "-inf", bound)
+  local ahead = count * weights[1]
+  for k = 9, #KEYS, 2 do
+    local c = redis.call("ZCOUNT", KEYS[k], "-inf", bound)
+    count, ahead = count + c, ahead + c * weights[k]
+  end
+  return ahead, count
 end
 -- <<< the model's pace <<<
 
@@ -222,7 +232,7 @@ end
 -- refused ends the call (every later one would be refused for the same reason).
 local scores = {}  -- of the jobs admitted, in order
 local refusal = nil  -- {"late", ahead, jobs/s} | {"share", excess}: the first job refused
-local ahead0, counted_us, counted = nil, nil, 0
+local ahead0, count0, counted_us, counted, counted_n = nil, 0, nil, 0, 0
 for i = 0, n - 1 do
   local timed = drain ~= nil and depth + i >= max_batch
   local sort_us = base_us
@@ -250,23 +260,25 @@ for i = 0, n - 1 do
   -- score are counted once per call, again only for a job fair queueing moved; the
   -- call's i earlier jobs sort ahead of job i as well.
   if pace then
-    local ahead
+    local ahead, count  -- in average jobs, and counted
     if sort_us == base_us then
-      ahead0 = ahead0 or model_ahead(base_us)
-      ahead = ahead0 + i
+      if not ahead0 then ahead0, count0 = model_ahead(base_us) end
+      ahead, count = ahead0 + i * weights[1], count0 + i
     else
       if sort_us ~= counted_us then
-        counted_us, counted = sort_us, model_ahead(sort_us)
+        counted_us, counted, counted_n = sort_us, model_ahead(sort_us)
       end
-      ahead = counted + i
+      ahead, count = counted + i * weights[1], counted_n + i
     end
     -- A deadline is for the result: its own batch counts, and the end must come
     -- DEADLINE_SHARE of the way to it, leaving the rest to the prediction's noise and
     -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
     local to_end, allowed_ms = ahead, limit_ms * share  -- the wait its tier may fill
-    if dl_us > 0 then to_end, allowed_ms = ahead + max_batch, allowed_ms * DEADLINE_SHARE end
-    if ahead >= max_batch and to_end * 1.0 > drained_by(allowed_ms) then
-      refusal = {"late", to_end, pace_s, string.format("%d", allowed_ms)}
+    if dl_us > 0 then
+      to_end, allowed_ms = ahead + max_batch * weights[1], allowed_ms * DEADLINE_SHARE
+    end
+    if count >= max_batch and to_end > drained_by(allowed_ms) then
+      refusal = {"late", math.ceil(to_end), pace_s, string.format("%d", allowed_ms)}
       n = i
       break
     end

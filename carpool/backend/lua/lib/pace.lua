@@ -9,6 +9,9 @@
 --   (jobs/ms) over all its bins, or nil when none is recent: the predicted wait's
 -- model_coming(model_stats_key, now_ms, tau_ms) -> {jobs/ms, ms until then} that workers
 --   still starting add (coming.lua wrote how many and when they serve), or nil
+-- bin_weights(keys, own_stats_key, model_stats_key, first) -> what a job costs in the
+--   model's average jobs: [1] of the bin of own_stats_key; [k] of the bin whose zset is
+--   keys[k] and stats hash keys[k + 1], k = first, first + 2, ... (1 where unknown)
 --
 -- One worker serves every bin of its model, so a job's wait is the model's work ahead
 -- of it at the model's pace, never its own bin's alone: a bin's own rates count only
@@ -54,6 +57,33 @@ local function model_pace(model_stats_key, now_ms, tau_ms, min_age_ms, stale_ms)
   -- Decayed alike, so their ratio needs no decay.
   local late = tonumber(ms[5] or 0)
   return pace * math.max(MIN_ON_TIME, 1 - LATE_GAIN * late / math.max(1, written + late))
+end
+
+-- A bin's jobs are not all alike: a text of 512 tokens costs many of 16. Each bin's
+-- rate_c and busy_c (decayed alike, so their ratio needs no decay) give its busy ms
+-- per job, the model's hash the same over all its bins; a bin's weight is their ratio,
+-- so the jobs ahead count in average jobs, the unit of the pace. 1 while either is
+-- unknown; bounded, so one odd batch cannot swing the prediction far.
+local WEIGHT_MIN, WEIGHT_MAX = 1 / 16, 16
+
+local function ms_per_job(stats_key)
+  local st = redis.call("HMGET", stats_key, "rate_c", "busy_c")
+  local written, busy = tonumber(st[1] or 0), tonumber(st[2] or 0)
+  if written <= 0 or busy <= 0 then return nil end
+  return busy / written
+end
+
+local function bin_weight(stats_key, avg_ms)
+  local own = avg_ms and ms_per_job(stats_key)
+  if not own then return 1 end
+  return math.min(WEIGHT_MAX, math.max(WEIGHT_MIN, own / avg_ms))
+end
+
+local function bin_weights(keys, own_stats_key, model_stats_key, first)
+  local avg_ms = ms_per_job(model_stats_key)
+  local weights = {[1] = bin_weight(own_stats_key, avg_ms)}
+  for k = first, #keys, 2 do weights[k] = bin_weight(keys[k + 1], avg_ms) end
+  return weights
 end
 
 -- Workers starting (`carpool up`'s autoscaler writes coming_n and coming_at, Redis time,
