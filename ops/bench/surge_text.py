@@ -19,7 +19,10 @@ random: mixed lengths, median ~25 tokens, a long tail to 512.
    its client giving up ``--client-timeout-s`` after its arrival.
 
 Goodput: jobs answered ``done`` in time per second, from the first arrival to the last
-such answer. Late: admitted (202) jobs not answered ``done`` in time. Also: refusals,
+such answer. Work: the offline time of those jobs (each at its bin's full-batch time per
+job) over the same span, so a run that refused the long texts and kept the short ones
+does not look faster than the model (jobs/s alone would). Late: admitted (202) jobs not
+answered ``done`` in time. Also: refusals by length (tokens: up to 32, to 128, more),
 the worker's and the web's CPU (cores, over the same span), the mean batch size, and
 per second of the run the jobs refused and the admitted jobs that ended late.
 """
@@ -81,7 +84,12 @@ class RunResult:
     goodput_per_s: float
     offline_per_s: float
     goodput_ratio: float
+    #: The on-time jobs' offline time over the span: the share of the model's capacity
+    #: that went to answers in time, whatever the mix admitted.
+    work_ratio: float
     late_share: float
+    #: Share of the offered jobs refused, by tokens: "<=32", "33-128", ">128".
+    refused_by_tokens: dict[str, float]
     worker_cores: float
     web_cores: float
     mean_batch: float
@@ -101,8 +109,9 @@ def load_texts(spec: ModelSpec) -> list[Text]:
     return [Text(t, tokenizer.count(t)) for t in docstrings() if len(t.encode()) < 200_000]
 
 
-def offline_rate(spec: ModelSpec, texts: Sequence[Text], reps: int = 2) -> float:
-    """Jobs/s of the handler alone over the mix ``texts``: a full batch of each bin."""
+def offline_ms_per_job(spec: ModelSpec, texts: Sequence[Text], reps: int = 2,
+                       ) -> dict[str, float]:
+    """Each bin's ms per job in a full batch, the handler alone, for the bins of ``texts``."""
     torch.set_num_threads(1)
     handler = TextHandler(spec, "cpu")
     handler.load()
@@ -122,8 +131,26 @@ def offline_rate(spec: ModelSpec, texts: Sequence[Text], reps: int = 2) -> float
             handler.postprocess(out, len(items))
             times.append(time.perf_counter() - t0)
         ms_per_job[name] = 1000 * statistics.mean(times[1:]) / len(batch)
+    return ms_per_job
+
+
+def offline_rate(spec: ModelSpec, texts: Sequence[Text], ms_per_job: dict[str, float],
+                 ) -> float:
+    """Jobs/s of the handler alone over the mix ``texts`` (the jobs-weighted harmonic
+    mean of the bins' full-batch rates)."""
     total_ms = sum(ms_per_job[spec.bin_for(t.tokens).name] for t in texts)
     return 1000 * len(texts) / total_ms
+
+
+def refused_by_tokens(records: Sequence[JobRecord]) -> dict[str, float]:
+    """The share of offered jobs refused (429), by their token count."""
+    groups = {"<=32": (0, 32), "33-128": (33, 128), ">128": (129, 1 << 30)}
+    out = {}
+    for name, (low, high) in groups.items():
+        offered = [r for r in records if low <= r.size <= high]
+        refused = sum(r.outcome is Outcome.REJECTED for r in offered)
+        out[name] = round(refused / max(1, len(offered)), 3)
+    return out
 
 
 def judge(expected: dict[str, int]) -> Any:
@@ -195,7 +222,8 @@ def late_detail(redis_url: str, late_ids: Sequence[str], missing: int) -> dict[s
 
 def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: float,
               worker_cores: float, web_cores: float, generator_cores: float,
-              detail: dict[str, float]) -> RunResult:
+              detail: dict[str, float], job_ms: Any) -> RunResult:
+    """``job_ms(tokens)``: a job's offline ms (its bin's full-batch ms per job)."""
     ok = [r for r in records if r.outcome is Outcome.OK]
     refused = [r for r in records if r.outcome is Outcome.REJECTED]
     errors = [r for r in records if r.outcome is Outcome.ERROR]
@@ -204,6 +232,7 @@ def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: f
     span = max((r.t_final or 0.0 for r in ok), default=0.0) - min(
         (r.t_sched for r in records), default=0.0)
     goodput = len(ok) / span if span > 0 else 0.0
+    work = sum(job_ms(r.size) for r in ok) / 1000 / span if span > 0 else 0.0
     seconds = int(max((r.t_sched for r in records), default=0.0)) + 1
     timeline = [[0, 0] for _ in range(seconds)]
     for r in refused:
@@ -214,8 +243,9 @@ def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: f
         root=root, factor=factor, offered=len(records), admitted=len(admitted),
         done_in_time=len(ok), late=len(late), refused_429=len(refused), errors=len(errors),
         goodput_per_s=round(goodput, 1), offline_per_s=round(offline, 1),
-        goodput_ratio=round(goodput / offline, 3),
+        goodput_ratio=round(goodput / offline, 3), work_ratio=round(work, 3),
         late_share=round(len(late) / max(1, len(admitted)), 4),
+        refused_by_tokens=refused_by_tokens(records),
         worker_cores=round(worker_cores, 2), web_cores=round(web_cores, 2),
         mean_batch=round(statistics.mean([r.batch_size for r in ok]), 1) if ok else 0.0,
         generator_cores=round(generator_cores, 2),
@@ -224,8 +254,8 @@ def summarise(root: str, factor: float, records: Sequence[JobRecord], offline: f
 
 
 def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Sequence[Text],
-            spec: ModelSpec, offline: float, args: argparse.Namespace,
-            ) -> tuple[RunResult, list[JobRecord]]:
+            spec: ModelSpec, offline: float, ms_per_job: dict[str, float],
+            args: argparse.Namespace) -> tuple[RunResult, list[JobRecord]]:
     tmp = Path(tempfile.mkdtemp(prefix="carpool-surge-"))
     with local_stack(root, tmp, {"CARPOOL_MODELS": MODEL}) as (redis_url, base_url, procs):
         warm(base_url, spec, texts)
@@ -260,7 +290,8 @@ def run_one(root: Path, factor: float, arrivals: Sequence[Arrival], texts: Seque
         detail = late_detail(redis_url, [r.job_id for r in late if r.job_id],
                              sum(not r.job_id for r in late))
     return summarise(str(root), factor, records, offline, worker_cores, web_cores,
-                     generator_cores, detail), records
+                     generator_cores, detail,
+                     lambda tokens: ms_per_job[spec.bin_for(tokens).name]), records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = load_texts(spec)
     rng = random.Random(args.seed)
     sample = [rng.choice(texts) for _ in range(2000)]
-    offline_before = offline_rate(spec, sample)
+    ms_per_job = offline_ms_per_job(spec, sample)
+    offline_before = offline_rate(spec, sample, ms_per_job)
     print(json.dumps({"texts": len(texts), "offline_per_s": round(offline_before, 1)}),
           flush=True)
     _raise_open_files(16384)
@@ -293,15 +325,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             arrivals.append(Arrival(t, texts[i].tokens, payload=i,
                                     deadline_ms=int(args.client_timeout_s * 1000)))
         for root in (Path(r).resolve() for r in args.roots.split(",")):
-            runs.append(run_one(root, factor, arrivals, texts, spec, offline_before, args))
+            runs.append(run_one(root, factor, arrivals, texts, spec, offline_before,
+                                ms_per_job, args))
             print(json.dumps({k: v for k, v in asdict(runs[-1][0]).items() if k != "timeline"}),
                   flush=True)
-    offline_after = offline_rate(spec, sample)
+    offline_after = offline_rate(spec, sample, offline_ms_per_job(spec, sample))
     offline = (offline_before + offline_after) / 2
     print(json.dumps({"offline_before": round(offline_before, 1),
                       "offline_after": round(offline_after, 1)}), flush=True)
     print(f"{'root':40s} {'x':>4s} {'offered':>7s} {'admit':>6s} {'late%':>6s} "
-          f"{'good/s':>7s} {'ratio':>6s} {'wrk':>5s} {'web':>5s} {'gen':>5s} {'batch':>5s}")
+          f"{'good/s':>7s} {'ratio':>6s} {'work':>5s} {'wrk':>5s} {'web':>5s} {'gen':>5s} "
+          f"{'batch':>5s}")
     results = []
     for result, _ in runs:
         ratio = result.goodput_per_s / offline
@@ -310,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(result)
         print(f"{result.root[-40:]:40s} {result.factor:4g} {result.offered:7d} "
               f"{result.admitted:6d} {100 * result.late_share:6.1f} "
-              f"{result.goodput_per_s:7.1f} {ratio:6.2f} {result.worker_cores:5.2f} "
+              f"{result.goodput_per_s:7.1f} {ratio:6.2f} {result.work_ratio:5.2f} "
+              f"{result.worker_cores:5.2f} "
               f"{result.web_cores:5.2f} {result.generator_cores:5.2f} {result.mean_batch:5.1f}")
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
