@@ -197,6 +197,7 @@ def test_the_pace_counts_a_batchs_own_busy_time_not_its_overlap_with_the_batch_a
     overlap_ms = 1000 * sum(r.runtime_s - r.service_s for r in reports)
     assert overlap_ms > 20  # the second batch was claimed while the first computed
     # complete.lua summed each batch's own time (admit.lua's busy share and speed), not
-    # its claim to completion, which counts the overlap twice.
+    # its claim to completion, which counts the overlap twice. The worker measures it
+    # as it sends the write, its report after the write: a round trip less.
     busy_ms = float(queue.client.hget(queue.keys.model_stats(SPEC.name), "busy_c") or 0)
-    assert own_ms - 2 * len(reports) <= busy_ms <= own_ms + 2 * len(reports)
+    assert own_ms - 10 * len(reports) <= busy_ms <= own_ms + 2 * len(reports)
