@@ -87,7 +87,8 @@ class WaitTooLong(BinFull):
                  limit_ms: int, retry_after_s: float) -> None:
         super().__init__(
             model, bin_name, ahead, retry_after_s,
-            f"model {model!r} bin {bin_name!r}: {ahead} jobs ahead would start this one in "
+            f"model {model!r} bin {bin_name!r}: the work ahead ({ahead} average jobs, its own "
+            f"batch too when it has a deadline) would take "
             f"about {predicted_ms / 1000:.1f} s, later than its {limit_ms / 1000:g} s limit "
             f"(deadline_ms, else max_queue_ms); retry after {retry_after_s:.0f} s",
         )

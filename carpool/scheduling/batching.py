@@ -35,7 +35,8 @@ SERVICE_ALLOWANCE = 1.25
 #: A peek and a claim between the decision and the batch's start (measured: ~0.2 ms
 #: each on a busy 2-core machine, docs/benchmarks.md).
 LOOP_ALLOWANCE_MS = 2
-#: A due bin is passed over at most this many times before it goes (rule 4).
+#: Passes of a due bin for bins due after it before it goes (rule 4); for older jobs,
+#: this many of the longest batches.
 MAX_BYPASS = 4
 
 
@@ -192,20 +193,21 @@ def ready_at_ms(now_ms: int, view: BinView) -> int | None:
     return min(by, now_ms + adaptive_wait_ms(view))
 
 
-def forced_after_ms(views: Sequence[BinView], max_bypass: int) -> float:
+def forced_after_ms(ready: Sequence[BinView], max_bypass: int) -> float:
     """How long a due bin may be passed over in leave-by order before it is forced:
-    ``max_bypass`` of the longest batches expected (0 while no cost is known, so the
-    count of passes alone decides)."""
-    longest = max((v.cost.ms(v.limits.max_batch) for v in views if v.cost is not None),
+    ``max_bypass`` of the longest batches expected among the ready bins (0 while no
+    cost is known, so the count of passes alone decides)."""
+    longest = max((v.cost.ms(v.limits.max_batch) for v in ready if v.cost is not None),
                   default=0.0)
     return max_bypass * longest
 
 
-def _is_forced(view: BinView, max_bypass: int, after_ms: float) -> bool:
+def _is_forced(view: BinView, max_bypass: int, after_ms: float, ready: int) -> bool:
     """Rule 4's guarantee. Passes in leave-by order serve older jobs first and count
-    toward it only by time, so a backlog is not broken into turns of one batch per
-    bin (a busy bin of short jobs would wait longer than admission predicted)."""
-    if view.overtaken >= max_bypass:
+    toward it by time (or, should a fitted cost be far off, by ``max_bypass`` passes
+    per ready bin), so a backlog is not broken into turns of one batch per bin: a busy
+    bin of short jobs would wait longer than admission predicted."""
+    if view.overtaken >= max_bypass or view.bypassed >= max_bypass * ready:
         return True
     return view.bypassed >= max_bypass and view.passed_over_ms >= after_ms
 
@@ -251,9 +253,9 @@ def decide(
             soonest = wake
     if not ready:
         return Wait(soonest)
-    after_ms = forced_after_ms(views, max_bypass)
+    after_ms = forced_after_ms(ready, max_bypass)
     chosen = min(ready, key=lambda v: _order(  # first of equals: stable
-        now_ms, v, _is_forced(v, max_bypass, after_ms)))
+        now_ms, v, _is_forced(v, max_bypass, after_ms, len(ready))))
     chosen_by = leave_by_ms(chosen, now_ms)
     assert chosen_by is not None
     passed = [v for v in ready if v is not chosen and _is_due(now_ms, v)]

@@ -123,9 +123,13 @@ class Scheduler:
                                      b.arrivals.per_ms(now_ms), b.bypassed, b.overtaken,
                                      now_ms - since))
             decision = decide(now_ms, views, self.max_bypass)
+            passed_keys = decision.passed_over if isinstance(decision, Go) else ()
+            for s in states:  # not passed over while due: its passes in a row end
+                if (s.model, s.bin) not in passed_keys:
+                    b = self._bins[(s.model, s.bin)]
+                    b.bypassed, b.overtaken, b.first_pass_ms = 0, 0, None
             if isinstance(decision, Go):
                 chosen = self._bins[(decision.model, decision.bin)]
-                chosen.bypassed, chosen.overtaken, chosen.first_pass_ms = 0, 0, None
                 chosen.depth_at_go = next(s.depth for s in states
                                           if (s.model, s.bin) == (decision.model, decision.bin))
                 chosen.held_at_go = self._waited

@@ -198,6 +198,8 @@ def test_the_pace_counts_a_batchs_own_busy_time_not_its_overlap_with_the_batch_a
     assert overlap_ms > 20  # the second batch was claimed while the first computed
     # complete.lua summed each batch's own time (admit.lua's busy share and speed), not
     # its claim to completion, which counts the overlap twice. The worker measures it
-    # as it sends the write, its report after the write: a round trip less.
-    busy_ms = float(queue.client.hget(queue.keys.model_stats(SPEC.name), "busy_c") or 0)
+    # as it sends the write, its report after the write: a round trip less. busy_c and
+    # rate_c decay alike: their ratio, ms per job, does not.
+    busy_c, rate_c = queue.client.hmget(queue.keys.model_stats(SPEC.name), "busy_c", "rate_c")
+    busy_ms = float(busy_c or 0) / float(rate_c or 1) * sum(r.size for r in reports)
     assert own_ms - 10 * len(reports) <= busy_ms <= own_ms + 2 * len(reports)

@@ -47,6 +47,20 @@ def test_a_backlog_is_served_oldest_first_not_in_turns_once_costs_are_known() ->
     assert served == ["a"] * (MAX_BYPASS + 2) + ["b"]
 
 
+def test_passes_count_in_a_row_a_bin_emptied_elsewhere_starts_again() -> None:
+    # b is passed over three times, then emptied (another worker served it): a minute
+    # later, in a new backlog where a's jobs are older, b's old passes do not force it.
+    seeds = {("m", "a"): Cost(20, 1), ("m", "b"): Cost(20, 100)}
+    sched = Scheduler([SPEC], adaptive=False, cost_seeds=seeds)
+    for turn in range(MAX_BYPASS - 1):
+        now = 1000 + turn * 30
+        assert sched.decide(now, [st("a", 50, 500), st("b", 50, 900)]).bin == "a"  # type: ignore[union-attr]
+    sched.decide(1200, [st("a", 50, 500), st("b", 0, None)])
+    served = [sched.decide(61_000 + turn * 30, [st("a", 50, 60_000 + turn), st("b", 50, 60_500)])
+              for turn in range(3)]
+    assert [go.bin for go in served] == ["a"] * 3  # type: ignore[union-attr]
+
+
 def test_retuning_changes_the_next_decision_and_reset_restores_the_catalogue() -> None:
     sched = Scheduler([SPEC], adaptive=False)
     assert sched.decide(1000, [st("a", 3, 1000)]) == Wait(1020)

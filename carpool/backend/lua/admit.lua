@@ -73,9 +73,10 @@
 --         max_depth: the bin's drain counter decayed to now and the time since its first
 --         drain (-1: never drained), for Retry-After;
 --         {"late", admitted, depth_after, ahead, jobs/s, limit_ms}: the next job was
---         refused by predicted wait (`ahead` jobs of the model sort before it, its own
---         batch included when it has a deadline, drained at the model's pace; limit_ms
---         the wait it was allowed: max_queue_ms, or 90 % of its deadline), or its
+--         refused by predicted wait (`ahead`: the model's jobs that sort before it, its
+--         own batch included when it has a deadline, in average jobs (each at its bin's
+--         weight), drained at the model's pace; limit_ms the wait it was allowed:
+--         max_queue_ms, or 80 % of its deadline), or its
 --         owner's turn comes after its deadline (`ahead` is that lead in jobs, at the
 --         bin's rate);
 --         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
@@ -188,19 +189,19 @@ local pace = limit_ms > 0 and  -- jobs/ms, or false
 local coming = pace and model_coming(KEYS[8], now_ms, tonumber(ARGV[9]))
 local function drained_by(ms) return drained_within(pace, coming, ms) end
 local pace_s = pace and string.format("%.6f", pace * 1000)
--- Each bin's jobs weigh what they cost in average jobs (lib/pace.lua, bin_weights): read
--- once per call, when a wait is first predicted. KEYS index of a bin's zset -> weight.
-local weights = nil
+-- Each bin's jobs weigh what they cost in average jobs (lib/pace.lua), a bin read once
+-- per call, when it first has jobs ahead; k: the KEYS index of its zset (1: this bin).
+local weigh = bin_weigher(KEYS[8])
+local function weight(k) return weigh(k, k == 1 and KEYS[4] or KEYS[k + 1]) end
 -- The jobs of the model that sort before score_us, in every bin: they run first.
 -- Returns them in average jobs (weighed), and counted.
 local function model_ahead(score_us)
-  if not weights then weights = bin_weights(KEYS, KEYS[4], KEYS[8], 9) end
   local bound = string.format("(%.0f", score_us)
   local count = redis.call("ZCOUNT", KEYS[1], "-inf", bound)
-  local ahead = count * weights[1]
+  local ahead = count > 0 and count * weight(1) or 0
   for k = 9, #KEYS, 2 do
     local c = redis.call("ZCOUNT", KEYS[k], "-inf", bound)
-    count, ahead = count + c, ahead + c * weights[k]
+    if c > 0 then count, ahead = count + c, ahead + c * weight(k) end
   end
   return ahead, count
 end
@@ -263,19 +264,19 @@ for i = 0, n - 1 do
     local ahead, count  -- in average jobs, and counted
     if sort_us == base_us then
       if not ahead0 then ahead0, count0 = model_ahead(base_us) end
-      ahead, count = ahead0 + i * weights[1], count0 + i
+      ahead, count = ahead0 + i * weight(1), count0 + i
     else
       if sort_us ~= counted_us then
         counted_us, counted, counted_n = sort_us, model_ahead(sort_us)
       end
-      ahead, count = counted + i * weights[1], counted_n + i
+      ahead, count = counted + i * weight(1), counted_n + i
     end
     -- A deadline is for the result: its own batch counts, and the end must come
     -- DEADLINE_SHARE of the way to it, leaving the rest to the prediction's noise and
     -- the answer's way back (max_queue_ms, without a deadline, leaves its own).
     local to_end, allowed_ms = ahead, limit_ms * share  -- the wait its tier may fill
     if dl_us > 0 then
-      to_end, allowed_ms = ahead + max_batch * weights[1], allowed_ms * DEADLINE_SHARE
+      to_end, allowed_ms = ahead + max_batch * weight(1), allowed_ms * DEADLINE_SHARE
     end
     if count >= max_batch and to_end > drained_by(allowed_ms) then
       refusal = {"late", math.ceil(to_end), pace_s, string.format("%d", allowed_ms)}

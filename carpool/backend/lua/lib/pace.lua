@@ -9,9 +9,8 @@
 --   (jobs/ms) over all its bins, or nil when none is recent: the predicted wait's
 -- model_coming(model_stats_key, now_ms, tau_ms) -> {jobs/ms, ms until then} that workers
 --   still starting add (coming.lua wrote how many and when they serve), or nil
--- bin_weights(keys, own_stats_key, model_stats_key, first) -> what a job costs in the
---   model's average jobs: [1] of the bin of own_stats_key; [k] of the bin whose zset is
---   keys[k] and stats hash keys[k + 1], k = first, first + 2, ... (1 where unknown)
+-- bin_weigher(model_stats_key) -> weigh(k, stats_key): what a job of the bin of
+--   stats_key costs in the model's average jobs (1 where unknown), read once per k
 --
 -- One worker serves every bin of its model, so a job's wait is the model's work ahead
 -- of it at the model's pace, never its own bin's alone: a bin's own rates count only
@@ -79,11 +78,15 @@ local function bin_weight(stats_key, avg_ms)
   return math.min(WEIGHT_MAX, math.max(WEIGHT_MIN, own / avg_ms))
 end
 
-local function bin_weights(keys, own_stats_key, model_stats_key, first)
-  local avg_ms = ms_per_job(model_stats_key)
-  local weights = {[1] = bin_weight(own_stats_key, avg_ms)}
-  for k = first, #keys, 2 do weights[k] = bin_weight(keys[k + 1], avg_ms) end
-  return weights
+local function bin_weigher(model_stats_key)
+  local avg_ms, memo = nil, {}
+  return function(k, stats_key)
+    if memo[k] == nil then
+      if avg_ms == nil then avg_ms = ms_per_job(model_stats_key) or false end
+      memo[k] = bin_weight(stats_key, avg_ms)
+    end
+    return memo[k]
+  end
 end
 
 -- Workers starting (`carpool up`'s autoscaler writes coming_n and coming_at, Redis time,
