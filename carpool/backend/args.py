@@ -32,6 +32,7 @@ class ClaimArgs(ScriptArgs):
     scan_budget: int
     queued_ttl_s: int
     claimed_channel: str
+    batch_ms: int
 
 
 @dataclass(frozen=True)

@@ -106,11 +106,12 @@ class Queue:
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
-        worker: str, queued_ttl_s: int = QUEUED_TTL_S_DEFAULT,
+        worker: str, queued_ttl_s: int = QUEUED_TTL_S_DEFAULT, batch_ms: int = 0,
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``.
 
-        Jobs whose deadline passed, or queued longer than ``queued_ttl_s``, end "expired"
+        Jobs whose deadline passed, or comes within ``batch_ms`` (the batch's expected
+        time: it would end late), or queued longer than ``queued_ttl_s``, end "expired"
         instead (``Claim.expired`` counts them)."""
         tag = shard(model.name)
         keys = keys_of(ClaimArgs, bin=self.keys.bin(model.name, bin_name),
@@ -119,7 +120,8 @@ class Queue:
                        hook_wake=self.keys.hook_wake(tag))
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
-                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel)
+                         max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel,
+                         max(0, batch_ms))
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)

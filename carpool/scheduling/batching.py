@@ -137,7 +137,8 @@ def leave_by_ms(view: BinView, now_ms: int) -> int | None:
 def batch_that_fits(now_ms: int, view: BinView) -> int:
     """The most jobs to claim now: max_batch, unless so many would finish after the
     most urgent job's deadline. A head that is late even alone is not saved at the
-    cost of a smaller batch: it goes with a full one."""
+    cost of a smaller batch: the batch is a full one, and the claim expires the jobs it
+    could not finish in time (``Scheduler.batch_ms``)."""
     limit = view.limits.max_batch
     earliest, cost = view.state.earliest_deadline_ms, view.cost
     if earliest is None or cost is None or cost.b_ms <= 0:

@@ -83,8 +83,10 @@ class SimBins:
                                 min(deadlines) if deadlines else None, self._admitted[name]))
         return out
 
-    def claim(self, now_us: int, bin_name: str, max_n: int) -> tuple[list[SimJob], list[SimJob]]:
-        """Up to ``max_n`` live jobs, most urgent first, and the expired ones taken with them."""
+    def claim(self, now_us: int, bin_name: str, max_n: int,
+              batch_ms: int = 0) -> tuple[list[SimJob], list[SimJob]]:
+        """Up to ``max_n`` live jobs, most urgent first, and the expired ones taken with
+        them (past their deadline, or within ``batch_ms`` of it: claim.lua)."""
         queue = self._bins[bin_name]
         now_ms = now_us // 1000
         live: list[SimJob] = []
@@ -95,7 +97,8 @@ class SimBins:
             popped, queue[:take] = queue[:take], []
             budget -= take
             for _, _, job in popped:
-                if job.deadline_ms and now_ms >= job.deadline_ms:
+                if job.deadline_ms and (now_ms >= job.deadline_ms
+                                        or now_ms + batch_ms > job.deadline_ms):
                     job.status, job.done_us = "expired", now_us
                     expired.append(job)
                 else:

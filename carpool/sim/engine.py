@@ -134,7 +134,8 @@ class _Run:
         self.push(wake_us, _TIMER, w.idx)
 
     def run_batch(self, t_us: int, w: _Worker, go: Go) -> None:
-        live, _expired = self.bins.claim(t_us, go.bin, go.max_n)
+        live, _expired = self.bins.claim(t_us, go.bin, go.max_n,
+                                         w.scheduler.batch_ms((go.model, go.bin), go.max_n))
         if not live:
             self.push(t_us, _STEP, w.idx)
             return

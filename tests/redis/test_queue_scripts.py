@@ -163,6 +163,19 @@ def test_an_expired_deadline_is_never_claimed(queue: Queue) -> None:
     assert queue.get(job).status is JobStatus.EXPIRED  # type: ignore[union-attr]
 
 
+def test_a_job_its_batch_cannot_finish_by_its_deadline_ends_expired_at_its_claim(
+        queue: Queue) -> None:
+    spec = synthetic()
+    soon = admit(queue, spec, value="soon", deadline_ms=2_000)
+    later = admit(queue, spec, value="later", deadline_ms=60_000)
+    claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w", batch_ms=5_000)
+    assert [j.id for j in claim.jobs] == [later] and claim.expired == 1
+    view = queue.get(soon)
+    assert view is not None and view.status is JobStatus.EXPIRED
+    assert view.error is not None and view.error.startswith("cannot finish by its deadline")
+    assert view.error.endswith("its batch takes about 5000 ms")
+
+
 def test_a_job_queued_longer_than_the_queued_ttl_ends_expired_at_its_claim(
         queue: Queue) -> None:
     spec = synthetic()

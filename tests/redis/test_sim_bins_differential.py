@@ -90,11 +90,11 @@ class Both:
         now_ms, states = self.queue.peek(bins, scan)
         assert self.sim.peek(now_ms * 1000, bins, scan) == states
 
-    def claim(self, bin_name: str, max_n: int) -> tuple[int, int]:
+    def claim(self, bin_name: str, max_n: int, batch_ms: int = 0) -> tuple[int, int]:
         claim = self.queue.claim(self.spec, bin_name, max_n, lease_ms=LEASE_MS,
                                  token=new_job_id(self.spec.name),
-                                 worker="differential")
-        live, expired = self.sim.claim(claim.now_ms * 1000, bin_name, max_n)
+                                 worker="differential", batch_ms=batch_ms)
+        live, expired = self.sim.claim(claim.now_ms * 1000, bin_name, max_n, batch_ms)
         assert [self.ids[j.seq] for j in live] == [j.id for j in claim.jobs]
         assert len(expired) == claim.expired
         return len(live), len(expired)
@@ -114,6 +114,7 @@ class Both:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_simulators_bins_agree_with_the_lua_scripts(queue: Queue, seed: int) -> None:
     rng = random.Random(seed)
+    batch_ms = random.Random(seed + 100)  # its own, so the operations stay seed's
     both = Both(queue, small_synthetic())
     names = [b.name for b in both.spec.bins]
     claimed = expired = refused = 0
@@ -126,7 +127,8 @@ def test_the_simulators_bins_agree_with_the_lua_scripts(queue: Queue, seed: int)
         elif op < 0.75:
             both.peek()
         elif op < 0.95:
-            live, dead = both.claim(rng.choice(names), rng.randint(1, MAX_BATCH))
+            live, dead = both.claim(rng.choice(names), rng.randint(1, MAX_BATCH),
+                                    batch_ms.choice((0, 0, 60, 6_000)))
             claimed, expired = claimed + live, expired + dead
         else:
             both.wait_for_a_deadline_to_pass()
@@ -150,6 +152,15 @@ def test_a_claim_stops_at_its_scan_budget_among_expired_jobs_in_both(queue: Queu
     assert both.claim(bin_name, 1) == (0, 4)
     assert both.claim(bin_name, 1) == (1, 2)
     both.peek()
+
+
+def test_a_claim_expires_a_job_its_batch_cannot_finish_by_its_deadline_in_both(
+        queue: Queue) -> None:
+    both = Both(queue, small_synthetic())
+    bin_name = both.spec.bins[0].name
+    both.admit(bin_name, 5_000, 0)
+    both.admit(bin_name, 20_000, 0)
+    assert both.claim(bin_name, 2, batch_ms=10_000) == (1, 1)
 
 
 def test_a_disagreement_is_caught(queue: Queue) -> None:

@@ -105,6 +105,17 @@ def test_finished_batches_fit_the_cost_model_and_show_in_the_snapshot() -> None:
     json.dumps(snap[("m", "a")])
 
 
+def test_a_claim_gives_up_jobs_by_the_fitted_time_of_the_batch_it_takes() -> None:
+    sched = Scheduler([SPEC], adaptive=False)
+    assert sched.batch_ms(("m", "a"), 8) == 0  # nothing measured: nothing given up for it
+    for n in (1, 4, 8, 2):
+        sched.observe("m", "a", n, 10.0 + 2.0 * n, [20.0] * n)
+    go = sched.decide(1000, [BinState("m", "a", 3, 900, None)])
+    assert isinstance(go, Go) and go.bin == "a"
+    assert sched.batch_ms(("m", "a"), 8) == 16  # the 3 it holds: a + 3·b
+    assert sched.batch_ms(("m", "a"), 2) == 14  # a claim sized down to 2
+
+
 def test_the_arrival_rate_comes_from_the_admitted_counter() -> None:
     sched = Scheduler([SPEC])
     for t in range(0, 2001, 10):

@@ -279,7 +279,9 @@ class BatchLoop:
         try:
             claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
                                      token=token, worker=self.worker_name,
-                                     queued_ttl_s=self.settings.queued_ttl_s)
+                                     queued_ttl_s=self.settings.queued_ttl_s,
+                                     batch_ms=self.scheduler.batch_ms((go.model, go.bin),
+                                                                      max_n))
         except BackendUnavailable:
             self.keeper.reply_lost(token)
             raise

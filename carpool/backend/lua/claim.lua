@@ -27,6 +27,8 @@
 -- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
 --                        the jobs leased, one message per claim (web/results/followers.py: the
 --                        event streams' `running`)
+-- ARGV[11] batch_ms      the fitted time of the batch claimed (0: unknown): a job whose
+--                        deadline is sooner would end late, and ends "expired" instead
 --
 -- Keys built here, not in KEYS: which jobs a claim takes is known only once the bin is
 -- read, so their records are job_prefix .. id, and an owner's byte budget is
@@ -37,11 +39,12 @@
 -- record whole, as MGET read it (carpool/backend/records.py's `claimed` takes the attempt
 -- count, the admission fields and the input out of it in the worker; cutting them out
 -- here would cost Redis a string each). Ids whose record is gone are dropped; jobs whose
--- deadline has passed, or queued longer than queued_ttl_s, end "expired" here, are never
--- computed, and their places go to the next jobs: `expired` counts them, so the worker
--- that decided it counts each expiry once (carpool_jobs_expired_total). Per slice taken
--- off the bin: one MGET of the records, inputs included; per claim: one HSET of the
--- claim hash and one ZADD of its token into the leases zset.
+-- deadline has passed or comes within batch_ms, or queued longer than queued_ttl_s,
+-- end "expired" here, are never computed, and their places go to the next jobs:
+-- `expired` counts them, so the worker that decided it counts each expiry once
+-- (carpool_jobs_expired_total). Per slice taken off the bin: one MGET of the records,
+-- inputs included; per claim: one HSET of the claim hash and one ZADD of its token into
+-- the leases zset.
 --
 -- A claimed job's record is not written: it still says "queued", and the claim hash
 -- holding it (out of its bin) is what makes it running. Readers tell the two apart by
@@ -56,6 +59,7 @@ local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local max_n, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local job_prefix, worker, done_channel, result_ttl_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local budget, queued_ttl_s = tonumber(ARGV[8]), tonumber(ARGV[9])
+local batch_ms = tonumber(ARGV[11])
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -98,6 +102,10 @@ while live < max_n and budget > 0 do
       local why = nil
       if deadline > 0 and now_ms >= deadline then
         why = "deadline passed while queued"
+      elseif deadline > 0 and now_ms + batch_ms > deadline then
+        -- Computed, it would end late, when nobody takes it, and the jobs after it too.
+        why = "cannot finish by its deadline: " .. (deadline - now_ms)
+          .. " ms left, its batch takes about " .. batch_ms .. " ms"
       elseif (tonumber(t_admit) or now_ms) <= stale_ms then
         why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. queued_ttl_s .. " s)"
       end
