@@ -12,7 +12,7 @@ from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry
 from carpool.backend.shadows import ShadowBook, ShadowCounters
-from carpool.core.jobs import Claim, Outcome, new_job_id
+from carpool.core.jobs import Claim, JobStatus, Outcome, new_job_id
 from carpool.core.settings import Settings
 from carpool.core.synthetic import expected_result
 from dispatcher.metrics import DispatchMetrics
@@ -99,3 +99,29 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
     s = read(m)
     assert s.value("carpool_jobs_expired_total", **SMALL) == 1
     assert s.value("carpool_batch_size_sum", **SMALL) == 1
+
+
+def test_the_loop_gives_up_a_job_its_batch_would_finish_past_the_deadline(
+        queue: Queue, settings: Settings) -> None:
+    spec = settings.catalogue.get("synthetic")
+    doomed, on_time = new_job_id(spec.name), new_job_id(spec.name)
+    for job_id, deadline_ms in ((doomed, 2_000), (on_time, 60_000)):
+        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+            spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
+            queued_ttl_s=60, deadline_ms=deadline_ms)))
+    handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
+    loop = BatchLoop(settings, queue, handlers, "w")
+    for n in (1, 2, 1, 2):  # the bin's batches were measured at 5 s each
+        loop.scheduler.observe("synthetic", SMALL["bin"], n, 5_000.0 + n, [5_000.0] * n)
+    m = WorkerMetrics(handlers, limits=lambda: loop.limits)
+    loop.observers.append(m)
+
+    def drained() -> bool:
+        loop.step()
+        return read(m).value("carpool_jobs_completed_total") == 1
+
+    wait_until(drained, 10, "the on-time job to complete")
+    assert read(m).value("carpool_jobs_expired_total", **SMALL) == 1
+    view = queue.get(doomed)
+    assert view is not None and view.status is JobStatus.EXPIRED
+    assert (view.error or "").startswith("cannot finish by its deadline")
