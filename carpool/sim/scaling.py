@@ -29,7 +29,7 @@ from carpool.scheduling.need import BinLoad, ModelLoad, workers_needed
 #: The arrival rate a policy sees is averaged over about this long (the gauge's).
 RATE_TAU_S = 30.0
 #: Admission's share of the deadline for the predicted end (lib/pace.lua, admit.lua).
-ADMIT_SHARE = 0.8
+ADMIT_SHARE = 0.7
 
 
 @dataclass(frozen=True)

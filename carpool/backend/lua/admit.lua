@@ -182,7 +182,7 @@ end
 local rate_s = drain and string.format("%.6f", drain[3] * 1000)
 
 -- >>> the model's pace (lib/pace.lua; docs/admission.md, "Refusing by predicted wait") >>>
-local DEADLINE_SHARE = 0.8  -- of a deadline, the predicted end may take (below)
+local DEADLINE_SHARE = 0.7  -- of a deadline, the predicted end may take (below)
 local pace = limit_ms > 0 and  -- jobs/ms, or false
   model_pace(KEYS[8], now_ms, tonumber(ARGV[9]), tonumber(ARGV[16]), tonumber(ARGV[17]))
 -- Workers starting count from when they serve (lib/pace.lua, model_coming).
