@@ -49,8 +49,9 @@ MIN_HORIZON_MS = 1_000.0
 #: Below a job a minute, with nothing queued, a model keeps no worker: a decayed rate
 #: never reaches 0 by itself, and the next job scales from zero.
 MIN_ARRIVALS_PER_MS = 1 / 60_000
-#: Work ahead per live worker at this share of the budget: admission is refusing.
-SATURATED = 0.7
+#: Work ahead per live worker at this share of the budget: admission is refusing. Under
+#: admit.lua's share of a deadline (0.7, its own batch counted), which a queue never passes.
+SATURATED = 0.6
 #: Projected misses are counted over at most this many steps of the queue.
 MISS_STEPS = 200
 

@@ -107,7 +107,7 @@ def test_any_input_gives_a_count_at_or_above_the_floor(
 
 
 def test_a_queue_at_the_admission_bound_doubles_the_pool() -> None:
-    # 4 workers up, W = 28 batches = 28·300 + 1 792·5 = 17 360 ms ≥ 0.7 · 6 000 · 4: the
+    # 4 workers up, W = 28 batches = 28·300 + 1 792·5 = 17 360 ms ≥ 0.6 · 6 000 · 4: the
     # queue sits where admission refuses, which hides the surge: double.
     need = workers_needed(load(depth=1_792, slack_ms=6_000, budget_ms=6_000, up=4, busy=4))
     assert (need.workers, need.why) == (8, "saturated")

@@ -59,7 +59,7 @@ local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local max_n, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local job_prefix, worker, done_channel, result_ttl_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local budget, queued_ttl_s = tonumber(ARGV[8]), tonumber(ARGV[9])
-local batch_ms = tonumber(ARGV[11])
+local batch_ms = tonumber(ARGV[11]) or 0
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
