@@ -12,6 +12,7 @@ from carpool.backend.need_gauges import NeedGauges, NeedReader
 from carpool.backend.queue import Queue
 from carpool.backend.registry import Registry
 from carpool.backend.shadows import ShadowBook, ShadowCounters
+from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import Claim, JobStatus, Outcome, new_job_id
 from carpool.core.settings import Settings
 from carpool.core.synthetic import expected_result
@@ -77,18 +78,19 @@ def test_web_and_worker_emit_every_listed_metric_with_its_type_and_labels(
         assert (emitted[name].type, emitted[name].labels) == (metric.type, set(metric.labels)), name
 
 
-def test_the_loop_counts_jobs_that_claim_found_expired(
-        queue: Queue, settings: Settings, client: redis.Redis) -> None:
-    spec = settings.catalogue.get("synthetic")
-    late, on_time = new_job_id(spec.name), new_job_id(spec.name)
-    for job_id in (late, on_time):
-        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
-            spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
-            queued_ttl_s=60, deadline_ms=60_000)))
-    records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
-    handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
-    loop = BatchLoop(settings, queue, handlers, "w")
-    m = WorkerMetrics(handlers, limits=lambda: loop.limits)
+def admit_one(queue: Queue, spec: ModelSpec, job_id: str, deadline_ms: int) -> None:
+    single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
+        spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
+        queued_ttl_s=60, deadline_ms=deadline_ms)))
+
+
+def synthetic_handlers(settings: Settings) -> dict[str, ModelHandler]:
+    return {"synthetic": SyntheticHandler(settings.catalogue.get("synthetic"), (0, 0))}
+
+
+def step_until_one_completes(loop: BatchLoop) -> Scrape:
+    """Step the loop until one job completed; the worker's metrics then."""
+    m = WorkerMetrics(loop.handlers, limits=lambda: loop.limits)
     loop.observers.append(m)
 
     def drained() -> bool:
@@ -96,7 +98,18 @@ def test_the_loop_counts_jobs_that_claim_found_expired(
         return read(m).value("carpool_jobs_completed_total") == 1
 
     wait_until(drained, 10, "the on-time job to complete")
-    s = read(m)
+    return read(m)
+
+
+def test_the_loop_counts_jobs_that_claim_found_expired(
+        queue: Queue, settings: Settings, client: redis.Redis) -> None:
+    spec = settings.catalogue.get("synthetic")
+    late, on_time = new_job_id(spec.name), new_job_id(spec.name)
+    for job_id in (late, on_time):
+        admit_one(queue, spec, job_id, 60_000)
+    records.update(client, queue.keys.job(late), deadline=1)  # long past, on Redis's clock
+    loop = BatchLoop(settings, queue, synthetic_handlers(settings), "w")
+    s = step_until_one_completes(loop)
     assert s.value("carpool_jobs_expired_total", **SMALL) == 1
     assert s.value("carpool_batch_size_sum", **SMALL) == 1
 
@@ -106,22 +119,11 @@ def test_the_loop_gives_up_a_job_its_batch_would_finish_past_the_deadline(
     spec = settings.catalogue.get("synthetic")
     doomed, on_time = new_job_id(spec.name), new_job_id(spec.name)
     for job_id, deadline_ms in ((doomed, 2_000), (on_time, 60_000)):
-        single_admitted(Admissions(queue.client, queue.keys).admit(AdmitRequest(
-            spec, (AdmitJob(spec.bins[0], job_id, '{"value": 1, "size": 1}'),),
-            queued_ttl_s=60, deadline_ms=deadline_ms)))
-    handlers: dict[str, ModelHandler] = {"synthetic": SyntheticHandler(spec, (0, 0))}
-    loop = BatchLoop(settings, queue, handlers, "w")
+        admit_one(queue, spec, job_id, deadline_ms)
+    loop = BatchLoop(settings, queue, synthetic_handlers(settings), "w")
     for n in (1, 2, 1, 2):  # the bin's batches were measured at 5 s each
         loop.scheduler.observe("synthetic", SMALL["bin"], n, 5_000.0 + n, [5_000.0] * n)
-    m = WorkerMetrics(handlers, limits=lambda: loop.limits)
-    loop.observers.append(m)
-
-    def drained() -> bool:
-        loop.step()
-        return read(m).value("carpool_jobs_completed_total") == 1
-
-    wait_until(drained, 10, "the on-time job to complete")
-    assert read(m).value("carpool_jobs_expired_total", **SMALL) == 1
+    assert step_until_one_completes(loop).value("carpool_jobs_expired_total", **SMALL) == 1
     view = queue.get(doomed)
     assert view is not None and view.status is JobStatus.EXPIRED
     assert (view.error or "").startswith("cannot finish by its deadline")
