@@ -32,7 +32,8 @@ class ClaimArgs(ScriptArgs):
     scan_budget: int
     queued_ttl_s: int
     claimed_channel: str
-    batch_ms: int
+    cost_a_ms: float
+    cost_b_ms: float
 
 
 @dataclass(frozen=True)

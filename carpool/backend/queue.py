@@ -46,6 +46,7 @@ from carpool.core.jobs import (
 from carpool.core.script_args import Arg, argv, keys_of
 from carpool.core.settings import QUEUED_TTL_S_DEFAULT
 from carpool.core.shards import shard, shard_of_job
+from carpool.scheduling.batching import Cost
 
 #: Tokens kept in a wake list; more would only cause extra, harmless peeks.
 WAKE_LIST_CAP = 16
@@ -106,13 +107,13 @@ class Queue:
 
     def claim(
         self, model: ModelSpec, bin_name: str, max_n: int, *, lease_ms: int, token: str,
-        worker: str, queued_ttl_s: int = QUEUED_TTL_S_DEFAULT, batch_ms: int = 0,
+        worker: str, queued_ttl_s: int = QUEUED_TTL_S_DEFAULT, cost: Cost | None = None,
     ) -> Claim:
         """Lease up to ``max_n`` of the bin's most urgent live jobs to ``token``.
 
-        Jobs whose deadline passed, or comes within ``batch_ms`` (the batch's expected
-        time: it would end late), or queued longer than ``queued_ttl_s``, end "expired"
-        instead (``Claim.expired`` counts them)."""
+        Jobs whose deadline passed, or comes before their batch would end (``cost``:
+        the bin's fitted batch time; None: unknown), or queued longer than
+        ``queued_ttl_s``, end "expired" instead (``Claim.expired`` counts them)."""
         tag = shard(model.name)
         keys = keys_of(ClaimArgs, bin=self.keys.bin(model.name, bin_name),
                        leases=self.keys.leases(tag), bytes=self.keys.queued_bytes(model.name),
@@ -121,7 +122,7 @@ class Queue:
         args = ClaimArgs(max_n, lease_ms, token, self.keys.job_prefix(tag), worker,
                          self.keys.done_channel, model.result_ttl_s,
                          max_n * CLAIM_SCAN_FACTOR, queued_ttl_s, self.keys.claimed_channel,
-                         max(0, batch_ms))
+                         cost.a_ms if cost else 0.0, cost.b_ms if cost else 0.0)
         with redis_errors():
             reply = self._claim(keys=keys, args=argv(args))
         return claim_reply(model.name, bin_name, token, reply)

@@ -114,7 +114,8 @@ class Claim:
     token: str
     now_ms: int
     jobs: tuple[ClaimedJob, ...]
-    #: Jobs the claim found past their deadline and ended "expired" instead.
+    #: Jobs the claim ended "expired" instead (past or too near their deadline, or
+    #: queued too long).
     expired: int = 0
 
 

@@ -10,7 +10,6 @@ are safe to call from Celery's control thread while the loop runs.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -180,17 +179,14 @@ class Scheduler:
                 b.cap.reset()
         return [e for e in self.snapshot() if (e["model"], e["bin"]) in keys]
 
-    def batch_ms(self, key: BinKey, max_n: int) -> int:
-        """The fitted time, claim to results written, of the batch the last ``Go`` for
-        this bin claims: ``max_n`` jobs, or fewer where it held fewer (0: not measured
-        yet). The claim expires a job whose deadline comes sooner: computed, it would
-        end late. Not padded like the leave-by's allowance, so that a job given up is
-        one that batch could not finish in time."""
+    def cost_of(self, key: BinKey) -> Cost | None:
+        """The bin's fitted batch time, claim to results written (a pipelined worker's
+        wait for the batch ahead included; None: none known, measured or seeded). The
+        claim expires a job whose deadline comes before its batch would end by it: not
+        padded like the leave-by's allowance, so a job is given up on the expected
+        time, not on a bound."""
         with self._lock:
-            b = self._bins[key]
-            cost = b.cost.cost()
-            n = max(1, min(max_n, b.depth_at_go))
-        return math.floor(cost.ms(n)) if cost is not None else 0
+            return self._bins[key].cost.cost()
 
     def costs(self) -> dict[BinKey, Cost]:
         """Each bin's fitted cost, where one is known (the registry entry carries them)."""

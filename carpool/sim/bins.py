@@ -13,6 +13,7 @@ from carpool.admission.urgency import effective_deadline_ms, score_us, sort_offs
 from carpool.backend.queue import CLAIM_SCAN_FACTOR
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import BinState
+from carpool.scheduling.batching import Cost
 
 
 @dataclass
@@ -84,11 +85,14 @@ class SimBins:
         return out
 
     def claim(self, now_us: int, bin_name: str, max_n: int,
-              batch_ms: int = 0) -> tuple[list[SimJob], list[SimJob]]:
+              cost: Cost | None = None) -> tuple[list[SimJob], list[SimJob]]:
         """Up to ``max_n`` live jobs, most urgent first, and the expired ones taken with
-        them (past their deadline, or within ``batch_ms`` of it: claim.lua)."""
+        them: past their deadline, or with a deadline before their batch would end by
+        ``cost``, the batch being the bin's jobs less the dead ones, at most ``max_n``
+        (claim.lua)."""
         queue = self._bins[bin_name]
         now_ms = now_us // 1000
+        depth, dead = len(queue), 0
         live: list[SimJob] = []
         expired: list[SimJob] = []
         budget = max_n * CLAIM_SCAN_FACTOR
@@ -97,10 +101,12 @@ class SimBins:
             popped, queue[:take] = queue[:take], []
             budget -= take
             for _, _, job in popped:
+                takes_ms = cost.ms(max(1, min(max_n, depth - dead))) if cost else 0.0
                 if job.deadline_ms and (now_ms >= job.deadline_ms
-                                        or now_ms + batch_ms > job.deadline_ms):
+                                        or now_ms + takes_ms > job.deadline_ms):
                     job.status, job.done_us = "expired", now_us
                     expired.append(job)
+                    dead += 1
                 else:
                     job.status, job.claim_us = "running", now_us
                     live.append(job)

@@ -135,7 +135,7 @@ class _Run:
 
     def run_batch(self, t_us: int, w: _Worker, go: Go) -> None:
         live, _expired = self.bins.claim(t_us, go.bin, go.max_n,
-                                         w.scheduler.batch_ms((go.model, go.bin), go.max_n))
+                                         w.scheduler.cost_of((go.model, go.bin)))
         if not live:
             self.push(t_us, _STEP, w.idx)
             return

@@ -2,7 +2,7 @@
 (carpool/scheduling/need.py) against the proxies other systems scale on.
 
 A simulation of one model in steps of ``dt_s``: arrivals at the trace's rate (as a
-fluid: fractions of jobs), carpool's admission (refuse what would end past 0.9 × the
+fluid: fractions of jobs), carpool's admission (refuse what would end past 0.7 × the
 deadline: the jobs ahead at the live workers' pace, then its own full batch; with no
 live worker, depth alone), one queue served in order by the live workers, each
 claiming up to ``max_batch`` once a batch is full or its oldest job waited

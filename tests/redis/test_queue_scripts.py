@@ -18,6 +18,7 @@ from carpool.backend.keys import shard_of_job
 from carpool.backend.queue import Queue, ended_ids
 from carpool.core.errors import BinFull, IdempotencyConflict, NotCancellable
 from carpool.core.jobs import JobStatus, Outcome, new_job_id
+from carpool.scheduling.batching import Cost
 from tests.support.jobs import admit, synthetic
 
 TTL_S = 60
@@ -168,12 +169,25 @@ def test_a_job_its_batch_cannot_finish_by_its_deadline_ends_expired_at_its_claim
     spec = synthetic()
     soon = admit(queue, spec, value="soon", deadline_ms=2_000)
     later = admit(queue, spec, value="later", deadline_ms=60_000)
-    claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w", batch_ms=5_000)
+    claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w",
+                        cost=Cost(4_000.0, 500.0))  # two jobs: 5 s
     assert [j.id for j in claim.jobs] == [later] and claim.expired == 1
     view = queue.get(soon)
     assert view is not None and view.status is JobStatus.EXPIRED
     assert view.error is not None and view.error.startswith("cannot finish by its deadline")
     assert view.error.endswith("its batch takes about 5000 ms")
+
+
+def test_the_batch_a_claim_judges_by_leaves_out_the_dead_jobs_ahead(queue: Queue) -> None:
+    spec = synthetic()
+    dead = [admit(queue, spec, value=f"dead{i}", deadline_ms=1) for i in range(6)]
+    for job in dead:
+        records.update(queue.client, queue.keys.job(job), deadline=1)  # long past
+    soon = [admit(queue, spec, value=f"soon{i}", deadline_ms=2_000) for i in range(2)]
+    # Eight jobs would take 500 + 8·200 = 2.1 s, past the 2 s; the two live ones 0.9 s.
+    claim = queue.claim(spec, "small", 8, lease_ms=5000, token="t", worker="w",
+                        cost=Cost(500.0, 200.0))
+    assert [j.id for j in claim.jobs] == soon and claim.expired == 6
 
 
 def test_a_job_queued_longer_than_the_queued_ttl_ends_expired_at_its_claim(

@@ -22,6 +22,7 @@ from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec, load_catalogue
 from carpool.core.errors import BinFull
 from carpool.core.jobs import BinState, new_job_id
+from carpool.scheduling.batching import Cost
 from carpool.sim.bins import SimBins, SimJob
 from tests.support.procs import wait_until
 
@@ -51,6 +52,7 @@ class Both:
         self.sim = SimBins(spec)
         self.ids: dict[int, str] = {}  # simulator seq -> Redis job id
         self.seq = 0
+        self.passed = 0  # jobs a claim expired because their deadline had passed
 
     def redis_now_ms(self) -> int:
         seconds, micros = self.queue.client.time()
@@ -90,11 +92,12 @@ class Both:
         now_ms, states = self.queue.peek(bins, scan)
         assert self.sim.peek(now_ms * 1000, bins, scan) == states
 
-    def claim(self, bin_name: str, max_n: int, batch_ms: int = 0) -> tuple[int, int]:
+    def claim(self, bin_name: str, max_n: int, cost: Cost | None = None) -> tuple[int, int]:
         claim = self.queue.claim(self.spec, bin_name, max_n, lease_ms=LEASE_MS,
                                  token=new_job_id(self.spec.name),
-                                 worker="differential", batch_ms=batch_ms)
-        live, expired = self.sim.claim(claim.now_ms * 1000, bin_name, max_n, batch_ms)
+                                 worker="differential", cost=cost)
+        live, expired = self.sim.claim(claim.now_ms * 1000, bin_name, max_n, cost)
+        self.passed += sum(claim.now_ms >= j.deadline_ms for j in expired)
         assert [self.ids[j.seq] for j in live] == [j.id for j in claim.jobs]
         assert len(expired) == claim.expired
         return len(live), len(expired)
@@ -114,7 +117,7 @@ class Both:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_simulators_bins_agree_with_the_lua_scripts(queue: Queue, seed: int) -> None:
     rng = random.Random(seed)
-    batch_ms = random.Random(seed + 100)  # its own, so the operations stay seed's
+    costs = random.Random(seed + 100)  # its own, so the operations stay seed's
     both = Both(queue, small_synthetic())
     names = [b.name for b in both.spec.bins]
     claimed = expired = refused = 0
@@ -128,14 +131,16 @@ def test_the_simulators_bins_agree_with_the_lua_scripts(queue: Queue, seed: int)
             both.peek()
         elif op < 0.95:
             live, dead = both.claim(rng.choice(names), rng.randint(1, MAX_BATCH),
-                                    batch_ms.choice((0, 0, 60, 6_000)))
+                                    costs.choice((None, None, Cost(20.0, 15.0),
+                                                  Cost(3_000.0, 1_000.0))))
             claimed, expired = claimed + live, expired + dead
         else:
             both.wait_for_a_deadline_to_pass()
     both.peek()
     # The operations reached every rule they compare: refusals, claims, expiries.
     assert claimed and refused, (claimed, refused)
-    assert expired or seed != 1, "seed 1's schedule expires jobs while queued"
+    assert expired > both.passed or seed != 1, "seed 1's expires jobs too near a deadline"
+    assert both.passed or seed != 1, "seed 1's schedule expires jobs while queued"
 
 
 def test_a_claim_stops_at_its_scan_budget_among_expired_jobs_in_both(queue: Queue) -> None:
@@ -160,7 +165,7 @@ def test_a_claim_expires_a_job_its_batch_cannot_finish_by_its_deadline_in_both(
     bin_name = both.spec.bins[0].name
     both.admit(bin_name, 5_000, 0)
     both.admit(bin_name, 20_000, 0)
-    assert both.claim(bin_name, 2, batch_ms=10_000) == (1, 1)
+    assert both.claim(bin_name, 2, cost=Cost(8_000.0, 1_000.0)) == (1, 1)
 
 
 def test_a_disagreement_is_caught(queue: Queue) -> None:

@@ -127,3 +127,20 @@ def test_the_loop_gives_up_a_job_its_batch_would_finish_past_the_deadline(
     view = queue.get(doomed)
     assert view is not None and view.status is JobStatus.EXPIRED
     assert (view.error or "").startswith("cannot finish by its deadline")
+
+
+def test_jobs_expired_by_a_claim_that_leased_none_count_late_with_the_next_batch(
+        queue: Queue, settings: Settings) -> None:
+    spec = settings.catalogue.get("synthetic")
+    loop = BatchLoop(settings, queue, synthetic_handlers(settings), "w")
+    for n in (1, 2, 1, 2):  # the bin's batches were measured at 5 s each
+        loop.scheduler.observe("synthetic", SMALL["bin"], n, 5_000.0 + n, [5_000.0] * n)
+    doomed = new_job_id(spec.name)
+    admit_one(queue, spec, doomed, 2_000)
+    wait_until(lambda: loop.step() is None and queue.get(doomed).status  # type: ignore[union-attr]
+               is JobStatus.EXPIRED, 10, "a claim to expire the doomed job")
+    admit_one(queue, spec, new_job_id(spec.name), 60_000)
+    step_until_one_completes(loop)
+    # Admission's late count (lib/pace.lua) holds the job no completion carried.
+    late = queue.client.hget(queue.keys.model_stats("synthetic"), "late_c")
+    assert late is not None and 0.9 <= float(late) <= 1.0  # decayed over a blink

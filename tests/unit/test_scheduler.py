@@ -105,15 +105,14 @@ def test_finished_batches_fit_the_cost_model_and_show_in_the_snapshot() -> None:
     json.dumps(snap[("m", "a")])
 
 
-def test_a_claim_gives_up_jobs_by_the_fitted_time_of_the_batch_it_takes() -> None:
-    sched = Scheduler([SPEC], adaptive=False)
-    assert sched.batch_ms(("m", "a"), 8) == 0  # nothing measured: nothing given up for it
+def test_a_claim_gives_up_jobs_by_the_bins_fitted_cost_or_the_seed_before_it() -> None:
+    sched = Scheduler([SPEC], cost_seeds={("m", "b"): Cost(5.0, 0.5)})
+    assert sched.cost_of(("m", "a")) is None  # nothing known: nothing given up for it
+    assert sched.cost_of(("m", "b")) == Cost(5.0, 0.5)
     for n in (1, 4, 8, 2):
         sched.observe("m", "a", n, 10.0 + 2.0 * n, [20.0] * n)
-    go = sched.decide(1000, [BinState("m", "a", 3, 900, None)])
-    assert isinstance(go, Go) and go.bin == "a"
-    assert sched.batch_ms(("m", "a"), 8) == 16  # the 3 it holds: a + 3·b
-    assert sched.batch_ms(("m", "a"), 2) == 14  # a claim sized down to 2
+    cost = sched.cost_of(("m", "a"))
+    assert cost is not None and (round(cost.a_ms, 6), round(cost.b_ms, 6)) == (10.0, 2.0)
 
 
 def test_the_arrival_rate_comes_from_the_admitted_counter() -> None:

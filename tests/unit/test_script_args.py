@@ -75,9 +75,10 @@ def test_admit_looks_for_its_first_job_where_admit_args_end() -> None:
 
 
 def test_argv_and_keys_come_out_in_the_scripts_order_and_refuse_a_missing_one() -> None:
-    args = ClaimArgs(8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed", 25)
+    args = ClaimArgs(8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed", 5.0,
+                     0.5)
     assert argv(args) == [8, 30_000, "t", "{p.0}:job:", "w", "done", 60, 32, 3600, "claimed",
-                          25]
+                          "5", "0.5"]
     assert argv(PeekArgs("{p.0}:job:"), [32, 8]) == ["{p.0}:job:", 32, 8]
     assert keys_of(PeekArgs, stats=["s1", "s2"], bins=["b1", "b2"]) == ["b1", "b2", "s1", "s2"]
     with pytest.raises(TypeError, match="KEYS"):

@@ -112,6 +112,9 @@ class BatchLoop:
     batches: int = 0
     jobs: int = 0
     _in_flight: deque[_Flight] = field(default_factory=deque)
+    #: Per model, jobs expired by claims that leased none: no completion carried them to
+    #: admission's late count (complete.lua's late_c), so the model's next one does.
+    _expired_unreported: dict[str, int] = field(default_factory=dict)
     _last_finished: float = 0.0  # perf_counter when the last batch was completed
     #: Writes each batch's results, retrying while Redis is away (worker/loop/completion.py).
     writer: CompletionWriter = field(init=False)
@@ -280,8 +283,7 @@ class BatchLoop:
             claim = self.queue.claim(spec, go.bin, max_n, lease_ms=self.settings.lease_ms,
                                      token=token, worker=self.worker_name,
                                      queued_ttl_s=self.settings.queued_ttl_s,
-                                     batch_ms=self.scheduler.batch_ms((go.model, go.bin),
-                                                                      max_n))
+                                     cost=self.scheduler.cost_of((go.model, go.bin)))
         except BackendUnavailable:
             self.keeper.reply_lost(token)
             raise
@@ -296,8 +298,14 @@ class BatchLoop:
         once ``executor.depth`` batches are (returns the states the last completion
         answered, if any)."""
         claim = self.claim(go)
-        if not claim.jobs:
-            return None  # another worker took them first, or they all expired
+        if not claim.jobs:  # another worker took them first, or they all expired
+            if claim.expired:
+                self._expired_unreported[go.model] = (
+                    self._expired_unreported.get(go.model, 0) + claim.expired)
+            return None
+        carried = self._expired_unreported.pop(go.model, 0)
+        if carried:  # observers counted them at their claim; only the late count is owed
+            claim = replace(claim, expired=claim.expired + carried)
         self.batches += 1
         self.jobs += len(claim.jobs)
         self.keeper.hold(claim)

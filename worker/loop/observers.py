@@ -51,8 +51,8 @@ class BatchObserver(Protocol):
         """The claim's jobs are in hand and about to run (``claim.jobs`` is not empty)."""
 
     def on_expired(self, claim: Claim) -> None:
-        """The claim ended ``claim.expired`` jobs past their deadline instead (it may
-        hold no job at all)."""
+        """The claim ended ``claim.expired`` jobs instead (past or too near their
+        deadline, or queued too long; it may hold no job at all)."""
 
     def on_finished(self, claim: Claim, report: BatchReport) -> None:
         """The batch's results are written (some may have been refused)."""

@@ -157,7 +157,8 @@ class WorkerMetrics(Observer):
         self.completed = counter("carpool_jobs_completed_total", "Jobs that ended done.")
         self.failed = counter("carpool_jobs_failed_total", "Jobs that ended failed.")
         self.expired = counter("carpool_jobs_expired_total",
-                               "Jobs found past their deadline when claimed, never run.")
+                               "Jobs a claim found past their deadline or too near it "
+                               "for their batch, never run.")
         self.items = counter("carpool_items_inferred_total", "Items run through a model.")
         self.batches = counter("carpool_batch_executions_total", "Batches run.")
         self.shrinks = counter("carpool_batch_limit_shrinks_total",

@@ -76,7 +76,7 @@
 --         refused by predicted wait (`ahead`: the model's jobs that sort before it, its
 --         own batch included when it has a deadline, in average jobs (each at its bin's
 --         weight), drained at the model's pace; limit_ms the wait it was allowed:
---         max_queue_ms, or 80 % of its deadline), or its
+--         max_queue_ms, or 70 % of its deadline), or its
 --         owner's turn comes after its deadline (`ahead` is that lead in jobs, at the
 --         bin's rate);
 --         {"share", admitted, depth_after, drained_ewma, age_ms, excess}: the next job's
@@ -279,7 +279,7 @@ for i = 0, n - 1 do
       to_end, allowed_ms = ahead + max_batch * weight(1), allowed_ms * DEADLINE_SHARE
     end
     if count >= max_batch and to_end > drained_by(allowed_ms) then
-      refusal = {"late", math.ceil(to_end), pace_s, string.format("%d", allowed_ms)}
+      refusal = {"late", math.ceil(to_end), pace_s, string.format("%.0f", allowed_ms)}
       n = i
       break
     end

@@ -27,8 +27,10 @@
 -- ARGV[10] claimed_channel  pub/sub: "<now_ms> <id> <attempts> <id> <attempts> ..." of
 --                        the jobs leased, one message per claim (web/results/followers.py: the
 --                        event streams' `running`)
--- ARGV[11] batch_ms      the fitted time of the batch claimed (0: unknown): a job whose
---                        deadline is sooner would end late, and ends "expired" instead
+-- ARGV[11] cost_a_ms     the bin's fitted batch time a + b·n (claim to results written;
+-- ARGV[12] cost_b_ms     0 and 0: unknown): a job whose deadline comes before its batch
+--                        would end (n: the bin's jobs, the dead ones taken off, at most
+--                        max_n) would end late, and ends "expired" instead
 --
 -- Keys built here, not in KEYS: which jobs a claim takes is known only once the bin is
 -- read, so their records are job_prefix .. id, and an owner's byte budget is
@@ -39,7 +41,8 @@
 -- record whole, as MGET read it (carpool/backend/records.py's `claimed` takes the attempt
 -- count, the admission fields and the input out of it in the worker; cutting them out
 -- here would cost Redis a string each). Ids whose record is gone are dropped; jobs whose
--- deadline has passed or comes within batch_ms, or queued longer than queued_ttl_s,
+-- deadline has passed or comes before its batch would end, or queued longer than
+-- queued_ttl_s,
 -- end "expired" here, are never computed, and their places go to the next jobs:
 -- `expired` counts them, so the worker that decided it counts each expiry once
 -- (carpool_jobs_expired_total). Per slice taken off the bin: one MGET of the records,
@@ -59,7 +62,13 @@ local bin, leases, bytes, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local max_n, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local job_prefix, worker, done_channel, result_ttl_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local budget, queued_ttl_s = tonumber(ARGV[8]), tonumber(ARGV[9])
-local batch_ms = tonumber(ARGV[11]) or 0
+local cost_a, cost_b = tonumber(ARGV[11]) or 0, tonumber(ARGV[12]) or 0
+-- The batch a job ends in: the bin's jobs at most max_n, less those found dead so far.
+local depth = (cost_a > 0 or cost_b > 0) and redis.call("ZCARD", bin) or 0
+local dead = 0
+local function batch_ms()
+  return cost_a + cost_b * math.max(1, math.min(max_n, depth - dead))
+end
 
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -99,13 +108,13 @@ while live < max_n and budget > 0 do
     if attempts_s then  -- a record there, still queued
       unbudget_job(#rec - nl, owner)
       local deadline = deadline_s ~= "" and tonumber(deadline_s) or 0
-      local why = nil
+      local why, takes_ms = nil, deadline > 0 and batch_ms() or 0
       if deadline > 0 and now_ms >= deadline then
         why = "deadline passed while queued"
-      elseif deadline > 0 and now_ms + batch_ms > deadline then
-        -- Computed, it would end late, when nobody takes it, and the jobs after it too.
+      elseif now_ms + takes_ms > deadline and deadline > 0 then
+        -- Computed, it would end late (nobody waits for it) and delay the jobs behind it.
         why = "cannot finish by its deadline: " .. (deadline - now_ms)
-          .. " ms left, its batch takes about " .. batch_ms .. " ms"
+          .. " ms left, its batch takes about " .. string.format("%d", takes_ms) .. " ms"
       elseif (tonumber(t_admit) or now_ms) <= stale_ms then
         why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. queued_ttl_s .. " s)"
       end
@@ -114,7 +123,7 @@ while live < max_n and budget > 0 do
           ended_record("expired", attempts_s, record_admission(rec, attempts_s, nl), "",
             now_s, "", "", why), "EX", result_ttl_s)
         redis.call("PUBLISH", done_channel, id)
-        expired = expired + 1
+        expired, dead = expired + 1, dead + 1
         hooked = hooked + outbox_add(outbox, id, "x", record_hook_of_head(rec, nl), owner, now_s)
       else
         local attempts = 1  -- "": never claimed before
@@ -128,6 +137,8 @@ while live < max_n and budget > 0 do
         live = live + 1
         hooked = hooked + outbox_add(outbox, id, "r", record_hook_of_head(rec, nl), owner, now_s)
       end
+    else
+      dead = dead + 1  -- gone, or no longer queued: not in the batch either
     end
   end
 end
