@@ -115,7 +115,8 @@ class Claim:
     now_ms: int
     jobs: tuple[ClaimedJob, ...]
     #: Jobs the claim ended "expired" instead (past or too near their deadline, or
-    #: queued too long).
+    #: queued too long); the worker adds those of its earlier claims that leased none,
+    #: for the completion's late count (observers see each claim's own at its claim).
     expired: int = 0
 
 

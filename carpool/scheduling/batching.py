@@ -138,7 +138,7 @@ def batch_that_fits(now_ms: int, view: BinView) -> int:
     """The most jobs to claim now: max_batch, unless so many would finish after the
     most urgent job's deadline. A head that is late even alone is not saved at the
     cost of a smaller batch: the batch is a full one, and the claim expires the jobs it
-    could not finish in time (``Scheduler.batch_ms``)."""
+    could not finish in time (claim.lua, by ``Scheduler.cost_of``)."""
     limit = view.limits.max_batch
     earliest, cost = view.state.earliest_deadline_ms, view.cost
     if earliest is None or cost is None or cost.b_ms <= 0:

@@ -209,6 +209,7 @@ class BatchLoop:
         """Claim no more of ``model``: call with no batch of it in flight (``drain``)."""
         self.scheduler.remove(model)
         del self.handlers[model]
+        self._expired_unreported.pop(model, None)  # a reload starts its late count anew
 
     def drain(self) -> None:
         """Complete every batch in flight (a stop finishes the batches in hand)."""

@@ -5,7 +5,7 @@ submissions and rejections; ``README.md`` maps every name to Triton's):
 
 - ``completed`` / ``failed``: per job whose result this worker wrote. A result
   refused because the lease was lost is counted by whoever did write it.
-- ``expired``: per job that ``claim.lua`` found past its deadline.
+- ``expired``: per job that ``claim.lua`` found past or too near its deadline.
 - items inferred, batch executions, batch size: per batch run.
 - queue wait and end-to-end seconds: one observation per written job;
   preprocess and inference seconds: one per completed job (its batch's times,

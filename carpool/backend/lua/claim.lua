@@ -42,9 +42,8 @@
 -- count, the admission fields and the input out of it in the worker; cutting them out
 -- here would cost Redis a string each). Ids whose record is gone are dropped; jobs whose
 -- deadline has passed or comes before its batch would end, or queued longer than
--- queued_ttl_s,
--- end "expired" here, are never computed, and their places go to the next jobs:
--- `expired` counts them, so the worker that decided it counts each expiry once
+-- queued_ttl_s, end "expired" here, are never computed, and their places go to the next
+-- jobs: `expired` counts them, so the worker that decided it counts each expiry once
 -- (carpool_jobs_expired_total). Per slice taken off the bin: one MGET of the records,
 -- inputs included; per claim: one HSET of the claim hash and one ZADD of its token into
 -- the leases zset.
@@ -63,7 +62,7 @@ local max_n, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local job_prefix, worker, done_channel, result_ttl_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local budget, queued_ttl_s = tonumber(ARGV[8]), tonumber(ARGV[9])
 local cost_a, cost_b = tonumber(ARGV[11]) or 0, tonumber(ARGV[12]) or 0
--- The batch a job ends in: the bin's jobs at most max_n, less those found dead so far.
+-- The batch a job ends in: the bin's jobs less those found dead so far, at most max_n.
 local depth = (cost_a > 0 or cost_b > 0) and redis.call("ZCARD", bin) or 0
 local dead = 0
 local function batch_ms()
@@ -114,7 +113,7 @@ while live < max_n and budget > 0 do
       elseif now_ms + takes_ms > deadline and deadline > 0 then
         -- Computed, it would end late (nobody waits for it) and delay the jobs behind it.
         why = "cannot finish by its deadline: " .. (deadline - now_ms)
-          .. " ms left, its batch takes about " .. string.format("%d", takes_ms) .. " ms"
+          .. " ms left, its batch takes about " .. string.format("%.0f", takes_ms) .. " ms"
       elseif (tonumber(t_admit) or now_ms) <= stale_ms then
         why = "queued longer than CARPOOL_QUEUED_TTL_S (" .. queued_ttl_s .. " s)"
       end
