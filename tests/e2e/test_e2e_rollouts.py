@@ -225,6 +225,8 @@ def test_a_shadows_comparison_counters_move_and_its_copies_are_never_answered(
         change(load.base, {"shadow": version, "percent": 100})
         wait_until(partial(compared_past, load.base, version, start[version][0] + 20),
                    WAIT_S, f"20 comparisons with shadow {version}")
+    # The comparisons may all come before every web process has seen the last change.
+    wait_until(lambda: len(load.after(settled)) >= 20, WAIT_S, "20 jobs after the changes")
     assert {s.version for s in load.after(settled)} == {"1"}  # the served version alone
     for_twin, for_v2 = shadow_counts(load.base, "3"), shadow_counts(load.base, "2")
     assert for_twin[1] - start["3"][1] == for_twin[0] - start["3"][0] >= 20  # all agree
