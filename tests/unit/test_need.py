@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from carpool.scheduling import need as need_module
 from carpool.scheduling.batching import Cost
 from carpool.scheduling.need import BinLoad, ModelLoad, workers_needed
 
@@ -115,6 +119,21 @@ def test_a_queue_at_the_admission_bound_doubles_the_pool() -> None:
     need = workers_needed(load(depth=1_792, slack_ms=6_000, budget_ms=6_000, up=4, busy=4,
                                loading=2))
     assert need.workers == 6
+
+
+def test_a_queue_held_at_admissions_share_of_the_budget_reads_as_saturated() -> None:
+    # Admission keeps the predicted end within 0.7 of a deadline (admit.lua's
+    # DEADLINE_SHARE), so a surge holds the queue just under it. W = 24·300 + 1 536·5
+    # = 14 880 ms, 0.62 of 4 × 6 000: below admission's share, at or above SATURATED.
+    need = workers_needed(load(depth=1_536, slack_ms=6_000, budget_ms=6_000, up=4, busy=4))
+    assert (need.workers, need.why) == (8, "saturated")
+
+
+def test_saturated_lies_under_admissions_deadline_share() -> None:
+    # Else a queue admission holds at its bound never reads as saturated.
+    lua = (Path(need_module.__file__).parent.parent / "backend/lua/admit.lua").read_text()
+    share = float(re.search(r"local DEADLINE_SHARE = ([0-9.]+)", lua).group(1))  # type: ignore[union-attr]
+    assert need_module.SATURATED < share
 
 
 def test_refusals_count_as_arrivals() -> None:
