@@ -177,6 +177,16 @@ def _readable(connection: Any) -> bool:
         return False
     if hasattr(sock, "pending") and sock.pending():  # TLS: bytes decrypted already
         return True
+    return readable_now(sock)
+
+
+def readable_now(sock: Any) -> bool:
+    """Whether ``sock`` has bytes, an end or an error to read now, without waiting.
+
+    The operating system's poll: any descriptor number (``select.select`` raises
+    ValueError past 1023, which a web process with a thousand connections reaches),
+    and no switch to gevent's hub.
+    """
     poller = _os_poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))

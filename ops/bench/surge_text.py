@@ -211,6 +211,9 @@ def late_detail(redis_url: str, late_ids: Sequence[str], missing: int) -> dict[s
     for fields in found:
         status = fields.get("status", "gone") if fields else "gone"
         out[status] = out.get(status, 0) + 1
+        if fields:  # which bins miss: a bin served seldom waits past its prediction
+            late_bin = f"bin {fields.get('bin', '?')}"
+            out[late_bin] = out.get(late_bin, 0) + 1
         if fields and status == "done":
             waits.append(int(fields["t_claim"]) - int(fields["t_admit"]))
             ends.append(int(fields["t_done"]) - int(fields["t_admit"]))

@@ -82,6 +82,7 @@ class Stack:
     base: str
     queue: Queue
     catalogue: Catalogue
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     queue = Queue(connect(REDIS_URL), Keys(prefix))
     try:
         with start_web(env) as base, start_worker({**env, "CARPOOL_MODELS": "slow,slowemb"}):
-            yield Stack(base, queue, load_catalogue(cfg))
+            yield Stack(base, queue, load_catalogue(cfg), env)
     finally:
         keys = [k for pattern in queue.keys.patterns
                 for k in queue.client.scan_iter(match=pattern, count=1000)]
@@ -236,6 +237,33 @@ def test_a_caller_that_waits_past_its_answer_is_computed_for(stack: Stack) -> No
     r = requests.post(f"{stack.base}/submit?wait=30", json={
         "model": "slow", "input": {"value": "stays", "size": 1}}, timeout=60)
     assert r.status_code == 200 and r.json()["status"] == "done"
+
+
+#: Idle connections held open to one web process: its sockets then number past
+#: ``select.select``'s 1023, as a web serving a thousand callers has.
+IDLE_CONNECTIONS = 1100
+
+
+def test_a_caller_on_a_web_holding_a_thousand_connections_is_not_taken_for_gone(
+        stack: Stack) -> None:
+    with start_web({**stack.env, "CARPOOL_WEB_WORKERS": "1"}) as base:
+        url = urlsplit(base)
+        idle = []
+        try:
+            for _ in range(IDLE_CONNECTIONS):  # a request begun, never finished
+                conn = socket.create_connection((url.hostname, url.port))
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: carpool\r\n")
+                idle.append(conn)
+            kept = backlog(stack, "slow", 80)  # about 2 s of work ahead of the caller
+            # Accepted after the idle ones (the accept queue is FIFO): a descriptor past 1100.
+            r = requests.post(f"{base}/submit?wait=30", timeout=60,
+                              json={"model": "slow", "input": {"value": "stays", "size": 1}})
+        finally:
+            for conn in idle:
+                conn.close()
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done"
+    finals(stack, kept)
 
 
 def test_a_stated_timeout_that_cannot_be_met_is_refused_at_admission(stack: Stack) -> None:

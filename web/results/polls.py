@@ -13,13 +13,13 @@ Two rules keep polls from taking every slot (so /healthz and submits still get o
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from carpool.backend.connection import readable_now
 from carpool.core.errors import CarpoolError
 
 #: How often a waiting poll looks whether its client has gone.
@@ -75,10 +75,9 @@ def client_gone_check(environ: Mapping[str, Any]) -> ClientGone | None:
 
     def gone() -> bool:
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
             # Readable while a request waits: end of stream (b""), or a pipelined request.
-            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):  # reset, or already closed
+            return readable_now(sock) and sock.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):  # reset, or already closed (fileno -1)
             return True
 
     return gone
