@@ -102,17 +102,26 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
             encode_usage(UsageLine(owner, tuple(jobs)) for owner, jobs in usage.items()))
 
 
+#: admit.lua's DEADLINE_SHARE: a job with a deadline is admitted only while its
+#: predicted end comes within this share of the time to its deadline.
+ADMITTED_END_SHARE = 0.7
+
+
 def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:
     """The claim's jobs that were late: with a deadline, those whose batch ended after
-    it (claimed at ``claim.now_ms``, run ``ran_ms``); without one, those queued longer
-    than ``max_queue_ms`` (0: no bound); and those the claim expired. Each is a job the
-    admission's predicted wait let in too early: complete.lua counts them (late_c), and
-    admit.lua slows its pace by the part of the model's jobs they are."""
+    it (claimed at ``claim.now_ms``, run ``ran_ms``) or that started past the end their
+    admission allowed (``ADMITTED_END_SHARE`` of the way to it); without one, those
+    queued longer than ``max_queue_ms`` (0: no bound); and those the claim expired.
+    Each is a job the admission's predicted wait let in too early: complete.lua counts
+    them (late_c), and admit.lua slows its pace by the part of the model's jobs they are."""
     late = claim.expired
     for job in claim.jobs:
         deadline_ms = records.admission_deadline_ms(job.admission)
         if deadline_ms is not None:
-            late += claim.now_ms + ran_ms > deadline_ms
+            # A start past the admitted end shows the prediction wrong by a batch or
+            # more at the claim, a deadline's slack sooner than the deadline would.
+            allowed_end_ms = job.admit_ms + ADMITTED_END_SHARE * (deadline_ms - job.admit_ms)
+            late += claim.now_ms + ran_ms > deadline_ms or claim.now_ms > allowed_end_ms
         elif max_queue_ms > 0:
             late += claim.now_ms > job.admit_ms + max_queue_ms
     return late

@@ -10,11 +10,13 @@ the batch's run time.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from carpool.backend import records
+from carpool.backend import records, replies
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import BinSpec, ModelSpec, load_catalogue
@@ -41,15 +43,20 @@ def admit(q: Queue, spec: ModelSpec, bin_spec: BinSpec, **kw: object) -> str:
 
 
 def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
-          batch_ms: int = 1000, waited_ms: int = 0, busy_ms: int = 0) -> None:
+          batch_ms: int = 1000, waited_ms: int = 0, busy_ms: int = 0,
+          deadline_ms: int = 0) -> None:
     """``n`` jobs admitted, claimed as one batch that ran ``batch_ms``, completed; each
-    admitted ``waited_ms`` before the claim (on Redis's clock); ``busy_ms``: the part of
-    the batch its worker gave it alone (0: all of it)."""
-    ids = [admit(q, spec, bin_spec) for _ in range(n)]
+    admitted ``waited_ms`` before the claim (on Redis's clock), with ``deadline_ms`` (0:
+    none) from then; ``busy_ms``: the part of the batch its worker gave it alone (0: all
+    of it)."""
+    ids = [admit(q, spec, bin_spec, deadline_ms=deadline_ms) for _ in range(n)]
     if waited_ms:
         now_ms = int(q.client.time()[0]) * 1000
         for job_id in ids:
-            records.update(q.client, q.keys.job(job_id), t_admit=now_ms - waited_ms)
+            shifted: dict[str, int] = {"t_admit": now_ms - waited_ms}
+            if deadline_ms:
+                shifted["deadline"] = now_ms - waited_ms + deadline_ms
+            records.update(q.client, q.keys.job(job_id), **shifted)
     token = f"t-{bin_spec.name}"
     claim = q.claim(spec, bin_spec.name, n, lease_ms=5000, token=token, worker="w")
     assert len(claim.jobs) == n
@@ -190,6 +197,24 @@ def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Qu
     admitted, exc = fill_until_refused(queue, spec, small)
     assert isinstance(exc, WaitTooLong)
     assert admitted <= DRAINED // 2 + 2
+
+
+@pytest.mark.parametrize(("waited_ms", "late"), [(6_500, 0), (7_500, DRAINED)])
+def test_jobs_that_started_past_their_admitted_end_count_late_before_their_deadline(
+        queue: Queue, waited_ms: int, late: int) -> None:
+    # A 10 s deadline: admitted only if predicted to end by 7 s (admit.lua's share).
+    # Started at 7.5 s, its batch ended at 8.5 s, before the deadline: the prediction
+    # was still wrong by a batch, and the pace learns it now. Started at 6.5 s: on time.
+    spec = spec_with(max_queue_ms=0)
+    drain(queue, spec, spec.bins[0], waited_ms=waited_ms, deadline_ms=10_000)
+    stats = queue.client.hgetall(queue.keys.model_stats(spec.name))
+    assert float(stats.get("late_c", 0)) == pytest.approx(late, abs=0.01)
+
+
+def test_the_admitted_end_share_is_admit_luas() -> None:
+    lua = (Path(replies.__file__).parent / "lua" / "admit.lua").read_text()
+    found = re.search(r"local DEADLINE_SHARE = ([0-9.]+)", lua)
+    assert found is not None and float(found.group(1)) == replies.ADMITTED_END_SHARE
 
 
 def test_a_job_with_a_deadline_must_be_predicted_to_end_by_it_its_own_batch_included(

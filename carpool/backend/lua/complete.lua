@@ -23,7 +23,8 @@
 --                           line each, "\n" between, those not pushed left out
 -- ARGV[9]  jobs             j, the number of jobs that follow
 -- ARGV[10] late             the claim's jobs that were late (past their deadline at the
---                           batch's end, else queued past max_queue_ms) or it expired:
+--                           batch's end or started past their admitted end, else
+--                           queued past max_queue_ms) or it expired:
 --                           late_c, decayed as rate_c, corrects admit.lua's pace
 -- ARGV[11] hooks            the webhook events of this batch (lib/wire.lua's completion
 --                           hooks; k: the job's place in per_job, from 1); each goes to

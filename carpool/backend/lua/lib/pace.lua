@@ -21,8 +21,9 @@
 -- its busy speed (jobs per ms of claim-to-completion), so a burst into a quiet model
 -- is not judged by the arrivals of the quiet spell. None recent: depth alone.
 -- It corrects itself: the jobs that started later than their wait allowed (late_c,
--- counted by the worker at each completion: past their deadline at their batch's end,
--- else queued past max_queue_ms, or expired) were let in by a pace that was too fast,
+-- counted by the worker at each completion: past their deadline at their batch's end
+-- or started past the end admission allowed them, else queued past max_queue_ms, or
+-- expired) were let in by a pace that was too fast,
 -- so the pace slows by LATE_GAIN times the part of the model's recent jobs they are
 -- (at most to MIN_ON_TIME of itself), and recovers as they stop.
 -- LATE_GAIN: a late job weighs this many on time, so the pace settles where about
