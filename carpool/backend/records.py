@@ -131,6 +131,13 @@ def admission_deadline_ms(admission: str) -> int | None:
     return int(parts[1]) if len(parts) > 1 and parts[1] else None
 
 
+def admission_priority(admission: str) -> int:
+    """The job's priority out of its record's admission fields (0 when empty, as a
+    record writes the default, or when no fields were handed out)."""
+    parts = admission.split("\t", 7)
+    return int(parts[6]) if len(parts) > 6 and parts[6] else 0
+
+
 def ended_parts(status: str, attempts: int, admission: str, t_claim_ms: int, timings: str,
                 batch: str, payload: str) -> tuple[str, str]:
     """An ended record but for ``t_done``, in two parts: ``complete.lua`` writes

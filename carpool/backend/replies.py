@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from carpool.admission.urgency import MIN_PRIORITY
 from carpool.backend import records
 from carpool.backend.pushed import job_blob
 from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
@@ -110,7 +111,7 @@ ADMITTED_END_SHARE = 0.7
 def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:
     """The claim's jobs that were late: with a deadline, those whose batch ended after
     it (claimed at ``claim.now_ms``, run ``ran_ms``) or that started past the end their
-    admission allowed (``ADMITTED_END_SHARE`` of the way to it); without one, those
+    admission allowed (``_started_past_admitted_end``); without one, those
     queued longer than ``max_queue_ms`` (0: no bound); and those the claim expired.
     Each is a job the admission's predicted wait let in too early: complete.lua counts
     them (late_c), and admit.lua slows its pace by the part of the model's jobs they are."""
@@ -118,10 +119,19 @@ def started_late(claim: Claim, max_queue_ms: int, ran_ms: int = 0) -> int:
     for job in claim.jobs:
         deadline_ms = records.admission_deadline_ms(job.admission)
         if deadline_ms is not None:
-            # A start past the admitted end shows the prediction wrong by a batch or
-            # more at the claim, a deadline's slack sooner than the deadline would.
-            allowed_end_ms = job.admit_ms + ADMITTED_END_SHARE * (deadline_ms - job.admit_ms)
-            late += claim.now_ms + ran_ms > deadline_ms or claim.now_ms > allowed_end_ms
+            late += claim.now_ms + ran_ms > deadline_ms or _started_past_admitted_end(
+                job, deadline_ms, claim.now_ms)
         elif max_queue_ms > 0:
             late += claim.now_ms > job.admit_ms + max_queue_ms
     return late
+
+
+def _started_past_admitted_end(job: ClaimedJob, deadline_ms: int, now_ms: int) -> bool:
+    """A first run of an interactive job that starts past the end its admission allowed
+    (``ADMITTED_END_SHARE`` of the way to its deadline): the prediction was wrong by a
+    batch or more, and the pace learns it now, a deadline's slack sooner than the
+    deadline would say. Not a bulk line (it waits behind interactive work by design) nor
+    a job run again (its wait holds the lease it lost)."""
+    if job.attempts != 1 or records.admission_priority(job.admission) < MIN_PRIORITY:
+        return False
+    return now_ms > job.admit_ms + ADMITTED_END_SHARE * (deadline_ms - job.admit_ms)

@@ -7,6 +7,7 @@ cannot start in time (web/common/sync_wait.py)."""
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import uuid
 from collections.abc import Iterator, Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import pytest
 import requests
 
@@ -242,20 +244,48 @@ def test_a_caller_that_waits_past_its_answer_is_computed_for(stack: Stack) -> No
 #: Idle connections held open to one web process: its sockets then number past
 #: ``select.select``'s 1023, as a web serving a thousand callers has.
 IDLE_CONNECTIONS = 1100
+#: Its descriptors once it holds them all (its own files beside them).
+FDS_PAST = 1100
+
+
+@pytest.fixture
+def many_fds() -> Iterator[None]:
+    """Room for this test's connections (gunicorn inherits the limit); put back after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4 * IDLE_CONNECTIONS
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"needs {wanted} open files, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def server_fds(port: int) -> int:
+    """The most descriptors a process holding accepted connections on ``port`` has."""
+    pids = {c.pid for c in psutil.net_connections("tcp")
+            if c.pid and c.laddr and c.laddr.port == port
+            and c.status == psutil.CONN_ESTABLISHED}
+    return max((psutil.Process(pid).num_fds() for pid in pids), default=0)
 
 
 def test_a_caller_on_a_web_holding_a_thousand_connections_is_not_taken_for_gone(
-        stack: Stack) -> None:
-    with start_web({**stack.env, "CARPOOL_WEB_WORKERS": "1"}) as base:
+        stack: Stack, many_fds: None) -> None:
+    # One worker, and a first request may take its time (gunicorn reads it within the
+    # keep-alive, 2 s by default): the idle connections stay while the caller waits.
+    env = {**stack.env, "CARPOOL_WEB_WORKERS": "1", "GUNICORN_CMD_ARGS": "--keep-alive 300"}
+    with start_web(env) as base:
         url = urlsplit(base)
+        assert url.hostname is not None and url.port is not None
         idle = []
         try:
             for _ in range(IDLE_CONNECTIONS):  # a request begun, never finished
                 conn = socket.create_connection((url.hostname, url.port))
                 conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: carpool\r\n")
                 idle.append(conn)
+            wait_until(lambda: server_fds(url.port or 0) > FDS_PAST, ADMIT_TIMEOUT_S,
+                       "the web to hold every idle connection")
             kept = backlog(stack, "slow", 80)  # about 2 s of work ahead of the caller
-            # Accepted after the idle ones (the accept queue is FIFO): a descriptor past 1100.
+            # Accepted after the idle ones: a descriptor past 1100.
             r = requests.post(f"{base}/submit?wait=30", timeout=60,
                               json={"model": "slow", "input": {"value": "stays", "size": 1}})
         finally:

@@ -44,18 +44,22 @@ def admit(q: Queue, spec: ModelSpec, bin_spec: BinSpec, **kw: object) -> str:
 
 def drain(q: Queue, spec: ModelSpec, bin_spec: BinSpec, n: int = DRAINED,
           batch_ms: int = 1000, waited_ms: int = 0, busy_ms: int = 0,
-          deadline_ms: int = 0) -> None:
+          deadline_ms: int = 0, priority: int = 0, runs_before: int = 0) -> None:
     """``n`` jobs admitted, claimed as one batch that ran ``batch_ms``, completed; each
     admitted ``waited_ms`` before the claim (on Redis's clock), with ``deadline_ms`` (0:
-    none) from then; ``busy_ms``: the part of the batch its worker gave it alone (0: all
-    of it)."""
-    ids = [admit(q, spec, bin_spec, deadline_ms=deadline_ms) for _ in range(n)]
-    if waited_ms:
-        now_ms = int(q.client.time()[0]) * 1000
+    none) from then, at ``priority``, after ``runs_before`` runs lost; ``busy_ms``: the
+    part of the batch its worker gave it alone (0: all of it)."""
+    ids = [admit(q, spec, bin_spec, deadline_ms=deadline_ms, priority=priority)
+           for _ in range(n)]
+    if waited_ms or runs_before:
+        seconds, micros = q.client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         for job_id in ids:
             shifted: dict[str, int] = {"t_admit": now_ms - waited_ms}
             if deadline_ms:
                 shifted["deadline"] = now_ms - waited_ms + deadline_ms
+            if runs_before:
+                shifted["attempts"] = runs_before
             records.update(q.client, q.keys.job(job_id), **shifted)
     token = f"t-{bin_spec.name}"
     claim = q.claim(spec, bin_spec.name, n, lease_ms=5000, token=token, worker="w")
@@ -199,14 +203,20 @@ def test_jobs_that_started_later_than_their_wait_allowed_slow_the_pace(queue: Qu
     assert admitted <= DRAINED // 2 + 2
 
 
-@pytest.mark.parametrize(("waited_ms", "late"), [(6_500, 0), (7_500, DRAINED)])
+@pytest.mark.parametrize(("waited_ms", "priority", "runs_before", "late"), [
+    (8_000, 0, 0, DRAINED),  # started past 7 s, still before the deadline: late
+    (6_000, 0, 0, 0),  # within the admitted end
+    (8_000, -1, 0, 0),  # a bulk line waits behind interactive work by design
+    (8_000, 0, 1, 0),  # a run again: its wait holds the lease it lost
+])
 def test_jobs_that_started_past_their_admitted_end_count_late_before_their_deadline(
-        queue: Queue, waited_ms: int, late: int) -> None:
+        queue: Queue, waited_ms: int, priority: int, runs_before: int, late: int) -> None:
     # A 10 s deadline: admitted only if predicted to end by 7 s (admit.lua's share).
-    # Started at 7.5 s, its batch ended at 8.5 s, before the deadline: the prediction
-    # was still wrong by a batch, and the pace learns it now. Started at 6.5 s: on time.
+    # A first run that starts past it shows the prediction wrong by a batch or more:
+    # the pace learns it at the claim, before any deadline passes.
     spec = spec_with(max_queue_ms=0)
-    drain(queue, spec, spec.bins[0], waited_ms=waited_ms, deadline_ms=10_000)
+    drain(queue, spec, spec.bins[0], waited_ms=waited_ms, deadline_ms=10_000,
+          priority=priority, runs_before=runs_before)
     stats = queue.client.hgetall(queue.keys.model_stats(spec.name))
     assert float(stats.get("late_c", 0)) == pytest.approx(late, abs=0.01)
 
