@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from carpool.core.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: Settings | None = None, *, lean_routes: bool = True) -> Flask:
     """The app; see ``web.app.create_app``."""
     # Imported on call, not with the package: gunicorn's master imports this
     # package for web.gunicorn_conf, and a gevent worker must monkey-patch
@@ -18,7 +18,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # unpatched references).
     from web.app import create_app as build
 
-    return build(settings)
+    return build(settings, lean_routes=lean_routes)
 
 
 __all__ = ["create_app"]

@@ -25,6 +25,7 @@ from carpool.intake import custom
 from web import server_routes
 from web.common import errors, shedding
 from web.common.bodies import BodyLimits
+from web.common.lean import LeanRoutes
 from web.common.metrics import WebMetrics
 from web.common.routing import Routing
 from web.common.state import EXTENSION, WebState
@@ -48,10 +49,12 @@ REDIS_SOCKET_TIMEOUT_S = 5.0
 REDIS_CONNECTIONS = 64
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: Settings | None = None, *, lean_routes: bool = True) -> Flask:
     """A Flask app with one Queue; ``settings`` default to ``load_settings()``.
 
     Nothing here touches Redis: the app starts (and answers /healthz) without it.
+    ``lean_routes=False`` leaves every route to Flask's dispatch (tests compare the two:
+    web/common/lean.py).
     """
     settings = load_settings() if settings is None else settings
     for spec in settings.catalogue:
@@ -101,6 +104,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(openai_bulk.blueprint)
     app.register_blueprint(rollout_routes.blueprint)  # docs/deployments.md
     errors.register(app, on_refused=metrics.count_refused_request)
+    if lean_routes:
+        app.wsgi_app = LeanRoutes(  # type: ignore[method-assign]
+            app, (*job_routes.LEAN_ROUTES, *open_inference_routes.LEAN_ROUTES))
     shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
     return app
 

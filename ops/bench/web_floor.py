@@ -3,11 +3,13 @@ does nothing, beside ``web_cpu.py``'s figures for carpool's routes.
 
     python ops/bench/web_floor.py --requests 6000 --clients 64 --rounds 3
 
-Two apps take the same ``POST /submit`` body that ``web_cpu.py`` sends and answer a
+Three apps take the same ``POST /submit`` body that ``web_cpu.py`` sends and answer a
 small JSON document: ``wsgi``, a bare WSGI function (what gunicorn and gevent cost:
-parsing, the sockets, the greenlets), and ``flask``, one Flask route with
-``request.get_json`` and ``jsonify`` (what Flask adds). No Redis, no validation, no
-metrics. Rounds alternate the two apps, so a drift of the machine's load falls on both.
+parsing, the sockets, the greenlets); ``werkzeug``, the same with werkzeug's ``Request``
+parsing it (what the lean routes keep, web/common/lean.py); and ``flask``, one Flask
+route with ``request.get_json`` and ``jsonify`` (what Flask's dispatch adds). No Redis,
+no validation, no metrics. Rounds alternate the apps, so a drift of the machine's load
+falls on all.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import psutil
 from flask import Flask, Response, jsonify, request
+from werkzeug.wrappers import Request as WzRequest
 
 from carpool.bench.httpclient import HttpClient
 from carpool.stack.redis_local import free_port
@@ -30,13 +33,23 @@ from carpool.stack.waiting import wait_until
 
 BODY = json.dumps({"model": "synthetic", "input": {"value": 1, "size": 8}}).encode()
 ANSWER = {"id": "AAAA" + "a" * 22, "status": "done", "result": {"value": 1, "size": 8}}
-APPS = {"wsgi": "web_floor:wsgi_app", "flask": "web_floor:flask_app"}
+APPS = {"wsgi": "web_floor:wsgi_app", "werkzeug": "web_floor:werkzeug_app",
+        "flask": "web_floor:flask_app"}
 START_S = 30.0
 
 
 def wsgi_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     environ["wsgi.input"].read()
     body = json.dumps(ANSWER).encode()
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def werkzeug_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    req = WzRequest(environ)
+    doc = json.loads(req.get_data())
+    body = json.dumps({**ANSWER, "model": doc["model"]}).encode()
     start_response("200 OK", [("Content-Type", "application/json"),
                               ("Content-Length", str(len(body)))])
     return [body]

@@ -85,9 +85,9 @@ def web_settings(redis_url: str, key_prefix: str, tmp_path: Path, **extra: str) 
 
 
 @contextmanager
-def web_client(settings: Settings) -> Iterator[FlaskClient]:
+def web_client(settings: Settings, *, lean_routes: bool = True) -> Iterator[FlaskClient]:
     """A Flask test client of a fresh app; its listener and connections close afterwards."""
-    app = create_app(settings)
+    app = create_app(settings, lean_routes=lean_routes)
     state = app.extensions[EXTENSION]
     assert isinstance(state, WebState)
     try:

@@ -9,7 +9,7 @@ existence does not leak. Without keys, ids (128 random bits) are the only secret
 
 from __future__ import annotations
 
-from flask import request
+from flask import Request, request
 
 from carpool.admission.tiers import DEFAULT_TIER, SERVICE_TIER_HEADER, request_tier
 from carpool.core.jobs import JobView
@@ -20,19 +20,19 @@ from web.common.refusals import JobNotFound, Unauthorized
 API_KEY_HEADER = "X-API-Key"
 
 
-def _presented_key() -> str | None:
-    auth = request.headers.get("Authorization", "")
+def _presented_key(req: Request) -> str | None:
+    auth = req.headers.get("Authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get(API_KEY_HEADER) or None
+    return req.headers.get(API_KEY_HEADER) or None
 
 
-def request_owner(settings: Settings) -> str:
+def request_owner(settings: Settings, req: Request = request) -> str:
     """The owner digest this request acts as; "" when the server has no keys."""
     if not settings.api_key_digests:
         return ""
-    key = _presented_key()
+    key = _presented_key(req)
     if key is None:
         raise Unauthorized("this server needs an API key: send 'Authorization: Bearer <key>'")
     digest = api_key_digest(key)  # compared as digests: no timing leak of the key itself
@@ -48,10 +48,11 @@ def check_owner(view: JobView | None, owner: str, job_id: str) -> JobView:
     return view
 
 
-def service_tier(settings: Settings, owner: str, asked: str = "") -> str:
+def service_tier(settings: Settings, owner: str, asked: str = "", req: Request = request
+                 ) -> str:
     """The tier a request runs in: its key's (the keys file; default ``default``), or
     the lower one it asks for in ``asked`` (a body's ``service_tier``) or the
     ``X-Service-Tier`` header; a higher or unknown one is a 400."""
     policy = settings.api_key_policies.get(owner)
-    return request_tier(asked or request.headers.get(SERVICE_TIER_HEADER, ""),
+    return request_tier(asked or req.headers.get(SERVICE_TIER_HEADER, ""),
                         policy.tier if policy else DEFAULT_TIER)

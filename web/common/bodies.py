@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from flask import request
+from flask import Request, request
 from gunicorn.http.errors import NoMoreData, ParseException
 
 from carpool.core.catalogue import ModelSpec
@@ -110,18 +110,18 @@ def _infer_model(path: str) -> str | None:
     return None
 
 
-def read_body(settings: Settings, limits: BodyLimits) -> None:
+def read_body(settings: Settings, limits: BodyLimits, req: Request = request) -> None:
     """Read this POST's body within its limits, and leave it for Flask to parse.
 
     Raises BodyTooLarge (413), BodyTimeout or BodyCutShort (408), MalformedBody (400).
     """
-    environ = request.environ
-    mimetype = request.mimetype
+    environ = req.environ
+    mimetype = req.mimetype
     # ?model= matters only for a raw image; looking up an absent argument raises and
     # catches a KeyError inside werkzeug, so it is not asked of every JSON body.
-    model = request.args.get("model") if mimetype.startswith("image/") else None
-    limit = limits.for_request(request.path, mimetype, model)
-    length = request.content_length
+    model = req.args.get("model") if mimetype.startswith("image/") else None
+    limit = limits.for_request(req.path, mimetype, model)
+    length = req.content_length
     if length is not None and length > limit:
         raise _too_large(f"{length} bytes", limit)
     want = limit + 1 if length is None else length  # chunked: one byte past tells

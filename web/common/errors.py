@@ -114,14 +114,25 @@ def register(app: Flask, on_refused: Callable[[Exception], None]) -> None:
     """Answer every error of ``app`` as JSON; tell ``on_refused`` of each carpool or
     HTTP error first (the one place a refused submission is counted)."""
 
-    def carpool_error(exc: CarpoolError) -> tuple[Response, int]:
+    def refused(exc: Exception) -> tuple[Response, int]:
         on_refused(exc)
-        return _carpool_error(exc)
+        return error_answer(exc)
 
-    def http_error(exc: HTTPException) -> tuple[Response, int]:
-        on_refused(exc)
-        return _http_error(exc)
-
-    app.register_error_handler(CarpoolError, carpool_error)
-    app.register_error_handler(HTTPException, http_error)
+    app.register_error_handler(CarpoolError, refused)
+    app.register_error_handler(HTTPException, refused)
     app.register_error_handler(Exception, _unexpected)
+
+
+def is_refusal(exc: Exception) -> bool:
+    """Whether ``exc`` refuses the request (a carpool or HTTP error), not a fault of ours."""
+    return isinstance(exc, CarpoolError | HTTPException)
+
+
+def error_answer(exc: Exception) -> tuple[Response, int]:
+    """The JSON answer and status of any error a route raised (the app's handlers' own,
+    which the lean routes share: web/common/lean.py). Needs an app context."""
+    if isinstance(exc, CarpoolError):
+        return _carpool_error(exc)
+    if isinstance(exc, HTTPException):
+        return _http_error(exc)
+    return _unexpected(exc)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Request, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -105,7 +105,7 @@ def refusing_jobs(n: int) -> None:
     g.carpool_refused_jobs = n
 
 
-def requested_model(catalogue: Catalogue, exc: Exception) -> str:
+def requested_model(catalogue: Catalogue, exc: Exception, req: Request = request) -> str:
     """The catalogue model that a refused request named, or "".
 
     Never parses the body again: a JSON body's model is what ``remember_model`` saw
@@ -114,12 +114,12 @@ def requested_model(catalogue: Catalogue, exc: Exception) -> str:
     """
     if isinstance(exc, UnknownModel | RequestEntityTooLarge) or not g.get("carpool_body_read"):
         return ""
-    name: object = request.args.get("model")
-    if request.mimetype == "application/json":
+    name: object = req.args.get("model")
+    if req.mimetype == "application/json":
         name = g.get("carpool_model")
-    elif request.mimetype == "multipart/form-data":
+    elif req.mimetype == "multipart/form-data":
         try:
-            name = request.form.get("model")
+            name = req.form.get("model")
         except HTTPException:  # a malformed form: no model to name
             return ""
     if not isinstance(name, str):
@@ -224,13 +224,14 @@ class WebMetrics:
             child = self._submitted_of[key] = self.submitted.labels(*key)
         child.inc()
 
-    def count_refused_request(self, exc: Exception) -> None:
+    def count_refused_request(self, exc: Exception, req: Request = request) -> None:
         """Count a refused submission (an error raised while a submit route ran, its
         body read or its jobs admitted) under the model it named; other routes' errors
-        are not job rejections. The error handlers call this (web/common/errors.py)."""
-        if (request.endpoint in SUBMIT_ENDPOINTS and not g.get("carpool_admitted")
+        are not job rejections. The error handlers call this (web/common/errors.py), and
+        the lean routes with their own request (web/common/lean.py)."""
+        if (req.endpoint in SUBMIT_ENDPOINTS and not g.get("carpool_admitted")
                 and not isinstance(exc, Unauthorized)):  # a credential, not a job, refused
-            self.count_rejected(requested_model(self.catalogue, exc), exc,
+            self.count_rejected(requested_model(self.catalogue, exc, req), exc,
                                 jobs=g.get("carpool_refused_jobs", 1))
 
     def count_rejected(self, model: str, exc: Exception, jobs: int = 1) -> None:

@@ -3,7 +3,7 @@ then read ``request.get_data()`` with no wait of their own."""
 
 from __future__ import annotations
 
-from flask import request
+from flask import Request, request
 
 from carpool.core.errors import UnsupportedMediaType
 from web.common.bodies import read_body
@@ -11,15 +11,15 @@ from web.common.metrics import body_read
 from web.common.state import current_state
 
 
-def read_post_body() -> None:
+def read_post_body(req: Request = request) -> None:
     """Every POST body is read here, within its limits and time (web/common/bodies.py):
     each blueprint with a POST route runs this before its routes (a refusal is counted
-    by the error handler)."""
-    if request.method != "POST":
+    by the error handler), and the lean routes before theirs (web/common/lean.py)."""
+    if req.method != "POST":
         return
-    if request.headers.get("Content-Encoding", "identity") != "identity":
+    if req.headers.get("Content-Encoding", "identity") != "identity":
         raise UnsupportedMediaType("a compressed request body (Content-Encoding) is not "
                                    "accepted: send it uncompressed")
     state = current_state()
-    read_body(state.settings, state.body_limits)
+    read_body(state.settings, state.body_limits, req)
     body_read()

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Protocol
 
-from flask import request
+from flask import Request, request
 
 from carpool.backend.admissions import AdmitJob, AdmitOutcome, AdmitRequest, single_admitted
 from carpool.core.catalogue import ModelSpec
@@ -103,10 +103,11 @@ class SyncWait:
     """
 
     def __init__(self, state: WebState, owner: str, wait_s: float, *,
-                 slot_required: bool = False) -> None:
+                 slot_required: bool = False, req: Request = request) -> None:
         self.state = state
         self.owner = owner
-        self.timeout_ms = caller_timeout_ms(request.headers.get(TIMEOUT_HEADER))
+        self.req = req
+        self.timeout_ms = caller_timeout_ms(req.headers.get(TIMEOUT_HEADER))
         self.wait_s = min(wait_s, self.timeout_ms / 1000) if self.timeout_ms else wait_s
         self.deadline = time.monotonic() + self.wait_s
         self._slot_required = slot_required
@@ -115,14 +116,14 @@ class SyncWait:
         #: Jobs this request queued (no duplicate, no idempotency key): cancelled while
         #: still queued if its client hangs up.
         self._ours: list[Admitted] = []
-        self._check = client_gone_check(request.environ)
+        self._check = client_gone_check(req.environ)
         self._left = False
 
     def __enter__(self) -> SyncWait:
         if self.wait_s > 0:
             try:
                 self._stack.enter_context(
-                    self.state.polls.hold(self.owner or request.remote_addr or ""))
+                    self.state.polls.hold(self.owner or self.req.remote_addr or ""))
             except TooManyPolls:
                 if self._slot_required:
                     raise
@@ -147,7 +148,7 @@ class SyncWait:
                             options.priority if options else 0, self.owner,
                             settings.api_key_weights.get(self.owner, 1.0),
                             hook=options.hook if options else "",
-                            tier=service_tier(settings, self.owner, tier_asked))
+                            tier=service_tier(settings, self.owner, tier_asked, self.req))
 
     def admit(self, req: AdmitRequest, *, one: bool = False) -> list[AdmitOutcome]:
         """Each job's outcome, watched first when the request waits; nothing counted

@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Request, Response, jsonify, request
 
 from carpool.backend.admissions import AdmitJob
 from carpool.core.catalogue import Catalogue
@@ -33,6 +33,7 @@ from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
+from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import jobs_admitted, remember_model
 from web.common.post_body import read_post_body
 from web.common.refusals import JobNotFound
@@ -49,14 +50,19 @@ blueprint.before_request(read_post_body)  # every POST body, read within its lim
 
 
 @blueprint.post("/submit")
-def submit() -> tuple[Response, int, dict[str, str]]:
+def submit() -> Response:
     """202 with the job's id; with ``?wait=S``, 200 with its result if it ends within S."""
+    return flask_answer(submit_answer(request))
+
+
+def submit_answer(req: Request) -> Answer:
+    """``POST /submit``'s answer; a JSON body's comes by the lean routes (web/common/lean.py)."""
     state = current_state()
-    owner = request_owner(state.settings)
-    wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    sub = _read_submission(state, owner)
+    owner = request_owner(state.settings, req)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s, req)
+    sub = _read_submission(state, owner, req)
     job = AdmitJob(sub.prepared.bin, new_job_id(sub.spec.name), sub.prepared.input_json)
-    with SyncWait(state, owner, wait_s) as sync:
+    with SyncWait(state, owner, wait_s, req=req) as sync:
         admit_request = sync.request(sub.spec, (job,), sub.options, sub.options.service_tier)
         digest = sub.options.idempotency_digest(owner)
         if digest is not None:
@@ -66,9 +72,9 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         (view,) = sync.finals([admitted])
     headers = applied(sync.wait_s) if prefer else {}
     if view is not None:
-        return jsonify(view.to_json()), 200, headers
+        return Answer(view.to_json(), 200, headers)
     body = _accepted(admitted)
-    return jsonify(body), 202, {"Location": body["result_url"], **headers}
+    return Answer(body, 202, {"Location": body["result_url"], **headers})
 
 
 @blueprint.post("/submit/batch")
@@ -139,10 +145,15 @@ def _admit_many(state: WebState, sync: SyncWait, many: inputs.ManySubmission,
 
 @blueprint.get("/result/<job_id>")
 def result(job_id: str) -> Response:
+    return flask_answer(result_answer(request, job_id))
+
+
+def result_answer(req: Request, job_id: str) -> Answer:
+    """``GET /result/<id>``'s answer, by Flask or the lean routes (web/common/lean.py)."""
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, req)
     _require_job_id(job_id)
-    wait_s, prefer = _request_wait(state.settings.max_wait_s)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s, req)
     known = None
     if owner:  # another key's job must not make this request wait out its poll
         known = check_owner(state.reads.get(job_id), owner, job_id)
@@ -153,16 +164,14 @@ def result(job_id: str) -> Response:
     else:
         # Registered after the owner check's read: a job pending now had not ended by
         # then, so the wait comes first (web/results/waiters.py); else it reads again.
-        with state.polls.hold(owner or request.remote_addr or ""), \
+        with state.polls.hold(owner or req.remote_addr or ""), \
                 state.metrics.long_polls.track_inprogress():
             view = wait_for_final(state.reads, state.notifier, job_id, wait_s,
-                                  client_gone_check(request.environ))
+                                  client_gone_check(req.environ))
     found = with_claim(check_owner(view, owner, job_id), state.notifier.claim_of(job_id))
-    answer = jsonify({**found.to_json(),
-                      **waiting_for(state.models, found, state.settings.refused_grace_s)})
-    if prefer:
-        answer.headers.update(applied(wait_s))
-    return answer
+    return Answer({**found.to_json(),
+                   **waiting_for(state.models, found, state.settings.refused_grace_s)},
+                  200, applied(wait_s) if prefer else {})
 
 
 @blueprint.delete("/result/<job_id>")
@@ -181,30 +190,35 @@ def delete_result(job_id: str) -> Response:
     raise JobNotFound(f"no job {job_id}: it expired just now")
 
 
-def _read_submission(state: WebState, owner: str) -> inputs.Submission:
+#: The routes every job takes, answered in front of Flask's dispatch (web/common/lean.py).
+LEAN_ROUTES = (LeanRoute("POST", "/submit", "carpool.submit", submit_answer, "application/json"),
+               LeanRoute("GET", "/result/<job_id>", "carpool.result", result_answer))
+
+
+def _read_submission(state: WebState, owner: str, req: Request) -> inputs.Submission:
     """The request's one job, its model routed (web/common/routing.py): by its
     idempotency key when it has one, so that a retry goes where the first went."""
     settings = state.settings
     allow_private = settings.webhooks.allow_private
-    header_key = request.headers.get("Idempotency-Key")
-    mimetype = request.mimetype
+    header_key = req.headers.get("Idempotency-Key")
+    mimetype = req.mimetype
     if mimetype == "multipart/form-data":
-        files = request.files
+        files = req.files
         if set(files) != {"file"} or len(files.getlist("file")) != 1:
             raise InvalidInput("send exactly one file, in the form field 'file'")
         data = files["file"].read()
-        form = request.form.to_dict()
+        form = req.form.to_dict()
         return inputs.submission_from_file(
             form, data, _routed(state, owner, form.get("idempotency_key"), header_key),
             header_key, allow_private)
     if mimetype.startswith("image/"):
-        fields = {k: v for k, v in request.args.items() if k != "wait"}  # ?wait= is ours
+        fields = {k: v for k, v in req.args.items() if k != "wait"}  # ?wait= is ours
         return inputs.submission_from_file(
-            fields, request.get_data(),
+            fields, req.get_data(),
             _routed(state, owner, fields.get("idempotency_key"), header_key), header_key,
             allow_private)
-    _require_json()
-    doc = inputs.parse_json(request.get_data())
+    _require_json(req)
+    doc = inputs.parse_json(req.get_data())
     remember_model(doc)
     body_key = doc.get("idempotency_key") if isinstance(doc, dict) else None
     return inputs.submission_from_json(doc, _routed(state, owner, body_key, header_key),
@@ -222,10 +236,10 @@ def _routed(state: WebState, owner: str, body_key: object, header_key: str | Non
     return state.routing.catalogue(digest)
 
 
-def _require_json() -> None:
-    if request.mimetype != "application/json":
+def _require_json(req: Request = request) -> None:
+    if req.mimetype != "application/json":
         raise UnsupportedMediaType(
-            f"Content-Type {request.mimetype or '(none)'!r} is not accepted here: send "
+            f"Content-Type {req.mimetype or '(none)'!r} is not accepted here: send "
             "application/json, multipart/form-data with a 'file', or image/* with ?model="
         )
 
@@ -266,13 +280,13 @@ def _require_job_id(job_id: str) -> None:
         raise JobNotFound(f"no job {job_id[:64]!r}: not a job id")
 
 
-def _request_wait(max_wait_s: float) -> tuple[float, bool]:
+def _request_wait(max_wait_s: float, req: Request = request) -> tuple[float, bool]:
     """The long-poll this request asks for: ``?wait=`` if given, else ``Prefer: wait=``
     (web/results/prefer.py); and whether it came from ``Prefer`` (answered with
     ``Preference-Applied``)."""
-    raw = request.args.get("wait")
+    raw = req.args.get("wait")
     if raw is None:
-        preferred = preferred_wait_s(request.headers.get(PREFER), max_wait_s)
+        preferred = preferred_wait_s(req.headers.get(PREFER), max_wait_s)
         if preferred is not None:
             return preferred, True
     return _wait_s(raw, max_wait_s), False

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Request, Response, jsonify, request
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, NotFound
 
 import carpool
@@ -33,6 +34,7 @@ from carpool.core.versions import SEPARATOR, internal_name, versions_of
 from carpool.intake import inputs
 from web.common.auth import request_owner
 from web.common.errors import retry_after_s, status_and_code
+from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import remember_model
 from web.common.post_body import read_post_body
 from web.common.state import WebState, current_state
@@ -144,12 +146,17 @@ def model_stats(name: str, version: str | None = None) -> Response:
 
 @blueprint.post("/models/<name>/infer")
 @blueprint.post("/models/<name>/versions/<version>/infer")
-def infer(name: str, version: str | None = None) -> tuple[Response, int, dict[str, str]]:
+def infer(name: str, version: str | None = None) -> Response:
+    return flask_answer(infer_answer(request, name, version))
+
+
+def infer_answer(http: Request, name: str, version: str | None = None) -> Answer:
+    """An infer request's answer, by Flask or the lean routes (web/common/lean.py)."""
     state = current_state()
     # Refusals count under the model it names.
     remember_model({"model": name if version is None else internal_name(name, version)})
-    owner = request_owner(state.settings)
-    req = parse_request(request.get_data(), request.headers.get(HEADER_LENGTH))
+    owner = request_owner(state.settings, http)
+    req = parse_request(http.get_data(), http.headers.get(HEADER_LENGTH))
     # A version in the path or the body pins it; else the model's rollout picks one.
     pinned = req.model_version if isinstance(req.model_version, str) else None
     spec = _model(name, version or pinned or None, routed=True)
@@ -168,7 +175,7 @@ def infer(name: str, version: str | None = None) -> tuple[Response, int, dict[st
         except CarpoolError as exc:
             exc.args = (f"row {i}: {exc}",)
             raise
-    views = _run(state, spec, prepared, options, owner)
+    views = _run(state, spec, prepared, options, owner, http)
     body: dict[str, Any] = {"model_name": spec.base_name, "model_version": spec.version}
     if req.id is not None:
         body["id"] = req.id
@@ -180,15 +187,11 @@ def infer(name: str, version: str | None = None) -> tuple[Response, int, dict[st
         entries.append(entry)
         parts.append(raw)
     body["outputs"] = entries
-    if not any(parts):
-        return jsonify(body), 200, {}
-    header = jsonify(body).get_data()
-    return (Response(header + b"".join(parts), content_type="application/octet-stream"), 200,
-            {HEADER_LENGTH: str(len(header))})
+    return Answer(body, binary=b"".join(parts), binary_header=HEADER_LENGTH)
 
 
 def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
-         options: JobOptions, owner: str) -> list[JobView]:
+         options: JobOptions, owner: str, http: Request) -> list[JobView]:
     """Admit one job per row and wait for them all: their final views, in order. A
     refused row refuses the request: the rows admitted with it are cancelled."""
     # Never past CARPOOL_MAX_WAIT_S (floored): a long timeout would otherwise hold a
@@ -197,7 +200,7 @@ def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
     wait_s = (min(options.deadline_ms / 1000 + ANSWER_GRACE_S, cap_s) if options.deadline_ms
               else cap_s)
     jobs = tuple(AdmitJob(p.bin, new_job_id(spec.name), p.input_json) for p in prepared)
-    with SyncWait(state, owner, wait_s, slot_required=True) as sync:
+    with SyncWait(state, owner, wait_s, slot_required=True, req=http) as sync:
         admitted = sync.admit_all(sync.request(spec, jobs, options))
         views = sync.finals(admitted)
     for view, job in zip(views, admitted, strict=True):
@@ -245,8 +248,9 @@ _OWN_STATUS = {ResultTimeout: 504, NotServed: 400, JobFailed: 500}
 
 
 @blueprint.errorhandler(CarpoolError)
-def carpool_error(exc: CarpoolError) -> tuple[Response, int, dict[str, str]]:
-    current_state().metrics.count_refused_request(exc)
+def carpool_error(exc: CarpoolError, req: Request = request
+                  ) -> tuple[Response, int, dict[str, str]]:
+    current_state().metrics.count_refused_request(exc, req)
     status = next((s for cls, s in _OWN_STATUS.items() if isinstance(exc, cls)), None)
     if status is None:
         status, _ = status_and_code(exc)
@@ -262,8 +266,8 @@ def carpool_error(exc: CarpoolError) -> tuple[Response, int, dict[str, str]]:
 
 
 @blueprint.errorhandler(HTTPException)
-def http_error(exc: HTTPException) -> tuple[Response, int]:
-    current_state().metrics.count_refused_request(exc)
+def http_error(exc: HTTPException, req: Request = request) -> tuple[Response, int]:
+    current_state().metrics.count_refused_request(exc, req)
     return jsonify({"error": exc.description or exc.name}), exc.code or 500
 
 
@@ -272,3 +276,17 @@ def unexpected(exc: Exception) -> tuple[Response, int]:
     log.exception("v2: unhandled error", exc_info=exc)
     return jsonify({"error": "internal error; see the server log"}), 500
 
+
+def error_answer(exc: Exception, req: Request) -> ResponseReturnValue:
+    """What this blueprint's handlers answer ``exc`` with (its lean routes' errors)."""
+    if isinstance(exc, CarpoolError):
+        return carpool_error(exc, req)
+    if isinstance(exc, HTTPException):
+        return http_error(exc, req)
+    return unexpected(exc)
+
+
+#: The routes every infer request takes, answered in front of Flask's dispatch.
+LEAN_ROUTES = tuple(LeanRoute("POST", path, "v2.infer", infer_answer, errors=error_answer)
+                    for path in ("/v2/models/<name>/infer",
+                                 "/v2/models/<name>/versions/<version>/infer"))

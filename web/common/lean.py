@@ -1,0 +1,181 @@
+"""The hot routes, answered in front of Flask's dispatch by the same view code.
+
+Flask's dispatch (a request context with its URL adapter and session, the hooks and
+signals, a Response object) costs a request more CPU than gunicorn's own parsing and
+gevent's sockets together (``ops/bench/web_floor.py``; docs/benchmarks.md). Every job
+takes one of a few routes, so those are answered here, by ``LeanRoutes`` mounted as the
+app's WSGI app: ``POST /submit`` with a JSON body and ``GET /result/<id>``
+(web/jobs/routes.py). Everything else goes on to Flask: another route or method (HEAD,
+OPTIONS), another content type (a form, an image), a path that is not ASCII.
+
+A lean route's view is the one its Flask route calls: it takes the request as an
+argument (``flask.Request``, made here from the environ without a request context) and
+answers an ``Answer``; ``flask_answer`` makes Flask's response of it. What Flask does
+around a view, done here the same way:
+
+- an app context per request (``current_app``, ``g``);
+- a POST body read within its limits before the view (web/common/post_body.py);
+- every error answered by the app's own handlers' code (``errors.error_answer``), a
+  refusal counted first as they count it (``count_refused_request``);
+- each answer counted in ``carpool_http_requests_total`` under the Flask route's rule;
+- the JSON written as ``jsonify`` writes it (the app's provider, compact, a newline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Request, Response, current_app
+from flask.typing import ResponseReturnValue
+from werkzeug.http import HTTP_STATUS_CODES
+from werkzeug.routing import Rule
+
+from web.common.errors import error_answer, is_refusal
+from web.common.post_body import read_post_body
+from web.common.state import current_state
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A view's answer: its JSON document, status and headers beside Content-Type.
+
+    With ``binary``, the body is the JSON document followed by those bytes, sent as
+    ``application/octet-stream`` with the JSON's length in the ``binary_header``
+    (the Open Inference Protocol's binary tensors, docs/v2.md)."""
+
+    doc: dict[str, Any]
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    binary: bytes = b""
+    binary_header: str = ""
+
+    def body_and_headers(self) -> tuple[bytes, list[tuple[str, str]]]:
+        """The body's bytes, and every header but the status line's. Needs an app context."""
+        # What jsonify writes outside debug mode: the app's JSON provider, compact.
+        body = f"{current_app.json.dumps(self.doc, separators=(',', ':'))}\n".encode()
+        kind = "application/json"
+        extra = list(self.headers.items())
+        if self.binary:
+            kind = "application/octet-stream"
+            extra.append((self.binary_header, str(len(body))))
+            body += self.binary
+        return body, [("Content-Type", kind), ("Content-Length", str(len(body))), *extra]
+
+
+def flask_answer(answer: Answer) -> Response:
+    """``answer`` as a Flask view returns it."""
+    body, headers = answer.body_and_headers()
+    return Response(body, answer.status, headers)
+
+
+def app_error_answer(exc: Exception, req: Request) -> tuple[Response, int]:
+    """What the app's error handlers answer (web/common/errors.py)."""
+    if is_refusal(exc):
+        current_state().metrics.count_refused_request(exc, req)
+    return error_answer(exc)
+
+
+#: A lean view: the request, and the path's arguments by name (as Flask passes them).
+LeanView = Callable[..., Answer]
+
+
+@dataclass(frozen=True)
+class LeanRoute:
+    """One route answered here: ``path`` as Flask writes it, each ``<name>`` one path
+    segment (Flask's default converter), its argument by that name."""
+
+    method: str
+    path: str
+    #: The Flask endpoint of the same route: its rule labels the metrics, and a submit
+    #: endpoint's refusals count as rejected jobs.
+    endpoint: str
+    view: LeanView
+    #: Only requests of this mimetype ("": any); others go to Flask.
+    mimetype: str = ""
+    #: The answer to an error the view raised: what Flask's handler for it answers (the
+    #: app's, or the route's blueprint's own), a refusal counted as that handler counts it.
+    errors: Callable[[Exception, Request], ResponseReturnValue] = app_error_answer
+
+    @property
+    def segments(self) -> list[str]:
+        return self.path.split("/")
+
+
+def _arguments(pattern: list[str], parts: list[str]) -> dict[str, str] | None:
+    """The arguments of ``parts`` (a path split at "/") under ``pattern``, or None."""
+    args: dict[str, str] = {}
+    for want, got in zip(pattern, parts, strict=True):
+        if want.startswith("<"):
+            if not got:
+                return None
+            args[want[1:-1]] = got
+        elif want != got:
+            return None
+    return args
+
+
+class LeanRoutes:
+    """The app's WSGI app: ``routes`` answered here, the rest by Flask (``app.wsgi_app``
+    as it was when mounted)."""
+
+    def __init__(self, app: Flask, routes: Iterable[LeanRoute]) -> None:
+        self.app = app
+        self.flask: WsgiApp = app.wsgi_app
+        rules = {(rule.endpoint, rule.rule): rule for rule in app.url_map.iter_rules()}
+        #: By method and number of path segments: the few routes a path may be.
+        self._routes: dict[tuple[str, int], list[tuple[LeanRoute, list[str], Rule]]] = {}
+        for route in routes:
+            # A KeyError at start: not one of Flask's routes (its endpoint and rule).
+            rule = rules[(route.endpoint, route.path)]
+            self._routes.setdefault((route.method, len(route.segments)), []).append(
+                (route, route.segments, rule))
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse
+                 ) -> Iterable[bytes]:
+        found = self._match(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+        if found is None:
+            return self.flask(environ, start_response)
+        route, rule, args = found
+        req = self.app.request_class(environ)
+        if route.mimetype and req.mimetype != route.mimetype:
+            return self.flask(environ, start_response)
+        req.url_rule, req.view_args = rule, args
+        with self.app.app_context():
+            return self._answer(route, rule, req, args, start_response)
+
+    def _match(self, method: str, path: str
+               ) -> tuple[LeanRoute, Rule, dict[str, str]] | None:
+        # A path that is not ASCII: Flask decodes it (WSGI hands it over as latin-1).
+        if not path.isascii():
+            return None
+        parts = path.split("/")
+        for route, pattern, rule in self._routes.get((method, len(parts)), ()):
+            args = _arguments(pattern, parts)
+            if args is not None:
+                return route, rule, args
+        return None
+
+    def _answer(self, route: LeanRoute, rule: Rule, req: Request, args: dict[str, str],
+                start_response: StartResponse) -> Iterable[bytes]:
+        metrics = current_state().metrics
+        t0 = time.perf_counter()
+        try:
+            read_post_body(req)
+            answer = route.view(req, **args)
+        except Exception as exc:  # noqa: BLE001 — answered as Flask's handler answers it
+            response = self.app.make_response(route.errors(exc, req))
+            status = response.status_code
+            metrics.observe_request(rule.rule, req.method, status, time.perf_counter() - t0)
+            return response(req.environ, start_response)
+        body, headers = answer.body_and_headers()
+        status = answer.status
+        start_response(f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}",
+                       headers)
+        metrics.observe_request(rule.rule, req.method, status, time.perf_counter() - t0)
+        return [body]
