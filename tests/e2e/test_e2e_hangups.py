@@ -7,7 +7,6 @@ cannot start in time (web/common/sync_wait.py)."""
 from __future__ import annotations
 
 import json
-import resource
 import socket
 import uuid
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from carpool.core.jobs import JobStatus, JobView
 from carpool.core.shards import shard
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.support.procs import start_web, start_worker
+from tests.support.procs import open_files_at_least, start_web, start_worker
 from tests.support.promtext import scrape
 
 pytestmark = pytest.mark.e2e
@@ -251,13 +250,8 @@ FDS_PAST = 1100
 @pytest.fixture
 def many_fds() -> Iterator[None]:
     """Room for this test's connections (gunicorn inherits the limit); put back after."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4 * IDLE_CONNECTIONS
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        pytest.skip(f"needs {wanted} open files, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open_files_at_least(4 * IDLE_CONNECTIONS):
+        yield
 
 
 def server_fds(port: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import resource
 import selectors
 import socket
 import time
@@ -20,7 +19,7 @@ from carpool.backend.queue import Queue
 from carpool.core.jobs import Outcome, new_job_id
 from carpool.core.settings import load_settings
 from tests.conftest import make_env
-from tests.support.procs import start_web
+from tests.support.procs import open_files_at_least, start_web
 
 POLLS = 1000
 SUBMITS = 20
@@ -37,13 +36,8 @@ FDS_NEEDED = 4 * POLLS
 @pytest.fixture
 def enough_fds() -> Iterator[None]:
     """Raise the soft open-files limit (gunicorn inherits it); put it back afterwards."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = FDS_NEEDED if hard == resource.RLIM_INFINITY else min(FDS_NEEDED, hard)
-    if wanted < FDS_NEEDED:
-        pytest.skip(f"needs {FDS_NEEDED} open files, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open_files_at_least(FDS_NEEDED):
+        yield
 
 
 def open_poll(port: int, job_id: str) -> socket.socket:

@@ -7,6 +7,7 @@ it); when it fails to start, the error shows the log's tail.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -178,3 +179,19 @@ def start_dispatcher(env: dict[str, str],
                  lambda: answers(f"http://127.0.0.1:{port}/metrics"), "dispatcher",
                  DISPATCHER_START_TIMEOUT_S) as proc:
         yield proc
+
+
+@contextmanager
+def open_files_at_least(wanted: int) -> Iterator[None]:
+    """Raise this process's soft open-files limit to ``wanted`` (processes it starts
+    inherit it), put back afterwards; the test is skipped when the hard limit is lower."""
+    import pytest  # only tests call this
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"needs {wanted} open files, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

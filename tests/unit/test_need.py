@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 from hypothesis import given
 from hypothesis import strategies as st
 
+from carpool.backend.replies import ADMITTED_END_SHARE
 from carpool.scheduling import need as need_module
 from carpool.scheduling.batching import Cost
 from carpool.scheduling.need import BinLoad, ModelLoad, workers_needed
@@ -130,10 +128,9 @@ def test_a_queue_held_at_admissions_share_of_the_budget_reads_as_saturated() -> 
 
 
 def test_saturated_lies_under_admissions_deadline_share() -> None:
-    # Else a queue admission holds at its bound never reads as saturated.
-    lua = (Path(need_module.__file__).parent.parent / "backend/lua/admit.lua").read_text()
-    share = float(re.search(r"local DEADLINE_SHARE = ([0-9.]+)", lua).group(1))  # type: ignore[union-attr]
-    assert need_module.SATURATED < share
+    # Else a queue admission holds at its bound never reads as saturated. The share is
+    # admit.lua's (tests/redis/test_admission_model_pace.py pins the two alike).
+    assert need_module.SATURATED < ADMITTED_END_SHARE
 
 
 def test_refusals_count_as_arrivals() -> None:
