@@ -54,7 +54,7 @@ def usage() -> Response:
     """What the caller's jobs cost per model over a window of whole hours (an ``admin``
     key: every key's): jobs, device and queue time, refusals (docs/admission.md)."""
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     policy = state.settings.api_key_policies.get(owner)
     everyone = policy is not None and policy.admin
     first, last = _usage_window(current_hour())

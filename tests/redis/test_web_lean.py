@@ -21,6 +21,8 @@ from tests.conftest import make_env
 from tests.support.promtext import Scrape
 from tests.support.webtools import CATALOGUE_TOML, MAX_BODY_BYTES, web_client
 from web import create_app
+from web.common.lean import LeanRoutes
+from web.jobs import routes as job_routes
 
 KEY = "k-lean-test-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -67,6 +69,10 @@ CORPUS: list[tuple[str, str, str, bytes, dict[str, str]]] = [
     ("result-wait-bad", "GET", f"/result/{UNKNOWN_ID}?wait=x", b"", AUTH),
     ("result-trailing-slash", "GET", f"/result/{UNKNOWN_ID}/", b"", AUTH),
     ("result-not-ascii", "GET", "/result/\u00e9t\u00e9", b"", AUTH),
+    ("websocket", "POST", "/submit", GOOD,
+     {**JSON, "Connection": "Upgrade", "Upgrade": "websocket"}),
+    ("result-websocket", "GET", f"/result/{UNKNOWN_ID}", b"",
+     {**AUTH, "Connection": "Upgrade", "Upgrade": "websocket"}),
     ("infer-malformed", "POST", INFER, b"{", JSON),
     ("infer-no-key", "POST", INFER, GOOD_V2, {"Content-Type": "application/json"}),
     ("infer-unknown-model", "POST", "/v2/models/nope/infer", GOOD_V2, JSON),
@@ -151,5 +157,17 @@ def test_the_routes_every_job_takes_skip_flasks_dispatch(
                          ).status_code == 415
         assert http.head(f"/result/{job_id}", headers=AUTH).status_code == 200
         assert dispatched == ["carpool.submit", "carpool.result"]
+    finally:
+        app.extensions["carpool"].close()
+
+
+def test_an_app_with_a_hook_the_lean_routes_would_skip_does_not_start(
+        redis_url: str, key_prefix: str, tmp_path: Path, client: redis.Redis) -> None:
+    app = create_app(settings_of(redis_url, key_prefix, tmp_path), lean_routes=False)
+    try:
+        LeanRoutes(app, job_routes.LEAN_ROUTES)  # the app's own hooks: done there
+        app.before_request(lambda: None)
+        with pytest.raises(RuntimeError, match="before_request_funcs"):
+            LeanRoutes(app, job_routes.LEAN_ROUTES)
     finally:
         app.extensions["carpool"].close()

@@ -9,7 +9,7 @@ existence does not leak. Without keys, ids (128 random bits) are the only secret
 
 from __future__ import annotations
 
-from flask import Request, request
+from flask import Request
 
 from carpool.admission.tiers import DEFAULT_TIER, SERVICE_TIER_HEADER, request_tier
 from carpool.core.jobs import JobView
@@ -28,7 +28,7 @@ def _presented_key(req: Request) -> str | None:
     return req.headers.get(API_KEY_HEADER) or None
 
 
-def request_owner(settings: Settings, req: Request = request) -> str:
+def request_owner(settings: Settings, req: Request) -> str:
     """The owner digest this request acts as; "" when the server has no keys."""
     if not settings.api_key_digests:
         return ""
@@ -48,8 +48,7 @@ def check_owner(view: JobView | None, owner: str, job_id: str) -> JobView:
     return view
 
 
-def service_tier(settings: Settings, owner: str, asked: str = "", req: Request = request
-                 ) -> str:
+def service_tier(settings: Settings, owner: str, req: Request, asked: str = "") -> str:
     """The tier a request runs in: its key's (the keys file; default ``default``), or
     the lower one it asks for in ``asked`` (a body's ``service_tier``) or the
     ``X-Service-Tier`` header; a higher or unknown one is a 400."""

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from flask import Request, request
+from flask import Request
 from gunicorn.http.errors import NoMoreData, ParseException
 
 from carpool.core.catalogue import ModelSpec
@@ -110,7 +110,7 @@ def _infer_model(path: str) -> str | None:
     return None
 
 
-def read_body(settings: Settings, limits: BodyLimits, req: Request = request) -> None:
+def read_body(settings: Settings, limits: BodyLimits, req: Request) -> None:
     """Read this POST's body within its limits, and leave it for Flask to parse.
 
     Raises BodyTooLarge (413), BodyTimeout or BodyCutShort (408), MalformedBody (400).

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify
+from flask import Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
@@ -110,12 +110,12 @@ def _unexpected(exc: Exception) -> tuple[Response, int]:
     return jsonify(error_body("internal_error", "internal error; see the server log")), 500
 
 
-def register(app: Flask, on_refused: Callable[[Exception], None]) -> None:
+def register(app: Flask, on_refused: Callable[[Exception, Request], None]) -> None:
     """Answer every error of ``app`` as JSON; tell ``on_refused`` of each carpool or
     HTTP error first (the one place a refused submission is counted)."""
 
     def refused(exc: Exception) -> tuple[Response, int]:
-        on_refused(exc)
+        on_refused(exc, request)
         return error_answer(exc)
 
     app.register_error_handler(CarpoolError, refused)

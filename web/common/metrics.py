@@ -105,7 +105,7 @@ def refusing_jobs(n: int) -> None:
     g.carpool_refused_jobs = n
 
 
-def requested_model(catalogue: Catalogue, exc: Exception, req: Request = request) -> str:
+def requested_model(catalogue: Catalogue, exc: Exception, req: Request) -> str:
     """The catalogue model that a refused request named, or "".
 
     Never parses the body again: a JSON body's model is what ``remember_model`` saw
@@ -224,7 +224,7 @@ class WebMetrics:
             child = self._submitted_of[key] = self.submitted.labels(*key)
         child.inc()
 
-    def count_refused_request(self, exc: Exception, req: Request = request) -> None:
+    def count_refused_request(self, exc: Exception, req: Request) -> None:
         """Count a refused submission (an error raised while a submit route ran, its
         body read or its jobs admitted) under the model it named; other routes' errors
         are not job rejections. The error handlers call this (web/common/errors.py), and
@@ -247,20 +247,21 @@ class WebMetrics:
         return generate_latest(self.registry)
 
     def instrument(self, app: Flask) -> None:
-        """Count and time every request ``app`` answers, errors included."""
+        """Count and time every request ``app`` answers, errors included (the lean routes
+        count their own the same way: web/common/lean.py)."""
+        app.before_request(self.start_clock)
+        app.after_request(self.count)
 
-        @app.before_request
-        def start_clock() -> None:
-            g.carpool_t0 = time.perf_counter()
+    def start_clock(self) -> None:
+        g.carpool_t0 = time.perf_counter()
 
-        @app.after_request
-        def count(response: Response) -> Response:
-            t0 = g.get("carpool_t0")
-            if t0 is not None:
-                route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-                self.observe_request(route, request.method, response.status_code,
-                                     time.perf_counter() - t0)
-            return response
+    def count(self, response: Response) -> Response:
+        t0 = g.get("carpool_t0")
+        if t0 is not None:
+            route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+            self.observe_request(route, request.method, response.status_code,
+                                 time.perf_counter() - t0)
+        return response
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         # Routes are the app's patterns, methods a closed set, statuses HTTP's: bounded.

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Protocol
 
-from flask import Request, request
+from flask import Request
 
 from carpool.backend.admissions import AdmitJob, AdmitOutcome, AdmitRequest, single_admitted
 from carpool.core.catalogue import ModelSpec
@@ -103,7 +103,7 @@ class SyncWait:
     """
 
     def __init__(self, state: WebState, owner: str, wait_s: float, *,
-                 slot_required: bool = False, req: Request = request) -> None:
+                 req: Request, slot_required: bool = False) -> None:
         self.state = state
         self.owner = owner
         self.req = req
@@ -148,7 +148,7 @@ class SyncWait:
                             options.priority if options else 0, self.owner,
                             settings.api_key_weights.get(self.owner, 1.0),
                             hook=options.hook if options else "",
-                            tier=service_tier(settings, self.owner, tier_asked, self.req))
+                            tier=service_tier(settings, self.owner, self.req, tier_asked))
 
     def admit(self, req: AdmitRequest, *, one: bool = False) -> list[AdmitOutcome]:
         """Each job's outcome, watched first when the request waits; nothing counted

@@ -64,7 +64,7 @@ def stream_ids(raw: str | None) -> list[str]:
 
 def _stream(ids: list[str]) -> Response:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     seen = parse_last_event_id(request.headers.get("Last-Event-ID"), len(ids))
     stack = ExitStack()
     try:

@@ -86,9 +86,9 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
     the usual accepted item for the rest.
     """
     state = current_state()
-    owner = request_owner(state.settings)
-    wait_s, prefer = _request_wait(state.settings.max_wait_s)
-    _require_json()
+    owner = request_owner(state.settings, request)
+    wait_s, prefer = _request_wait(state.settings.max_wait_s, request)
+    _require_json(request)
     if "Idempotency-Key" in request.headers:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to /submit/batch")
     doc = inputs.parse_json(request.get_data())
@@ -96,7 +96,7 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
     many = inputs.many_from_json(doc, state.routing.catalogue(),
                                  state.settings.webhooks.allow_private)
     state.models.check(many.spec.name)  # one model per request: the same 503 as /submit
-    with SyncWait(state, owner, wait_s) as sync:
+    with SyncWait(state, owner, wait_s, req=request) as sync:
         jobs, admitted = _admit_many(state, sync, many)
         jobs_admitted()
         finals = sync.finals(list(admitted.values()))
@@ -178,7 +178,7 @@ def result_answer(req: Request, job_id: str) -> Answer:
 def delete_result(job_id: str) -> Response:
     """Cancel a queued job, or delete a finished one; 409 while it runs."""
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     _require_job_id(job_id)
     view = check_owner(state.queue.get(job_id), owner, job_id)
     outcome = state.queue.cancel(job_id, state.settings.catalogue.result_ttl_s(view.model))
@@ -236,7 +236,7 @@ def _routed(state: WebState, owner: str, body_key: object, header_key: str | Non
     return state.routing.catalogue(digest)
 
 
-def _require_json(req: Request = request) -> None:
+def _require_json(req: Request) -> None:
     if req.mimetype != "application/json":
         raise UnsupportedMediaType(
             f"Content-Type {req.mimetype or '(none)'!r} is not accepted here: send "
@@ -280,7 +280,7 @@ def _require_job_id(job_id: str) -> None:
         raise JobNotFound(f"no job {job_id[:64]!r}: not a job id")
 
 
-def _request_wait(max_wait_s: float, req: Request = request) -> tuple[float, bool]:
+def _request_wait(max_wait_s: float, req: Request) -> tuple[float, bool]:
     """The long-poll this request asks for: ``?wait=`` if given, else ``Prefer: wait=``
     (web/results/prefer.py); and whether it came from ``Prefer`` (answered with
     ``Preference-Applied``)."""

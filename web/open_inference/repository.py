@@ -87,7 +87,7 @@ def index() -> Response:
     """Every catalogue entry, ``{"name", "version", "state"[, "reason"]}`` (``m@v`` as
     name ``m``, version ``v``); with ``{"ready": true}``, the READY ones only."""
     state = current_state()
-    request_owner(state.settings)  # any known key reads it
+    request_owner(state.settings, request)  # any known key reads it
     only_ready = _body().get("ready") is True
     specs = list(state.settings.catalogue)
     desired = state.repository.read([spec.name for spec in specs])
@@ -160,7 +160,7 @@ def versions_addressed(catalogue: Catalogue, name: str) -> list[ModelSpec]:
 
 def _admin(settings: Settings) -> None:
     """With API keys on, only a key marked ``admin`` in the keys file changes models."""
-    owner = request_owner(settings)
+    owner = request_owner(settings, request)
     policy = settings.api_key_policies.get(owner) if owner else None
     if owner and not (policy is not None and policy.admin):
         raise Forbidden("loading and unloading models needs an admin key (mark it "
@@ -249,6 +249,6 @@ def _wait_loaded(state: WebState, generations: dict[str, int]) -> dict[str, tupl
 def repository_error(exc: CarpoolError) -> tuple[Response, int, dict[str, str]]:
     """The protocol's ``{"error": "<message>"}``, as every /v2 route answers."""
     if isinstance(exc, LoadTimeout):
-        current_state().metrics.count_refused_request(exc)
+        current_state().metrics.count_refused_request(exc, request)
         return jsonify({"error": str(exc)}), 504, {}
     return carpool_error(exc)

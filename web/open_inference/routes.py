@@ -150,35 +150,35 @@ def infer(name: str, version: str | None = None) -> Response:
     return flask_answer(infer_answer(request, name, version))
 
 
-def infer_answer(http: Request, name: str, version: str | None = None) -> Answer:
+def infer_answer(req: Request, name: str, version: str | None = None) -> Answer:
     """An infer request's answer, by Flask or the lean routes (web/common/lean.py)."""
     state = current_state()
     # Refusals count under the model it names.
     remember_model({"model": name if version is None else internal_name(name, version)})
-    owner = request_owner(state.settings, http)
-    req = parse_request(http.get_data(), http.headers.get(HEADER_LENGTH))
+    owner = request_owner(state.settings, req)
+    infer = parse_request(req.get_data(), req.headers.get(HEADER_LENGTH))
     # A version in the path or the body pins it; else the model's rollout picks one.
-    pinned = req.model_version if isinstance(req.model_version, str) else None
+    pinned = infer.model_version if isinstance(infer.model_version, str) else None
     spec = _model(name, version or pinned or None, routed=True)
     tensors = tensors_of(spec)
-    if (req.model_name not in (None, spec.name, spec.base_name)
-            or req.model_version not in (None, "", spec.version)):
-        raise InvalidInput(f"the body names model {str(req.model_name)[:64]!r} version "
-                           f"{str(req.model_version)[:20]!r}, the path {spec.base_name!r} "
+    if (infer.model_name not in (None, spec.name, spec.base_name)
+            or infer.model_version not in (None, "", spec.version)):
+        raise InvalidInput(f"the body names model {str(infer.model_name)[:64]!r} version "
+                           f"{str(infer.model_version)[:20]!r}, the path {spec.base_name!r} "
                            f"version {spec.version!r}: send one, or the same")
-    options = job_options(spec, req.parameters, state.settings.webhooks.allow_private)
-    outputs = requested_outputs(tensors, req)
+    options = job_options(spec, infer.parameters, state.settings.webhooks.allow_private)
+    outputs = requested_outputs(tensors, infer)
     prepared = []
-    for i, job_input in enumerate(job_inputs(spec, tensors, req)):
+    for i, job_input in enumerate(job_inputs(spec, tensors, infer)):
         try:
             prepared.append(inputs.prepare(spec, job_input, state.settings.input_limits))
         except CarpoolError as exc:
             exc.args = (f"row {i}: {exc}",)
             raise
-    views = _run(state, spec, prepared, options, owner, http)
+    views = _run(state, spec, prepared, options, owner, req)
     body: dict[str, Any] = {"model_name": spec.base_name, "model_version": spec.version}
-    if req.id is not None:
-        body["id"] = req.id
+    if infer.id is not None:
+        body["id"] = infer.id
     body["parameters"] = {"carpool_job_ids": [v.id for v in views]}
     entries, parts = [], []
     for declared, binary in outputs:
@@ -191,7 +191,7 @@ def infer_answer(http: Request, name: str, version: str | None = None) -> Answer
 
 
 def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
-         options: JobOptions, owner: str, http: Request) -> list[JobView]:
+         options: JobOptions, owner: str, req: Request) -> list[JobView]:
     """Admit one job per row and wait for them all: their final views, in order. A
     refused row refuses the request: the rows admitted with it are cancelled."""
     # Never past CARPOOL_MAX_WAIT_S (floored): a long timeout would otherwise hold a
@@ -200,7 +200,7 @@ def _run(state: WebState, spec: ModelSpec, prepared: list[inputs.Prepared],
     wait_s = (min(options.deadline_ms / 1000 + ANSWER_GRACE_S, cap_s) if options.deadline_ms
               else cap_s)
     jobs = tuple(AdmitJob(p.bin, new_job_id(spec.name), p.input_json) for p in prepared)
-    with SyncWait(state, owner, wait_s, slot_required=True, req=http) as sync:
+    with SyncWait(state, owner, wait_s, slot_required=True, req=req) as sync:
         admitted = sync.admit_all(sync.request(spec, jobs, options))
         views = sync.finals(admitted)
     for view, job in zip(views, admitted, strict=True):
@@ -250,6 +250,7 @@ _OWN_STATUS = {ResultTimeout: 504, NotServed: 400, JobFailed: 500}
 @blueprint.errorhandler(CarpoolError)
 def carpool_error(exc: CarpoolError, req: Request = request
                   ) -> tuple[Response, int, dict[str, str]]:
+    # Flask passes the error alone (its request is the proxy); the lean routes theirs.
     current_state().metrics.count_refused_request(exc, req)
     status = next((s for cls, s in _OWN_STATUS.items() if isinstance(exc, cls)), None)
     if status is None:
@@ -277,7 +278,7 @@ def unexpected(exc: Exception) -> tuple[Response, int]:
     return jsonify({"error": "internal error; see the server log"}), 500
 
 
-def error_answer(exc: Exception, req: Request) -> ResponseReturnValue:
+def protocol_error_answer(exc: Exception, req: Request) -> ResponseReturnValue:
     """What this blueprint's handlers answer ``exc`` with (its lean routes' errors)."""
     if isinstance(exc, CarpoolError):
         return carpool_error(exc, req)
@@ -287,6 +288,7 @@ def error_answer(exc: Exception, req: Request) -> ResponseReturnValue:
 
 
 #: The routes every infer request takes, answered in front of Flask's dispatch.
-LEAN_ROUTES = tuple(LeanRoute("POST", path, "v2.infer", infer_answer, errors=error_answer)
+LEAN_ROUTES = tuple(LeanRoute("POST", path, "v2.infer", infer_answer,
+                              errors=protocol_error_answer)
                     for path in ("/v2/models/<name>/infer",
                                  "/v2/models/<name>/versions/<version>/infer"))

@@ -75,14 +75,14 @@ def _metadata(raw: Any) -> str:
 @blueprint.post("/batches")
 def create_bulk() -> tuple[Response, int]:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     doc = inputs.parse_json(request.get_data())
     if not isinstance(doc, dict) or set(doc) - _CREATE_KEYS:
         raise InvalidInput(f"the body must be an object with {sorted(_CREATE_KEYS)}")
     if doc.get("endpoint") not in ENDPOINTS:
         raise InvalidInput(f"endpoint must be one of {list(ENDPOINTS)}")
     # Decided once, here: the feeder admits every line under it, after a restart too.
-    tier = service_tier(state.settings, owner, "" if doc.get("service_tier") is None
+    tier = service_tier(state.settings, owner, request, "" if doc.get("service_tier") is None
                         else known_tier(doc["service_tier"]))
     file_id = doc.get("input_file_id")
     if not isinstance(file_id, str):
@@ -120,7 +120,7 @@ def retrieve_bulk(batch_id: str) -> Response:
     """The batch; with a webhook, its delivery as a job's document shows one
     (``carpool.webhook_delivery``: docs/batches.md)."""
     state = current_state()
-    view = _owned_bulk(state, batch_id, request_owner(state.settings))
+    view = _owned_bulk(state, batch_id, request_owner(state.settings, request))
     doc = bulk_document(view)
     if view.webhook:
         doc["carpool"]["webhook_delivery"] = webhook_doc(state.bulkdb.deliveries(view.id))
@@ -130,7 +130,7 @@ def retrieve_bulk(batch_id: str) -> Response:
 @blueprint.post("/batches/<batch_id>/cancel")
 def cancel_bulk(batch_id: str) -> Response:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     _owned_bulk(state, batch_id, owner)
     if not state.bulkdb.move(batch_id, (BulkStatus.VALIDATING, BulkStatus.IN_PROGRESS),
                              BulkStatus.CANCELLING, cancelling_at=int(time.time())):
@@ -144,7 +144,7 @@ def cancel_bulk(batch_id: str) -> Response:
 def list_bulk() -> Response:
     state = current_state()
     limit, after = page_args()
-    page = state.bulkdb.list_bulk(request_owner(state.settings), after, limit)
+    page = state.bulkdb.list_bulk(request_owner(state.settings, request), after, limit)
     return jsonify(page_document([bulk_document(h) for h in page.items], page.has_more))
 
 
@@ -153,12 +153,13 @@ def embeddings() -> Response:
     """One job per string, all queued or none (web/common/sync_wait.py, as /v2 infer);
     answers when all end (within CARPOOL_MAX_WAIT_S, else 504)."""
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     doc = inputs.parse_json(request.get_data())
     remember_model(doc)
     req = embed_request(doc, state.routing.catalogue(), state.settings.input_limits)
     jobs = [AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json) for p in req.prepared]
-    with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True) as sync:
+    with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True,
+                  req=request) as sync:
         views = sync.finals(sync.admit_all(sync.request(req.spec, jobs,
                                                          tier_asked=req.service_tier)))
     results = []

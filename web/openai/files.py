@@ -35,7 +35,7 @@ MAX_PAGE, DEFAULT_PAGE = 10_000, 20
 @blueprint.post("/files")
 def create_file() -> tuple[Response, int]:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     if request.mimetype != "multipart/form-data":
         raise InvalidInput("upload a file as multipart/form-data with fields 'file' and "
                            "'purpose'")
@@ -64,13 +64,14 @@ def create_file() -> tuple[Response, int]:
 @blueprint.get("/files/<file_id>")
 def retrieve_file(file_id: str) -> Response:
     state = current_state()
-    return jsonify(file_document(owned_file(state, file_id, request_owner(state.settings))))
+    owner = request_owner(state.settings, request)
+    return jsonify(file_document(owned_file(state, file_id, owner)))
 
 
 @blueprint.get("/files/<file_id>/content")
 def file_content(file_id: str) -> Response:
     state = current_state()
-    owned_file(state, file_id, request_owner(state.settings))
+    owned_file(state, file_id, request_owner(state.settings, request))
     return Response(state.files.stream(store_name(file_id)),
                     mimetype="application/octet-stream")
 
@@ -78,7 +79,7 @@ def file_content(file_id: str) -> Response:
 @blueprint.delete("/files/<file_id>")
 def delete_file(file_id: str) -> Response:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     owned_file(state, file_id, owner)
     state.bulkdb.drop_file(file_id, owner)
     state.files.delete(store_name(file_id))
@@ -88,7 +89,7 @@ def delete_file(file_id: str) -> Response:
 @blueprint.get("/files")
 def list_files() -> Response:
     state = current_state()
-    owner = request_owner(state.settings)
+    owner = request_owner(state.settings, request)
     limit, after = page_args()
     page = state.bulkdb.list_files(owner, after, limit)
     purpose = request.args.get("purpose")

@@ -64,7 +64,7 @@ def _answer(state: WebState, spec: ModelSpec) -> Response:
 
 
 def _require_admin(state: WebState) -> None:
-    owner = request_owner(state.settings)  # 401 without a key, or with an unknown one
+    owner = request_owner(state.settings, request)  # 401 without a key, or with an unknown one
     policy = state.settings.api_key_policies.get(owner)
     if owner and (policy is None or not policy.admin):
         raise Forbidden("only an admin API key (the keys file's 'admin') may change a "
