@@ -1,7 +1,7 @@
-"""The lean routes (web/common/lean.py): ``POST /submit`` with JSON, ``GET /result/<id>``
-and ``/v2`` infer answered in front of Flask's dispatch. They answer what Flask's
-dispatch answers (status, headers, body; the same counts in /metrics) for a corpus of
-good, bad and hostile requests, with API keys on; and they do skip the dispatch."""
+"""The lean routes (web/common/lean.py): ``POST /submit`` with JSON, ``GET /result/<id>``,
+``/v2`` infer and ``/v1/embeddings`` answered in front of Flask's dispatch. They answer
+what Flask's dispatch answers (status, headers, body; the same counts in /metrics) for a
+corpus of good, bad and hostile requests, with API keys on; and they do skip it."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ JSON = {**AUTH, "Content-Type": "application/json"}
 GOOD = json.dumps({"model": "synthetic", "input": {"value": 1, "size": 2}}).encode()
 TINY = json.dumps({"model": "tiny", "input": {"value": 1, "size": 2}}).encode()
 INFER = "/v2/models/synthetic/infer"
+EMBED = "/v1/embeddings"
 GOOD_V2 = json.dumps({"inputs": [{"name": "VALUE", "datatype": "FP32", "shape": [1, 2],
                                   "data": [1.0, 2.0]}]}).encode()
 UNKNOWN_ID = new_job_id("synthetic")
@@ -79,6 +80,16 @@ CORPUS: list[tuple[str, str, str, bytes, dict[str, str]]] = [
     ("infer-unknown-version", "POST", "/v2/models/synthetic/versions/9/infer", GOOD_V2, JSON),
     ("infer-bad-tensor", "POST", INFER, b'{"inputs": [{"name": "VALUE"}]}', JSON),
     ("infer-timeout-bad", "POST", INFER, GOOD_V2, {**JSON, "X-Carpool-Timeout": "-1"}),
+    ("embed-malformed", "POST", EMBED, b"{", JSON),
+    ("embed-no-key", "POST", EMBED, b'{"model": "texts", "input": "a"}',
+     {"Content-Type": "application/json"}),
+    ("embed-not-a-text-model", "POST", EMBED, b'{"model": "synthetic", "input": "a"}', JSON),
+    ("embed-input-a-number", "POST", EMBED, b'{"model": "texts", "input": 5}', JSON),
+    ("embed-too-many", "POST", EMBED,
+     json.dumps({"model": "texts", "input": ["a"] * 3000}).encode(), JSON),
+    ("embed-unknown-model", "POST", EMBED, b'{"model": "nope", "input": "a"}', JSON),
+    ("embed-tier-bad", "POST", EMBED, b'{"model": "texts", "input": "a"}',
+     {**JSON, "X-Service-Tier": "platinum"}),
 ]
 
 CASES = {name: (method, path, body, headers) for name, method, path, body, headers in CORPUS}
@@ -152,6 +163,7 @@ def test_the_routes_every_job_takes_skip_flasks_dispatch(
         job_id = http.post("/submit", data=GOOD, headers=JSON).get_json()["id"]
         assert http.get(f"/result/{job_id}", headers=AUTH).status_code == 200
         assert http.post(INFER, data=b"{", headers=JSON).status_code == 400
+        assert http.post(EMBED, data=b"{", headers=JSON).status_code == 400
         assert dispatched == []
         assert http.post("/submit", data=b"x", headers={**AUTH, "Content-Type": "text/plain"}
                          ).status_code == 415

@@ -5,7 +5,8 @@ signals, a Response object) costs a request more CPU than gunicorn's own parsing
 gevent's sockets together (``ops/bench/web_floor.py``; docs/benchmarks.md). Every job
 takes one of a few routes, so those are answered here, by ``LeanRoutes`` mounted as the
 app's WSGI app: ``POST /submit`` with a JSON body, ``GET /result/<id>``
-(web/jobs/routes.py) and ``/v2`` infer (web/open_inference/routes.py). Everything else
+(web/jobs/routes.py), ``/v2`` infer (web/open_inference/routes.py) and
+``/v1/embeddings`` (web/openai/bulk.py). Everything else
 goes on to Flask: another route or method (HEAD, OPTIONS), a submit of another content
 type (a form, an image), a path that is not ASCII, a WebSocket upgrade.
 

@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Request, Response, jsonify, request
 
 from carpool.admission.tiers import known_tier
 from carpool.backend.admissions import AdmitJob
@@ -28,6 +28,7 @@ from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
 from web.common.auth import request_owner, service_tier
+from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import remember_model
 from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
@@ -150,18 +151,23 @@ def list_bulk() -> Response:
 
 @blueprint.post("/embeddings")
 def embeddings() -> Response:
+    return flask_answer(embeddings_of(request))
+
+
+def embeddings_of(req: Request) -> Answer:
     """One job per string, all queued or none (web/common/sync_wait.py, as /v2 infer);
-    answers when all end (within CARPOOL_MAX_WAIT_S, else 504)."""
+    answers when all end (within CARPOOL_MAX_WAIT_S, else 504). By Flask or the lean
+    routes (web/common/lean.py)."""
     state = current_state()
-    owner = request_owner(state.settings, request)
-    doc = inputs.parse_json(request.get_data())
+    owner = request_owner(state.settings, req)
+    doc = inputs.parse_json(req.get_data())
     remember_model(doc)
-    req = embed_request(doc, state.routing.catalogue(), state.settings.input_limits)
-    jobs = [AdmitJob(p.bin, new_job_id(req.spec.name), p.input_json) for p in req.prepared]
+    asked = embed_request(doc, state.routing.catalogue(), state.settings.input_limits)
+    jobs = [AdmitJob(p.bin, new_job_id(asked.spec.name), p.input_json) for p in asked.prepared]
     with SyncWait(state, owner, state.settings.max_wait_s, slot_required=True,
-                  req=request) as sync:
-        views = sync.finals(sync.admit_all(sync.request(req.spec, jobs,
-                                                         tier_asked=req.service_tier)))
+                  req=req) as sync:
+        views = sync.finals(sync.admit_all(sync.request(asked.spec, jobs,
+                                                         tier_asked=asked.service_tier)))
     results = []
     for i, view in enumerate(views):
         if view is None:
@@ -172,4 +178,8 @@ def embeddings() -> Response:
             raise JobFailed(f"input[{i}] {view.status.value}: {view.error}")
         results.append(view.result)
     check_dimensions(doc, results)
-    return jsonify(embeddings_answer(req.spec, results, req.encoding_format))
+    return Answer(embeddings_answer(asked.spec, results, asked.encoding_format))
+
+
+#: The synchronous OpenAI call, answered in front of Flask's dispatch.
+LEAN_ROUTES = (LeanRoute("POST", "/v1/embeddings", "v1_batches.embeddings", embeddings_of),)
