@@ -114,18 +114,19 @@ def register(app: Flask, on_refused: Callable[[Exception, Request], None]) -> No
     """Answer every error of ``app`` as JSON; tell ``on_refused`` of each carpool or
     HTTP error first (the one place a refused submission is counted)."""
 
-    def refused(exc: Exception) -> tuple[Response, int]:
-        on_refused(exc, request)
-        return error_answer(exc)
+    def handler(exc: Exception) -> tuple[Response, int]:
+        return handled(exc, request, on_refused)
 
-    app.register_error_handler(CarpoolError, refused)
-    app.register_error_handler(HTTPException, refused)
-    app.register_error_handler(Exception, _unexpected)
+    app.register_error_handler(Exception, handler)
 
 
-def is_refusal(exc: Exception) -> bool:
-    """Whether ``exc`` refuses the request (a carpool or HTTP error), not a fault of ours."""
-    return isinstance(exc, CarpoolError | HTTPException)
+def handled(exc: Exception, req: Request,
+            on_refused: Callable[[Exception, Request], None]) -> tuple[Response, int]:
+    """The app's answer to an error of ``req`` (Flask's handler and the lean routes' own,
+    web/common/lean.py): a refusal (a carpool or HTTP error) told to ``on_refused`` first."""
+    if isinstance(exc, CarpoolError | HTTPException):
+        on_refused(exc, req)
+    return error_answer(exc)
 
 
 def error_answer(exc: Exception) -> tuple[Response, int]:

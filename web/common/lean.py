@@ -51,7 +51,7 @@ from werkzeug.exceptions import InternalServerError
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.routing import Rule
 
-from web.common.errors import error_answer, is_refusal
+from web.common.errors import handled
 from web.common.post_body import read_post_body
 from web.common.state import current_state
 
@@ -99,10 +99,8 @@ def flask_answer(answer: Answer) -> Response:
 
 
 def app_error_answer(exc: Exception, req: Request) -> tuple[Response, int]:
-    """What the app's error handlers answer (web/common/errors.py)."""
-    if is_refusal(exc):
-        current_state().metrics.count_refused_request(exc, req)
-    return error_answer(exc)
+    """What the app's error handler answers (web/common/errors.py)."""
+    return handled(exc, req, current_state().metrics.count_refused_request)
 
 
 #: A lean view: the request, and the path's arguments by name (as Flask passes them).
