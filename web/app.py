@@ -108,7 +108,8 @@ def create_app(settings: Settings | None = None, *, lean_routes: bool = True) ->
         app.wsgi_app = LeanRoutes(  # type: ignore[method-assign]
             app, (*job_routes.LEAN_ROUTES, *open_inference_routes.LEAN_ROUTES,
                   *openai_bulk.LEAN_ROUTES))
-    shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed)
+    shedding.install(app, settings.web_max_queue_ms, on_shed=metrics.count_shed,
+                     on_refused=metrics.time_refusal)
     return app
 
 

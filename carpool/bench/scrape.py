@@ -27,15 +27,21 @@ Buckets = dict[float, float]
 def parse_buckets(text: str, route: str, method: str, status: str) -> Buckets:
     """The duration histogram's buckets for one route, method and status (summed
     over processes: under gunicorn a scrape already is the sum)."""
+    return parse_histogram(text, DURATION, {"route": route, "method": method,
+                                            "status": status})
+
+
+def parse_histogram(text: str, name: str, labels: Mapping[str, str] | None = None) -> Buckets:
+    """Histogram ``name``'s buckets, summed over the series that carry ``labels``."""
+    wanted = dict(labels or {})
     out: Buckets = {}
     for family in text_string_to_metric_families(text):
-        if family.name != DURATION:
+        if family.name != name:
             continue
         for sample in family.samples:
-            labels = sample.labels
-            if (sample.name == DURATION + "_bucket" and labels.get("route") == route
-                    and labels.get("method") == method and labels.get("status") == status):
-                bound = float(labels["le"])
+            if sample.name == name + "_bucket" and all(
+                    sample.labels.get(k) == v for k, v in wanted.items()):
+                bound = float(sample.labels["le"])
                 out[bound] = out.get(bound, 0.0) + sample.value
     return out
 

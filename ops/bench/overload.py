@@ -20,8 +20,11 @@ see it, instead of in the web. ``--protocols``: ``poll`` submits then long-polls
 ``wait`` sends one ``POST /submit?wait``. ``--ceiling`` first measures the generator's
 own ceiling against a stub server (carpool.bench.ceiling), so the reader knows the
 load was offered; each run reports the 1-minute load average (the machine may be
-shared), the web's sheds by reason and the p99 of the refusals' answer times as the
-client saw them (from sending, so the time in the web's queues is in it).
+shared), the web's sheds by reason and the p99 of the refusals' answer times twice: as
+the client saw them (from sending: the generator's own lateness and a connection's
+retried SYNs are in it) and at the web (``carpool_web_refusal_seconds``, from the
+request's bytes reaching the host: the accept queue is in it), the latter as the bucket
+bound holding it and as Prometheus's interpolated estimate.
 
 The synthetic model sleeps a + b·n ms per batch of n whatever the bin, so its
 offline rate is exact: per bin ``max_batch / (a + b·max_batch)`` jobs/s, and for a
@@ -55,7 +58,12 @@ from carpool.bench.arrivals import Arrival, poisson_times
 from carpool.bench.ceiling import measure_ceiling
 from carpool.bench.client import HttpOptions, run_http
 from carpool.bench.records import JobRecord, Outcome
-from carpool.bench.scrape import SCRAPE_TIMEOUT_S
+from carpool.bench.scrape import (
+    SCRAPE_TIMEOUT_S,
+    parse_histogram,
+    quantile_bound,
+    quantile_estimate,
+)
 from carpool.bench.workload import SizeMix, new_nonce
 from carpool.core.catalogue import builtin_models
 from carpool.core.settings import load_settings
@@ -84,6 +92,11 @@ class RunResult:
     refusal_p99_ms: float = 0.0
     #: carpool_web_shed_total by reason, scraped at the end of the run.
     sheds: dict[str, float] | None = None
+    #: p99 of the refusals' waits at the web (carpool_web_refusal_seconds), in ms: the
+    #: bucket bound holding it, and the estimate interpolated within that bucket.
+    #: None: no refusals.
+    web_refusal_p99_le_ms: float | None = None
+    web_refusal_p99_ms: float | None = None
     load_avg_1m: float = 0.0
     #: p99 of how late the generator started jobs after their scheduled arrival, in ms:
     #: large when the generator itself runs short of CPU (the load was not all offered).
@@ -129,8 +142,17 @@ def _worker_serving(redis_url: str) -> bool:
         client.close()
 
 
-def _sheds(base_url: str) -> dict[str, float]:
-    text = requests.get(f"{base_url}/metrics", timeout=SCRAPE_TIMEOUT_S).text
+def _web_refusal_p99_ms(text: str) -> tuple[float | None, float | None]:
+    """(bucket bound, interpolated estimate) of the refusals' p99 wait at the web, in
+    ms; None, None when there were none."""
+    buckets = parse_histogram(text, "carpool_web_refusal_seconds")
+    bound_s, count = quantile_bound({}, buckets, 0.99)
+    if count == 0:
+        return None, None
+    return round(1000 * bound_s, 1), round(1000 * quantile_estimate({}, buckets, 0.99), 1)
+
+
+def _sheds(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("carpool_web_shed_total{"):
@@ -190,9 +212,12 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
                            poll_connections=args.connections)
         records = run_http(arrivals, opts, new_nonce())
         load_1m = os.getloadavg()[0]
-        sheds = _sheds(opts.base_url)
+        scraped = requests.get(f"{base_url}/metrics", timeout=SCRAPE_TIMEOUT_S).text
     result = summarise(str(root), factor, deadline_ms, records, args, offline_per_s, protocol)
-    return RunResult(**{**asdict(result), "sheds": sheds, "load_avg_1m": round(load_1m, 2)})
+    at_web_le_ms, at_web_ms = _web_refusal_p99_ms(scraped)
+    return RunResult(**{**asdict(result), "sheds": _sheds(scraped),
+                        "web_refusal_p99_le_ms": at_web_le_ms,
+                        "web_refusal_p99_ms": at_web_ms, "load_avg_1m": round(load_1m, 2)})
 
 
 def _p99_ms(values_s: Sequence[float]) -> float:

@@ -150,6 +150,10 @@ def test_gunicorn_sheds_a_submit_that_waited_in_the_accept_queue_without_a_proxy
         assert json.loads(body)["error"]["code"] == "overloaded"
         assert shed_count(base_url, "queued") == 1
         assert shed_count(base_url, "event_loop_lag") == 0
+        # The refusal is timed from its bytes reaching the host: the accept queue's wait in.
+        scrape = Scrape(requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text)
+        assert scrape.value("carpool_web_refusal_seconds_count") == 1
+        assert scrape.value("carpool_web_refusal_seconds_sum") > QUEUED_BOUND_MS / 1000
 
 
 def test_an_unloaded_gunicorn_sheds_nothing(redis_url: str, key_prefix: str) -> None:

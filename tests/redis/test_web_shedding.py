@@ -191,3 +191,17 @@ def test_a_bound_of_zero_never_sheds(redis_url: str, key_prefix: str, tmp_path: 
 def test_the_bound_is_a_setting_of_a_few_hundred_ms_by_default() -> None:
     assert load_settings({}).web_max_queue_ms == 300
     assert load_settings({"CARPOOL_WEB_MAX_QUEUE_MS": "0"}).web_max_queue_ms == 0
+
+
+def refusal_count(http: FlaskClient) -> float:
+    return Scrape(http.get("/metrics").get_data(as_text=True)).value(
+        "carpool_web_refusal_seconds_count")
+
+
+def test_refusals_of_admitting_requests_are_timed_in_metrics(http: FlaskClient) -> None:
+    assert refusal_count(http) == 0
+    assert_shed(http.post("/submit", json=SUBMIT, headers=stamp(LONG_AGO_S)))
+    assert http.post("/submit", json=SUBMIT).status_code == 202
+    assert http.post("/submit", json={"model": "nope", "input": {}}).status_code in (400, 404)
+    assert http.get("/result/nope").status_code == 404
+    assert refusal_count(http) == 1

@@ -18,6 +18,9 @@ maps every name to Triton's):
   for a path no route has) — a long-poll's time includes its wait.
 - ``carpool_web_shed_total{reason}``: each admitting request answered 503
   ``overloaded`` before it ran (web/common/shedding.py); it counts nowhere else.
+- ``carpool_web_refusal_seconds``: for each admitting request answered 429 or 503
+  (shed or not), how long its caller waited at the web: from its bytes reaching this
+  host (the accept queue included) to the answer.
 
 Under gunicorn each worker process counts into its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
@@ -66,6 +69,9 @@ HTTP_METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PA
 #: Request durations: a submit takes about a millisecond, a long-poll up to a minute.
 HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0)
+#: A refusal's wait at the web: tens of milliseconds under overload when shedding works.
+REFUSAL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
 
 def rejection_reason(exc: Exception) -> str:
     """The ``reason`` label for ``exc`` (web/common/refusals.py's table)."""
@@ -208,6 +214,10 @@ class WebMetrics:
                             "overloaded before they ran, by why.", ("reason",), registry=own)
         for reason in SHED_REASONS:
             self.shed.labels(reason)
+        self.refusal_wait = Histogram("carpool_web_refusal_seconds", "How long admitting "
+                                      "requests answered 429 or 503 waited at the web, from "
+                                      "their bytes reaching the host.",
+                                      buckets=REFUSAL_BUCKETS_S, registry=own)
         scan = [b.max_batch for spec in catalogue for b in spec.bins]
         self.registry.register(BinGauges(queue, bins, scan))
         # Each series' child, looked up once: ``labels()`` checks and converts its
@@ -242,6 +252,9 @@ class WebMetrics:
 
     def count_shed(self, reason: str) -> None:
         self.shed.labels(reason).inc()
+
+    def time_refusal(self, waited_s: float) -> None:
+        self.refusal_wait.observe(waited_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,6 +19,10 @@ The answer is made before the body is read, JSON parsed or Redis asked, from byt
 prepared here: a shed costs a small part of a submit (docs/benchmarks.md). Reads,
 DELETE, /healthz, /readyz and /metrics are never shed: they admit no work, and an
 overloaded web must still say so.
+
+Every admitting request answered 429 or 503 (shed or not) reports how long its caller
+waited at the web — from its bytes reaching this host to the answer — to ``on_refused``:
+``carpool_web_refusal_seconds``.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ REASON_REQUEST_START = "request_start"
 REASON_QUEUED = "queued"
 REASON_LISTEN_BACKLOG = "listen_backlog"
 SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG)
+#: The statuses of a refusal: the model's bound (429) or the web's, or a backend down (503).
+REFUSALS = ("429", "503")
 #: Exact paths that admit jobs; any POST under a versioned API prefix does too.
 SHED_PATHS = frozenset({"/submit", "/submit/batch"})
 SHED_PREFIXES = ("/v1/", "/v2/")
@@ -151,16 +157,21 @@ def _shed_body(max_queue_ms: int) -> bytes:
 
 
 class Shedder:
-    """WSGI middleware in front of the Flask app: sheds admitting requests that waited."""
+    """WSGI middleware in front of the Flask app: sheds admitting requests that waited,
+    and times every refusal of an admitting request."""
 
     def __init__(self, app: WsgiApp, max_queue_ms: int, monitor: LagMonitor,
                  on_shed: Callable[[str], None],
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 on_refused: Callable[[float], None] = lambda waited_s: None,
+                 wall_clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.max_queue_s = max_queue_ms / 1000.0
         self.monitor = monitor
         self.on_shed = on_shed
+        self.on_refused = on_refused
         self._wall_clock = wall_clock
+        self._clock = clock
         #: This process's CPU per request: how fast it drains the accept queue.
         self.rate = ServiceRate()
         #: The listening sockets, once a gunicorn worker has them (``watch_listeners``).
@@ -172,34 +183,55 @@ class Shedder:
 
     def reason(self, environ: dict[str, Any]) -> str | None:
         """Why this request is to be shed, or None to serve it."""
-        if self.max_queue_s <= 0 or not admits_work(environ.get("REQUEST_METHOD", ""),
-                                                    environ.get("PATH_INFO", "")):
+        if not admits_work(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")):
             return None
-        if self.monitor.lag_s() > self.max_queue_s:
-            return REASON_LAG
-        started = request_start_s(environ.get("HTTP_X_REQUEST_START"))
-        if started is not None and self._wall_clock() - started > self.max_queue_s:
-            return REASON_REQUEST_START
+        return self._judge(environ, self._clock())[0]
+
+    def _judge(self, environ: dict[str, Any], now: float) -> tuple[str | None, float]:
+        """(why it is shed or None, how long it waited before it was handled)."""
+        lag_s = self.monitor.lag_s(now)
         age_ms = data_age_ms(environ.get("gunicorn.socket"))
-        if age_ms is not None and age_ms > self.max_queue_s * 1000.0:
-            return REASON_QUEUED
-        if self.backlog is not None and self.backlog.wait_s() > self.max_queue_s:
-            return REASON_LISTEN_BACKLOG
-        return None
+        # The kernel's age of the request's bytes is its whole wait in this host; where
+        # there is none (not TCP), the loop's lag is the best guess.
+        waited_s = lag_s if age_ms is None else age_ms / 1000.0
+        bound_s = self.max_queue_s
+        if bound_s <= 0:
+            return None, waited_s
+        if lag_s > bound_s:
+            return REASON_LAG, waited_s
+        started = request_start_s(environ.get("HTTP_X_REQUEST_START"))
+        if started is not None and self._wall_clock() - started > bound_s:
+            return REASON_REQUEST_START, waited_s
+        if age_ms is not None and age_ms > bound_s * 1000.0:
+            return REASON_QUEUED, waited_s
+        if self.backlog is not None and self.backlog.wait_s() > bound_s:
+            return REASON_LISTEN_BACKLOG, waited_s
+        return None, waited_s
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         self.rate.tick()
-        why = self.reason(environ)
-        if why is None:
+        if not admits_work(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)
-        self.on_shed(why)
-        start_response("503 Service Unavailable", list(self._headers))
-        return [self._body]
+        began = self._clock()
+        why, waited_s = self._judge(environ, began)
+        if why is not None:
+            self.on_shed(why)
+            self.on_refused(waited_s + self._clock() - began)
+            start_response("503 Service Unavailable", list(self._headers))
+            return [self._body]
+
+        def answer(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            if status.startswith(REFUSALS):
+                self.on_refused(waited_s + self._clock() - began)
+            return start_response(status, headers, exc_info)
+
+        return self.app(environ, answer)
 
 
-def install(app: Flask, max_queue_ms: int, on_shed: Callable[[str], None]) -> Shedder:
+def install(app: Flask, max_queue_ms: int, on_shed: Callable[[str], None],
+            on_refused: Callable[[float], None]) -> Shedder:
     """Put a ``Shedder`` in front of ``app``; its lag monitor waits for ``start_lag_monitor``."""
-    shedder = Shedder(app.wsgi_app, max_queue_ms, LagMonitor(), on_shed)
+    shedder = Shedder(app.wsgi_app, max_queue_ms, LagMonitor(), on_shed, on_refused)
     app.wsgi_app = shedder  # type: ignore[method-assign]  # Flask's way to add middleware
     app.extensions[EXTENSION] = shedder
     return shedder
