@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import select
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.resources import files
@@ -71,6 +72,16 @@ def open_pubsub(client: redis.Redis, *, ignore_subscribe_messages: bool = False)
     return pubsub
 
 
+def next_message(pubsub: PubSub) -> dict[str, Any] | None:
+    """The subscription's next message, blocking until one comes (None: a reply that is
+    not one to hand over). A read without a timeout goes straight to the socket; one
+    with a timeout polls the socket first, which under gevent doubles the CPU per
+    message. redis-py documents ``timeout=None`` but types the parameter as a float."""
+    untyped: Any = pubsub
+    message: dict[str, Any] | None = untyped.get_message(timeout=None)
+    return message
+
+
 def script_source(name: str) -> str:
     """``carpool/backend/lua/<name>.lua`` with its ``--#include`` lines resolved."""
     return expand_includes(files("carpool.backend").joinpath("lua", f"{name}.lua").read_text())
@@ -98,6 +109,14 @@ def load_script(client: redis.Redis, name: str) -> Script:
     return client.register_script(script_source(name))
 
 
+#: TCP keepalive: probe after 30 s idle, every 10 s, give up after 3 unanswered (Linux's
+#: names; elsewhere the system's defaults).
+KEEPALIVE_OPTIONS: dict[int, int] = {
+    option: value for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10),
+                                      ("TCP_KEEPCNT", 3))
+    if (option := getattr(socket, name, None)) is not None}
+
+
 def connect(
     url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
     cluster: bool = False,
@@ -119,6 +138,10 @@ def connect(
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": 2.0,
         "health_check_interval": 30,
+        # A subscriber blocked on its channel sends nothing, so only the kernel's
+        # keepalive probes find a Redis that vanished without a reset (in about a minute).
+        "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE_OPTIONS,
     }
     if cluster:
         return cast(redis.Redis, RedisCluster.from_url(url, **options))

@@ -5,6 +5,7 @@ replaces one that is unfit: a reply left unread, or a socket the server closed."
 from __future__ import annotations
 
 import select
+import socket
 from typing import Any
 
 import redis
@@ -57,3 +58,16 @@ def test_a_healthy_connection_is_kept(redis_url: str) -> None:
     assert "web-pool-kept" in {c.get("name") for c in admin.client_list()}  # same socket
     admin.close()
     client.close()
+
+
+def test_connections_probe_an_idle_redis_with_tcp_keepalive(redis_url: str) -> None:
+    """A subscriber blocked on its channel sends nothing: only keepalive finds a Redis
+    that vanished without a reset."""
+    for client in (connect(redis_url), _pooled(redis_url)):
+        conn: Any = client.connection_pool.get_connection()
+        sock = conn._sock
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        client.connection_pool.release(conn)
+        client.close()

@@ -45,8 +45,9 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import redis
+from redis.client import PubSub
 
-from carpool.backend.connection import open_pubsub, redis_errors
+from carpool.backend.connection import next_message, open_pubsub, redis_errors
 from carpool.backend.pushed import parse
 from carpool.backend.queue import ended_ids
 from carpool.core.errors import BackendUnavailable
@@ -57,8 +58,8 @@ from web.results.pushed_views import MAX_AGE_S, PushedViews
 
 log = logging.getLogger(__name__)
 
-#: How often the listener looks up from the channel to see whether it should stop.
-LISTEN_POLL_S = 0.25
+#: How long closing waits for the listener to end.
+CLOSE_WAIT_S = 0.5
 #: Reconnect backoff after Redis is lost: doubles from the first to the last.
 BACKOFF_FIRST_S = 0.1
 BACKOFF_LAST_S = 5.0
@@ -91,6 +92,8 @@ class _Listener:
         #: Set once every channel is heard (tests wait on it), cleared when the
         #: connection goes.
         self.subscribed = threading.Event()
+        #: The subscription being read, for ``interrupt``.
+        self._pubsub: PubSub | None = None
         self.thread = threading.Thread(target=self.run, name="carpool-notifier", daemon=True)
 
     def add(self, job_id: str, event: threading.Event) -> bool:
@@ -150,9 +153,13 @@ class _Listener:
             try:
                 self.listen()
             except BackendUnavailable as exc:
+                if self.stopping.is_set():
+                    break  # interrupted by close: its connection was shut under the read
                 log.warning("done-channel listener lost Redis (%s); reconnecting in %.1f s",
                             exc, self.backoff_s)
             except Exception:
+                if self.stopping.is_set():
+                    break
                 # A dead listener would make every poll sit out its full wait: keep going.
                 log.exception("done-channel listener failed; restarting in %.1f s", self.backoff_s)
             self.views.clear()  # what was published meanwhile is lost: forget what
@@ -163,13 +170,15 @@ class _Listener:
 
     def listen(self) -> None:
         """Subscribe and dispatch until stopped; raises when Redis is lost."""
-        pubsub = open_pubsub(self.client)
+        pubsub = self._pubsub = open_pubsub(self.client)
         try:
             with redis_errors():
                 # One command, one connection: its messages arrive in publish order.
                 pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():
-                    message = pubsub.get_message(timeout=LISTEN_POLL_S)
+                    # Blocks (a message a job at low load: the cheapest read there is);
+                    # ``interrupt`` ends the wait.
+                    message = next_message(pubsub)
                     if message is None:
                         continue
                     if message["type"] == "message":
@@ -187,6 +196,14 @@ class _Listener:
         finally:
             self.subscribed.clear()
             pubsub.close()
+
+    def interrupt(self) -> None:
+        """End a read blocked on the channel (``stopping`` set first): shut its
+        connection under it, so the read returns at once and ``run`` sees ``stopping``."""
+        pubsub = self._pubsub
+        connection = None if pubsub is None else pubsub.connection
+        if connection is not None:
+            connection.disconnect()
 
     def confirmed(self, channels: int) -> None:
         """One subscribe confirmation: ``channels`` this connection now hears. A new
@@ -289,12 +306,13 @@ class Notifier:
         with listener.lock:
             return len(listener.waiters.get(job_id, ()))
 
-    def close(self, timeout_s: float = 2 * LISTEN_POLL_S) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Stop this process's listener (and wake its polls); a later poll starts a new one."""
         with self._start_lock:
             listener, self._listener, self._pid = self._listener, None, 0
         if listener is not None:
             listener.stopping.set()
+            listener.interrupt()
             listener.wake_all()
             if listener.thread.is_alive():
                 listener.thread.join(timeout_s)
