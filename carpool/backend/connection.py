@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import select
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.resources import files
@@ -76,7 +75,11 @@ def next_message(pubsub: PubSub) -> dict[str, Any] | None:
     """The subscription's next message, blocking until one comes (None: a reply that is
     not one to hand over). A read without a timeout goes straight to the socket; one
     with a timeout polls the socket first, which under gevent doubles the CPU per
-    message. redis-py documents ``timeout=None`` but types the parameter as a float."""
+    message. From redis-py 8.2 the read outlasts the client's socket timeout (before,
+    an idle channel timed out); redis-py documents ``timeout=None`` but types it a float.
+
+    Nothing is sent while it blocks: a Redis gone without a reset is found by the TCP
+    keepalive that redis-py turns on (probes after 30 s idle)."""
     untyped: Any = pubsub
     message: dict[str, Any] | None = untyped.get_message(timeout=None)
     return message
@@ -109,14 +112,6 @@ def load_script(client: redis.Redis, name: str) -> Script:
     return client.register_script(script_source(name))
 
 
-#: TCP keepalive: probe after 30 s idle, every 10 s, give up after 3 unanswered (Linux's
-#: names; elsewhere the system's defaults).
-KEEPALIVE_OPTIONS: dict[int, int] = {
-    option: value for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10),
-                                      ("TCP_KEEPCNT", 3))
-    if (option := getattr(socket, name, None)) is not None}
-
-
 def connect(
     url: str, *, socket_timeout_s: float | None = 5.0, max_connections: int | None = None,
     cluster: bool = False,
@@ -138,10 +133,6 @@ def connect(
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": 2.0,
         "health_check_interval": 30,
-        # A subscriber blocked on its channel sends nothing, so only the kernel's
-        # keepalive probes find a Redis that vanished without a reset (in about a minute).
-        "socket_keepalive": True,
-        "socket_keepalive_options": KEEPALIVE_OPTIONS,
     }
     if cluster:
         return cast(redis.Redis, RedisCluster.from_url(url, **options))

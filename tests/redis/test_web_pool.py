@@ -61,13 +61,10 @@ def test_a_healthy_connection_is_kept(redis_url: str) -> None:
 
 
 def test_connections_probe_an_idle_redis_with_tcp_keepalive(redis_url: str) -> None:
-    """A subscriber blocked on its channel sends nothing: only keepalive finds a Redis
-    that vanished without a reset."""
+    """A subscriber blocked on its channel sends nothing: only keepalive (redis-py's
+    default, which carpool relies on) finds a Redis that vanished without a reset."""
     for client in (connect(redis_url), _pooled(redis_url)):
         conn: Any = client.connection_pool.get_connection()
-        sock = conn._sock
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        if hasattr(socket, "TCP_KEEPIDLE"):
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         client.connection_pool.release(conn)
         client.close()

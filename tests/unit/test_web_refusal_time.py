@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from web.common.shedding import REASON_LAG, LagMonitor, Shedder
+from web.common.shedding import ADMITTED_ENVIRON, REASON_LAG, LagMonitor, Shedder
 
 SUBMIT = {"REQUEST_METHOD": "POST", "PATH_INFO": "/submit"}
 READ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/result/x"}
@@ -78,3 +78,16 @@ def test_with_shedding_off_refusals_are_still_timed() -> None:
     shedder = Shedder(app, 0, LagMonitor(clock=clock), print, refused.append, clock=clock)
     list(shedder(dict(SUBMIT), lambda s, h, e=None: None))
     assert refused == [pytest.approx(0.001)]
+
+
+def test_an_answer_after_admission_is_no_refusal() -> None:
+    """A 503 while an admitted job's caller waits (Redis lost, say) refuses no job."""
+    clock = Clock()
+
+    def admits_then_fails(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ[ADMITTED_ENVIRON] = True
+        return answering("503 Service Unavailable", clock, 2.0)(environ, start_response)
+
+    shedder, _, times = shedder_on(clock, admits_then_fails)
+    list(shedder(dict(SUBMIT), lambda s, h, e=None: None))
+    assert times == []

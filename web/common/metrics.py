@@ -18,9 +18,9 @@ maps every name to Triton's):
   for a path no route has) — a long-poll's time includes its wait.
 - ``carpool_web_shed_total{reason}``: each admitting request answered 503
   ``overloaded`` before it ran (web/common/shedding.py); it counts nowhere else.
-- ``carpool_web_refusal_seconds``: for each admitting request answered 429 or 503
-  (shed or not), how long its caller waited at the web: from its bytes reaching this
-  host (the accept queue included) to the answer.
+- ``carpool_web_refusal_seconds``: for each admitting request refused (429 or 503, shed
+  or not, before any of its jobs was admitted), how long its caller waited at the web:
+  from its bytes reaching this host (the accept queue included) to the answer.
 
 Under gunicorn each worker process counts into its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_conf.py`` sets it) and any process
@@ -57,7 +57,7 @@ from web.common.refusals import (
     Unauthorized,
     refusal_of,
 )
-from web.common.shedding import SHED_REASONS
+from web.common.shedding import ADMITTED_ENVIRON, SHED_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ HTTP_METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PA
 HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0)
 #: A refusal's wait at the web: tens of milliseconds under overload when shedding works.
-REFUSAL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REFUSAL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def rejection_reason(exc: Exception) -> str:
@@ -100,10 +100,10 @@ def body_read() -> None:
     g.carpool_body_read = True
 
 
-def jobs_admitted() -> None:
+def jobs_admitted(req: Request) -> None:
     """The request's jobs are admitted (or refused one by one in its answer): an error
     after this point, while waiting for results, refuses no job."""
-    g.carpool_admitted = True
+    req.environ[ADMITTED_ENVIRON] = True
 
 
 def refusing_jobs(n: int) -> None:
@@ -239,7 +239,7 @@ class WebMetrics:
         body read or its jobs admitted) under the model it named; other routes' errors
         are not job rejections. The error handlers call this (web/common/errors.py), and
         the lean routes with their own request (web/common/lean.py)."""
-        if (req.endpoint in SUBMIT_ENDPOINTS and not g.get("carpool_admitted")
+        if (req.endpoint in SUBMIT_ENDPOINTS and not req.environ.get(ADMITTED_ENVIRON)
                 and not isinstance(exc, Unauthorized)):  # a credential, not a job, refused
             self.count_rejected(requested_model(self.catalogue, exc, req), exc,
                                 jobs=g.get("carpool_refused_jobs", 1))

@@ -20,9 +20,9 @@ prepared here: a shed costs a small part of a submit (docs/benchmarks.md). Reads
 DELETE, /healthz, /readyz and /metrics are never shed: they admit no work, and an
 overloaded web must still say so.
 
-Every admitting request answered 429 or 503 (shed or not) reports how long its caller
-waited at the web — from its bytes reaching this host to the answer — to ``on_refused``:
-``carpool_web_refusal_seconds``.
+Every admitting request refused (429 or 503, shed or not, before any of its jobs was
+admitted) reports how long its caller waited at the web — from its bytes reaching this
+host to the answer — to ``on_refused``: ``carpool_web_refusal_seconds``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ REASON_LISTEN_BACKLOG = "listen_backlog"
 SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG)
 #: The statuses of a refusal: the model's bound (429) or the web's, or a backend down (503).
 REFUSALS = ("429", "503")
+#: Set in a request's WSGI environ once its jobs are admitted (``metrics.jobs_admitted``):
+#: what it answers after that (a 503 while it waits for results, say) refuses no job.
+ADMITTED_ENVIRON = "carpool.admitted"
 #: Exact paths that admit jobs; any POST under a versioned API prefix does too.
 SHED_PATHS = frozenset({"/submit", "/submit/batch"})
 SHED_PREFIXES = ("/v1/", "/v2/")
@@ -221,7 +224,7 @@ class Shedder:
             return [self._body]
 
         def answer(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            if status.startswith(REFUSALS):
+            if status.startswith(REFUSALS) and not environ.get(ADMITTED_ENVIRON):
                 self.on_refused(waited_s + self._clock() - began)
             return start_response(status, headers, exc_info)
 

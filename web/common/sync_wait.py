@@ -184,7 +184,7 @@ class SyncWait:
         """The one job queued (or the first of its idempotency key); raises its refusal."""
         admitted = single_admitted(self.admit(req, one=True))
         self.took(admitted, kept=req.idempotency_digest is not None)
-        jobs_admitted()
+        jobs_admitted(self.req)
         return admitted
 
     def admit_all(self, req: AdmitRequest) -> list[Admitted]:
@@ -196,7 +196,7 @@ class SyncWait:
         if refused is None:
             for job in admitted:
                 self.took(job)
-            jobs_admitted()
+            jobs_admitted(self.req)
             return admitted
         for job in admitted:
             try:

@@ -98,7 +98,7 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
     state.models.check(many.spec.name)  # one model per request: the same 503 as /submit
     with SyncWait(state, owner, wait_s, req=request) as sync:
         jobs, admitted = _admit_many(state, sync, many)
-        jobs_admitted()
+        jobs_admitted(request)
         finals = sync.finals(list(admitted.values()))
     for i, view in zip(admitted, finals, strict=True):
         if view is not None:

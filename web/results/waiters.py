@@ -177,7 +177,10 @@ class _Listener:
                 pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():
                     # Blocks (a message a job at low load: the cheapest read there is);
-                    # ``interrupt`` ends the wait.
+                    # ``interrupt`` ends the wait. Should it land between the check above
+                    # and this read, redis-py reconnects and resubscribes, and the
+                    # subscribe confirmations (not ignored: open_pubsub's default) come
+                    # back as messages, so the loop still sees ``stopping``.
                     message = next_message(pubsub)
                     if message is None:
                         continue
