@@ -53,8 +53,12 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 — http.server's name
                 n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n)
+                if len(body) < n:  # the sender died mid-request (a killed dispatcher):
+                    self.close_connection = True  # nothing was delivered, as any server
+                    return  # would judge a body cut short
                 got = Received(self.path, {k.lower(): v for k, v in self.headers.items()},
-                               self.rfile.read(n), time.time())
+                               body, time.time())
                 with receiver.lock:
                     index = len(receiver.received)
                     receiver.received.append(got)
