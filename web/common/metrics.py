@@ -69,7 +69,8 @@ HTTP_METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PA
 #: Request durations: a submit takes about a millisecond, a long-poll up to a minute.
 HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0)
-#: A refusal's wait at the web: tens of milliseconds under overload when shedding works.
+#: A refusal's wait at the web: milliseconds for a bad request, seconds once the web's
+#: own CPU is saturated and requests wait in its accept queue (docs/benchmarks.md).
 REFUSAL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -215,8 +216,8 @@ class WebMetrics:
         for reason in SHED_REASONS:
             self.shed.labels(reason)
         self.refusal_wait = Histogram("carpool_web_refusal_seconds", "How long admitting "
-                                      "requests answered 429 or 503 waited at the web, from "
-                                      "their bytes reaching the host.",
+                                      "requests refused (429, 503) before admission waited "
+                                      "at the web, from their bytes reaching the host.",
                                       buckets=REFUSAL_BUCKETS_S, registry=own)
         scan = [b.max_batch for spec in catalogue for b in spec.bins]
         self.registry.register(BinGauges(queue, bins, scan))
