@@ -23,6 +23,7 @@ from redis.client import PubSub
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from carpool.backend.lean_script import LeanScript
 from carpool.core.errors import BackendUnavailable
 
 #: Error replies that mean "not now" (retry later), never "your request is wrong".
@@ -108,8 +109,9 @@ def expand_includes(source: str, done: set[str] | None = None) -> str:
 
 
 def load_script(client: redis.Redis, name: str) -> Script:
-    """Register ``carpool/backend/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT."""
-    return client.register_script(script_source(name))
+    """Register ``carpool/backend/lua/<name>.lua`` once; redis-py reloads it on NOSCRIPT.
+    Its plain calls are lean (carpool/backend/lean_script.py)."""
+    return LeanScript(client, script_source(name))
 
 
 def connect(
