@@ -9,16 +9,15 @@ redis-py's observability hooks. Here the arguments are packed by hiredis in one 
 (bytes pass as they are), sent on a connection of the client's own pool and the reply
 read by the same parser: the bytes on the wire and the reply are those of redis-py.
 
-Anything but the plain case takes redis-py's own path, unchanged: a pipeline, a
-cluster client, a single-connection client, a reply of ``NOSCRIPT`` (the script is
-loaded there), and a connection error or timeout. After such an error the command
-goes once more through redis-py, whose retries (reconnect and backoff) then apply:
-what a caller sees of a lost Redis is what redis-py's retries make of it.
+A lost connection or a timeout is retried by the connection's own retry policy, as
+``execute_command`` retries it (closed, reopened, sent again, with backoff); an error
+reply is raised as redis-py raises it, and the connection kept. The rest takes
+redis-py's own path, unchanged: a pipeline, a cluster client, a single-connection
+client, and a reply of ``NOSCRIPT`` (the script is loaded there, one round trip more).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,9 +28,6 @@ from redis.exceptions import NoScriptError
 
 #: hiredis's packer; its stubs type the argument as a tuple of one item, not of many.
 _pack: Any = hiredis.pack_command
-#: The errors after which the command is sent again the ordinary way (redis-py retries
-#: on the same ones).
-_RETRIED = (redis.ConnectionError, redis.TimeoutError, socket.timeout)
 
 
 class LeanScript(Script):
@@ -46,27 +42,40 @@ class LeanScript(Script):
         keys = list(keys or ())
         args = list(args or ())
         encode = target.get_encoder().encode
-        # Bytes (what the hot callers pass) as they are; the rest as redis-py encodes it,
-        # so an argument it refuses (None, a bool) raises its DataError here too.
-        packed = _pack(
-            (b"EVALSHA", self.sha.encode(), b"%d" % len(keys),
-             *(a if a.__class__ is bytes else encode(a) for a in keys + args)))
+        packed = _pack((b"EVALSHA", self.sha.encode(), b"%d" % len(keys),
+                        *(a if a.__class__ is bytes else _encoded(a, encode)
+                          for a in keys + args)))
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([packed])
-            return conn.read_response()
+            # The connection's retry policy, as execute_command applies it: a lost
+            # connection closed, reopened and the command sent again, with backoff.
+            return conn.retry.call_with_retry(lambda: _send_and_read(conn, packed),
+                                              lambda _error: conn.disconnect())
         except NoScriptError:
-            pass  # redis-py's path loads it
-        except _RETRIED:
-            conn.disconnect()
+            pass  # redis-py's path loads it, below
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection serves on
         except BaseException:
-            # Cut off mid-call (a gevent timeout, a caller gone): a reply may still come
-            # on this connection, so it goes, not back to the pool with that reply.
+            # Cut off mid-call (a gevent timeout, a caller gone) or out of retries: a
+            # reply may still come on this connection, so it goes, not back to the pool.
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
         return super().__call__(keys, args, client)
+
+
+def _encoded(arg: Any, encode: Any) -> Any:
+    """``arg``, not bytes (those pass as they are), as redis-py sends it: through the
+    client's encoder, which refuses None and bools (DataError); bytearray and
+    memoryview as bytes, as redis-py hands them to hiredis."""
+    value = encode(arg)
+    return bytes(value) if isinstance(value, (bytearray, memoryview)) else value
+
+
+def _send_and_read(conn: Any, packed: bytes) -> Any:
+    conn.send_packed_command([packed])
+    return conn.read_response()
 
 
 def _plain_pool(client: Any) -> Any:

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.retry import Retry
 
 from carpool.backend.connection import connect, load_script
 from carpool.backend.lean_script import LeanScript
@@ -17,6 +19,8 @@ from tests.support.redisproc import private_redis
 
 #: Echoes its keys and arguments back, with their counts: what Redis was sent, as it got it.
 ECHO = "return {#KEYS, #ARGV, KEYS, ARGV}"
+#: Retries of the client whose Redis is lost for good.
+RETRIES = 2
 #: Replies of every RESP2 kind, and an error reply.
 KINDS = ("if ARGV[1] == 'nil' then return nil end "
          "if ARGV[1] == 'int' then return 42 end "
@@ -54,6 +58,7 @@ ARGUMENT_CORPUS: list[tuple[list[Any], list[Any]]] = [
     ([], ["x"]),
     (["{t}a", b"{t}b"], [b"bytes", "str", "\u00e9\u4e2d\U0001f600", 7, -3, 2.5, 0, "", b""]),
     ([], [b"\x00\r\n*3\r\n$-1\r\n", "line\r\nbreak", 10 ** 20, 1e-300]),
+    ([bytearray(b"{t}ba")], [memoryview(b"mv"), bytearray(b"ba"), float("inf")]),
     ([f"{{t}}k{i}" for i in range(20)], [f"v{i}".encode() for i in range(60)]),
 ]
 
@@ -146,19 +151,10 @@ def test_a_call_cut_off_mid_read_does_not_return_its_connection_with_a_reply_pen
     assert echo(args=["next"])[3] == ["next"]
 
 
-def test_a_connection_lost_mid_call_sends_it_again_through_redis_pys_retries(
-        client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    echo = LeanScript(client, ECHO)
-    echo(args=["warm"])
-    lost: list[Any] = []
-    original = redis.connection.AbstractConnection.read_response
-
-    def lose_once(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not lost:
-            lost.append(self._sock)
-            raise redis.ConnectionError("Connection closed by server.")
-        return original(self, *args, **kwargs)
-
+def test_an_error_reply_keeps_its_connection(client: redis.Redis,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    lean = LeanScript(client, KINDS)
+    lean(args=["int"])
     pool: Any = client.connection_pool
     released: list[Any] = []
     release = pool.release
@@ -167,9 +163,65 @@ def test_a_connection_lost_mid_call_sends_it_again_through_redis_pys_retries(
         released.append(conn._sock)
         release(conn)
 
-    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", lose_once)
     monkeypatch.setattr(pool, "release", noted)
+    with pytest.raises(redis.ResponseError):
+        lean(args=["err", "x"])
+    assert lean(args=["int"]) == 42
+    assert released[0] is not None and released[1] is released[0]  # no reconnect
+
+
+def _losing(monkeypatch: pytest.MonkeyPatch, times: int) -> list[Any]:
+    """``read_response`` loses its connection ``times`` times; the sockets it lost."""
+    lost: list[Any] = []
+    original = redis.connection.AbstractConnection.read_response
+
+    def lose(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(lost) < times:
+            lost.append(self._sock)
+            raise redis.ConnectionError("Connection closed by server.")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", lose)
+    return lost
+
+
+@pytest.mark.parametrize("kind", [LeanScript, Script])
+def test_a_connection_lost_mid_call_is_closed_and_raised_as_by_redis_py(
+        client: redis.Redis, monkeypatch: pytest.MonkeyPatch, kind: type[Script]) -> None:
+    """carpool's clients retry nothing (redis-py's pools default to no retries): the
+    caller learns of the loss (carpool: ``BackendUnavailable``), its reply never read."""
+    echo = kind(client, ECHO)
+    echo(args=["warm"])
+    lost = _losing(monkeypatch, 1)
+    with pytest.raises(redis.ConnectionError):
+        echo(args=["lost"])
+    assert len(lost) == 1 and lost[0].fileno() == -1
+    assert echo(args=["next"])[3] == ["next"]
+
+
+@pytest.mark.parametrize("kind", [LeanScript, Script])
+def test_a_lost_redis_is_tried_as_often_as_redis_pys_retry_policy_says(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch, kind: type[Script]) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True,
+                                  retry=Retry(NoBackoff(), RETRIES))
+    echo = kind(client, ECHO)
+    echo(args=["warm"])
+    lost = _losing(monkeypatch, 100)
+    with pytest.raises(redis.ConnectionError):
+        echo(args=["never"])
+    assert len(lost) == 1 + RETRIES
+    client.close()
+
+
+def test_with_retries_a_lost_connection_is_reopened_and_the_call_sent_again(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True,
+                                  retry=Retry(NoBackoff(), RETRIES))
+    echo = LeanScript(client, ECHO)
+    echo(args=["warm"])
+    lost = _losing(monkeypatch, 1)
     counted = _Counted(client, monkeypatch)
     assert echo(args=["again"])[3] == ["again"]
-    assert released[0] is None  # back in the pool closed, not with a reply pending
-    assert counted.commands == ["EVALSHA"]
+    assert len(lost) == 1 and lost[0].fileno() == -1  # closed, its reply never read
+    assert counted.commands == []  # retried on the lean path
+    client.close()
