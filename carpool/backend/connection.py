@@ -171,9 +171,11 @@ class _WebPool(redis.BlockingConnectionPool):
     """
 
     def ensure_connection(self, connection: Any) -> None:
-        # A client-side cache, or RESP3's push notifications (maintenance notices): what
-        # is pending may be theirs to read, so redis-py's own way. carpool's clients are
-        # RESP2 without a cache: pending bytes there are only ever a fault.
+        # A client-side cache, or RESP3 asked for in the URL: what is pending may be
+        # push messages to read, so redis-py's own way. carpool's clients set no
+        # protocol and speak RESP3 (redis-py's default) without a cache or tracking, to
+        # a Redis that sends them no maintenance notices: pending bytes on an idle
+        # connection are a stale reply or a closed socket, which redis-py too replaces.
         if self.cache is not None or str(self.connection_kwargs.get("protocol", 2)) == "3":
             super().ensure_connection(connection)
             return
