@@ -164,8 +164,10 @@ def post_worker_init(worker: Any) -> None:
     counts as booted, and gunicorn halts with "Worker failed to boot".
     """
     from web.app import check_redis_durability
+    from web.common.accept_shedding import install_in_worker
     from web.common.shedding import start_lag_monitor
 
     check_redis_durability(worker.wsgi)
     # This worker's event-loop lag and the accept queue it shares, for shedding.
     start_lag_monitor(worker.wsgi, worker.sockets, worker.cfg.workers)
+    install_in_worker(worker.wsgi)  # refused as accepted, under overload

@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from carpool.stack.waiting import wait_until
@@ -168,3 +169,130 @@ def test_an_unloaded_gunicorn_sheds_nothing(redis_url: str, key_prefix: str) -> 
         text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
         for reason in ("queued", "listen_backlog", "event_loop_lag", "request_start"):
             assert Scrape(text).value("carpool_web_shed_total", reason=reason) == 0
+
+
+def answer_to(port: int, request: bytes) -> tuple[list[bytes], bytes]:
+    """(the head's lines, the body) of the answer to ``request`` on a new connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as s:
+        s.sendall(request)
+        head, _, body = read_all(s).partition(b"\r\n\r\n")
+    return head.split(b"\r\n"), body
+
+
+def sent_in_a_stall(base_url: str, data: bytes) -> socket.socket:
+    """A new connection that sent ``data`` (and no more) while the web's one worker was
+    stopped for STALL_S: the accept loop finds it all in the kernel's buffer, the loop
+    late and the bytes old."""
+    worker = gunicorn_worker(base_url)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        s = socket.create_connection(("127.0.0.1", int(base_url.rsplit(":", 1)[1])),
+                                     timeout=TIMEOUT_S)
+        s.sendall(data)  # on loopback, in the server's buffer once sendall returns
+        s.shutdown(socket.SHUT_WR)  # all there is: an answer or a close must follow
+        time.sleep(STALL_S)  # the stall itself, not a wait for work
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    return s
+
+
+def all_sheds(base_url: str) -> float:
+    text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
+    return sum(Scrape(text).value("carpool_web_shed_total", reason=reason)
+               for reason in ("queued", "listen_backlog", "event_loop_lag", "request_start"))
+
+
+def wait_served(base_url: str) -> None:
+    def served() -> bool:  # the lag decays once the loop is on time again
+        resp = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
+        assert resp.status_code in (202, 503), resp.text
+        return resp.status_code == 202
+
+    wait_until(served, TIMEOUT_S, "a submit served after the stall")
+
+
+def submit_bytes(extra: bytes = b"", length: int | None = None,
+                 body: bytes = json.dumps(SUBMIT).encode()) -> bytes:
+    size = len(body) if length is None else length
+    return (b"POST /submit?wait=5 HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\n" + extra
+            + f"Content-Length: {size}\r\n\r\n".encode() + body)
+
+
+def test_a_submit_that_waited_for_its_accept_is_refused_there(
+        redis_url: str, key_prefix: str) -> None:
+    """Shed in the accept loop, gunicorn never parsing it (so no Server header);
+    counted as every shed is, and no job queued."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
+    with start_web(env) as base_url:
+        assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
+        with sent_in_a_stall(base_url, submit_bytes()) as waiting:
+            head, _, body = read_all(waiting).partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"HTTP/1.1 503 Service Unavailable", lines
+        assert b"Connection: close" in lines and b"Retry-After: 1" in lines
+        assert not any(line.lower().startswith(b"server:") for line in lines), lines
+        assert json.loads(body)["error"]["code"] == "overloaded"
+        assert all_sheds(base_url) == 1
+        scrape = Scrape(requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text)
+        assert scrape.value("carpool_web_refusal_seconds_count") == 1
+        assert scrape.value("carpool_web_refusal_seconds_sum") > LAG_BOUND_MS / 1000
+        assert scrape.value("carpool_jobs_submitted_total", model="synthetic") == 0
+        wait_served(base_url)
+
+
+def test_a_stamped_submit_on_a_calm_web_is_shed_once_parsed(
+        redis_url: str, key_prefix: str) -> None:
+    """A proxy's stamp alone, on a new connection, a kept-alive one or with a chunked
+    body: the judge in front of Flask sheds it (gunicorn parsed it: a Server header)."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_MAX_QUEUE_MS=str(STAMP_BOUND_MS))
+    stamp = f"X-Request-Start: t={int((time.time() - 60) * 1e6)}\r\n".encode()
+    chunk = json.dumps(SUBMIT).encode()
+    chunked = (submit_bytes(stamp + b"Transfer-Encoding: chunked\r\n", body=b"")
+               .replace(b"Content-Length: 0\r\n", b"")
+               + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
+    with start_web(env) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
+        for n, request in enumerate((submit_bytes(stamp), chunked), start=1):
+            lines, _ = answer_to(port, request)
+            assert lines[0].split()[1] == b"503" and any(
+                line.lower().startswith(b"server:") for line in lines), lines
+            assert shed_count(base_url, "request_start") == n
+        with requests.Session() as session:  # a kept-alive connection
+            assert session.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
+            old = {"X-Request-Start": stamp.decode().split(": ")[1].strip()}
+            resp = session.post(f"{base_url}/submit", json=SUBMIT, headers=old,
+                                timeout=TIMEOUT_S)
+        assert resp.status_code == 503 and "Server" in resp.headers, resp.headers
+        assert shed_count(base_url, "request_start") == 3
+
+
+#: Malformed and hostile first requests that waited for their accept: each is left to
+#: gunicorn (a 400, or the shed in front of Flask), and the web serves the next submit.
+HOSTILE = {
+    "duplicate lengths": submit_bytes(b"Content-Length: 3\r\n"),
+    "a length past the body": submit_bytes(length=10_000),
+    "no end of head": submit_bytes().split(b"\r\n\r\n")[0],
+    "pipelined": submit_bytes() + submit_bytes(),
+    "an HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "a TLS hello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
+    "a head past the peek": submit_bytes(b"X-Pad: " + b"a" * 20_000 + b"\r\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_first_requests_are_left_to_gunicorn_and_break_nothing(
+        redis_url: str, key_prefix: str, name: str) -> None:
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
+    with start_web(env) as base_url:
+        assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
+        with sent_in_a_stall(base_url, HOSTILE[name]) as s:
+            answer = read_all(s)
+        if answer:  # gunicorn's parse: a refusal, never a 5xx but the shed's 503
+            status = int(answer.split()[1])
+            assert status in (400, 413, 431, 503), answer[:200]
+            if status == 503:  # shed once gunicorn parsed it, not at accept
+                assert b"\r\nServer: " in answer.partition(b"\r\n\r\n")[0], answer[:300]
+        wait_served(base_url)

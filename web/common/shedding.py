@@ -179,21 +179,52 @@ class Shedder:
         self.rate = ServiceRate()
         #: The listening sockets, once a gunicorn worker has them (``watch_listeners``).
         self.backlog: ListenBacklog | None = None
-        self._body = _shed_body(max_queue_ms)
-        self._headers = [("Content-Type", "application/json"),
-                         ("Content-Length", str(len(self._body))),
-                         ("Retry-After", str(RETRY_AFTER_S))]
+        #: The shed answer's body and headers (but the status line's).
+        self.body = _shed_body(max_queue_ms)
+        self.headers = [("Content-Type", "application/json"),
+                        ("Content-Length", str(len(self.body))),
+                        ("Retry-After", str(RETRY_AFTER_S))]
 
     def reason(self, environ: dict[str, Any]) -> str | None:
         """Why this request is to be shed, or None to serve it."""
         if not admits_work(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")):
             return None
-        return self._judge(environ, self._clock())[0]
+        return self._judge(environ.get("gunicorn.socket"), environ.get("HTTP_X_REQUEST_START"),
+                           self._clock())[0]
 
-    def _judge(self, environ: dict[str, Any], now: float) -> tuple[str | None, float]:
+    def overloaded(self) -> bool:
+        """True while requests wait over the bound: the loop is late, or the accept
+        queue holds more than the web serves within it."""
+        bound_s = self.max_queue_s
+        if bound_s <= 0:
+            return False
+        return self.monitor.lag_s() > bound_s or (
+            self.backlog is not None and self.backlog.wait_s() > bound_s)
+
+    def under_pressure(self, sock: Any) -> bool:
+        """True when a request on ``sock`` (a connection just accepted) may be shed
+        before gunicorn parses it: the web is ``overloaded``, or its bytes waited over
+        the bound. A proxy's stamp alone is left to the judge in front of Flask."""
+        if self.overloaded():
+            return True
+        age_ms = data_age_ms(sock)
+        return age_ms is not None and age_ms > self.max_queue_s * 1000.0 > 0
+
+    def judge_socket(self, sock: Any) -> tuple[str | None, float]:
+        """``_judge`` of a request on ``sock`` (a connection just accepted) before
+        gunicorn parses it, so without a proxy's ``X-Request-Start``."""
+        return self._judge(sock, None, self._clock())
+
+    def shed(self, why: str, waited_s: float) -> None:
+        """Count a request shed for ``why``, refused after ``waited_s`` at the web."""
+        self.on_shed(why)
+        self.on_refused(waited_s)
+
+    def _judge(self, sock: Any, request_start: str | None, now: float
+               ) -> tuple[str | None, float]:
         """(why it is shed or None, how long it waited before it was handled)."""
         lag_s = self.monitor.lag_s(now)
-        age_ms = data_age_ms(environ.get("gunicorn.socket"))
+        age_ms = data_age_ms(sock)
         # The kernel's age of the request's bytes is its whole wait in this host; where
         # there is none (not TCP), the loop's lag is the best guess.
         waited_s = lag_s if age_ms is None else age_ms / 1000.0
@@ -202,7 +233,7 @@ class Shedder:
             return None, waited_s
         if lag_s > bound_s:
             return REASON_LAG, waited_s
-        started = request_start_s(environ.get("HTTP_X_REQUEST_START"))
+        started = request_start_s(request_start)
         if started is not None and self._wall_clock() - started > bound_s:
             return REASON_REQUEST_START, waited_s
         if age_ms is not None and age_ms > bound_s * 1000.0:
@@ -216,12 +247,12 @@ class Shedder:
         if not admits_work(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)
         began = self._clock()
-        why, waited_s = self._judge(environ, began)
+        why, waited_s = self._judge(environ.get("gunicorn.socket"),
+                                    environ.get("HTTP_X_REQUEST_START"), began)
         if why is not None:
-            self.on_shed(why)
-            self.on_refused(waited_s + self._clock() - began)
-            start_response("503 Service Unavailable", list(self._headers))
-            return [self._body]
+            self.shed(why, waited_s + self._clock() - began)
+            start_response("503 Service Unavailable", list(self.headers))
+            return [self.body]
 
         def answer(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             if status.startswith(REFUSALS) and not environ.get(ADMITTED_ENVIRON):

@@ -1,0 +1,190 @@
+"""Shedding at accept (web/common/accept_shedding.py): what it reads of a request still in
+the kernel's buffer, and what it does to a real loopback TCP connection."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from carpool.stack.waiting import wait_until
+from web.common.accept_shedding import (
+    ACCEPT_BURST,
+    PEEK_BYTES,
+    AcceptShedding,
+    PeekedRequest,
+    whole_request,
+)
+from web.common.backlog import data_age_ms
+from web.common.shedding import REASON_LAG, REASON_QUEUED, LagMonitor, Shedder
+
+BODY = b'{"model": "synthetic", "input": {"value": 1, "size": 1}}'
+OLD_STAMP = "t=1000000000"  # 2001: any bound has passed
+
+
+def submit(path: str = "/submit?wait=30", body: bytes = BODY, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_a_whole_submit_is_read_with_its_length_and_path_without_the_query() -> None:
+    data = submit()
+    assert whole_request(data + b"GET /") == PeekedRequest("POST", "/submit", len(data))
+
+
+def test_a_request_without_a_body_ends_at_its_head() -> None:
+    data = b"GET /healthz HTTP/1.0\r\nHost: h\r\n\r\nGET /next"
+    assert whole_request(data) == PeekedRequest("GET", "/healthz", len(data) - 9)
+
+
+def test_header_names_are_read_whatever_their_case() -> None:
+    data = submit().replace(b"Content-Length: ", b"content-LENGTH:  ")
+    assert whole_request(data) == PeekedRequest("POST", "/submit", len(data))
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    submit()[:-1],  # the body's last byte has not arrived
+    submit().split(b"\r\n\r\n")[0],  # the head has not ended
+    submit(extra="Transfer-Encoding: chunked\r\n"),  # chunked: gunicorn reads it
+    submit().replace(b"Content-Length: ", b"Content-Length: -"),
+    submit().replace(b"Content-Length: ", b"Content-Length: 0x"),
+    submit().replace(b"Content-Length: 56", b"Content-Length: 5 6"),
+    submit(extra="Content-Length: 3\r\n"),  # two lengths: gunicorn refuses it
+    submit().replace(b"Content-Length: 56", b"Content-Length: " + b"9" * 40),
+    submit().replace(b"Host: h", b"Host h"),  # a field without a colon
+    submit().replace(b" HTTP/1.1", b" HTTP/2.0"),
+    submit().replace(b" HTTP/1.1", b""),  # HTTP/0.9
+    submit().replace(b"POST /submit", b"POST  /submit"),  # not three parts
+    submit(path="/sub\u00e9mit"),  # not ASCII (sent as UTF-8)
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2's preface
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS ClientHello
+    b"PROXY TCP4 10.0.0.1 10.0.0.2 1 2\r\n" + submit(),  # a PROXY protocol line
+    b"\r\n\r\n",
+    b"\x00" * 100,
+])
+def test_anything_but_a_whole_plain_request_is_left_to_gunicorn(data: bytes) -> None:
+    assert whole_request(data) is None
+
+
+class Judged:
+    """A real Shedder whose event loop is as late as a test says."""
+
+    def __init__(self, lag_s: float = 0.0, bound_ms: int = 300) -> None:
+        self.sheds: list[str] = []
+        self.refusals: list[float] = []
+        clock = [100.0]
+        monitor = LagMonitor(clock=lambda: clock[0])
+        monitor.woke(clock[0] - monitor.interval_s - lag_s, clock[0])
+        self.shedder = Shedder(lambda environ, start: [b""], bound_ms, monitor,
+                               self.sheds.append, self.refusals.append,
+                               clock=lambda: clock[0])
+
+
+@pytest.fixture
+def connected() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(the client's end, the server's end just accepted) of a loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            yield client, server
+
+
+def wait_readable(sock: socket.socket, data_len: int) -> None:
+    """Until ``data_len`` bytes sent by the other end are in ``sock``'s buffer (bounded)."""
+    sock.settimeout(5)
+    got = b""
+    while len(got) < data_len:
+        got = sock.recv(data_len, socket.MSG_PEEK | socket.MSG_WAITALL)
+
+
+def test_a_submit_to_shed_is_answered_503_read_out_and_closed(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client, server = connected
+    data = submit()
+    client.sendall(data)
+    wait_readable(server, len(data))
+    judged = Judged(lag_s=1.0)
+    assert AcceptShedding(judged.shedder).accepted(server)
+    assert server.fileno() == -1  # closed
+    client.settimeout(5)
+    answer = b""
+    while chunk := client.recv(65536):  # the server closed after writing: EOF, no reset
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert {b"Retry-After: 1", b"Connection: close", b"Content-Type: application/json",
+            f"Content-Length: {len(body)}".encode()} <= set(lines[1:])
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    assert judged.sheds == [REASON_LAG]
+    assert len(judged.refusals) == 1 and judged.refusals[0] >= 0
+
+
+@pytest.mark.parametrize(("data", "lag_s"), [
+    (submit()[:-3], 1.0),  # not wholly arrived
+    (submit() + submit(), 1.0),  # pipelined: the second would be left unread
+    (b"GET /result/abc?wait=30 HTTP/1.1\r\nHost: h\r\n\r\n", 1.0),  # admits nothing
+    (submit(path="/metrics"), 1.0),
+    (submit(), 0.0),  # fresh, and the loop on time
+    # A proxy's stamp alone: the judge in front of Flask reads it; nothing is read here.
+    (submit(extra=f"X-Request-Start: {OLD_STAMP}\r\n"), 0.0),
+])
+def test_a_connection_not_to_shed_here_is_left_untouched(
+        connected: tuple[socket.socket, socket.socket], data: bytes, lag_s: float) -> None:
+    client, server = connected
+    client.sendall(data)
+    wait_readable(server, len(data))
+    judged = Judged(lag_s=lag_s)
+    assert not AcceptShedding(judged.shedder).accepted(server)
+    assert server.recv(PEEK_BYTES, socket.MSG_PEEK) == data  # all still there for gunicorn
+    assert judged.sheds == [] and judged.refusals == []
+
+
+def test_a_connection_with_nothing_sent_yet_is_left_to_gunicorn(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    _, server = connected
+    judged = Judged(lag_s=5.0)
+    assert not AcceptShedding(judged.shedder).accepted(server)
+    assert server.fileno() != -1
+    assert judged.sheds == []
+
+
+def test_a_late_event_loop_sheds_a_fresh_submit_and_takes_connections_in_bursts(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client, server = connected
+    client.sendall(submit())
+    wait_readable(server, len(submit()))
+    late = Judged(lag_s=1.0)
+    shedding = AcceptShedding(late.shedder)
+    assert shedding.connections_per_turn() == ACCEPT_BURST
+    assert AcceptShedding(Judged().shedder).connections_per_turn() == 1
+    assert shedding.accepted(server)
+    assert late.sheds == [REASON_LAG]
+
+
+def test_shedding_off_takes_one_connection_a_turn_and_sheds_nothing(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client, server = connected
+    data = submit(extra=f"X-Request-Start: {OLD_STAMP}\r\n")
+    client.sendall(data)
+    wait_readable(server, len(data))
+    off = Judged(lag_s=5.0, bound_ms=0)
+    shedding = AcceptShedding(off.shedder)
+    assert shedding.connections_per_turn() == 1
+    assert not shedding.accepted(server)
+    assert off.sheds == []
+
+
+def test_bytes_that_waited_over_the_bound_are_shed_on_a_calm_loop(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client, server = connected
+    client.sendall(submit())
+    wait_readable(server, len(submit()))
+    calm = Judged(bound_ms=1)
+    wait_until(lambda: (data_age_ms(server) or 0) > 1, 5, "the request's bytes aging")
+    assert AcceptShedding(calm.shedder).accepted(server)
+    assert calm.sheds == [REASON_QUEUED]
