@@ -170,4 +170,4 @@ def post_worker_init(worker: Any) -> None:
     check_redis_durability(worker.wsgi)
     # This worker's event-loop lag and the accept queue it shares, for shedding.
     start_lag_monitor(worker.wsgi, worker.sockets, worker.cfg.workers)
-    install_in_worker(worker.wsgi)  # refused as accepted, under overload
+    install_in_worker(worker)  # refused as accepted, under overload

@@ -38,16 +38,20 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()]
 
 
-def gunicorn_worker(base_url: str) -> int:
-    """The one worker process of the gunicorn that serves ``base_url``."""
+def gunicorn_workers(base_url: str) -> list[int]:
+    """The worker processes of the gunicorn that serves ``base_url``."""
     port = base_url.rsplit(":", 1)[1]
     masters = [pid for pid in children(os.getpid())
                if f"127.0.0.1:{port}" in Path(f"/proc/{pid}/environ").read_bytes().decode(
                    errors="replace")]
     assert len(masters) == 1, masters
-    workers = children(masters[0])
-    assert len(workers) == 1, workers
-    return workers[0]
+    return children(masters[0])
+
+
+def gunicorn_worker(base_url: str) -> int:
+    """The one worker process of the gunicorn that serves ``base_url``."""
+    (worker,) = gunicorn_workers(base_url)
+    return worker
 
 
 def raw_submit(port: int) -> socket.socket:
@@ -295,4 +299,43 @@ def test_hostile_first_requests_are_left_to_gunicorn_and_break_nothing(
             assert status in (400, 413, 431, 503), answer[:200]
             if status == 503:  # shed once gunicorn parsed it, not at accept
                 assert b"\r\nServer: " in answer.partition(b"\r\n\r\n")[0], answer[:300]
+        wait_served(base_url)
+
+
+def test_two_workers_refuse_a_queued_burst_unparsed_and_serve_the_rest(
+        redis_url: str, key_prefix: str) -> None:
+    """As shipped (several workers, gunicorn's one connection a turn): after a stall,
+    the accept loops refuse the queued submits in bursts and hand the reads over."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="2",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
+    with start_web(env) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
+        assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
+        workers = gunicorn_workers(base_url)
+        assert len(workers) == 2
+        reads = []
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            submits = [socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+                       for _ in range(150)]
+            for s in submits:
+                s.sendall(submit_bytes())
+            for _ in range(5):
+                read = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+                read.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                reads.append(read)
+            time.sleep(STALL_S)  # the stall itself, not a wait for work
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        for s in submits:
+            with s:
+                head = read_all(s).partition(b"\r\n\r\n")[0]
+            assert head.startswith(b"HTTP/1.1 503 "), head
+            assert b"\r\nServer: " not in head, head  # refused unparsed
+        for read in reads:
+            with read:
+                assert read_all(read).split()[1] == b"200"
+        assert all_sheds(base_url) == 150
         wait_served(base_url)

@@ -4,10 +4,12 @@ the kernel's buffer, and what it does to a real loopback TCP connection."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 
 import pytest
+from gevent.server import StreamServer
 
 from carpool.stack.waiting import wait_until
 from web.common.accept_shedding import (
@@ -15,6 +17,7 @@ from web.common.accept_shedding import (
     PEEK_BYTES,
     AcceptShedding,
     PeekedRequest,
+    accept_shedding_server,
     whole_request,
 )
 from web.common.backlog import data_age_ms
@@ -69,6 +72,14 @@ def test_anything_but_a_whole_plain_request_is_left_to_gunicorn(data: bytes) -> 
     assert whole_request(data) is None
 
 
+def accepted(shedding: AcceptShedding, sock: socket.socket) -> bool:
+    """What the accept loop does with ``sock``: True when it refused it."""
+    verdict = shedding.verdict(sock)
+    if verdict is not None:
+        shedding.refuse(sock, verdict)
+    return verdict is not None
+
+
 class Judged:
     """A real Shedder whose event loop is as late as a test says."""
 
@@ -108,7 +119,7 @@ def test_a_submit_to_shed_is_answered_503_read_out_and_closed(
     client.sendall(data)
     wait_readable(server, len(data))
     judged = Judged(lag_s=1.0)
-    assert AcceptShedding(judged.shedder).accepted(server)
+    assert accepted(AcceptShedding(judged.shedder), server)
     assert server.fileno() == -1  # closed
     client.settimeout(5)
     answer = b""
@@ -139,7 +150,7 @@ def test_a_connection_not_to_shed_here_is_left_untouched(
     client.sendall(data)
     wait_readable(server, len(data))
     judged = Judged(lag_s=lag_s)
-    assert not AcceptShedding(judged.shedder).accepted(server)
+    assert not accepted(AcceptShedding(judged.shedder), server)
     assert server.recv(PEEK_BYTES, socket.MSG_PEEK) == data  # all still there for gunicorn
     assert judged.sheds == [] and judged.refusals == []
 
@@ -148,7 +159,7 @@ def test_a_connection_with_nothing_sent_yet_is_left_to_gunicorn(
         connected: tuple[socket.socket, socket.socket]) -> None:
     _, server = connected
     judged = Judged(lag_s=5.0)
-    assert not AcceptShedding(judged.shedder).accepted(server)
+    assert not accepted(AcceptShedding(judged.shedder), server)
     assert server.fileno() != -1
     assert judged.sheds == []
 
@@ -160,9 +171,10 @@ def test_a_late_event_loop_sheds_a_fresh_submit_and_takes_connections_in_bursts(
     wait_readable(server, len(submit()))
     late = Judged(lag_s=1.0)
     shedding = AcceptShedding(late.shedder)
-    assert shedding.connections_per_turn() == ACCEPT_BURST
-    assert AcceptShedding(Judged().shedder).connections_per_turn() == 1
-    assert shedding.accepted(server)
+    assert shedding.connections_per_turn(1) == ACCEPT_BURST
+    assert shedding.connections_per_turn(100) == 100  # gevent's own, with one worker
+    assert AcceptShedding(Judged().shedder).connections_per_turn(1) == 1
+    assert accepted(shedding, server)
     assert late.sheds == [REASON_LAG]
 
 
@@ -174,8 +186,8 @@ def test_shedding_off_takes_one_connection_a_turn_and_sheds_nothing(
     wait_readable(server, len(data))
     off = Judged(lag_s=5.0, bound_ms=0)
     shedding = AcceptShedding(off.shedder)
-    assert shedding.connections_per_turn() == 1
-    assert not shedding.accepted(server)
+    assert shedding.connections_per_turn(1) == 1
+    assert not accepted(shedding, server)
     assert off.sheds == []
 
 
@@ -186,5 +198,112 @@ def test_bytes_that_waited_over_the_bound_are_shed_on_a_calm_loop(
     wait_readable(server, len(submit()))
     calm = Judged(bound_ms=1)
     wait_until(lambda: (data_age_ms(server) or 0) > 1, 5, "the request's bytes aging")
-    assert AcceptShedding(calm.shedder).accepted(server)
+    assert accepted(AcceptShedding(calm.shedder), server)
     assert calm.sheds == [REASON_QUEUED]
+
+
+GET = b"GET /result/abc HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+def one_turn(lag_s: float, sent: list[bytes]) -> tuple[list[bytes], int, list[str]]:
+    """One turn of gevent's own accept loop over new connections that sent ``sent``, in
+    order: (what the connections handed over to the handler sent, how many are still
+    to be accepted, the sheds)."""
+    judged = Judged(lag_s=lag_s)
+    shedding = AcceptShedding(judged.shedder)
+    handed: list[bytes] = []
+    server = accept_shedding_server(StreamServer, lambda: shedding)(
+        ("127.0.0.1", 0), handle=lambda sock, _address: handed.append(sock.recv(PEEK_BYTES)),
+        spawn=None)  # handled inline, so the turn's outcome is known when it returns
+    server.init_socket()
+    server.max_accept = 1  # what gunicorn sets with several workers
+    clients = [socket.create_connection(server.address) for _ in sent]
+    try:
+        for client, data in zip(clients, sent, strict=True):
+            client.sendall(data)  # on loopback: in the server's buffer once sent
+        server._do_read()  # one turn, as the event loop runs it when the socket is ready
+        left = 0
+        while True:
+            try:
+                fd, _ = server.socket._accept()  # the kernel's socket under gevent's
+            except BlockingIOError:
+                break
+            os.close(fd)
+            left += 1
+        return handed, left, judged.sheds
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+def test_an_overloaded_turn_sheds_in_a_burst_but_hands_over_only_its_calm_share() -> None:
+    sent = [submit(), submit(), GET, submit(), GET, submit()]
+    handed, left, sheds = one_turn(1.0, sent)
+    assert sheds == [REASON_LAG, REASON_LAG]  # the two submits ahead of the first GET
+    assert handed == [GET]  # one, as a calm turn; then the turn ends
+    assert left == 3
+
+
+def test_a_calm_turn_takes_one_connection_and_sheds_nothing() -> None:
+    handed, left, sheds = one_turn(0.0, [submit(), submit(), GET])
+    assert handed == [submit()]
+    assert left == 2
+    assert sheds == []
+
+
+def test_an_overloaded_turn_sheds_up_to_its_burst() -> None:
+    handed, left, sheds = one_turn(1.0, [submit()] * (ACCEPT_BURST + 3))
+    assert handed == []
+    assert len(sheds) == ACCEPT_BURST
+    assert left == 3
+
+
+def test_a_failure_in_shedding_hands_the_connection_to_gunicorn(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(_self: AcceptShedding, _client: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(AcceptShedding, "verdict", broken)
+    handed, left, sheds = one_turn(1.0, [submit(), submit()])
+    assert handed == [submit()]  # served, and the loop goes on accepting
+    assert left == 1
+    assert "shedding at accept failed" in caplog.text
+
+
+def test_a_failure_counting_a_shed_still_answers_and_keeps_it_from_gunicorn(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(_self: Shedder, _why: str, _waited_s: float) -> None:
+        raise RuntimeError("the metrics' files are gone")
+
+    monkeypatch.setattr(Shedder, "shed", broken)
+    handed, left, sheds = one_turn(1.0, [submit(), GET])
+    assert handed == [GET]  # the submit was answered and closed, never handed over
+    assert left == 0
+    assert "counting a shed at accept failed" in caplog.text
+
+
+def test_an_overload_check_that_fails_leaves_the_turn_calm(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(_self: Shedder) -> bool:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Shedder, "overloaded", broken)
+    shedding = AcceptShedding(Judged().shedder)
+    server = accept_shedding_server(StreamServer, lambda: shedding)(
+        ("127.0.0.1", 0), handle=lambda _sock, _address: None)
+    server.max_accept = 1
+    assert server.max_accept == 1
+    assert "judging overload at accept failed" in caplog.text
+
+
+def test_a_request_longer_than_the_peek_is_left_to_gunicorn(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client, server = connected
+    overhead = len(submit(body=b"x" * 10_000)) - 10_000  # a five-digit length's head
+    whole = submit(body=b"x" * (PEEK_BYTES - overhead))
+    assert len(whole) == PEEK_BYTES and whole_request(whole) is not None
+    data = whole + b"more"  # exactly what is looked at, then more
+    client.sendall(data)
+    wait_readable(server, len(data))
+    assert not accepted(AcceptShedding(Judged(lag_s=1.0).shedder), server)

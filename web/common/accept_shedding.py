@@ -24,16 +24,23 @@ kernel closes it with a FIN, not a reset that could lose the answer.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gevent.server import StreamServer
+
 from web.common.shedding import Shedder, admits_work
+
+log = logging.getLogger(__name__)
 
 #: Connections taken per loop turn while overloaded (gunicorn's gevent worker takes
 #: one per turn, so that several workers share the accept queue evenly).
 ACCEPT_BURST = 64
+#: A lasting failure is logged once per this many.
+FAILURE_LOG_EVERY = 1000
 #: The most bytes looked at: a request whose head and body are not all within
 #: this goes on to gunicorn.
 PEEK_BYTES = 16384
@@ -91,65 +98,130 @@ class AcceptShedding:
         status = b"HTTP/1.1 503 Service Unavailable\r\n"
         fields = b"".join(f"{name}: {value}\r\n".encode() for name, value in shedder.headers)
         self.answer = status + fields + b"Connection: close\r\n\r\n" + shedder.body
+        self._failures = 0
 
-    def connections_per_turn(self) -> int:
-        return ACCEPT_BURST if self.shedder.overloaded() else 1
+    def failed(self, doing: str) -> None:
+        """Log a failure of this code (the first, then one in FAILURE_LOG_EVERY: under
+        overload a lasting fault would log at every connection)."""
+        self._failures += 1
+        if self._failures % FAILURE_LOG_EVERY == 1:
+            log.exception("%s failed (%d times so far); the connection goes on as if "
+                          "calm", doing, self._failures)
 
-    def accepted(self, client: Any) -> bool:
-        """True when ``client`` (a gevent socket just accepted) was answered and closed."""
+    def connections_per_turn(self, calm: int) -> int:
+        """How many connections the accept loop takes this turn: ``calm`` (what gunicorn
+        set: 1 with several workers, gevent's 100 with one), at least ACCEPT_BURST
+        while overloaded."""
+        return max(calm, ACCEPT_BURST) if self.shedder.overloaded() else calm
+
+    def verdict(self, client: Any) -> Verdict | None:
+        """Whether to refuse ``client`` (a gevent socket just accepted), and why; reads
+        nothing out of it."""
         raw = getattr(client, "_sock", client)  # the kernel's socket, non-blocking
         if not self.shedder.under_pressure(raw):  # no read, no parse: the common case
-            return False
+            return None
         try:
-            data = raw.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            data = raw.recv(PEEK_BYTES + 1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except OSError:  # nothing arrived yet, or the peer is gone: gunicorn's to see
-            return False
-        found = whole_request(data)
-        # One whole request and nothing after it (a pipelined second request would be
-        # left unread, and the close would reset the connection, answer and all).
+            return None
+        found = whole_request(data[:PEEK_BYTES])
+        # One whole request and nothing after it (a pipelined second request, or more
+        # than was looked at, would be left unread, and the close would reset the
+        # connection, answer and all).
         if found is None or found.length != len(data) or not admits_work(found.method,
                                                                             found.path):
-            return False
+            return None
         why, waited_s = self.shedder.judge_socket(raw)
-        if why is None:
-            return False
+        return None if why is None else Verdict(why, waited_s, found.length)
+
+    def refuse(self, client: Any, verdict: Verdict) -> None:
+        """Answer ``client`` 503, close it and count the shed; never raises."""
+        raw = getattr(client, "_sock", client)
         try:
-            raw.recv(found.length, socket.MSG_DONTWAIT)  # taken out: a FIN on close, not a reset
-            raw.send(self.answer, socket.MSG_DONTWAIT)
+            raw.recv(verdict.length, socket.MSG_DONTWAIT)  # out: a FIN on close, not a reset
+            raw.send(self.answer, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
         except OSError:
             pass  # the caller left: nothing to answer
-        client.close()
-        self.shedder.rate.tick()  # a request taken from the accept queue, and answered
-        self.shedder.shed(why, waited_s)
-        return True
+        finally:
+            client.close()
+        try:
+            self.shedder.rate.tick()  # a request taken from the accept queue, and answered
+            self.shedder.shed(verdict.why, verdict.waited_s)
+        except Exception:  # noqa: BLE001 — answered already; the count is what is lost
+            self.failed("counting a shed at accept")
 
 
-def accept_shedding_server(base: type, shedding: Callable[[], AcceptShedding | None]
-                           ) -> type:
-    """A subclass of gevent's ``StreamServer`` (``base``) whose accept loop sheds."""
+@dataclass(frozen=True)
+class Verdict:
+    """A connection to refuse at accept: why, how long it waited, its request's bytes."""
+
+    why: str
+    waited_s: float
+    length: int
+
+
+def accept_shedding_server(base: type[StreamServer],
+                           shedding: Callable[[], AcceptShedding | None]
+                           ) -> type[StreamServer]:
+    """A subclass of gevent's ``StreamServer`` (``base``) whose accept loop sheds.
+
+    gevent's accept loop (``BaseServer._do_read``) reads ``max_accept`` once as a turn
+    begins, then accepts (``do_read``) and hands over (``do_handle``) up to that many
+    connections; ``do_read`` answering None ends the turn. A turn takes up to
+    ACCEPT_BURST while overloaded, but hands no more connections to gunicorn than a
+    calm turn would: the burst drains refusals, not work, into the process (work taken
+    early would wait in gevent's run queue, where its age is no longer seen)."""
 
     class SheddingServer(base):  # type: ignore[misc]
+        sheds_at_accept = True
+        #: What gunicorn set (1 with several workers), else gevent's own.
+        _calm_accept: int = base.max_accept
+        #: Connections handed to gunicorn in this turn.
+        _handed_over = 0
+
         @property
         def max_accept(self) -> int:
+            self._handed_over = 0  # read as each turn begins
             found = shedding()
-            return 1 if found is None else found.connections_per_turn()
+            calm = self._calm_accept
+            if found is None:
+                return calm
+            try:
+                return found.connections_per_turn(calm)
+            except Exception:  # noqa: BLE001 — raised in gevent's watcher, accepting would stop
+                found.failed("judging overload at accept")
+                return calm
 
         @max_accept.setter
-        def max_accept(self, _value: int) -> None:
-            pass  # gunicorn sets 1 with several workers: the property decides
+        def max_accept(self, value: int) -> None:
+            self._calm_accept = value
+
+        def do_read(self) -> Any:
+            if self._handed_over >= self._calm_accept:
+                return None  # this turn's share of work is taken: the rest wait
+            return super().do_read()
 
         def do_handle(self, *args: Any) -> None:
             found = shedding()
-            if found is not None and found.accepted(args[0]):
+            verdict = None
+            if found is not None:
+                try:
+                    verdict = found.verdict(args[0])
+                except Exception:  # noqa: BLE001 — raised here, it would pause accepting
+                    found.failed("shedding at accept")
+            if verdict is not None and found is not None:
+                found.refuse(args[0], verdict)
                 return
+            self._handed_over += 1
             super().do_handle(*args)
 
     return SheddingServer
 
 
-def install_in_worker(app: Any) -> bool:
-    """Make this gunicorn gevent worker's accept loop shed for ``app``'s shedder; False
-    (nothing changed) when shedding is off. Call before the worker starts serving.
+def install_in_worker(worker: Any) -> bool:
+    """Make this gunicorn gevent worker's accept loop shed for its app's shedder; False
+    (nothing changed) when shedding is off, the worker is not gunicorn's gevent worker,
+    or it is done already. Call before the worker starts serving (post_worker_init).
 
     gunicorn's gevent worker builds its ``StreamServer`` from its module's global when
     it starts serving; that name is replaced in this worker process only.
@@ -158,8 +230,13 @@ def install_in_worker(app: Any) -> bool:
 
     from web.common.shedding import EXTENSION
 
-    shedder = app.extensions.get(EXTENSION)
+    shedder = worker.wsgi.extensions.get(EXTENSION)
     if not isinstance(shedder, Shedder) or shedder.max_queue_s <= 0:
+        return False
+    # gevent_pywsgi (a server_class of its own) and other kinds never build it.
+    if not isinstance(worker, ggevent.GeventWorker) or worker.server_class is not None:
+        return False
+    if getattr(ggevent.StreamServer, "sheds_at_accept", False):
         return False
     shedding = AcceptShedding(shedder)
     ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer, lambda: shedding)
