@@ -77,7 +77,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="carpool-costs-"))
     server = start_redis(tmp / "redis")
-    r = redis.Redis.from_url(server.url)
+    r = redis.Redis.from_url(server.url, decode_responses=True)  # records are text
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
