@@ -108,13 +108,16 @@ def test_a_plain_call_skips_execute_command_and_a_pipeline_takes_redis_pys_path(
 
 
 def test_a_script_redis_forgot_is_loaded_through_redis_py(
-        client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    echo = LeanScript(client, ECHO)
-    assert echo(args=["a"])[1] == 1
-    client.script_flush()
-    counted = _Counted(client, monkeypatch)
-    assert echo(args=["b"]) == [0, 1, [], ["b"]]
-    assert "SCRIPT LOAD" in counted.commands  # NOSCRIPT sent it the ordinary way
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with private_redis() as server:  # SCRIPT FLUSH would empty the shared Redis's cache
+        client = connect(server.url)
+        echo = LeanScript(client, ECHO)
+        assert echo(args=["a"])[1] == 1
+        client.script_flush()
+        counted = _Counted(client, monkeypatch)
+        assert echo(args=["b"]) == [0, 1, [], ["b"]]
+        assert "SCRIPT LOAD" in counted.commands  # NOSCRIPT sent it the ordinary way
+        client.close()
 
 
 def test_a_restarted_redis_is_reached_again_and_the_script_reloaded() -> None:
