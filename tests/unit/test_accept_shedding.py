@@ -112,12 +112,18 @@ def wait_readable(sock: socket.socket, data_len: int) -> None:
         got = sock.recv(data_len, socket.MSG_PEEK | socket.MSG_WAITALL)
 
 
-def test_a_submit_to_shed_is_answered_503_read_out_and_closed(
-        connected: tuple[socket.socket, socket.socket]) -> None:
+def arrived(connected: tuple[socket.socket, socket.socket], data: bytes) -> socket.socket:
+    """The server's end of ``connected`` once ``data``, sent by the client, is in its buffer."""
     client, server = connected
-    data = submit()
     client.sendall(data)
     wait_readable(server, len(data))
+    return server
+
+
+def test_a_submit_to_shed_is_answered_503_read_out_and_closed(
+        connected: tuple[socket.socket, socket.socket]) -> None:
+    client = connected[0]
+    server = arrived(connected, submit())
     judged = Judged(lag_s=1.0)
     assert accepted(AcceptShedding(judged.shedder), server)
     assert server.fileno() == -1  # closed
@@ -146,9 +152,7 @@ def test_a_submit_to_shed_is_answered_503_read_out_and_closed(
 ])
 def test_a_connection_not_to_shed_here_is_left_untouched(
         connected: tuple[socket.socket, socket.socket], data: bytes, lag_s: float) -> None:
-    client, server = connected
-    client.sendall(data)
-    wait_readable(server, len(data))
+    server = arrived(connected, data)
     judged = Judged(lag_s=lag_s)
     assert not accepted(AcceptShedding(judged.shedder), server)
     assert server.recv(PEEK_BYTES, socket.MSG_PEEK) == data  # all still there for gunicorn
@@ -166,9 +170,7 @@ def test_a_connection_with_nothing_sent_yet_is_left_to_gunicorn(
 
 def test_a_late_event_loop_sheds_a_fresh_submit_and_takes_connections_in_bursts(
         connected: tuple[socket.socket, socket.socket]) -> None:
-    client, server = connected
-    client.sendall(submit())
-    wait_readable(server, len(submit()))
+    server = arrived(connected, submit())
     late = Judged(lag_s=1.0)
     shedding = AcceptShedding(late.shedder)
     assert shedding.connections_per_turn(1) == ACCEPT_BURST
@@ -180,10 +182,8 @@ def test_a_late_event_loop_sheds_a_fresh_submit_and_takes_connections_in_bursts(
 
 def test_shedding_off_takes_one_connection_a_turn_and_sheds_nothing(
         connected: tuple[socket.socket, socket.socket]) -> None:
-    client, server = connected
     data = submit(extra=f"X-Request-Start: {OLD_STAMP}\r\n")
-    client.sendall(data)
-    wait_readable(server, len(data))
+    server = arrived(connected, data)
     off = Judged(lag_s=5.0, bound_ms=0)
     shedding = AcceptShedding(off.shedder)
     assert shedding.connections_per_turn(1) == 1
@@ -193,9 +193,7 @@ def test_shedding_off_takes_one_connection_a_turn_and_sheds_nothing(
 
 def test_bytes_that_waited_over_the_bound_are_shed_on_a_calm_loop(
         connected: tuple[socket.socket, socket.socket]) -> None:
-    client, server = connected
-    client.sendall(submit())
-    wait_readable(server, len(submit()))
+    server = arrived(connected, submit())
     calm = Judged(bound_ms=1)
     wait_until(lambda: (data_age_ms(server) or 0) > 1, 5, "the request's bytes aging")
     assert accepted(AcceptShedding(calm.shedder), server)
