@@ -41,6 +41,8 @@ class HttpOptions:
     grace_s: float = 60.0
     submit_connections: int = 128
     poll_connections: int = 1024
+    #: False: every request on a new connection, closed after (a client without a session).
+    keep_alive: bool = True
     #: A job's client gives up this long after its scheduled arrival (0: never).
     client_timeout_s: float = 0.0
     #: Sent as ``Authorization: Bearer`` (a tenant of a server with API keys).
@@ -58,8 +60,8 @@ class HttpDriver:
         self.nonce = nonce
         self.tick = tick
         auth = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
-        self.submit = HttpClient(opts.base_url, opts.submit_connections, auth)
-        self.poll = HttpClient(opts.base_url, opts.poll_connections, auth)
+        self.submit = HttpClient(opts.base_url, opts.submit_connections, auth, opts.keep_alive)
+        self.poll = HttpClient(opts.base_url, opts.poll_connections, auth, opts.keep_alive)
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.deadline = self.t0

@@ -88,10 +88,13 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpClient:
-    """A pool of keep-alive connections to one host; at most ``max_connections`` open."""
+    """A pool of keep-alive connections to one host; at most ``max_connections`` open.
+
+    With ``keep_alive=False`` each request opens a connection of its own and asks the
+    server to close it (``Connection: close``), as a client without a session does."""
 
     def __init__(self, base_url: str, max_connections: int = 256,
-                 extra_headers: dict[str, str] | None = None) -> None:
+                 extra_headers: dict[str, str] | None = None, keep_alive: bool = True) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{base_url!r}: the bench speaks plain http://host:port only")
@@ -99,8 +102,10 @@ class HttpClient:
         self.port = parts.port or 80
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
+        headers = {**(extra_headers or {}), **({} if keep_alive else {"Connection": "close"})}
+        self.keep_alive = keep_alive
         self._host_header = f"Host: {self.host}:{self.port}\r\n".encode() + "".join(
-            f"{name}: {value}\r\n" for name, value in (extra_headers or {}).items()).encode()
+            f"{name}: {value}\r\n" for name, value in headers.items()).encode()
 
     async def _connection(self) -> _Connection:
         while self._idle:
@@ -141,7 +146,7 @@ class HttpClient:
                     if attempt == 2:
                         raise
                     continue
-                if conn.usable:
+                if conn.usable and self.keep_alive:
                     self._idle.append(conn)
                 else:
                     conn.close()

@@ -209,7 +209,8 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
                            client_timeout_s=args.client_timeout_s,
                            grace_s=args.client_timeout_s + 5, protocol=protocol,
                            submit_connections=args.connections,
-                           poll_connections=args.connections)
+                           poll_connections=args.connections,
+                           keep_alive=not args.fresh_connections)
         records = run_http(arrivals, opts, new_nonce())
         load_1m = os.getloadavg()[0]
         scraped = requests.get(f"{base_url}/metrics", timeout=SCRAPE_TIMEOUT_S).text
@@ -274,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--protocols", default="poll", help="comma-separated: poll, wait")
     ap.add_argument("--connections", type=int, default=4096,
                     help="the generator's connections for submits (and as many for polls)")
+    ap.add_argument("--fresh-connections", action="store_true",
+                    help="each request on a new connection, closed after (no keep-alive)")
     ap.add_argument("--web-workers", type=int, default=0,
                     help="CARPOOL_WEB_WORKERS (0: the web's default)")
     ap.add_argument("--ceiling", action="store_true",
