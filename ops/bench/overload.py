@@ -8,23 +8,24 @@ When the web is the bottleneck (docs/operations.md, shedding):
         --factors 1,2,5 --protocols poll,wait --ceiling
 
 For each checkout in ``--roots`` (each runs its own web and worker: ``python -m`` from
-that root imports that root's code), each offered load in ``--factors`` (× the
-model's offline rate) and each deadline setting in ``--deadlines`` (0: none), this
-starts a private redis-server, the web under gunicorn and one Celery worker serving
-the synthetic model, then drives it open-loop: Poisson arrivals with a mix of sizes
-(so the model's bins compete for one worker), each job submitted then long-polled,
-its client giving up ``--client-timeout-s`` after its arrival. The same arrivals go
-to every run. Each caller may hold its own connection (``--connections``, 4096 by
-default): a small pool would queue the excess in the generator, where the web cannot
-see it, instead of in the web. ``--protocols``: ``poll`` submits then long-polls,
-``wait`` sends one ``POST /submit?wait``. ``--ceiling`` first measures the generator's
-own ceiling against a stub server (carpool.bench.ceiling), so the reader knows the
-load was offered; each run reports the 1-minute load average (the machine may be
-shared), the web's sheds by reason and the p99 of the refusals' answer times twice: as
-the client saw them (from sending: the generator's own lateness and a connection's
-retried SYNs are in it) and at the web (``carpool_web_refusal_seconds``, from the
-request's bytes reaching the host: the accept queue is in it), the latter as the bucket
-bound holding it and as Prometheus's interpolated estimate.
+that root imports that root's code), each offered load in ``--factors`` (× the model's
+offline rate) and each deadline setting in ``--deadlines`` (0: none), this starts a
+private redis-server, the web under gunicorn and one Celery worker serving the synthetic
+model, then drives it open-loop: Poisson arrivals with a mix of sizes (so the model's
+bins compete for one worker), each job submitted then long-polled, its client giving up
+``--client-timeout-s`` after its arrival. The same arrivals go to every run. Each caller
+may hold its own connection (``--connections``, 4096 by default): a small pool would
+queue the excess in the generator, where the web cannot see it, instead of in the web;
+``--fresh-connections`` opens one per request instead, closed after it, as a client
+without a session does. ``--protocols``: ``poll`` submits then long-polls, ``wait``
+sends one ``POST /submit?wait``. ``--ceiling`` first measures the generator's own
+ceiling against a stub server (carpool.bench.ceiling), so the reader knows the load was
+offered; each run reports the 1-minute load average (the machine may be shared), the
+web's sheds by reason and the p99 of the refusals' answer times twice: as the client saw
+them (from sending: the generator's own lateness and a connection's retried SYNs are in
+it) and at the web (``carpool_web_refusal_seconds``, from the request's bytes reaching
+the host: the accept queue is in it), the latter as the bucket bound holding it and as
+Prometheus's interpolated estimate.
 
 The synthetic model sleeps a + b·n ms per batch of n whatever the bin, so its
 offline rate is exact: per bin ``max_batch / (a + b·max_batch)`` jobs/s, and for a
