@@ -48,12 +48,6 @@ def gunicorn_workers(base_url: str) -> list[int]:
     return children(masters[0])
 
 
-def gunicorn_worker(base_url: str) -> int:
-    """The one worker process of the gunicorn that serves ``base_url``."""
-    (worker,) = gunicorn_workers(base_url)
-    return worker
-
-
 def raw_submit(port: int) -> socket.socket:
     """A socket that has sent a whole submit; the kernel holds it if nobody reads."""
     body = json.dumps(SUBMIT).encode()
@@ -69,6 +63,51 @@ def read_all(s: socket.socket) -> bytes:
     while chunk := s.recv(65536):
         out += chunk
     return bytes(out)
+
+
+def sent_in_a_stall(base_url: str, requests_sent: list[bytes]) -> list[socket.socket]:
+    """New connections, each having sent one of ``requests_sent`` (and no more) while
+    the web's workers were stopped for STALL_S: the accept loops find each whole in the
+    kernel's buffer, the loops late and the bytes old."""
+    workers = gunicorn_workers(base_url)
+    port = int(base_url.rsplit(":", 1)[1])
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        socks = []
+        for data in requests_sent:
+            s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+            socks.append(s)
+            s.sendall(data)  # on loopback, in the server's buffer once sendall returns
+            s.shutdown(socket.SHUT_WR)  # all there is: an answer or a close must follow
+        time.sleep(STALL_S)  # the stall itself, not a wait for work
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    return socks
+
+
+def all_sheds(base_url: str) -> float:
+    text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
+    return sum(Scrape(text).value("carpool_web_shed_total", reason=reason)
+               for reason in ("queued", "listen_backlog", "event_loop_lag", "request_start"))
+
+
+def wait_served(base_url: str) -> None:
+    def served() -> bool:  # the lag decays once the loop is on time again
+        resp = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
+        assert resp.status_code in (202, 503), resp.text
+        return resp.status_code == 202
+
+    wait_until(served, TIMEOUT_S, "a submit served after the stall")
+
+
+def submit_bytes(extra: bytes = b"", length: int | None = None,
+                 body: bytes = json.dumps(SUBMIT).encode()) -> bytes:
+    size = len(body) if length is None else length
+    return (b"POST /submit?wait=5 HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\n" + extra
+            + f"Content-Length: {size}\r\n\r\n".encode() + body)
 
 
 def test_gunicorn_sheds_a_submit_by_its_proxy_start_time(redis_url: str,
@@ -93,27 +132,14 @@ def test_gunicorn_sheds_a_submit_that_waited_out_a_stalled_event_loop(
     env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
                    CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
     with start_web(env) as base_url:
-        port = int(base_url.rsplit(":", 1)[1])
-        worker = gunicorn_worker(base_url)
-        os.kill(worker, signal.SIGSTOP)
-        try:
-            waiting = raw_submit(port)  # arrives while the loop cannot run
-            time.sleep(STALL_S)  # the stall itself, not a wait for work
-        finally:
-            os.kill(worker, signal.SIGCONT)
+        (waiting,) = sent_in_a_stall(base_url, [submit_bytes()])  # the loop cannot run
         with waiting:
             head, _, body = read_all(waiting).partition(b"\r\n\r\n")
         assert head.split()[1] == b"503", head
         assert b"\r\nRetry-After: 1\r\n" in head + b"\r\n"
         assert json.loads(body)["error"]["code"] == "overloaded"
         assert shed_count(base_url, "event_loop_lag") == 1
-
-        def served() -> bool:  # the lag decays once the loop is on time again
-            resp = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
-            assert resp.status_code in (202, 503), resp.text
-            return resp.status_code == 202
-
-        wait_until(served, TIMEOUT_S, "a submit served after the stall")
+        wait_served(base_url)
 
 
 #: The queued test's bound: far above any event-loop lag a busy test machine causes,
@@ -183,46 +209,6 @@ def answer_to(port: int, request: bytes) -> tuple[list[bytes], bytes]:
     return head.split(b"\r\n"), body
 
 
-def sent_in_a_stall(base_url: str, data: bytes) -> socket.socket:
-    """A new connection that sent ``data`` (and no more) while the web's one worker was
-    stopped for STALL_S: the accept loop finds it all in the kernel's buffer, the loop
-    late and the bytes old."""
-    worker = gunicorn_worker(base_url)
-    os.kill(worker, signal.SIGSTOP)
-    try:
-        s = socket.create_connection(("127.0.0.1", int(base_url.rsplit(":", 1)[1])),
-                                     timeout=TIMEOUT_S)
-        s.sendall(data)  # on loopback, in the server's buffer once sendall returns
-        s.shutdown(socket.SHUT_WR)  # all there is: an answer or a close must follow
-        time.sleep(STALL_S)  # the stall itself, not a wait for work
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    return s
-
-
-def all_sheds(base_url: str) -> float:
-    text = requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text
-    return sum(Scrape(text).value("carpool_web_shed_total", reason=reason)
-               for reason in ("queued", "listen_backlog", "event_loop_lag", "request_start"))
-
-
-def wait_served(base_url: str) -> None:
-    def served() -> bool:  # the lag decays once the loop is on time again
-        resp = requests.post(f"{base_url}/submit", json=SUBMIT, timeout=TIMEOUT_S)
-        assert resp.status_code in (202, 503), resp.text
-        return resp.status_code == 202
-
-    wait_until(served, TIMEOUT_S, "a submit served after the stall")
-
-
-def submit_bytes(extra: bytes = b"", length: int | None = None,
-                 body: bytes = json.dumps(SUBMIT).encode()) -> bytes:
-    size = len(body) if length is None else length
-    return (b"POST /submit?wait=5 HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
-            b"Content-Type: application/json\r\n" + extra
-            + f"Content-Length: {size}\r\n\r\n".encode() + body)
-
-
 def test_a_submit_that_waited_for_its_accept_is_refused_there(
         redis_url: str, key_prefix: str) -> None:
     """Shed in the accept loop, gunicorn never parsing it (so no Server header);
@@ -231,7 +217,8 @@ def test_a_submit_that_waited_for_its_accept_is_refused_there(
                    CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
     with start_web(env) as base_url:
         assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
-        with sent_in_a_stall(base_url, submit_bytes()) as waiting:
+        (waiting,) = sent_in_a_stall(base_url, [submit_bytes()])
+        with waiting:
             head, _, body = read_all(waiting).partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         assert lines[0] == b"HTTP/1.1 503 Service Unavailable", lines
@@ -292,7 +279,8 @@ def test_hostile_first_requests_are_left_to_gunicorn_and_break_nothing(
                    CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
     with start_web(env) as base_url:
         assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
-        with sent_in_a_stall(base_url, HOSTILE[name]) as s:
+        (s,) = sent_in_a_stall(base_url, [HOSTILE[name]])
+        with s:
             answer = read_all(s)
         if answer:  # gunicorn's parse: a refusal, never a 5xx but the shed's 503
             status = int(answer.split()[1])
@@ -309,33 +297,18 @@ def test_two_workers_refuse_a_queued_burst_unparsed_and_serve_the_rest(
     env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="2",
                    CARPOOL_WEB_MAX_QUEUE_MS=str(LAG_BOUND_MS))
     with start_web(env) as base_url:
-        port = int(base_url.rsplit(":", 1)[1])
         assert requests.get(f"{base_url}/healthz", timeout=TIMEOUT_S).ok
-        workers = gunicorn_workers(base_url)
-        assert len(workers) == 2
-        reads = []
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            submits = [socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-                       for _ in range(150)]
-            for s in submits:
-                s.sendall(submit_bytes())
-            for _ in range(5):
-                read = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-                read.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-                reads.append(read)
-            time.sleep(STALL_S)  # the stall itself, not a wait for work
-        finally:
-            for pid in workers:
-                os.kill(pid, signal.SIGCONT)
+        assert len(gunicorn_workers(base_url)) == 2
+        read = b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        socks = sent_in_a_stall(base_url, [submit_bytes()] * 150 + [read] * 5)
+        submits, reads = socks[:150], socks[150:]
         for s in submits:
             with s:
                 head = read_all(s).partition(b"\r\n\r\n")[0]
             assert head.startswith(b"HTTP/1.1 503 "), head
             assert b"\r\nServer: " not in head, head  # refused unparsed
-        for read in reads:
-            with read:
-                assert read_all(read).split()[1] == b"200"
+        for r in reads:
+            with r:
+                assert read_all(r).split()[1] == b"200"
         assert all_sheds(base_url) == 150
         wait_served(base_url)

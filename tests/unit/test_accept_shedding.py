@@ -210,7 +210,7 @@ def one_turn(lag_s: float, sent: list[bytes]) -> tuple[list[bytes], int, list[st
     judged = Judged(lag_s=lag_s)
     shedding = AcceptShedding(judged.shedder)
     handed: list[bytes] = []
-    server = accept_shedding_server(StreamServer, lambda: shedding)(
+    server = accept_shedding_server(StreamServer, shedding)(
         ("127.0.0.1", 0), handle=lambda sock, _address: handed.append(sock.recv(PEEK_BYTES)),
         spawn=None)  # handled inline, so the turn's outcome is known when it returns
     server.init_socket()
@@ -288,7 +288,7 @@ def test_an_overload_check_that_fails_leaves_the_turn_calm(
 
     monkeypatch.setattr(Shedder, "overloaded", broken)
     shedding = AcceptShedding(Judged().shedder)
-    server = accept_shedding_server(StreamServer, lambda: shedding)(
+    server = accept_shedding_server(StreamServer, shedding)(
         ("127.0.0.1", 0), handle=lambda _sock, _address: None)
     server.max_accept = 1
     assert server.max_accept == 1

@@ -7,8 +7,8 @@ requests also wait for it in the listening socket's accept queue, where gunicorn
 gevent worker takes one connection per loop turn: refusals came seconds late, as late
 as the answers they spared.
 
-Here, in the worker's accept loop (``AcceptShedding.accepted``, on the event loop's
-own greenlet, before any greenlet is spawned): while the web is overloaded — its
+Here, in the worker's accept loop (``SheddingServer``, on the event loop's own
+greenlet, before any greenlet is spawned): while the web is overloaded — its
 event loop late, or its accept queue holding more than it serves within the bound —
 the loop takes up to ``ACCEPT_BURST`` connections a turn. A connection accepted then,
 or one whose bytes waited over the bound, is read without taking its bytes
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gevent.server import StreamServer
 
-from web.common.shedding import Shedder, admits_work
+from web.common.shedding import EXTENSION, Shedder, admits_work
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +159,7 @@ class Verdict:
     length: int
 
 
-def accept_shedding_server(base: type[StreamServer],
-                           shedding: Callable[[], AcceptShedding | None]
+def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
                            ) -> type[StreamServer]:
     """A subclass of gevent's ``StreamServer`` (``base``) whose accept loop sheds.
 
@@ -182,14 +180,11 @@ def accept_shedding_server(base: type[StreamServer],
         @property
         def max_accept(self) -> int:
             self._handed_over = 0  # read as each turn begins
-            found = shedding()
             calm = self._calm_accept
-            if found is None:
-                return calm
             try:
-                return found.connections_per_turn(calm)
+                return shedding.connections_per_turn(calm)
             except Exception:  # noqa: BLE001 — raised in gevent's watcher, accepting would stop
-                found.failed("judging overload at accept")
+                shedding.failed("judging overload at accept")
                 return calm
 
         @max_accept.setter
@@ -202,15 +197,13 @@ def accept_shedding_server(base: type[StreamServer],
             return super().do_read()
 
         def do_handle(self, *args: Any) -> None:
-            found = shedding()
-            verdict = None
-            if found is not None:
-                try:
-                    verdict = found.verdict(args[0])
-                except Exception:  # noqa: BLE001 — raised here, it would pause accepting
-                    found.failed("shedding at accept")
-            if verdict is not None and found is not None:
-                found.refuse(args[0], verdict)
+            try:
+                verdict = shedding.verdict(args[0])
+            except Exception:  # noqa: BLE001 — raised here, it would pause accepting
+                shedding.failed("shedding at accept")
+                verdict = None
+            if verdict is not None:
+                shedding.refuse(args[0], verdict)
                 return
             self._handed_over += 1
             super().do_handle(*args)
@@ -228,8 +221,6 @@ def install_in_worker(worker: Any) -> bool:
     """
     from gunicorn.workers import ggevent
 
-    from web.common.shedding import EXTENSION
-
     shedder = worker.wsgi.extensions.get(EXTENSION)
     if not isinstance(shedder, Shedder) or shedder.max_queue_s <= 0:
         return False
@@ -238,6 +229,6 @@ def install_in_worker(worker: Any) -> bool:
         return False
     if getattr(ggevent.StreamServer, "sheds_at_accept", False):
         return False
-    shedding = AcceptShedding(shedder)
-    ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer, lambda: shedding)
+    ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer,
+                                                  AcceptShedding(shedder))
     return True
