@@ -1,11 +1,13 @@
 """Web CPU per job: ``POST /submit?wait=S`` (one round trip) against submit + long-poll.
 
     python ops/bench/web_cpu.py --jobs 2000 --clients 64 --rounds 2
+    python ops/bench/web_cpu.py --roots /path/to/old,. --rounds 3 --modes wait,poll,v2
 
 Starts one real gunicorn (the shipped config) and one Celery worker (synthetic
 model, cost a, b = 2, 0.05 ms, so the worker is never the limit) on a fresh key
-prefix of the Redis at --redis-url. Each round drives --jobs jobs through each
-mode in turn, closed loop with --clients concurrent clients (saturating the web
+prefix of the Redis at --redis-url, for each checkout of --roots in turn, each round
+(PYTHONPATH: that checkout; ratios against the first). Each stack drives --jobs jobs
+through each mode in turn, closed loop with --clients concurrent clients (saturating the web
 tier), and reads the CPU time of gunicorn's process tree before and after: CPU
 per job is that delta over the jobs. Modes alternate within a round so that a
 busy machine weighs on both alike.
@@ -118,34 +120,48 @@ async def drive(base_url: str, mode: str, jobs: int, clients: int,
     return done
 
 
-def measure(args: argparse.Namespace) -> int:
+def measure_root(args: argparse.Namespace, root: Path | None,
+                 ) -> dict[str, tuple[float, float, int]]:
+    """One fresh stack of ``root`` (None: this checkout): per mode, web CPU (s), wall
+    (s) and jobs done over --jobs jobs."""
     spec = StackSpec(policy("configured"), args.redis_url, cost_ms=COST_MS,
-                     web_workers=args.web_workers)
-    rows: dict[str, list[tuple[float, float, int]]] = {m: [] for m in args.modes}
+                     web_workers=args.web_workers, root=root)
+    out = {}
     with TemporaryDirectory() as tmp, Stack(spec, Path(tmp)) as stack:
         web_pid = stack.procs[-1].pid  # the gunicorn master, started last
         asyncio.run(drive(stack.base_url, "wait", args.clients * 4, args.clients))  # warm up
-        for _ in range(args.rounds):
-            for mode in args.modes:
-                cpu0, t0 = tree_cpu_s(web_pid), time.monotonic()
-                ok = asyncio.run(drive(stack.base_url, mode, args.jobs, args.clients))
-                cpu1, t1 = tree_cpu_s(web_pid), time.monotonic()
-                rows[mode].append((cpu1 - cpu0, t1 - t0, ok))
+        for mode in args.modes:
+            cpu0, t0 = tree_cpu_s(web_pid), time.monotonic()
+            ok = asyncio.run(drive(stack.base_url, mode, args.jobs, args.clients))
+            cpu1, t1 = tree_cpu_s(web_pid), time.monotonic()
+            out[mode] = (cpu1 - cpu0, t1 - t0, ok)
+    return out
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Each round, one fresh stack per root in turn (before and after, in pairs)."""
+    roots = [None if r == "." else Path(r).resolve() for r in args.roots.split(",")]
+    rows: dict[tuple[int, str], list[tuple[float, float, int]]] = {
+        (k, m): [] for k in range(len(roots)) for m in args.modes}
+    for _ in range(args.rounds):
+        for k, root in enumerate(roots):
+            for mode, row in measure_root(args, root).items():
+                rows[k, mode].append(row)
     print(f"{args.jobs} jobs x {args.rounds} rounds per mode, {args.clients} clients")
-    print("| mode | requests/job | web CPU per job (ms) | jobs/s | done |")
-    print("|---|---|---|---|---|")
-    per_job = {}
-    for mode, runs in rows.items():
-        cpu = sum(r[0] for r in runs)
-        wall = sum(r[1] for r in runs)
-        ok = sum(r[2] for r in runs)
-        per_job[mode] = cpu / (args.jobs * len(runs)) * 1000
-        reqs = 2 if mode == "poll" else 1
-        print(f"| {mode} | {reqs} | {per_job[mode]:.3f} | {ok / wall:,.0f} | {ok} |")
-    if "poll" in per_job and "wait" in per_job:
-        print(f"wait / poll web CPU per job: {per_job['wait'] / per_job['poll']:.2f}")
-    if "v2" in per_job and "wait" in per_job:
-        print(f"v2 / wait web CPU per job: {per_job['v2'] / per_job['wait']:.2f}")
+    print("| root | mode | requests/job | web CPU per job (ms), each round | jobs/s | done |")
+    print("|---|---|---|---|---|---|")
+    per_job: dict[tuple[int, str], list[float]] = {}
+    for (k, mode), runs in rows.items():
+        per_job[k, mode] = [r[0] / args.jobs * 1000 for r in runs]
+        ok, wall = sum(r[2] for r in runs), sum(r[1] for r in runs)
+        each = ", ".join(f"{ms:.3f}" for ms in per_job[k, mode])
+        print(f"| {args.roots.split(',')[k]} | {mode} | {2 if mode == 'poll' else 1} | "
+              f"{each} | {ok / wall:,.0f} | {ok} |")
+    for k in range(1, len(roots)):
+        for mode in args.modes:
+            ratios = [b / a for a, b in zip(per_job[0, mode], per_job[k, mode], strict=True)]
+            print(f"{mode}: root {k} / root 0, each round: "
+                  + ", ".join(f"{x:.3f}" for x in ratios))
     return 0
 
 
@@ -254,6 +270,8 @@ def main() -> int:
     p.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     p.add_argument("--web-workers", type=int, default=None, help="gunicorn -w (default 2)")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--roots", default=".",
+                   help="comma-separated checkouts, measured in turn each round (before,after)")
     p.add_argument("--profile", type=int, default=0, help="profile this many submits instead")
     p.add_argument("--tiers", type=int, default=0,
                    help="rounds of keys, tiers and quotas off / keys / on instead")
