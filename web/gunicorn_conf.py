@@ -164,7 +164,6 @@ def post_worker_init(worker: Any) -> None:
     counts as booted, and gunicorn halts with "Worker failed to boot".
     """
     from web.app import check_redis_durability
-    from web.common import one_send
     from web.common.accept_shedding import install_in_worker
     from web.common.shedding import start_lag_monitor
 
@@ -172,4 +171,3 @@ def post_worker_init(worker: Any) -> None:
     # This worker's event-loop lag and the accept queue it shares, for shedding.
     start_lag_monitor(worker.wsgi, worker.sockets, worker.cfg.workers)
     install_in_worker(worker)  # refused as accepted, under overload
-    one_send.install()  # a small answer's head and body in one send

@@ -19,12 +19,13 @@ queue the excess in the generator, where the web cannot see it, instead of in th
 ``--fresh-connections`` opens one per request instead, closed after it, as a client
 without a session does. ``--protocols``: ``poll`` submits then long-polls, ``wait``
 sends one ``POST /submit?wait``. ``--ceiling`` first measures the generator's own
-ceiling against a stub server (carpool.bench.ceiling), so the reader knows the load was
-offered; each run reports the 1-minute load average (the machine may be shared), the
-web's sheds by reason and the p99 of the refusals' answer times twice: as the client saw
-them (from sending: the generator's own lateness and a connection's retried SYNs are in
-it) and at the web (``carpool_web_refusal_seconds``, from the request's bytes reaching
-the host: the accept queue is in it), the latter as the bucket bound holding it and as
+ceiling against a stub server (carpool.bench.ceiling), so the reader knows the load
+was offered; ``--web-cpus`` gives the web CPUs of its own, the rest the others; each
+run reports the 1-minute load average (the machine may be shared), the web's sheds by
+reason and the p99 of the refusals' answer times twice: as the client saw them (from
+sending: the generator's own lateness and a connection's retried SYNs are in it) and
+at the web (``carpool_web_refusal_seconds``, from the request's bytes reaching the
+host: the accept queue is in it), the latter as the bucket bound holding it and as
 Prometheus's interpolated estimate.
 
 The synthetic model sleeps a + b·n ms per batch of n whatever the bin, so its
@@ -163,11 +164,12 @@ def _sheds(text: str) -> dict[str, float]:
 
 
 @contextmanager
-def local_stack(root: Path, tmp: Path, env: dict[str, str],
+def local_stack(root: Path, tmp: Path, env: dict[str, str], web_cpus: frozenset[int] = frozenset(),
                 ) -> Iterator[tuple[str, str, list[subprocess.Popen[bytes]]]]:
     """A private redis-server, the web and one worker importing ``root``'s code, with
     ``env`` over this process's environment: yields the Redis URL, the web's base URL and
-    the processes (web, worker) once the worker serves; all stopped on exit."""
+    the processes (web, worker) once the worker serves; all stopped on exit. The web
+    runs on ``web_cpus`` when given (the others inherit this process's CPUs)."""
     server = start_redis(tmp / "redis")
     port = free_port()
     env = dict(os.environ, CARPOOL_REDIS_URL=server.url, CARPOOL_WEB_BIND=f"127.0.0.1:{port}",
@@ -175,9 +177,10 @@ def local_stack(root: Path, tmp: Path, env: dict[str, str],
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(tmp / "procs.log", "ab") as logs:
-            for cmd in (web_command(), worker_command(0)):
+            for cmd, cpus in ((web_command(), web_cpus), (worker_command(0), frozenset())):
+                pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
                 procs.append(subprocess.Popen(cmd, env=env, stdout=logs, cwd=root,
-                                              stderr=subprocess.STDOUT))
+                                              stderr=subprocess.STDOUT, preexec_fn=pin))
         base_url = f"http://127.0.0.1:{port}"
         _wait_ok(f"{base_url}/healthz", procs[0])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -205,7 +208,7 @@ def run_one(root: Path, arrivals: Sequence[Arrival], args: argparse.Namespace,
     env = {"CARPOOL_SYNTHETIC_COST_MS": f"{a_ms:g},{b_ms:g}", "CARPOOL_MODELS": "synthetic"}
     if args.web_workers:
         env["CARPOOL_WEB_WORKERS"] = str(args.web_workers)
-    with local_stack(root, tmp, env) as (_, base_url, _procs):
+    with local_stack(root, tmp, env, args.web_cpus) as (_, base_url, _procs):
         opts = HttpOptions(base_url=base_url,
                            client_timeout_s=args.client_timeout_s,
                            grace_s=args.client_timeout_s + 5, protocol=protocol,
@@ -280,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="each request on a new connection, closed after (no keep-alive)")
     ap.add_argument("--web-workers", type=int, default=0,
                     help="CARPOOL_WEB_WORKERS (0: the web's default)")
+    ap.add_argument("--web-cpus", type=lambda s: frozenset(int(c) for c in s.split(",")),
+                    default=frozenset(), help="CPUs for the web alone (e.g. 0); the "
+                    "generator, worker and Redis get the others")
     ap.add_argument("--ceiling", action="store_true",
                     help="first measure the generator's own ceiling (jobs/s, stub server)")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -287,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mix = SizeMix.parse(args.sizes)
     offline = offline_rate_per_s(mix, args.cost_ms)
     _raise_open_files(4 * args.connections)
+    if args.web_cpus:  # inherited by Redis and the worker, started from here
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - args.web_cpus)
     if args.ceiling:
         ceiling = measure_ceiling()
         print(json.dumps({"generator_ceiling_per_s": ceiling.rate,

@@ -9,8 +9,8 @@ prefix of the Redis at --redis-url, for each checkout of --roots in turn, each r
 (PYTHONPATH: that checkout; ratios against the first). Each stack drives --jobs jobs
 through each mode in turn, closed loop with --clients concurrent clients (saturating the web
 tier), and reads the CPU time of gunicorn's process tree before and after: CPU
-per job is that delta over the jobs. Modes alternate within a round so that a
-busy machine weighs on both alike.
+per job is that delta over the jobs (its system part, the kernel's, beside it). Modes
+alternate within a round so that a busy machine weighs on both alike.
 
     poll   POST /submit, then GET /result/<id>?wait=30 (two requests per job)
     wait   POST /submit?wait=30 (one request; 200 with the result)
@@ -72,12 +72,17 @@ TIER_KEYS = {"off": (), "keys": ("", ""),
 
 
 def tree_cpu_s(pid: int) -> float:
+    return sum(tree_user_system_s(pid))
+
+
+def tree_user_system_s(pid: int) -> tuple[float, float]:
+    """User and system CPU (s) of ``pid`` and its children so far."""
     root = psutil.Process(pid)
-    total = 0.0
+    user = system = 0.0
     for p in [root, *root.children(recursive=True)]:
         t = p.cpu_times()
-        total += t.user + t.system
-    return total
+        user, system = user + t.user, system + t.system
+    return user, system
 
 
 async def drive(base_url: str, mode: str, jobs: int, clients: int,
@@ -121,9 +126,9 @@ async def drive(base_url: str, mode: str, jobs: int, clients: int,
 
 
 def measure_root(args: argparse.Namespace, root: Path | None,
-                 ) -> dict[str, tuple[float, float, int]]:
+                 ) -> dict[str, tuple[float, float, int, float]]:
     """One fresh stack of ``root`` (None: this checkout): per mode, web CPU (s), wall
-    (s) and jobs done over --jobs jobs."""
+    (s), jobs done over --jobs jobs, and the system (kernel) part of that CPU (s)."""
     spec = StackSpec(policy("configured"), args.redis_url, cost_ms=COST_MS,
                      web_workers=args.web_workers, root=root)
     out = {}
@@ -131,32 +136,34 @@ def measure_root(args: argparse.Namespace, root: Path | None,
         web_pid = stack.procs[-1].pid  # the gunicorn master, started last
         asyncio.run(drive(stack.base_url, "wait", args.clients * 4, args.clients))  # warm up
         for mode in args.modes:
-            cpu0, t0 = tree_cpu_s(web_pid), time.monotonic()
+            (user0, sys0), t0 = tree_user_system_s(web_pid), time.monotonic()
             ok = asyncio.run(drive(stack.base_url, mode, args.jobs, args.clients))
-            cpu1, t1 = tree_cpu_s(web_pid), time.monotonic()
-            out[mode] = (cpu1 - cpu0, t1 - t0, ok)
+            (user1, sys1), t1 = tree_user_system_s(web_pid), time.monotonic()
+            out[mode] = (user1 - user0 + sys1 - sys0, t1 - t0, ok, sys1 - sys0)
     return out
 
 
 def measure(args: argparse.Namespace) -> int:
     """Each round, one fresh stack per root in turn (before and after, in pairs)."""
     roots = [None if r == "." else Path(r).resolve() for r in args.roots.split(",")]
-    rows: dict[tuple[int, str], list[tuple[float, float, int]]] = {
+    rows: dict[tuple[int, str], list[tuple[float, float, int, float]]] = {
         (k, m): [] for k in range(len(roots)) for m in args.modes}
     for _ in range(args.rounds):
         for k, root in enumerate(roots):
             for mode, row in measure_root(args, root).items():
                 rows[k, mode].append(row)
     print(f"{args.jobs} jobs x {args.rounds} rounds per mode, {args.clients} clients")
-    print("| root | mode | requests/job | web CPU per job (ms), each round | jobs/s | done |")
-    print("|---|---|---|---|---|---|")
+    print("| root | mode | requests/job | web CPU per job (ms), each round | of which system "
+          "| jobs/s | done |")
+    print("|---|---|---|---|---|---|---|")
     per_job: dict[tuple[int, str], list[float]] = {}
     for (k, mode), runs in rows.items():
         per_job[k, mode] = [r[0] / args.jobs * 1000 for r in runs]
         ok, wall = sum(r[2] for r in runs), sum(r[1] for r in runs)
         each = ", ".join(f"{ms:.3f}" for ms in per_job[k, mode])
+        system = ", ".join(f"{r[3] / args.jobs * 1000:.3f}" for r in runs)
         print(f"| {args.roots.split(',')[k]} | {mode} | {2 if mode == 'poll' else 1} | "
-              f"{each} | {ok / wall:,.0f} | {ok} |")
+              f"{each} | {system} | {ok / wall:,.0f} | {ok} |")
     for k in range(1, len(roots)):
         for mode in args.modes:
             ratios = [b / a for a, b in zip(per_job[0, mode], per_job[k, mode], strict=True)]
