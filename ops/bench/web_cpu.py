@@ -7,10 +7,10 @@ Starts one real gunicorn (the shipped config) and one Celery worker (synthetic
 model, cost a, b = 2, 0.05 ms, so the worker is never the limit) on a fresh key
 prefix of the Redis at --redis-url, for each checkout of --roots in turn, each round
 (PYTHONPATH: that checkout; ratios against the first). Each stack drives --jobs jobs
-through each mode in turn, closed loop with --clients concurrent clients (saturating the web
-tier), and reads the CPU time of gunicorn's process tree before and after: CPU
-per job is that delta over the jobs (its system part, the kernel's, beside it). Modes
-alternate within a round so that a busy machine weighs on both alike.
+through each mode in turn, closed loop with --clients concurrent clients (saturating
+the web tier), and reads the CPU time of gunicorn's process tree before and after:
+CPU per job is that delta over the jobs (its system part, the kernel's, beside it).
+Checkouts alternate within a round so that a busy machine weighs on both alike.
 
     poll   POST /submit, then GET /result/<id>?wait=30 (two requests per job)
     wait   POST /submit?wait=30 (one request; 200 with the result)
