@@ -204,7 +204,9 @@ def test_two_loads_at_once_load_once(stack: dict[str, str], tmp_path: Path) -> N
     log = tmp_path / "worker.log"
     with start_worker(worker_env(stack, "twice"), "w-twice@repo", log_path=log):
         wait_until(lambda: client.is_model_ready("twice"), ACT_S, "twice to be ready")
-        config = json.dumps({"options": {"load_delay_ms": 1500}})
+        # Long enough that the second load, started in a new thread with a new client,
+        # reaches the web while the first is still under way, however busy the machine.
+        config = json.dumps({"options": {"load_delay_ms": 5000}})
         one, one_answer = in_thread(lambda: triton(stack).load_model("twice", config=config))
         wait_until(lambda: state_of(client, "twice")[0] == "LOADING", ACT_S,
                    "the first load to be under way")

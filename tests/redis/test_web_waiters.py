@@ -97,7 +97,8 @@ def test_notifier_wakes_every_poll_and_resubscribes_when_its_connection_is_kille
     notifier: Notifier, client: redis.Redis, keys: Keys, listener_name: str
 ) -> None:
     with notifier.watch("job-a") as a:
-        wait_until(lambda: bool(listener_ids(client, listener_name)), BOUND_S, "a subscription")
+        # Listening: its first subscription's wake-up is done, so the next is the kill's.
+        wait_until(notifier.listening, BOUND_S, "a subscription")
         [first] = listener_ids(client, listener_name)
         a.clear()
         client.client_kill_filter(_id=str(first))
@@ -114,8 +115,9 @@ def test_close_stops_the_listener_thread(
 ) -> None:
     with notifier.watch("job-a"):
         wait_until(lambda: bool(listener_ids(client, listener_name)), BOUND_S, "a subscription")
-    notifier.close()
-    assert not any(t.name == "carpool-notifier" and t.is_alive() for t in threading.enumerate())
+    notifier.close()  # waits a short while for the thread; a busy machine may take longer
+    wait_until(lambda: not any(t.name == "carpool-notifier" and t.is_alive()
+                               for t in threading.enumerate()), BOUND_S, "the thread to end")
     wait_until(lambda: not listener_ids(client, listener_name), BOUND_S, "the unsubscription")
 
 
@@ -184,7 +186,8 @@ def test_a_lost_connection_forgets_the_pending_ids(
     run_all(Queue(client, MissedNotices(keys.prefix)))
     wait_until(lambda: listener_ids(client, listener_name) not in ([], [first]), BOUND_S,
                "a new subscription")
-    assert notifier.pending() == 0
+    # Forgotten once the listener reads the new subscription's first confirmation.
+    wait_until(lambda: notifier.pending() == 0, BOUND_S, "the pending ids forgotten")
     reader = CountingReader(queue)
     started = time.monotonic()
     view = wait_for_final(reader, notifier, job_id, 30.0)
