@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import redis
+from redis.client import PubSub
 
 from carpool.backend.admissions import Admissions, AdmitJob, AdmitRequest, single_admitted
 from carpool.backend.connection import connect
@@ -77,6 +78,31 @@ class MissedNotices(Keys):
     @property
     def done_channel(self) -> str:
         return f"{{{self.prefix}}}:elsewhere"
+
+
+def test_the_first_subscription_wakes_the_polls_registered_before_it(
+    notifier: Notifier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll that registers while the listener is still subscribing is woken, to read,
+    by the first subscription: what ended before it was never heard."""
+    registered = threading.Event()
+    real_open = waiters.open_pubsub
+
+    def held_open(client: redis.Redis, **kwargs: bool) -> PubSub:
+        pubsub = real_open(client, **kwargs)
+        real_subscribe = pubsub.subscribe
+
+        def subscribe(*channels: str) -> None:
+            registered.wait(BOUND_S)  # the poll registers first, however busy the machine
+            real_subscribe(*channels)
+
+        pubsub.subscribe = subscribe  # type: ignore[method-assign]
+        return pubsub
+
+    monkeypatch.setattr(waiters, "open_pubsub", held_open)
+    with notifier.watch("early") as woken:
+        registered.set()
+        assert woken.wait(BOUND_S), "the first subscription wakes every poll before it"
 
 
 def test_notifier_wakes_only_the_polls_of_the_published_id(
