@@ -105,6 +105,11 @@ class Coalescer(Generic[K, I, R]):
             nxt.lead = True
         nxt.done.set()
 
+    def in_flight(self) -> int:
+        """Round trips under way now (tests: ``round_trips`` counts one as it starts)."""
+        with self._lock:
+            return sum(g.busy for g in self._groups.values())
+
     def waiting(self) -> int:
         """Calls waiting for a round trip now (tests)."""
         with self._lock:

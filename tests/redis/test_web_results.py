@@ -217,7 +217,10 @@ def test_a_poll_on_a_job_admitted_before_the_listener_reads_first(
     read_first: list[int] = []
 
     def read_then_waiting() -> bool:  # unknown here: it reads first (and finds it queued)
-        if state.notifier.watching(job_id) != 1 or state.reads.calls.round_trips == reads_before:
+        # ``round_trips`` counts a read as it starts: the job must end after the read.
+        reads = state.reads.calls
+        if (state.notifier.watching(job_id) != 1 or reads.round_trips == reads_before
+                or reads.in_flight()):
             return False
         read_first.append(state.reads.calls.round_trips)
         return True
