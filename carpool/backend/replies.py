@@ -11,7 +11,7 @@ from typing import Any
 from carpool.admission.urgency import MIN_PRIORITY
 from carpool.backend import records
 from carpool.backend.pushed import job_blob
-from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome
+from carpool.core.jobs import BinState, Claim, ClaimedJob, Outcome, with_result_json
 from carpool.core.wire import (
     CompletionHook,
     HookField,
@@ -72,12 +72,12 @@ def completion_args(model: str, claim: Claim, outcomes: Sequence[Outcome],
     strangers = [o.id for o in outcomes if o.id not in claimed]
     if strangers:  # complete.lua writes a record from what its claim handed out
         raise ValueError(f"outcomes for jobs this claim does not hold: {strangers[:3]}")
-    for o in outcomes:
+    for o in map(with_result_json, outcomes):  # a result JSON cannot carry fails its job
         device_us = round(o.device_ms * 1000)
         timings = json.dumps({"preprocess": round(o.preprocess_ms, 3),
                               "inference": round(o.inference_ms, 3),
                               "device": device_us / 1000})
-        payload = (o.error or "") if o.failed else json.dumps(o.result)
+        payload = (o.error or "") if o.failed else (o.result_json or "")
         job = claimed[o.id]
         hook = records.admission_hook(job.admission)
         # A job with a webhook is not pushed: its reads show the delivery's state, which

@@ -7,7 +7,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -132,10 +132,31 @@ class Outcome:
     #: Its share of its batch's forward time: the batch's measured inference time split
     #: by each input's padded size (docs/admission.md, "Usage"); 0: it never ran.
     device_ms: float = 0.0
+    #: ``result`` as its record keeps it, strict JSON, when the worker encoded it already.
+    result_json: str | None = None
 
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+
+def with_result_json(outcome: Outcome) -> Outcome:
+    """``outcome`` with its result encoded as strict JSON, or failed saying why it cannot
+    be: RFC 8259 has no NaN or Infinity (an overflow in the model), and the parsers of
+    JavaScript, Go and Rust refuse them, so such a result would be an answer, a webhook
+    body and a batch output line that clients cannot read."""
+    if outcome.failed or outcome.result_json is not None:
+        return outcome
+    try:
+        return replace(outcome, result_json=json.dumps(outcome.result, allow_nan=False))
+    except ValueError as exc:
+        why = (f"the handler's result is not JSON: {exc}"
+               if "Out of range float" not in str(exc) else
+               "the model's output holds NaN or Infinity, which JSON cannot carry (an "
+               "overflow in the model, or an input far outside the range it was made for?)")
+    except (TypeError, RecursionError) as exc:  # a tensor, a set, an object; too deep
+        why = f"the handler's result is not JSON: {type(exc).__name__}: {exc}"
+    return replace(outcome, result=None, error=f"invalid output: {why}", inference_ms=0.0)
 
 
 def rfc3339(ms: int) -> str:

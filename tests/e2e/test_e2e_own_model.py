@@ -6,6 +6,7 @@ on the worker's PYTHONPATH as a user's own packages would be."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -103,6 +104,27 @@ def test_exported_tensor_model_answers_each_job_with_its_own_row(stack: str) -> 
         assert body["status"] == "done", body
         got = body["result"]["output"]
         assert all(math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, want, strict=True))
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as RFC 8259 JSON, which has no NaN or Infinity (as JavaScript's
+    ``JSON.parse`` and Go's decoder refuse them)."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_model_output_that_overflows_fails_its_job_and_every_answer_stays_json(
+        stack: str) -> None:
+    huge, fine = [3e38] * 16, [0.5] * 16  # within float32's range; the layers overflow
+    assert not all(math.isfinite(v) for v in reference_outputs([huge])[0])
+    ids = [submit(stack, "tensor", {"tensor": row}).json()["id"] for row in (huge, fine)]
+    answers = [requests.get(f"{stack}/result/{job_id}?wait=60", timeout=90).text
+               for job_id in ids]
+    overflowed, other = (strict_json(text) for text in answers)
+    assert overflowed["status"] == "failed", overflowed
+    assert "NaN or Infinity" in overflowed["error"]
+    assert other["status"] == "done", other
 
 
 def test_web_checks_a_python_models_input_against_its_schema(stack: str) -> None:

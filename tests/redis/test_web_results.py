@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -48,6 +49,23 @@ def run_queued_jobs(http: FlaskClient, queue: Queue, *, fail: bool = False) -> l
     queue.complete(spec, claim, outcomes, {"size": len(outcomes), "bin": "small",
                                            "worker": "test-worker"})
     return [j.id for j in claim.jobs]
+
+
+def test_a_completion_whose_result_json_cannot_carry_fails_that_job_alone(
+        http: FlaskClient, queue: Queue) -> None:
+    """Outcomes the runner did not encode (it fails such a job itself) are checked again
+    as the completion is written: never a record that is not JSON, never a completion
+    that raises (its batch would stay claimed, and run again, for nothing)."""
+    overflowed, fine = submit(http), submit(http)
+    spec = app_state(http).settings.catalogue.get("synthetic")
+    claim = queue.claim(spec, "small", 10, lease_ms=30_000, token=uuid.uuid4().hex,
+                        worker="test-worker")
+    queue.complete(spec, claim, [Outcome(overflowed, result={"score": float("nan")}),
+                                 Outcome(fine, result={"score": 1.5})], {"size": 2})
+    failed = json.loads(http.get(f"/result/{overflowed}").get_data(),
+                        parse_constant=lambda name: pytest.fail(f"{name} in the answer"))
+    assert failed["status"] == "failed" and "NaN or Infinity" in failed["error"]
+    assert http.get(f"/result/{fine}").get_json()["result"] == {"score": 1.5}
 
 
 def test_queued_job_reads_as_queued_with_its_place_time_and_links(http: FlaskClient) -> None:

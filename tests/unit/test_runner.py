@@ -203,3 +203,29 @@ def test_a_sticky_cuda_error_is_raised_as_device_lost_without_splitting_the_batc
     with pytest.raises(DeviceLost, match="CUDA context is lost"):
         isolate(infer, [1, 2, 3, 4])
     assert calls == [4]  # no innocent half run (and failed) after it
+
+
+class OddOutputHandler(SyntheticHandler):
+    """Answers what its input's ``value`` names: an overflow, an object, or the usual."""
+
+    def forward(self, batch: list[dict[str, Any]]) -> list[Any]:
+        odd = {"inf": [1.0, float("inf")], "nan": {"score": float("nan")}, "set": {1, 2},
+               "tensor": torch.zeros(2)}
+        return [odd[item["value"]] if item["value"] in odd else out
+                for item, out in zip(batch, super().forward(batch), strict=True)]
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("inf", "NaN or Infinity"), ("nan", "NaN or Infinity"),
+    ("set", "not JSON: TypeError: Object of type set"),
+    ("tensor", "not JSON: TypeError: Object of type Tensor")])
+def test_a_result_that_is_not_strict_json_fails_its_job_alone_saying_why(
+        value: str, said: str) -> None:
+    """RFC 8259 has no NaN or Infinity: such a result would be an answer, a webhook body
+    and a batch line that strict clients refuse."""
+    outs = run_batch(OddOutputHandler(SPEC, (0, 0)), BIN,
+                     [job(0, {"value": 0, "size": 1}), job(1, {"value": value, "size": 1})])
+    assert [o.failed for o in outs] == [False, True]
+    assert outs[1].error is not None and outs[1].error.startswith("invalid output: ")
+    assert said in outs[1].error
+    assert outs[0].result_json == json.dumps(expected_result({"value": 0, "size": 1}))
