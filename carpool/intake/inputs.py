@@ -23,7 +23,6 @@ import base64
 import binascii
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -36,9 +35,7 @@ from carpool.core.errors import (
     ConfigError,
     InputTooLarge,
     InvalidInput,
-    InvalidJson,
     TooManyInputs,
-    TooManyJsonValues,
     UnsupportedMediaType,
 )
 from carpool.core.input_limits import InputLimits, check_input
@@ -50,9 +47,6 @@ from carpool.intake import custom
 from carpool.intake.images import ALLOWED_FORMATS, ImageLimits, probe
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
-#: JSON values (commas, opening brackets) in one request body: what /submit/batch's
-#: many typical inputs need, while an array of that many empty objects stays ~35 MB.
-MAX_JSON_VALUES = 1 << 19
 #: Inputs in one /submit/batch request; each costs one admission round trip.
 MAX_MANY_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
@@ -134,36 +128,6 @@ class ManySubmission:
     spec: ModelSpec
     inputs: list[Any]
     options: Options
-
-
-def parse_json(body: bytes) -> Any:
-    """The JSON document in ``body``; NaN, Infinity and absurd nesting are refused.
-
-    So is a body with more than MAX_JSON_VALUES values, counted (over-counted, as
-    strings may hold these characters) by its commas and opening brackets before
-    anything is built: memory then stays within tens of MB whatever the body holds.
-    """
-    values = body.count(b",") + body.count(b"[") + body.count(b"{")
-    if values > MAX_JSON_VALUES:
-        raise TooManyJsonValues(
-            f"request body holds about {values} JSON values (commas and brackets); at most "
-            f"{MAX_JSON_VALUES} per request: split it")
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-    def finite(text: str) -> float:
-        value = float(text)
-        if not math.isfinite(value):  # 1e999 parses as inf, and would be stored as Infinity
-            raise ValueError(f"the number {text[:40]} is out of range")
-        return value
-
-    try:
-        return json.loads(body, parse_constant=no_constants, parse_float=finite)
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidJson(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # Python's parser recurses: about a thousand levels deep
-        raise InvalidJson("request body is JSON nested too deeply to parse; an input may "
-                          "nest at most CARPOOL_MAX_INPUT_DEPTH levels") from None
 
 
 def submission_from_json(doc: Any, catalogue: Catalogue, limits: InputLimits,
