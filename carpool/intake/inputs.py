@@ -41,6 +41,7 @@ from carpool.core.errors import (
 from carpool.core.input_limits import InputLimits, check_input
 from carpool.core.jobs import idempotency_digest
 from carpool.core.kinds import kind_of
+from carpool.core.model_options import int_option
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
 from carpool.intake import custom
@@ -194,7 +195,7 @@ def input_limits(spec: ModelSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {"max_input_bytes": spec.max_input_bytes}
     form = kind_of(spec).input_form
     if form == "image":
-        image = ImageLimits.from_options(spec.options)
+        image = ImageLimits.of(spec)
         limits.update(max_side=image.max_side, max_pixels=image.max_pixels,
                       formats=list(ALLOWED_FORMATS))
     elif form == "text":
@@ -254,7 +255,7 @@ def _prepare_image_bytes(spec: ModelSpec, data: bytes) -> Prepared:
         raise InputTooLarge(f"image is {len(data)} bytes; at most {spec.max_input_bytes}")
     if not data:
         raise InvalidInput("the image is empty")
-    info = probe(data, ImageLimits.from_options(spec.options))
+    info = probe(data, ImageLimits.of(spec))
     stored = {"image_b64": base64.b64encode(data).decode("ascii"), "format": info.format,
               "width": info.width, "height": info.height}
     return Prepared(json.dumps(stored, separators=(",", ":")), spec.bin_for(info.pixels))
@@ -349,7 +350,7 @@ def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:
 
 
 def _max_chars(spec: ModelSpec) -> int:
-    return int(spec.options.get("max_chars", DEFAULT_MAX_CHARS))
+    return int_option(spec, "max_chars", DEFAULT_MAX_CHARS)
 
 
 #: One reader per input form (carpool.core.kinds.INPUT_FORMS).

@@ -181,6 +181,17 @@ def test_an_override_of_an_option_the_web_reads_is_refused(
     assert repo.read(["imgs"])["imgs"] == Desired()
 
 
+@pytest.mark.parametrize(("model", "option"), [
+    ("texts", "max_chars"), ("texts", "max_tokens"), ("imgs", "max_side"), ("imgs", "top_k")])
+def test_an_option_the_web_reads_given_a_wrong_type_answers_400_naming_it(
+        http: FlaskClient, repo: Repository, model: str, option: str) -> None:
+    sent = http.post(LOAD.format(model),
+                     json={"parameters": {"config": {"options": {option: "x"}}}})
+    assert sent.status_code == 400, sent.get_json()
+    assert f"options.{option} must be an integer, not 'x'" in sent.get_json()["error"]
+    assert repo.read([model])[model] == Desired()
+
+
 def test_an_unknown_model_answers_404(http: FlaskClient) -> None:
     assert http.post(LOAD.format("nope"), json={}).status_code == 404
     assert http.post(UNLOAD.format("nope"), json={}).status_code == 404
