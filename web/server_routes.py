@@ -14,7 +14,7 @@ from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from carpool.admission.urgency import MAX_PRIORITY, MIN_PRIORITY
-from carpool.backend.usage import USAGE_KEEP_HOURS, current_hour, read_usage
+from carpool.backend.usage import HOUR_MS, USAGE_KEEP_HOURS, current_hour, read_usage
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import InvalidInput
 from carpool.core.jobs import rfc3339
@@ -63,7 +63,7 @@ def usage() -> Response:
                       None if everyone else owner)
     total = {name: sum(r.to_json()[name] for r in rows)  # type: ignore[misc]
              for name in ("jobs", "device_ms", "queue_ms", "refused")}
-    return jsonify({"from": rfc3339(first * 3_600_000), "to": rfc3339((last + 1) * 3_600_000),
+    return jsonify({"from": rfc3339(first * HOUR_MS), "to": rfc3339((last + 1) * HOUR_MS),
                     "keys": "all" if everyone else "own", "total": total,
                     "usage": [r.to_json() for r in rows]})
 
@@ -89,6 +89,13 @@ def _usage_window(now_hour: int) -> tuple[int, int]:
     if last - first >= USAGE_KEEP_HOURS:
         raise InvalidInput(f"a window spans {USAGE_KEEP_HOURS} hours at most "
                            "(usage is kept that long)")
+    # Hours before the kept ones would read as zeros, not as forgotten; hours after this
+    # one hold nothing yet (and the year 9999's last is past what RFC 3339 can write).
+    oldest = now_hour - USAGE_KEEP_HOURS + 1
+    if not oldest <= first <= now_hour:
+        raise InvalidInput(
+            "from (by default 23 hours before to) must fall in the hours usage is kept: "
+            f"from {rfc3339(oldest * HOUR_MS)} to this one, {rfc3339(now_hour * HOUR_MS)}")
     return first, last
 
 

@@ -169,7 +169,8 @@ def rfc3339(ms: int) -> str:
 def _rfc3339_second(seconds: int) -> str:
     """One second's part: a job document has three times, mostly of the same few
     seconds, and formatting a datetime costs ~2 µs."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    # isoformat, not strftime: glibc's %Y writes the year 1 as "1", not RFC 3339's "0001".
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None).isoformat("T", "seconds")
 
 
 def job_urls(job_id: str) -> dict[str, str]:

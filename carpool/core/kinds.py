@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from carpool.core.catalogue import PYTHON_KIND, ModelSpec
 from carpool.core.errors import ConfigError
+from carpool.core.model_options import int_option
 from carpool.core.tensor_specs import ModelTensors, TensorSpec, tensors_from
 
 #: How the web reads an input: ``{"value", "size"}``; an image (JSON base64 or a
@@ -48,7 +49,7 @@ def _synthetic_tensors(spec: ModelSpec) -> ModelTensors:
 
 def _image_tensors(spec: ModelSpec) -> ModelTensors:
     # One encoded image file (JPEG, PNG, ...) per row; "_b64": sent to the job as base64.
-    top_k = int(spec.options.get("top_k", -1))
+    top_k = int_option(spec, "top_k", -1)
     return ModelTensors(
         inputs=(TensorSpec("IMAGE", "BYTES", (1,), "image_b64"),),
         outputs=(TensorSpec("SCORES", "FP32", (top_k,), "top_k[].score"),

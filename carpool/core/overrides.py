@@ -12,7 +12,8 @@ from typing import Any
 
 from carpool.core.catalogue import ModelSpec, validate
 from carpool.core.catalogue import _model_from as model_from  # the TOML table's reader
-from carpool.core.errors import ConfigError
+from carpool.core.errors import ConfigError, InvalidInput
+from carpool.core.strict_json import parse_json
 
 
 def canonical(doc: Mapping[str, Any]) -> str:
@@ -26,9 +27,9 @@ def parse_override(config: object) -> dict[str, Any]:
     sends it) or the object itself; ConfigError naming what is wrong."""
     if isinstance(config, str):
         try:
-            config = json.loads(config)
-        except ValueError as exc:
-            raise ConfigError(f"not JSON: {exc}") from None
+            config = parse_json(config.encode(), "the override")
+        except InvalidInput as exc:  # not JSON, NaN, nested too deeply, too many values
+            raise ConfigError(str(exc)) from None
     if not isinstance(config, dict):
         raise ConfigError('must be a JSON object: a catalogue entry such as {"options": '
                           '{"weights": "/models/m.pt"}}')

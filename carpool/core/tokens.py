@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError
+from carpool.core.model_options import int_option
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -52,7 +53,7 @@ class TokenizerConfig:
     @classmethod
     def of(cls, spec: ModelSpec) -> TokenizerConfig:
         opts = spec.options
-        max_tokens = int(opts.get("max_tokens", DEFAULT_MAX_TOKENS))
+        max_tokens = int_option(spec, "max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens <= SPECIAL_TOKENS:
             raise ConfigError(f"model {spec.name!r}: max_tokens must exceed {SPECIAL_TOKENS}")
         return cls(str(opts.get("vocab", DEFAULT_VOCAB)), bool(opts.get("lowercase", True)),

@@ -17,6 +17,7 @@ from typing import Any
 from carpool.core.catalogue import BinSpec, Catalogue, ModelSpec
 from carpool.core.errors import CarpoolError
 from carpool.core.input_limits import InputLimits
+from carpool.core.strict_json import parse_json
 from carpool.intake import inputs
 from carpool.intake.embeddings import embed_request
 
@@ -98,7 +99,7 @@ def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue, limits: I
         raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CarpoolError(f"not UTF-8 (byte {exc.start + 1} of the line)") from None
-    doc = inputs.parse_json(raw)
+    doc = parse_json(raw)
     if not isinstance(doc, dict):
         raise CarpoolError("a line must be a JSON object {custom_id, method, url, body}")
     missing, unknown = _LINE_KEYS - set(doc), set(doc) - _LINE_KEYS

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import InputTooLarge, InvalidInput
+from carpool.core.model_options import int_option
 
 #: What the image handlers decode; anything else is refused at the door.
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
@@ -43,11 +43,9 @@ class ImageLimits:
     max_pixels: int = DEFAULT_MAX_PIXELS
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> ImageLimits:
-        return cls(
-            max_side=int(options.get("max_side", DEFAULT_MAX_SIDE)),
-            max_pixels=int(options.get("max_pixels", DEFAULT_MAX_PIXELS)),
-        )
+    def of(cls, spec: ModelSpec) -> ImageLimits:
+        return cls(max_side=int_option(spec, "max_side", DEFAULT_MAX_SIDE),
+                   max_pixels=int_option(spec, "max_pixels", DEFAULT_MAX_PIXELS))
 
 
 def _open(data: bytes) -> ImageInfo:

@@ -23,7 +23,6 @@ import base64
 import binascii
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -36,23 +35,19 @@ from carpool.core.errors import (
     ConfigError,
     InputTooLarge,
     InvalidInput,
-    InvalidJson,
     TooManyInputs,
-    TooManyJsonValues,
     UnsupportedMediaType,
 )
 from carpool.core.input_limits import InputLimits, check_input
 from carpool.core.jobs import idempotency_digest
 from carpool.core.kinds import kind_of
+from carpool.core.model_options import int_option
 from carpool.core.tokens import count_tokens
 from carpool.core.webhooks import webhook_option
 from carpool.intake import custom
 from carpool.intake.images import ALLOWED_FORMATS, ImageLimits, probe
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
-#: JSON values (commas, opening brackets) in one request body: what /submit/batch's
-#: many typical inputs need, while an array of that many empty objects stays ~35 MB.
-MAX_JSON_VALUES = 1 << 19
 #: Inputs in one /submit/batch request; each costs one admission round trip.
 MAX_MANY_INPUTS = 1000
 #: Default for a text model's ``options.max_chars``.
@@ -136,36 +131,6 @@ class ManySubmission:
     options: Options
 
 
-def parse_json(body: bytes) -> Any:
-    """The JSON document in ``body``; NaN, Infinity and absurd nesting are refused.
-
-    So is a body with more than MAX_JSON_VALUES values, counted (over-counted, as
-    strings may hold these characters) by its commas and opening brackets before
-    anything is built: memory then stays within tens of MB whatever the body holds.
-    """
-    values = body.count(b",") + body.count(b"[") + body.count(b"{")
-    if values > MAX_JSON_VALUES:
-        raise TooManyJsonValues(
-            f"request body holds about {values} JSON values (commas and brackets); at most "
-            f"{MAX_JSON_VALUES} per request: split it")
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-    def finite(text: str) -> float:
-        value = float(text)
-        if not math.isfinite(value):  # 1e999 parses as inf, and would be stored as Infinity
-            raise ValueError(f"the number {text[:40]} is out of range")
-        return value
-
-    try:
-        return json.loads(body, parse_constant=no_constants, parse_float=finite)
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidJson(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # Python's parser recurses: about a thousand levels deep
-        raise InvalidJson("request body is JSON nested too deeply to parse; an input may "
-                          "nest at most CARPOOL_MAX_INPUT_DEPTH levels") from None
-
-
 def submission_from_json(doc: Any, catalogue: Catalogue, limits: InputLimits,
                          header_key: str | None, allow_private: bool = False) -> Submission:
     """A /submit JSON body: ``{"model", "input", "deadline_ms"?, "priority"?, ...}``;
@@ -230,7 +195,7 @@ def input_limits(spec: ModelSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {"max_input_bytes": spec.max_input_bytes}
     form = kind_of(spec).input_form
     if form == "image":
-        image = ImageLimits.from_options(spec.options)
+        image = ImageLimits.of(spec)
         limits.update(max_side=image.max_side, max_pixels=image.max_pixels,
                       formats=list(ALLOWED_FORMATS))
     elif form == "text":
@@ -290,7 +255,7 @@ def _prepare_image_bytes(spec: ModelSpec, data: bytes) -> Prepared:
         raise InputTooLarge(f"image is {len(data)} bytes; at most {spec.max_input_bytes}")
     if not data:
         raise InvalidInput("the image is empty")
-    info = probe(data, ImageLimits.from_options(spec.options))
+    info = probe(data, ImageLimits.of(spec))
     stored = {"image_b64": base64.b64encode(data).decode("ascii"), "format": info.format,
               "width": info.width, "height": info.height}
     return Prepared(json.dumps(stored, separators=(",", ":")), spec.bin_for(info.pixels))
@@ -385,7 +350,7 @@ def _idempotency_key(body_key: Any, header_key: str | None) -> str | None:
 
 
 def _max_chars(spec: ModelSpec) -> int:
-    return int(spec.options.get("max_chars", DEFAULT_MAX_CHARS))
+    return int_option(spec, "max_chars", DEFAULT_MAX_CHARS)
 
 
 #: One reader per input form (carpool.core.kinds.INPUT_FORMS).

@@ -136,7 +136,9 @@ def test_a_load_answers_once_a_worker_serves_it_and_with_the_reason_when_all_ref
 
 
 @pytest.mark.parametrize(("body", "says"), [
-    ({"parameters": {"config": "{"}}, "parameters.config: not JSON"),
+    ({"parameters": {"config": "{"}}, "parameters.config: the override is not valid JSON"),
+    ({"parameters": {"config": "[" * 100_000 + "]" * 100_000}}, "nested too deeply to parse"),
+    ({"parameters": {"config": '{"options": {"threshold": NaN}}'}}, "NaN is not valid JSON"),
     ({"parameters": {"config": "[1]"}}, "must be a JSON object"),
     (config({"colour": "red"}), "unknown keys ['colour']"),
     (config({"result_ttl_s": "long"}), "model 'tiny'"),
@@ -145,7 +147,7 @@ def test_a_load_answers_once_a_worker_serves_it_and_with_the_reason_when_all_ref
     (config({"max_input_bytes": 10}), "changes max_input_bytes"),
     ({"parameters": {"file:1/model.pt": "AAAA"}}, "no model files"),
     ({"parameters": 5}, "parameters must be a JSON object"),
-    (b"{", "the body is not JSON"),
+    (b"{", "request body is not valid JSON"),
 ])
 def test_a_bad_load_answers_400_naming_the_problem_and_changes_nothing(
         http: FlaskClient, repo: Repository, body: Any, says: str) -> None:
@@ -157,11 +159,37 @@ def test_a_bad_load_answers_400_naming_the_problem_and_changes_nothing(
     assert repo.read(["tiny"]) == before
 
 
+@pytest.mark.parametrize("path", ["/v2/repository/index", LOAD.format("tiny"),
+                                  UNLOAD.format("tiny")])
+@pytest.mark.parametrize(("body", "says"), [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply to parse"),
+    (b'{"ready": NaN}', "NaN is not valid JSON"),
+])
+def test_a_body_nested_too_deeply_or_holding_nan_answers_400_and_changes_nothing(
+        http: FlaskClient, repo: Repository, path: str, body: bytes, says: str) -> None:
+    before = repo.read(["tiny"])
+    sent = http.post(path, data=body, content_type="application/json")
+    assert sent.status_code == 400, sent.get_json()
+    assert says in sent.get_json()["error"]
+    assert repo.read(["tiny"]) == before
+
+
 def test_an_override_of_an_option_the_web_reads_is_refused(
         http: FlaskClient, repo: Repository) -> None:
     sent = http.post(LOAD.format("imgs"), json=config({"options": {"max_pixels": 10}}))
     assert sent.status_code == 400 and "its input limits" in sent.get_json()["error"]
     assert repo.read(["imgs"])["imgs"] == Desired()
+
+
+@pytest.mark.parametrize(("model", "option"), [
+    ("texts", "max_chars"), ("texts", "max_tokens"), ("imgs", "max_side"), ("imgs", "top_k")])
+def test_an_option_the_web_reads_given_a_wrong_type_answers_400_naming_it(
+        http: FlaskClient, repo: Repository, model: str, option: str) -> None:
+    sent = http.post(LOAD.format(model),
+                     json={"parameters": {"config": {"options": {option: "x"}}}})
+    assert sent.status_code == 400, sent.get_json()
+    assert f"options.{option} must be an integer, not 'x'" in sent.get_json()["error"]
+    assert repo.read([model])[model] == Desired()
 
 
 def test_an_unknown_model_answers_404(http: FlaskClient) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import redis
 from flask.testing import FlaskClient
 
 from carpool.backend.queue import Queue
-from carpool.backend.usage import key_label
+from carpool.backend.usage import current_hour, key_label
 from carpool.core.jobs import Outcome
 from carpool.core.settings import api_key_digest
 from tests.support.webtools import app_state, web_client, web_settings
@@ -78,6 +79,11 @@ def test_a_key_sees_its_own_usage_and_an_admin_key_sees_every_keys(
     ("hours=2&from=2026-01-01T00:00:00Z", "not both"),
     ("from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "from must not be after to"),
     ("from=2020-01-01T00:00:00Z&to=2026-01-01T00:00:00Z", "spans"),
+    # Outside the hours kept; the first two once answered 500 (the year 10000; the year 0).
+    ("from=9999-12-31T23:59:59Z&to=9999-12-31T23:59:59Z", "must fall in the hours usage is kept"),
+    ("from=0001-01-01T00:00:00%2B14:00&to=0001-01-01T00:00:00Z", "must fall in the hours"),
+    ("from=0001-01-01T00:00:00Z&to=0001-01-01T00:00:00Z", "must fall in the hours"),
+    ("to=2000-01-01T00:00:00Z", "from (by default 23 hours before to) must fall in"),
 ])
 def test_a_bad_window_answers_400_saying_what_to_write(
         http: FlaskClient, query: str, says: str) -> None:
@@ -86,11 +92,16 @@ def test_a_bad_window_answers_400_saying_what_to_write(
     assert says in resp.get_json()["error"]["message"]
 
 
-def test_a_from_to_window_names_whole_hours(http: FlaskClient) -> None:
-    doc = http.get("/usage?from=2026-01-01T09:30:00Z&to=2026-01-01T10:05:00%2B00:00",
-                   headers=as_(ALICE)).get_json()
-    assert (doc["from"], doc["to"]) == ("2026-01-01T09:00:00.000Z", "2026-01-01T11:00:00.000Z")
-    assert doc["usage"] == []
+def test_a_from_to_window_names_whole_hours_and_may_end_ahead_of_now(http: FlaskClient) -> None:
+    hour = datetime.fromtimestamp(current_hour() * 3600, UTC)
+    first, last = hour - timedelta(hours=2), hour + timedelta(hours=3)
+    at = "%Y-%m-%dT%H:%M:%S"
+    doc = http.get(f"/usage?from={first + timedelta(minutes=30):{at}}Z"
+                   f"&to={last + timedelta(minutes=5):{at}}%2B00:00", headers=as_(ALICE))
+    assert doc.status_code == 200, doc.get_json()
+    assert (doc.get_json()["from"], doc.get_json()["to"]) == (
+        f"{first:{at}}.000Z", f"{last + timedelta(hours=1):{at}}.000Z")
+    assert doc.get_json()["usage"] == []
 
 
 FLEX = "flex-key-0123456789abcdef012"

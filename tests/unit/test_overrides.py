@@ -27,7 +27,9 @@ def test_two_spellings_of_one_override_are_one_text() -> None:
 
 
 @pytest.mark.parametrize(("config", "says"), [
-    ("{", "not JSON"),
+    ("{", "the override is not valid JSON"),
+    ("[" * 100_000, "nested too deeply to parse"),
+    ('{"options": {"threshold": Infinity}}', "Infinity is not valid JSON"),
     ("[]", "must be a JSON object"),
     ('{"colour": "red"}', "unknown keys ['colour']"),
     ('{"options": 5}', "options must be an object"),

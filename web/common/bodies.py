@@ -21,7 +21,7 @@ its end (it closes mid-chunk, or sends less than its ``Content-Length``) answers
 Either way gunicorn closes the connection: where the next request would start is
 unknown. A compressed body (``Content-Encoding``) answers 415: no route inflates one.
 
-Then ``parse_json`` (carpool/intake/inputs.py) refuses a document with more JSON values than
+Then ``parse_json`` (carpool/core/strict_json.py) refuses a document with more JSON values than
 any input needs, before it builds them: a 16 MiB array of empty objects is a
 gigabyte of Python objects.
 """

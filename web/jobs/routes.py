@@ -29,6 +29,7 @@ from carpool.core.jobs import (
     model_version,
     new_job_id,
 )
+from carpool.core.strict_json import parse_json
 from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
@@ -91,7 +92,7 @@ def submit_many() -> tuple[Response, int, dict[str, str]]:
     _require_json(request)
     if "Idempotency-Key" in request.headers:
         raise InvalidInput("Idempotency-Key applies to POST /submit only, not to /submit/batch")
-    doc = inputs.parse_json(request.get_data())
+    doc = parse_json(request.get_data())
     remember_model(doc)
     many = inputs.many_from_json(doc, state.routing.catalogue(),
                                  state.settings.webhooks.allow_private)
@@ -218,7 +219,7 @@ def _read_submission(state: WebState, owner: str, req: Request) -> inputs.Submis
             _routed(state, owner, fields.get("idempotency_key"), header_key), header_key,
             allow_private)
     _require_json(req)
-    doc = inputs.parse_json(req.get_data())
+    doc = parse_json(req.get_data())
     remember_model(doc)
     body_key = doc.get("idempotency_key") if isinstance(doc, dict) else None
     return inputs.submission_from_json(doc, _routed(state, owner, body_key, header_key),

@@ -16,7 +16,6 @@ models.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import fields
@@ -42,6 +41,7 @@ from carpool.core.errors import CarpoolError, ConfigError, InvalidInput, ModelRe
 from carpool.core.kinds import kind_of
 from carpool.core.overrides import canonical, overridden, parse_override
 from carpool.core.settings import Settings
+from carpool.core.strict_json import parse_json
 from carpool.core.tokens import TokenizerConfig
 from carpool.core.versions import SEPARATOR, internal_name
 from carpool.intake.inputs import input_limits
@@ -172,10 +172,7 @@ def _body() -> dict[str, Any]:
     raw = request.get_data()
     if not raw.strip():
         return {}
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"the body is not JSON: {exc}") from None
+    doc = parse_json(raw)
     if not isinstance(doc, dict):
         raise InvalidInput("the body must be a JSON object")
     return doc

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from carpool.core.errors import CarpoolError, InvalidInput
+from carpool.core.strict_json import parse_json
 from carpool.core.tensor_specs import DATATYPES
-from carpool.intake.inputs import parse_json
 
 #: ``struct`` codes of the fixed-size datatypes (BYTES has none: length-prefixed).
 STRUCT_CODES = {"BOOL": "?", "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q",

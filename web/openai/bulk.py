@@ -23,8 +23,8 @@ from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.bulk_settings import MAX_WINDOW_S
 from carpool.core.errors import InvalidInput, NotCancellable
 from carpool.core.jobs import JobStatus, new_job_id
+from carpool.core.strict_json import parse_json
 from carpool.core.webhooks import check_url
-from carpool.intake import inputs
 from carpool.intake.bulk_lines import ENDPOINTS
 from carpool.intake.embeddings import check_dimensions, embed_request, embeddings_answer
 from web.common.auth import request_owner, service_tier
@@ -77,7 +77,7 @@ def _metadata(raw: Any) -> str:
 def create_bulk() -> tuple[Response, int]:
     state = current_state()
     owner = request_owner(state.settings, request)
-    doc = inputs.parse_json(request.get_data())
+    doc = parse_json(request.get_data())
     if not isinstance(doc, dict) or set(doc) - _CREATE_KEYS:
         raise InvalidInput(f"the body must be an object with {sorted(_CREATE_KEYS)}")
     if doc.get("endpoint") not in ENDPOINTS:
@@ -160,7 +160,7 @@ def embeddings_of(req: Request) -> Answer:
     routes (web/common/lean.py)."""
     state = current_state()
     owner = request_owner(state.settings, req)
-    doc = inputs.parse_json(req.get_data())
+    doc = parse_json(req.get_data())
     remember_model(doc)
     asked = embed_request(doc, state.routing.catalogue(), state.settings.input_limits)
     jobs = [AdmitJob(p.bin, new_job_id(asked.spec.name), p.input_json) for p in asked.prepared]

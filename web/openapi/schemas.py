@@ -49,7 +49,7 @@ def _sized_schema(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _image_schema(spec: ModelSpec) -> dict[str, Any]:
-    limits = ImageLimits.from_options(spec.options)
+    limits = ImageLimits.of(spec)
     return _object({"image_b64": {
         "type": "string", "format": "byte", "minLength": 1,
         "maxLength": int(spec.max_input_bytes * _B64_CHARS_PER_BYTE) + 4,

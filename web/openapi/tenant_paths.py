@@ -78,7 +78,8 @@ _WINDOW = [
     {"name": "from", "in": "query", "required": False,
      "schema": {"type": "string", "format": "date-time"},
      "description": "RFC 3339: the hour it falls in is the first (default: 23 hours "
-                    "before to)"},
+                    f"before to), one of the last {USAGE_KEEP_HOURS} (usage is kept that "
+                    "long), this one included"},
     {"name": "to", "in": "query", "required": False,
      "schema": {"type": "string", "format": "date-time"},
      "description": f"RFC 3339: the hour it falls in is the last (default: this one); a "

@@ -13,8 +13,8 @@ from flask import Blueprint, Response, jsonify, request
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import InvalidInput, UnknownModel
 from carpool.core.rollouts import Rollout, change, rolled_back
+from carpool.core.strict_json import parse_json
 from carpool.core.versions import SEPARATOR, versions_of
-from carpool.intake.inputs import parse_json
 from web.common.auth import request_owner
 from web.common.refusals import BodyTooLarge, Forbidden
 from web.common.state import WebState, current_state
