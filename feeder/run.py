@@ -14,9 +14,10 @@ from typing import Any
 
 from carpool.core.bulk import UNRECORDED_TIER, BulkStatus
 from carpool.core.catalogue import ModelSpec
+from carpool.core.errors import InvalidInput
 from carpool.core.jobs import JobStatus, JobView
 from carpool.intake.bulk_lines import Line
-from carpool.intake.embeddings import embeddings_answer
+from carpool.intake.embeddings import check_dimensions, embeddings_answer
 from feeder.labels import Label
 
 #: Lines past the lowest unfinished one that a feed looks at for a bin with room.
@@ -121,24 +122,34 @@ def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
     label = run.labels[line]
     base: dict[str, Any] = {"id": request_id(run, line), "custom_id": label.custom_id}
     bad = next((v for v in views if v.status is not JobStatus.DONE), None)
+    if bad is None and run.endpoint == "/v1/embeddings":
+        results = [v.result for v in views]
+        try:
+            check_dimensions({"dimensions": label.dimensions}, results)
+        except InvalidInput as exc:  # what POST /v1/embeddings answers it
+            return False, _response_line(base, 400, views[0].id, {
+                "error": {"code": "invalid_input", "message": str(exc)}})
+        return True, _response_line(base, 200, views[0].id, embeddings_answer(
+            run.spec, results, label.encoding_format))
     if bad is None:
-        body = (embeddings_answer(run.spec, [v.result for v in views],
-                                  label.encoding_format)
-                if run.endpoint == "/v1/embeddings" else views[0].to_json())
-        doc = {**base, "response": {"status_code": 200, "request_id": views[0].id,
-                                    "body": body}, "error": None}
-        return True, json.dumps(doc, separators=(",", ":"))
+        return True, _response_line(base, 200, views[0].id, views[0].to_json())
     if bad.status in (JobStatus.EXPIRED, JobStatus.CANCELLED):
         if run.ending is not None:
             return False, error_line(run, line, run.ending.code, run.ending.message)
         return False, error_line(run, line, _CODE[bad.status], bad.error or bad.status.value)
-    doc = {**base, "response": {"status_code": 500, "request_id": bad.id, "body": {
-        "error": {"message": bad.error or "the job failed", "type": "job_failed",
-                  "code": "job_failed"}}}, "error": None}
-    return False, json.dumps(doc, separators=(",", ":"))
+    return False, _response_line(base, 500, bad.id, {"error": {
+        "message": bad.error or "the job failed", "type": "job_failed", "code": "job_failed"}})
 
 
 _CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancelled"}
+
+
+def _response_line(base: dict[str, Any], status: int, request_id: str,
+                   body: dict[str, Any]) -> str:
+    """A line that got an answer: ``status`` with ``body``, as the endpoint answers it."""
+    return json.dumps({**base, "response": {"status_code": status, "request_id": request_id,
+                                            "body": body}, "error": None},
+                      separators=(",", ":"))
 
 
 def error_line(run: Run, line: int, code: str, message: str) -> str:

@@ -43,6 +43,9 @@ class Line:
     custom_id: str
     jobs: tuple[Job, ...]
     encoding_format: str  # embeddings only: how the answer carries vectors
+    #: Embeddings only: the vector size the line asked for (None: any), checked against
+    #: the model's answer as ``POST /v1/embeddings`` checks it.
+    dimensions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue, limits: I
     if endpoint == "/v1/embeddings":
         req = embed_request(doc["body"], catalogue, limits, MAX_TEXTS_PER_LINE)
         jobs = tuple(Job(p.bin, p.input_json) for p in req.prepared)
-        return Line(index, custom_id, jobs, req.encoding_format), req.spec
+        return Line(index, custom_id, jobs, req.encoding_format,
+                    doc["body"].get("dimensions")), req.spec
     sub = inputs.submission_from_json(doc["body"], catalogue, limits, None)
     return Line(index, custom_id, (Job(sub.prepared.bin, sub.prepared.input_json),),
                 ""), sub.spec

@@ -3,10 +3,12 @@ real gunicorn, a real Celery worker serving a hash embedder, Redis and the feede
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import openai
 import pytest
 
 from carpool.backend.connection import connect
@@ -14,7 +16,13 @@ from carpool.backend.keys import Keys
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
 from tests.e2e.test_e2e_bulk import KEY_A, Stack, upload
-from tests.support.bulk import CATALOGUE_TOML, embedding_lines, start_feeder, wait_batch
+from tests.support.bulk import (
+    CATALOGUE_TOML,
+    embedding_lines,
+    lines_of,
+    start_feeder,
+    wait_batch,
+)
 from tests.support.deployfiles import load_metrics
 from tests.support.procs import free_port, start_web, start_worker
 from tests.support.promtext import Scrape, scrape
@@ -140,3 +148,36 @@ def test_a_batch_failing_validation_counts_one_failed_batch_and_no_lines(
         "admitted": 0, "done": 0, "failed": 0, "batch_completed": 0, "batch_failed": 1,
         "batch_expired": 0, "batch_cancelled": 0}
     assert stack.scrape().value("carpool_feeder_step_seconds_count") > 0
+
+
+def test_a_lines_dimensions_is_checked_as_post_v1_embeddings_checks_it(
+        stack: MetricsStack) -> None:
+    """The model's vectors have 8 dimensions: a line asking for 5 answers the 400 that
+    ``POST /v1/embeddings`` answers (no truncation), in the error file, counted failed;
+    8 or none, 200."""
+    client = stack.client()
+    before = counts(settled(stack))
+    with pytest.raises(openai.BadRequestError, match="dimensions=5"):
+        client.embeddings.create(model="hemb", input="a cat", dimensions=5)
+    asked = {"eight": 8, "five": 5, "any": None}
+    data = "".join(json.dumps({"custom_id": name, "method": "POST", "url": "/v1/embeddings",
+                               "body": {"model": "hemb", "input": "a cat",
+                                        **({} if dims is None else {"dimensions": dims})}})
+                   + "\n" for name, dims in asked.items()).encode()
+    batch = client.batches.create(input_file_id=upload(client, data),
+                                  endpoint="/v1/embeddings", completion_window="24h")
+    done = wait_batch(client, batch.id, {"completed", "failed"}, timeout_s=60)
+    assert done.status == "completed", done.errors
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    assert change(stack, before) == {
+        "admitted": 3, "done": 2, "failed": 1, "batch_completed": 1, "batch_failed": 0,
+        "batch_expired": 0, "batch_cancelled": 0}
+    out = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    (refused,) = lines_of(client, done.error_file_id)
+    assert sorted(out) == ["any", "eight"]
+    assert all(len(line["response"]["body"]["data"][0]["embedding"]) == 8
+               for line in out.values())
+    assert refused["custom_id"] == "five" and refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"] == {
+        "code": "invalid_input", "message": "dimensions=5: this model's vectors have 8 "
+                                            "dimensions"}
