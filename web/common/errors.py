@@ -17,7 +17,7 @@ from flask import Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
-from web.common.refusals import refusal_of
+from web.common.refusals import JobFailed, refusal_of
 from web.results.polls import TooManyPolls
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,11 @@ def retry_after_s(exc: CarpoolError) -> int | None:
 
 def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
     status, code = status_and_code(exc)
-    if status >= 500 and status != 503:
+    # A wait that ran out (504) and a job that failed in its model are answers, not
+    # faults here: a line at most, no traceback for clients to flood the log with.
+    if isinstance(exc, JobFailed):
+        log.warning("request answered %d: %s", status, exc)
+    elif status >= 500 and status not in (503, 504):
         log.exception("carpool error answered %d", status, exc_info=exc)
     response = jsonify(error_body(code, str(exc), exc))
     retry = retry_after_s(exc)
