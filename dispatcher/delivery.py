@@ -74,8 +74,40 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     return out
 
 
+#: A status that no status line has: ``_Response`` sets it before each read of one.
+_NO_STATUS = 0
+
+
+class _Response(http.client.HTTPResponse):
+    """An answer read to its final status, past interim ones (103 Early Hints: http.client
+    skips only 100), whose status stands when the headers after it are refused (over 100
+    lines, a line over 64 KiB): the status alone says whether the receiver took the event.
+    Leans on how ``HTTPResponse.begin`` reads: the status set, then the headers."""
+
+    def begin(self) -> None:
+        while True:
+            self.status = _NO_STATUS
+            try:
+                super().begin()
+            except http.client.HTTPException:
+                if self.status == _NO_STATUS:
+                    raise  # no status line: no answer
+                self._drop_headers()
+            if not 101 < self.status < 200:
+                return
+            # begin() reads the next answer only while this one's headers are unset.
+            self.headers = self.msg = None  # type: ignore[assignment]
+
+    def _drop_headers(self) -> None:
+        """An answer with no headers and no body, its connection not reused."""
+        self.headers = self.msg = http.client.HTTPMessage()
+        self.chunked, self.length, self.will_close = False, 0, True
+
+
 class _PinnedConnection(http.client.HTTPConnection):
     """An HTTP connection over a socket already connected to the checked address."""
+
+    response_class = _Response
 
     def __init__(self, target: Target, sock: socket.socket, timeout_s: float) -> None:
         super().__init__(target.host, target.port, timeout=timeout_s)
@@ -127,6 +159,7 @@ def _send(target: Target, ip: IPAddress, body: bytes, headers: Mapping[str, str]
         return Answer(None, _cut(f"connect to {ip} port {target.port}: {exc}"))
     try:
         with DEADLINES.bounded(sock, max(0.0, deadline - time.monotonic())) as bound:
+            answer: http.client.HTTPResponse | None = None
             try:
                 sock.settimeout(settings.read_timeout_s)
                 if target.scheme == "https":
@@ -136,27 +169,38 @@ def _send(target: Target, ip: IPAddress, body: bytes, headers: Mapping[str, str]
                 conn = _PinnedConnection(target, sock, settings.read_timeout_s)
                 conn.request("POST", target.path, body=body, headers=dict(headers))
                 answer = conn.getresponse()
-                answer.read(MAX_ANSWER_BYTES)
-                status = answer.status
-                retry_after = parse_retry_after(answer.getheader("Retry-After"), time.time())
-                location = answer.getheader("Location")
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 error = _cut(f"{type(exc).__name__}: {exc}")
-                status = None
             # Cut off mid-answer, http.client may read the cut as the answer's end: what
-            # came is no answer, whatever it said.
+            # came is no answer, whatever it said. Only its status line and headers: once
+            # they are in, a cut in the body changes nothing.
             if bound.cut:
                 return Answer(None, f"the try took longer than {limit_s:g} s: cut off")
-            if status is None:
+            if answer is None:
                 return Answer(None, error)
+            _drain(answer)
     finally:
         sock.close()
+    return _judged(answer.status, answer.getheader("Retry-After"), answer.getheader("Location"))
+
+
+def _drain(answer: http.client.HTTPResponse) -> None:
+    """Read the body's first ``MAX_ANSWER_BYTES`` and drop them. The status is in, so a
+    body that breaks off (a bad chunk, a reset, a timeout, the try's cut) is no failure."""
+    try:
+        answer.read(MAX_ANSWER_BYTES)
+    except (OSError, http.client.HTTPException, ValueError):
+        pass
+
+
+def _judged(status: int, retry_after: str | None, location: str | None) -> Answer:
+    """What the receiver's status says: a 2xx is delivered, whatever its headers say."""
     if 200 <= status < 300:
         return Answer(status)
     error = f"HTTP {status}"
     if 300 <= status < 400:
         error += f": redirects are not followed (Location: {(location or '')[:100]})"
-    return Answer(status, error, retry_after)
+    return Answer(status, error, parse_retry_after(retry_after, time.time()))
 
 
 def _cut(text: str) -> str:

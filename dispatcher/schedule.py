@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 from collections.abc import Callable
 
 #: Jitter keeps this share of each wait at least: a fleet of events that failed
@@ -12,6 +13,9 @@ from collections.abc import Callable
 JITTER_FLOOR = 0.5
 #: A Retry-After longer than this is not believed: the receiver's outage ends in hours.
 MAX_RETRY_AFTER_S = 86_400.0
+#: Retry-After's delay-seconds: ASCII digits only (str.isdigit also takes '²', which
+#: float() refuses); more than 9 is a receiver's nonsense.
+_DELAY_SECONDS = re.compile(r"[0-9]{1,9}")
 
 
 def backoff_s(attempts: int, base_s: float, max_s: float,
@@ -34,16 +38,16 @@ def next_wait_s(attempts: int, base_s: float, max_s: float, retry_after_s: float
 
 def parse_retry_after(value: str | None, now_s: float) -> float | None:
     """Retry-After (RFC 9110: seconds, or an HTTP date) as seconds from ``now_s``; None
-    when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit() and len(value) <= 9:
+    when absent or unreadable. Never raises: the value is the receiver's, any bytes."""
+    value = (value or "").strip(" \t")
+    if _DELAY_SECONDS.fullmatch(value):
         return min(float(value), MAX_RETRY_AFTER_S)
+    if not value or not value.isascii():
+        return None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            return None
+        return min(max(0.0, when.timestamp() - now_s), MAX_RETRY_AFTER_S)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        return None
-    return min(max(0.0, when.timestamp() - now_s), MAX_RETRY_AFTER_S)

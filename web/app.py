@@ -27,6 +27,7 @@ from web.common import errors, shedding
 from web.common.bodies import BodyLimits
 from web.common.lean import LeanRoutes
 from web.common.metrics import WebMetrics
+from web.common.post_body import read_post_body
 from web.common.routing import Routing
 from web.common.state import EXTENSION, WebState
 from web.events import routes as event_routes
@@ -95,6 +96,9 @@ def create_app(settings: Settings | None = None, *, lean_routes: bool = True) ->
                         admissions, shadows),
     )
     metrics.instrument(app)
+    # Every body read within its limits and time before any route runs, whichever
+    # blueprint's: a route that read its own would wait on a slow client unbounded.
+    app.before_request(read_post_body)
     app.register_blueprint(server_routes.blueprint)
     app.register_blueprint(job_routes.blueprint)
     app.register_blueprint(open_inference_routes.blueprint)  # docs/v2.md

@@ -162,6 +162,21 @@ def test_a_receivers_retry_after_is_waited_out(server: RedisProc, key_prefix: st
         assert document(base, KEY_SHARED, job)["webhook"]["state"] == "delivered"
 
 
+def test_a_2xx_with_an_unreadable_retry_after_is_delivered_once(server: RedisProc,
+                                                                key_prefix: str) -> None:
+    """A receiver's 200 with ``Retry-After: ²`` (byte 0xB2, which str.isdigit takes for a
+    digit) took the event: it is delivered, not tried again until it is dead."""
+    env = make_env(server.url, key_prefix, **hook_env())
+    with receiver(lambda _n, _r: (200, {"Retry-After": "\u00b2"})) as rx, \
+            start_web(env) as base, start_worker(env), start_dispatcher(env):
+        (job,) = submit(base, KEY_SHARED, f"{rx.url}/odd", events=["done"])
+        wait_until(lambda: document(base, KEY_SHARED, job)["webhook"]["state"] != "pending",
+                   ARRIVAL_TIMEOUT_S, "the first try's outcome")
+        hook = document(base, KEY_SHARED, job)["webhook"]
+        assert hook == {"state": "delivered", "attempts": 1, "last_status": 200,
+                        "last_error": None, "event": "done"}
+        assert len(rx.all()) == 1
+
 
 def test_a_dispatcher_delivers_again_once_redis_is_back(key_prefix: str,
                                                         tmp_path: Path) -> None:

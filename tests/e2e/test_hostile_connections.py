@@ -1,7 +1,8 @@
 """Hostile load on connections and bodies: real gunicorn (gevent), a private Redis.
 
 Slow bodies are let go, dropped long-polls end, one client's polls are capped,
-and bodies over their limit are refused before (or while) they are read.
+and bodies over their limit are refused before (or while) they are read, a PUT's
+(a rollout change) as a POST's.
 """
 
 from __future__ import annotations
@@ -53,11 +54,15 @@ def connect(base: str) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=SERVER_ACTS_S)
 
 
-def slow_body(base: str) -> socket.socket:
-    """Headers of a 100-byte JSON submit, and one byte of its body."""
+#: An admin's rollout change: a PUT, whose body is read as a POST's is.
+ROLLOUT = "PUT /models/tiny/rollout"
+
+
+def slow_body(base: str, route: str = "POST /submit") -> socket.socket:
+    """Headers of a 100-byte JSON ``route`` ("METHOD /path"), and one byte of its body."""
     s = connect(base)
-    s.sendall(b"POST /submit HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 100\r\n\r\n{")
+    s.sendall(f"{route} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+              "Content-Length: 100\r\n\r\n{".encode())
     return s
 
 
@@ -87,9 +92,11 @@ def long_polls(base: str) -> float:
     return float(match[1]) if match else 0.0
 
 
-def test_a_slow_body_is_answered_408_and_its_connection_closed(env: dict[str, str]) -> None:
+@pytest.mark.parametrize("route", ["POST /submit", ROLLOUT])
+def test_a_slow_body_is_answered_408_and_its_connection_closed(env: dict[str, str],
+                                                               route: str) -> None:
     with start_web(env) as base:
-        s = slow_body(base)
+        s = slow_body(base, route)
         raw = read_all(s)  # without a body time limit this never returns
         s.close()
     assert status_of(raw) == 408
@@ -182,7 +189,9 @@ def test_a_raw_image_is_limited_by_its_own_model(env: dict[str, str]) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
-def test_a_chunked_body_over_the_limit_is_413_not_a_truncated_400(env: dict[str, str]) -> None:
+@pytest.mark.parametrize("route", ["POST /submit", ROLLOUT])
+def test_a_chunked_body_over_the_limit_is_413_not_a_truncated_400(env: dict[str, str],
+                                                                  route: str) -> None:
     doc = json.dumps({"model": "tiny", "input": {"value": "x" * 12_000_000, "size": 1}})
 
     def chunks() -> Iterator[bytes]:
@@ -190,9 +199,11 @@ def test_a_chunked_body_over_the_limit_is_413_not_a_truncated_400(env: dict[str,
         for i in range(0, len(data), 65536):
             yield data[i:i + 65536]
 
+    method, path = route.split(" ")
     with start_web(env) as base:
-        r = requests.post(f"{base}/submit", data=chunks(),
-                          headers={"Content-Type": "application/json"}, timeout=SERVER_ACTS_S)
+        r = requests.request(method, f"{base}{path}", data=chunks(),
+                             headers={"Content-Type": "application/json"},
+                             timeout=SERVER_ACTS_S)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 

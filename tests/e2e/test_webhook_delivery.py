@@ -1,7 +1,7 @@
 """One delivery against real sockets: the connection goes to the address that was
 checked (a DNS answer cannot move it), a name with any forbidden address is refused
-before a connection, an endless answer is cut after a few KiB, and a silent receiver
-times out."""
+before a connection, an endless answer is cut after a few KiB, a silent receiver
+times out, and a 2xx is delivered whatever malformed bytes follow its status line."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from carpool.core.webhook_settings import WebhookSettings
 from carpool.core.webhooks import IPAddress
-from dispatcher.delivery import MAX_ANSWER_BYTES, post
+from dispatcher.delivery import MAX_ANSWER_BYTES, Answer, post
 from tests.support.receiver import receiver
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
@@ -173,3 +175,66 @@ def test_a_resolver_that_hangs_fails_the_try_within_its_deadline() -> None:
     assert answer.status is None and not answer.refused
     assert "cannot resolve slow-dns.example" in (answer.error or "")
     assert time.monotonic() - t0 < PRIVATE.try_s
+
+
+def answered(raw: bytes, hold: bool = False) -> Answer:
+    """The try's outcome against a receiver that sends ``raw`` whatever it is asked, then
+    closes the connection, or holds it open (``hold``) until the try is over."""
+    over = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(raw)
+        if hold:
+            over.wait(10)
+
+    with raw_server(handle) as port:
+        try:
+            return post(f"http://127.0.0.1:{port}/", b"{}", {}, PRIVATE)
+        finally:
+            over.set()
+
+
+OK_LINE = b"HTTP/1.1 200 OK\r\n"
+#: Receivers' answers that said 2xx but broke something after the status line: each one
+#: took the event, so none may be tried again.
+HOSTILE_2XX = {
+    "retry-after-superscript-two": OK_LINE + b"Retry-After: \xb2\r\nContent-Length: 0\r\n\r\n",
+    "retry-after-utf8-digits": OK_LINE + "Retry-After: ١٢\r\n\r\n".encode(),
+    "content-length-superscript": OK_LINE + b"Content-Length: \xb2\r\n\r\nok",
+    "content-length-negative": OK_LINE + b"Content-Length: -1\r\n\r\nok",
+    "content-length-twice": OK_LINE + b"Content-Length: 2, 3\r\n\r\nok",
+    "content-length-unmet": OK_LINE + b"Content-Length: 100\r\n\r\nok",
+    "non-utf8-header": OK_LINE + b"X-Name: \xff\xfe\xc3(\r\nContent-Length: 0\r\n\r\n",
+    "bad-chunk-size": OK_LINE + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n",
+    "chunks-cut-short": OK_LINE + b"Transfer-Encoding: chunked\r\n\r\n5\r\nok",
+    "101-headers": OK_LINE + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n",
+    "70-kb-header-line": OK_LINE + b"X-Long: " + b"a" * 70_000 + b"\r\n\r\n",
+    "early-hints-first": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK_LINE
+                         + b"Content-Length: 0\r\n\r\n",
+    "204-with-a-body": b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello",
+}
+
+
+@pytest.mark.parametrize("raw", HOSTILE_2XX.values(), ids=HOSTILE_2XX.keys())
+def test_a_2xx_is_delivered_whatever_breaks_after_its_status_line(raw: bytes) -> None:
+    answer = answered(raw)
+    assert answer.ok and answer.error is None, answer
+
+
+def test_a_2xx_whose_body_never_comes_is_delivered_after_the_read_timeout() -> None:
+    t0 = time.monotonic()
+    answer = answered(OK_LINE + b"Content-Length: 10\r\n\r\n", hold=True)
+    assert answer.ok and answer.error is None, answer
+    assert time.monotonic() - t0 < PRIVATE.try_s
+
+
+def test_an_unreadable_retry_after_on_a_503_is_a_plain_retry() -> None:
+    answer = answered(b"HTTP/1.1 503 Busy\r\nRetry-After: \xb2\r\nContent-Length: 0\r\n\r\n")
+    assert answer.status == 503 and answer.error == "HTTP 503"
+    assert answer.retry_after_s is None
+
+
+def test_a_status_line_with_no_ascii_status_is_no_answer() -> None:
+    answer = answered(b"HTTP/1.1 \xb200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert answer.status is None and "BadStatusLine" in (answer.error or "")

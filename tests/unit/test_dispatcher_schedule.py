@@ -5,6 +5,8 @@ from __future__ import annotations
 import email.utils
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispatcher.schedule import (
     JITTER_FLOOR,
@@ -41,8 +43,23 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert parse_retry_after(email.utils.formatdate(now - 90, usegmt=True), now) == 0.0
     assert parse_retry_after("9" * 30, now) is None
     assert parse_retry_after("99999999", now) == MAX_RETRY_AFTER_S
+    assert parse_retry_after(" 120\t", now) == 120.0  # optional whitespace around it
 
 
-@pytest.mark.parametrize("bad", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo", "\x00"])
+#: Digits to str.isdigit, not to RFC 9110: a superscript (a receiver's byte 0xB2, read as
+#: latin-1), Arabic-Indic, fullwidth; and a date's digits out of range.
+NOT_ASCII_DIGITS = ["\u00b2", "\u00b9\u00b2", "\u0661\u0662\u0660", "\uff11\uff12",
+                    "12\u00a0", "Mon, 01 Jan 99999 00:00:00 GMT",
+                    "Mon, 01 Jan 2024 00:00:00 +9999", "Mon, 01 Jan 2024 00:00:00 G\u00b2T"]
+
+
+@pytest.mark.parametrize("bad", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo", "\x00",
+                                 *NOT_ASCII_DIGITS])
 def test_an_unreadable_retry_after_is_ignored(bad: str | None) -> None:
     assert parse_retry_after(bad, 0.0) is None
+
+
+@given(st.text(max_size=40) | st.binary(max_size=40).map(lambda b: b.decode("latin-1")))
+def test_no_retry_after_makes_the_parse_raise(value: str) -> None:
+    wait_s = parse_retry_after(value, 1_800_000_000.0)
+    assert wait_s is None or 0.0 <= wait_s <= MAX_RETRY_AFTER_S

@@ -16,7 +16,7 @@ answers an ``Answer``; ``flask_answer`` makes Flask's response of it. What Flask
 around a view, done here the same way:
 
 - an app context per request (``current_app``, ``g``);
-- a POST body read within its limits before the view (web/common/post_body.py);
+- a request body read within its limits before the view (web/common/post_body.py);
 - every error answered by the handler Flask would pick (the app's, or the route's
   blueprint's: ``LeanRoute.errors``), a refusal counted first as it counts it; a
   failure there answered as Flask answers one, by the handler for a 500;

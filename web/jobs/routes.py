@@ -36,7 +36,6 @@ from web.common.auth import check_owner, request_owner
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import jobs_admitted, remember_model
-from web.common.post_body import read_post_body
 from web.common.refusals import JobNotFound
 from web.common.state import WebState, current_state
 from web.common.sync_wait import SyncWait
@@ -47,7 +46,6 @@ from web.results.waiters import wait_for_final
 from web.results.waiting_for import waiting_for
 
 blueprint = Blueprint("carpool", __name__)
-blueprint.before_request(read_post_body)  # every POST body, read within its limits
 
 
 @blueprint.post("/submit")

@@ -46,7 +46,6 @@ from carpool.core.tokens import TokenizerConfig
 from carpool.core.versions import SEPARATOR, internal_name
 from carpool.intake.inputs import input_limits
 from web.common.auth import request_owner
-from web.common.post_body import read_post_body
 from web.common.refusals import Forbidden
 from web.common.state import WebState, current_state
 from web.open_inference.routes import MIN_INFER_WAIT_S, carpool_error, http_error, unexpected
@@ -54,7 +53,6 @@ from web.open_inference.routes import MIN_INFER_WAIT_S, carpool_error, http_erro
 log = logging.getLogger(__name__)
 
 blueprint = Blueprint("v2_repository", __name__, url_prefix="/v2/repository")
-blueprint.before_request(read_post_body)
 blueprint.register_error_handler(HTTPException, http_error)
 blueprint.register_error_handler(Exception, unexpected)
 #: What a load's override may change: what only the workers read. The rest (bins,

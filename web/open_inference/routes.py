@@ -36,7 +36,6 @@ from web.common.auth import request_owner
 from web.common.errors import retry_after_s, status_and_code
 from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import remember_model
-from web.common.post_body import read_post_body
 from web.common.state import WebState, current_state
 from web.common.sync_wait import SyncWait
 from web.open_inference.model import (
@@ -55,7 +54,6 @@ from web.open_inference.tensors import encode_output, parse_request
 log = logging.getLogger(__name__)
 
 blueprint = Blueprint("v2", __name__, url_prefix="/v2")
-blueprint.before_request(read_post_body)  # every POST body, read within its limits
 #: Extensions of the protocol that carpool speaks (GET /v2).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
 #: Past a request's own deadline, how long its answer may still take to come back.

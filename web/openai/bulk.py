@@ -30,7 +30,6 @@ from carpool.intake.embeddings import check_dimensions, embed_request, embedding
 from web.common.auth import request_owner, service_tier
 from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import remember_model
-from web.common.post_body import read_post_body
 from web.common.refusals import JobFailed, ResourceNotFound, ResultsLate
 from web.common.state import WebState, current_state
 from web.common.sync_wait import SyncWait
@@ -38,7 +37,6 @@ from web.openai.files import owned_file, page_args, page_document
 
 blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
-blueprint.before_request(read_post_body)
 
 #: A completion window: OpenAI's "24h", or a shorter one in s, m or h (carpool's own).
 _WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")

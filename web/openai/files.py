@@ -16,13 +16,11 @@ from carpool.backend.bulkdb import file_document, new_file_id
 from carpool.backend.filestore import store_name
 from carpool.core.errors import InvalidInput
 from web.common.auth import request_owner
-from web.common.post_body import read_post_body
 from web.common.refusals import BodyTooLarge, ResourceNotFound
 from web.common.state import WebState, current_state
 
 blueprint = Blueprint("v1_files", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
-blueprint.before_request(read_post_body)
 
 #: Purposes a client may upload; ``batch_output`` files are the feeder's.
 UPLOAD_PURPOSES = ("batch",)

@@ -52,7 +52,7 @@ def rollout_paths(responses: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """``/models/{name}/rollout``; ``responses((status, text, schema), *error_statuses)``
     builds an operation's responses (document.py's)."""
     put = responses(("200", "the model's rollout after the change", _ANSWER),
-                    "400", "401", "403", "404", "409", "413", "503")
+                    "400", "401", "403", "404", "408", "409", "413", "415", "503")
     put["409"] = {**put["409"], "description": "the change contradicts the rollout: "
                   "retiring a version jobs still go to, or shadowing to a retiring one"}
     return {"/models/{name}/rollout": {
