@@ -137,3 +137,15 @@ def test_raw_image_with_bad_query_is_refused(http: FlaskClient, query: str, stat
 def test_multipart_without_exactly_one_file_answers_400(http: FlaskClient) -> None:
     resp = http.post("/submit", data={"model": "imgs"}, content_type="multipart/form-data")
     assert resp.status_code == 400
+    assert "exactly one file" in resp.get_json()["error"]["message"]
+
+
+def test_multipart_that_werkzeug_cannot_parse_answers_400_saying_so(http: FlaskClient) -> None:
+    """A filename that is not UTF-8 makes werkzeug drop every part, silently."""
+    body = (b'--B\r\nContent-Disposition: form-data; name="model"\r\n\r\nimgs\r\n'
+            b'--B\r\nContent-Disposition: form-data; name="file"; filename="a\xff.png"\r\n'
+            b"\r\n" + png(8, 8) + b"\r\n--B--\r\n")
+    resp = http.post("/submit", data=body, content_type="multipart/form-data; boundary=B")
+    assert resp.status_code == 400
+    assert resp.get_json()["error"]["code"] == "malformed_body"
+    assert "UTF-8" in resp.get_json()["error"]["message"]

@@ -31,6 +31,12 @@ def http(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[FlaskClien
         yield c
 
 
+#: A purpose field, then a file whose filename is not UTF-8.
+NOT_UTF8_PARTS = (b'--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                  b'--B\r\nContent-Disposition: form-data; name="file"; filename="a\xff"\r\n'
+                  b'\r\n{}\n\r\n--B--\r\n')
+
+
 def upload(http: FlaskClient, data: bytes, purpose: str = "batch",
            headers: dict[str, str] | None = None) -> Any:
     return http.post("/v1/files", headers=AUTH if headers is None else headers,
@@ -63,6 +69,10 @@ def test_a_file_is_stored_listed_read_and_deleted_by_its_key_only(http: FlaskCli
     (lambda h: h.post("/v1/files", headers=AUTH, json={"file": "x"}), 400, "multipart"),
     (lambda h: h.post("/v1/files", headers=AUTH, content_type="multipart/form-data",
                       data={"purpose": "batch"}), 400, "exactly one file"),
+    # werkzeug drops the whole form at a filename that is not UTF-8: not "no purpose".
+    (lambda h: h.post("/v1/files", headers=AUTH,
+                      content_type="multipart/form-data; boundary=B", data=NOT_UTF8_PARTS),
+     400, "no part of the multipart body could be read"),
     (lambda h: h.post("/v1/files", headers=AUTH, content_type="multipart/form-data",
                       data={"purpose": "batch", "file": [(io.BytesIO(b"a"), "a"),
                                                          (io.BytesIO(b"b"), "b")]}),

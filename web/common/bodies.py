@@ -224,3 +224,15 @@ def _gevent_timeout_class() -> Any:
     except ImportError:
         return None
     return Timeout if monkey.is_module_patched("socket") else None
+
+
+def multipart_parts(req: Request) -> tuple[dict[str, str], list[tuple[str, Any]]]:
+    """The form fields and the (name, file) parts of a multipart body. werkzeug drops
+    the whole form, silently, at a part it cannot parse (headers not UTF-8, a part
+    without a name), so a body that yields no part at all is refused as malformed:
+    the client learns that, not that a field it did send is missing."""
+    fields, files = req.form.to_dict(), list(req.files.items(multi=True))
+    if not fields and not files:
+        raise MalformedBody("no part of the multipart body could be read: each part needs "
+                            "a Content-Disposition header with a name, and headers in UTF-8")
+    return fields, files

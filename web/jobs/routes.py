@@ -33,6 +33,7 @@ from carpool.core.strict_json import parse_json
 from carpool.core.versions import split
 from carpool.intake import inputs
 from web.common.auth import check_owner, request_owner
+from web.common.bodies import multipart_parts
 from web.common.errors import AdmissionUnknown, error_body, retry_after_s, status_and_code
 from web.common.lean import Answer, LeanRoute, flask_answer
 from web.common.metrics import jobs_admitted, remember_model
@@ -202,11 +203,10 @@ def _read_submission(state: WebState, owner: str, req: Request) -> inputs.Submis
     header_key = req.headers.get("Idempotency-Key")
     mimetype = req.mimetype
     if mimetype == "multipart/form-data":
-        files = req.files
-        if set(files) != {"file"} or len(files.getlist("file")) != 1:
+        form, files = multipart_parts(req)
+        if [name for name, _ in files] != ["file"]:
             raise InvalidInput("send exactly one file, in the form field 'file'")
-        data = files["file"].read()
-        form = req.form.to_dict()
+        data = files[0][1].read()
         return inputs.submission_from_file(
             form, data, _routed(state, owner, form.get("idempotency_key"), header_key),
             header_key, allow_private)

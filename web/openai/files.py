@@ -16,6 +16,7 @@ from carpool.backend.bulkdb import file_document, new_file_id
 from carpool.backend.filestore import store_name
 from carpool.core.errors import InvalidInput
 from web.common.auth import request_owner
+from web.common.bodies import multipart_parts
 from web.common.refusals import BodyTooLarge, ResourceNotFound
 from web.common.state import WebState, current_state
 
@@ -37,22 +38,23 @@ def create_file() -> tuple[Response, int]:
     if request.mimetype != "multipart/form-data":
         raise InvalidInput("upload a file as multipart/form-data with fields 'file' and "
                            "'purpose'")
-    purpose = request.form.get("purpose", "")
+    form, files = multipart_parts(request)
+    purpose = form.get("purpose", "")
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidInput(f"purpose must be one of {list(UPLOAD_PURPOSES)}, got "
                            f"{purpose[:40]!r}")
-    files = request.files.getlist("file")
-    if len(files) != 1 or set(request.files) != {"file"}:
+    if [name for name, _ in files] != ["file"]:
         raise InvalidInput("send exactly one file, in the form field 'file'")
     limit = state.settings.bulk.max_file_bytes
-    data = files[0].read(limit + 1)
+    upload = files[0][1]
+    data = upload.read(limit + 1)
     if len(data) > limit:
         raise BodyTooLarge(f"the file is over {limit} bytes (CARPOOL_BATCH_MAX_FILE_BYTES)")
     if not data:
         raise InvalidInput("the file is empty")
     meta: dict[str, str | int] = {
             "id": new_file_id(), "bytes": len(data), "created_at": int(time.time()),
-            "filename": (files[0].filename or "upload.jsonl")[:MAX_FILENAME_CHARS],
+            "filename": (upload.filename or "upload.jsonl")[:MAX_FILENAME_CHARS],
             "purpose": purpose, "owner": owner}
     state.files.put(store_name(str(meta["id"])), data)  # the bytes first: a record never
     state.bulkdb.add_file(meta, state.settings.bulk.keep_s)  # names a missing file
