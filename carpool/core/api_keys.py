@@ -64,10 +64,13 @@ def _entries(env: Mapping[str, str]) -> list[tuple[str, str]]:
     entries = [("CARPOOL_API_KEYS", e.strip()) for e in env.get("CARPOOL_API_KEYS", "").split(",")]
     path = env.get("CARPOOL_API_KEYS_FILE")
     if path:
-        try:
-            lines = Path(path).read_text().splitlines()
+        try:  # utf-8-sig: an editor's BOM is not part of the first key
+            lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
         except OSError as exc:
             raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"CARPOOL_API_KEYS_FILE={path}: not UTF-8 (byte {exc.start + 1})"
+                              ) from None
         entries += [(f"CARPOOL_API_KEYS_FILE={path} line {n}", line.strip())
                     for n, line in enumerate(lines, 1)
                     if line.strip() and not line.lstrip().startswith("#")]
@@ -110,6 +113,12 @@ def read_api_keys(env: Mapping[str, str]) -> ApiKeys:
                                   f"{', '.join(KEY_OPTIONS)}")
         if policy:
             out.policies[digest] = KeyPolicy(**policy)  # type: ignore[arg-type]
+    if not digests and env.get("CARPOOL_API_KEYS_FILE"):
+        # No key serves everyone without one: a file emptied to revoke every key must
+        # not open the service instead.
+        raise ConfigError(f"CARPOOL_API_KEYS_FILE={env['CARPOOL_API_KEYS_FILE']} holds no "
+                          "key, which would serve every request without one; add a key, or "
+                          "unset it to run without keys")
     return ApiKeys(frozenset(digests), out.weights, out.webhook_secrets, out.policies)
 
 

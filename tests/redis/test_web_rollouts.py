@@ -356,3 +356,26 @@ def test_a_retry_with_an_idempotency_key_finds_its_job_whatever_the_percent(
                           '"size": 1}, "idempotency_key": "\\ud800"}',
                           headers={"Content-Type": "application/json"})
     assert surrogate.status_code == 400
+
+
+
+@pytest.mark.parametrize("change", [
+    [None],  # the rollout removed: names no version again
+    [{"version": "3", "percent": 50}],  # moved to another version
+    [{"version": "2", "percent": 0}, {"retire": "2"}],  # its version retiring
+], ids=["removed", "moved", "retiring"])
+def test_a_retry_with_an_idempotency_key_finds_its_job_whatever_became_of_the_rollout(
+        http: FlaskClient, client: redis.Redis, keys: Keys,
+        change: list[dict[str, Any] | None]) -> None:
+    """Not one new job for a retry: it is answered its first job, in the version that
+    holds its key, even one that admits nothing new."""
+    put(http, {"version": "2", "percent": 100})
+    first = keyed(http, "key-r")
+    assert first["model_version"] == "2"
+    for body in change:
+        resp = http.delete("/models/synthetic/rollout") if body is None else put(http, body)
+        assert resp.status_code == 200, resp.get_json()
+    again = keyed(http, "key-r")
+    assert (again["id"], again["duplicate"], again["model_version"]) == (first["id"], True, "2")
+    assert sum(client.zcard(keys.bin(m, "small"))
+               for m in ("synthetic", "synthetic@2", "synthetic@3")) == 1

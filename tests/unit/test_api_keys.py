@@ -46,3 +46,24 @@ def test_an_unknown_option_names_its_line_and_the_options_allowed(
     env = _keys_file(tmp_path, f"{TEAM} {option}\n")
     with pytest.raises(ConfigError, match=r"line 1: .*unknown option.*quota_jobs_per_s"):
         load_settings(env)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# every key revoked\n", "\ufeff# revoked\n"])
+def test_a_keys_file_without_a_key_stops_start_up_not_opens_the_service(
+        tmp_path: Path, text: str) -> None:
+    """No key at all means no key is asked for: an emptied file fails closed."""
+    with pytest.raises(ConfigError, match="holds no key"):
+        load_settings(_keys_file(tmp_path, text))
+
+
+def test_a_keys_file_that_is_not_utf8_is_a_config_error_naming_the_byte(
+        tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_bytes(f"# caf\xe9\n{OPS}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"not UTF-8 \(byte 6\)"):
+        load_settings({"CARPOOL_API_KEYS_FILE": str(path)})
+
+
+def test_a_bom_before_the_first_key_is_not_part_of_it(tmp_path: Path) -> None:
+    settings = load_settings(_keys_file(tmp_path, f"\ufeff{OPS} admin\n"))
+    assert settings.api_key_policies == {api_key_digest(OPS): KeyPolicy(admin=True)}

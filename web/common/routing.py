@@ -61,6 +61,12 @@ class Routing:
                       lambda spec, name: self._choose(spec, name, key_digest))
 
     def _choose(self, spec: ModelSpec, name: str, key_digest: str | None) -> ModelSpec:
+        if SEPARATOR not in name and key_digest is not None:
+            # A retry goes where its key is held, whatever the rollout says now (moved,
+            # removed, that version retiring): admission answers it its first job.
+            held = self._holding(spec, key_digest)
+            if held is not None:
+                return held
         rollout = self.cache.get(spec.base_name)
         if rollout.is_empty():
             return spec
@@ -71,15 +77,20 @@ class Routing:
         rollout.check_open(spec)
         return spec
 
+    def _holding(self, own: ModelSpec, key_digest: str) -> ModelSpec | None:
+        """The version of ``own``'s model that holds an idempotency key; None when none
+        does, or the model has one version (its key can be nowhere else: no read)."""
+        models = self.settings.catalogue.models
+        names = [own.name, *(s.name for s in models.values() if s.family == own.name)]
+        if len(names) < 2:
+            return None
+        held = self.cache.store.holding_key(names, key_digest)
+        return None if held is None else models[held]
+
     def _version_for(self, own: ModelSpec, rollout: Rollout, key_digest: str | None) -> str:
         if key_digest is None or not rollout.version:
             return rollout.route(own.version, self.rng.random() * 100)
-        # A keyed submit goes where its key is held (a retry finds its job, whatever
-        # the percent now), else where its key draws: the same for every retry.
-        held = self.cache.store.holding_key(
-            [own.name, internal_name(own.name, rollout.version)], key_digest)
-        if held is not None:
-            return self.settings.catalogue.models[held].version
+        # A first keyed submit goes where its key draws: every retry draws the same.
         return rollout.route(own.version, int(key_digest[:8], 16) / 16**8 * 100)
 
     def shadow(self, req: AdmitRequest, outcomes: Sequence[AdmitOutcome]) -> None:
