@@ -72,13 +72,13 @@ def create_app(settings: Settings | None = None, *, lean_routes: bool = True) ->
     queue = Queue(client, keys, version_map(settings.catalogue))
     metrics = WebMetrics(queue, settings.catalogue)
     # The scaling rule's gauges, computed at each scrape (never per request).
-    metrics.registry.register(NeedGauges(NeedReader(
+    metrics.from_redis.collectors.append(NeedGauges(NeedReader(
         client, keys, queue, Registry(client, keys), settings.catalogue,
         settings.cold_start_s)))
     own_models = [s.name for s in settings.catalogue if not s.family]
     shadows = ShadowBook(queue, keys)
-    metrics.registry.register(ShadowCounters(shadows, {m: settings.catalogue.models[m].kind
-                                                       for m in own_models}))
+    kinds = {m: settings.catalogue.models[m].kind for m in own_models}
+    metrics.from_redis.collectors.append(ShadowCounters(shadows, kinds))
     admissions = Admissions(client, keys, coalesce=True, policies=settings.api_key_policies)
     notifier = Notifier(client, keys.done_channel, keys.admitted_channel, keys.results_channel,
                         max_age_for(spec.result_ttl_s for spec in settings.catalogue),

@@ -13,9 +13,10 @@ from flask.testing import FlaskClient
 
 from carpool.backend import records
 from carpool.backend.keys import Keys
+from carpool.core.errors import BackendUnavailable
 from tests.support.procs import free_port
 from tests.support.promtext import Scrape
-from tests.support.webtools import MAX_BODY_BYTES, png, web_client, web_settings
+from tests.support.webtools import MAX_BODY_BYTES, app_state, png, web_client, web_settings
 
 
 @pytest.fixture
@@ -144,3 +145,38 @@ def test_a_submission_refused_for_its_api_key_is_not_a_rejected_job(
         s = scrape(http)
     assert s.value("carpool_jobs_rejected_total") == 1  # the bad input, not the bad key
     assert s.value("carpool_jobs_rejected_total", model="synthetic", reason="invalid") == 1
+
+
+class Probe:
+    """A collector that counts its scrapes."""
+
+    def __init__(self) -> None:
+        self.collected = 0
+
+    def collect(self) -> Iterator[Any]:
+        self.collected += 1
+        yield from ()
+
+
+def test_the_gauges_read_from_redis_wait_on_one_ping_not_one_timeout_each(
+        http: FlaskClient) -> None:
+    """A Redis that does not answer costs a scrape one socket timeout (the ping's): one
+    per collector outlasted Prometheus's scrape timeout."""
+    metrics = app_state(http).metrics
+    kinds = {type(c).__name__ for c in metrics.from_redis.collectors}
+    assert kinds == {"BinGauges", "NeedGauges", "ShadowCounters"}
+    probe = Probe()
+    metrics.from_redis.collectors.append(probe)
+    scrape(http)
+    assert probe.collected == 1
+
+    def unavailable() -> None:
+        raise BackendUnavailable("Redis timed out")
+
+    pinged, metrics.from_redis._ping = metrics.from_redis._ping, unavailable
+    try:
+        s = scrape(http)
+    finally:
+        metrics.from_redis._ping = pinged
+    assert probe.collected == 1  # not asked: the ping said Redis is away
+    assert "carpool_bin_depth" not in s.families and "carpool_http_requests_total" in s.families
