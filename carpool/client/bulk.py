@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +51,34 @@ def request_lines(text: str, model: str, endpoint: str) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def read_jsonl(path: Path) -> str:
+    """``path``'s text; one that cannot be read, or is not UTF-8 (as JSONL is), is a
+    ClientError that says which line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClientError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ClientError(f"{path}: line {line} is not UTF-8 (byte {data[exc.start]:#04x}); "
+                          "a JSONL file is UTF-8 text") from None
+
+
+def check_writable(path: Path) -> None:
+    """Raises ClientError unless ``path`` can be written: asked before a wait of hours
+    for the batch, not after it."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise ClientError(f"cannot write {path}: there is no folder {folder}")
+    if path.is_dir():
+        raise ClientError(f"cannot write {path}: it is a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+                                                    and not os.access(path, os.W_OK)):
+        raise ClientError(f"cannot write {path}: permission denied")
+
+
 class Bulk:
     def __init__(self, url: str, api_key: str | None) -> None:
         self.http = httpx.Client(base_url=url.rstrip("/") + "/v1", headers=headers(api_key),
@@ -69,7 +98,7 @@ class Bulk:
         return resp
 
     def submit(self, path: Path, model: str, endpoint: str, window: str) -> dict[str, Any]:
-        data = request_lines(path.read_text(), model, endpoint)
+        data = request_lines(read_jsonl(path), model, endpoint)
         try:
             f = self._ok(self.http.post("/files", data={"purpose": "batch"},
                                         files={"file": (path.name, data)})).json()
@@ -127,8 +156,10 @@ def run_bulk_command(args: Any) -> int:
             doc = bulk.wait(args.id, progress_bar()) if args.wait else bulk.status(args.id)
             print(json.dumps(doc, indent=2))
             return 0 if doc["status"] != "failed" else 1
-        doc = bulk.wait(args.id, progress_bar())
         errors_path = args.errors or args.output.with_suffix(".errors.jsonl")
+        for path in (args.output, errors_path):
+            check_writable(path)
+        doc = bulk.wait(args.id, progress_bar())
         args.output.write_bytes(bulk.content(doc["output_file_id"])
                                 if doc.get("output_file_id") else b"")
         errors = bulk.content(doc["error_file_id"]) if doc.get("error_file_id") else b""
