@@ -6,6 +6,7 @@ nothing answering there (a refused connection), then the server."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ class Asked:
     method: str
     path: str
     headers: dict[str, str]
+    at_s: float  # time.monotonic() when it arrived
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class ScriptedServer:
                 n = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(n)
                 asked = Asked(self.command, self.path, {k.lower(): v for k, v
-                                                        in self.headers.items()})
+                                                        in self.headers.items()},
+                              time.monotonic())
                 with server.lock:
                     index = len(server.asked)
                     server.asked.append(asked)
@@ -75,7 +78,9 @@ class ScriptedServer:
         self.server.daemon_threads = True
         self.server.server_bind()  # the port is ours; connects are refused until listen()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for it, at the end of every test.
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,),
+                                       daemon=True)
 
     def listen(self) -> None:
         self.server.server_activate()
