@@ -9,12 +9,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import httpx
 
-from carpool.client.errors import ApiError, ClientError
-from carpool.client.protocol import headers
+from carpool.client.errors import ClientError
+from carpool.client.protocol import RetryPolicy, error_for, headers, unreachable
 
 #: Statuses a batch never leaves.
 FINAL = ("failed", "completed", "expired", "cancelled")
@@ -22,6 +22,12 @@ FINAL = ("failed", "completed", "expired", "cancelled")
 POLL_S = 1.0
 #: A generous bound on one request (an upload of 200 MB included).
 TIMEOUT_S = 300.0
+#: How a wait for a batch (hours, maybe) reads on through 429, 503 and refused
+#: connections, a web restart: 7 tries a read, backoff doubling from 1 s (with jitter,
+#: so half a minute or more in all) before it gives up.
+WAIT_RETRY = RetryPolicy(attempts=7, first_backoff_s=1.0, max_backoff_s=60.0)
+
+T = TypeVar("T")
 
 
 def request_lines(text: str, model: str, endpoint: str) -> bytes:
@@ -80,9 +86,12 @@ def check_writable(path: Path) -> None:
 
 
 class Bulk:
-    def __init__(self, url: str, api_key: str | None) -> None:
+    def __init__(self, url: str, api_key: str | None, *, retry: RetryPolicy | None = None,
+                 wait_retry: RetryPolicy = WAIT_RETRY) -> None:
         self.http = httpx.Client(base_url=url.rstrip("/") + "/v1", headers=headers(api_key),
                                  timeout=TIMEOUT_S)
+        self.retry = retry or RetryPolicy()
+        self.wait_retry = wait_retry
 
     def close(self) -> None:
         self.http.close()
@@ -94,8 +103,25 @@ class Bulk:
                 code, message = err["code"], err["message"]
             except (ValueError, KeyError, TypeError):
                 code, message = "error", resp.text[:200]
-            raise ApiError(resp.status_code, code, message)
+            raise error_for(resp.status_code, code, message, resp.headers.get("Retry-After"))
         return resp
+
+    def _retried(self, read: Callable[[], T], policy: RetryPolicy,
+                 pause: Callable[[float], object]) -> T:
+        """``read()``, tried again through 429, 503 and refused connections as ``policy``
+        says; giving up, the error says what was seen last."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return read()
+            except ClientError as exc:
+                delay_s = policy.delay_s(tries, exc)
+                if delay_s is None and tries == 1:
+                    raise
+                if delay_s is None:
+                    raise ClientError(f"gave up after {tries} tries; the last: {exc}") from None
+                pause(delay_s)
 
     def submit(self, path: Path, model: str, endpoint: str, window: str) -> dict[str, Any]:
         data = request_lines(read_jsonl(path), model, endpoint)
@@ -108,16 +134,21 @@ class Bulk:
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
 
-    def status(self, bulk_id: str) -> dict[str, Any]:
+    def _read(self, bulk_id: str) -> dict[str, Any]:
         try:
             return dict(self._ok(self.http.get(f"/batches/{bulk_id}")).json())
+        except httpx.TransportError as exc:  # a refused connect is retried; others not
+            raise unreachable(str(self.http.base_url), exc) from None
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+
+    def status(self, bulk_id: str) -> dict[str, Any]:
+        return self._retried(lambda: self._read(bulk_id), self.retry, time.sleep)
 
     def wait(self, bulk_id: str, on_progress: Callable[[dict[str, Any]], None],
              pause: Callable[[float], object] = time.sleep) -> dict[str, Any]:
         while True:
-            doc = self.status(bulk_id)
+            doc = self._retried(lambda: self._read(bulk_id), self.wait_retry, pause)
             on_progress(doc)
             if doc["status"] in FINAL:
                 return doc
