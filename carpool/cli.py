@@ -181,7 +181,10 @@ def _answer(call: Callable[[Client], Job], args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     if args.file:
-        data = Path(args.file).read_bytes()
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as exc:
+            raise CarpoolError(f"cannot read --file {args.file}: {exc.strerror}") from None
         return _answer(lambda c: c.submit_file(args.model, data, args.content_type,
                                                wait=args.wait), args)
     try:
@@ -368,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CarpoolError as exc:  # ClientError included: nothing listens, say
+        print(f"carpool: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file or folder a command did not check: a line, not a traceback
         print(f"carpool: {exc}", file=sys.stderr)
         return 2
 

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import httpx
 
-from carpool.client.errors import ApiError, ClientError
-from carpool.client.protocol import headers
+from carpool.client.errors import ClientError
+from carpool.client.protocol import RetryPolicy, error_for, headers, unreachable
 
 #: Statuses a batch never leaves.
 FINAL = ("failed", "completed", "expired", "cancelled")
@@ -21,6 +22,12 @@ FINAL = ("failed", "completed", "expired", "cancelled")
 POLL_S = 1.0
 #: A generous bound on one request (an upload of 200 MB included).
 TIMEOUT_S = 300.0
+#: How a wait for a batch (hours, maybe) reads on through 429, 503 and refused
+#: connections, a web restart: 7 tries a read, backoff doubling from 1 s (with jitter,
+#: so half a minute or more in all) before it gives up.
+WAIT_RETRY = RetryPolicy(attempts=7, first_backoff_s=1.0, max_backoff_s=60.0)
+
+T = TypeVar("T")
 
 
 def request_lines(text: str, model: str, endpoint: str) -> bytes:
@@ -50,10 +57,41 @@ def request_lines(text: str, model: str, endpoint: str) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def read_jsonl(path: Path) -> str:
+    """``path``'s text; one that cannot be read, or is not UTF-8 (as JSONL is), is a
+    ClientError that says which line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClientError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ClientError(f"{path}: line {line} is not UTF-8 (byte {data[exc.start]:#04x}); "
+                          "a JSONL file is UTF-8 text") from None
+
+
+def check_writable(path: Path) -> None:
+    """Raises ClientError unless ``path`` can be written: asked before a wait of hours
+    for the batch, not after it."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise ClientError(f"cannot write {path}: there is no folder {folder}")
+    if path.is_dir():
+        raise ClientError(f"cannot write {path}: it is a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+                                                    and not os.access(path, os.W_OK)):
+        raise ClientError(f"cannot write {path}: permission denied")
+
+
 class Bulk:
-    def __init__(self, url: str, api_key: str | None) -> None:
+    def __init__(self, url: str, api_key: str | None, *, retry: RetryPolicy | None = None,
+                 wait_retry: RetryPolicy = WAIT_RETRY) -> None:
         self.http = httpx.Client(base_url=url.rstrip("/") + "/v1", headers=headers(api_key),
                                  timeout=TIMEOUT_S)
+        self.retry = retry or RetryPolicy()
+        self.wait_retry = wait_retry
 
     def close(self) -> None:
         self.http.close()
@@ -65,11 +103,28 @@ class Bulk:
                 code, message = err["code"], err["message"]
             except (ValueError, KeyError, TypeError):
                 code, message = "error", resp.text[:200]
-            raise ApiError(resp.status_code, code, message)
+            raise error_for(resp.status_code, code, message, resp.headers.get("Retry-After"))
         return resp
 
+    def _retried(self, read: Callable[[], T], policy: RetryPolicy,
+                 pause: Callable[[float], object]) -> T:
+        """``read()``, tried again through 429, 503 and refused connections as ``policy``
+        says; giving up, the error says what was seen last."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return read()
+            except ClientError as exc:
+                delay_s = policy.delay_s(tries, exc)
+                if delay_s is None and tries == 1:
+                    raise
+                if delay_s is None:
+                    raise ClientError(f"gave up after {tries} tries; the last: {exc}") from None
+                pause(delay_s)
+
     def submit(self, path: Path, model: str, endpoint: str, window: str) -> dict[str, Any]:
-        data = request_lines(path.read_text(), model, endpoint)
+        data = request_lines(read_jsonl(path), model, endpoint)
         try:
             f = self._ok(self.http.post("/files", data={"purpose": "batch"},
                                         files={"file": (path.name, data)})).json()
@@ -79,16 +134,21 @@ class Bulk:
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
 
-    def status(self, bulk_id: str) -> dict[str, Any]:
+    def _read(self, bulk_id: str) -> dict[str, Any]:
         try:
             return dict(self._ok(self.http.get(f"/batches/{bulk_id}")).json())
+        except httpx.TransportError as exc:  # a refused connect is retried; others not
+            raise unreachable(str(self.http.base_url), exc) from None
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+
+    def status(self, bulk_id: str) -> dict[str, Any]:
+        return self._retried(lambda: self._read(bulk_id), self.retry, time.sleep)
 
     def wait(self, bulk_id: str, on_progress: Callable[[dict[str, Any]], None],
              pause: Callable[[float], object] = time.sleep) -> dict[str, Any]:
         while True:
-            doc = self.status(bulk_id)
+            doc = self._retried(lambda: self._read(bulk_id), self.wait_retry, pause)
             on_progress(doc)
             if doc["status"] in FINAL:
                 return doc
@@ -127,8 +187,10 @@ def run_bulk_command(args: Any) -> int:
             doc = bulk.wait(args.id, progress_bar()) if args.wait else bulk.status(args.id)
             print(json.dumps(doc, indent=2))
             return 0 if doc["status"] != "failed" else 1
-        doc = bulk.wait(args.id, progress_bar())
         errors_path = args.errors or args.output.with_suffix(".errors.jsonl")
+        for path in (args.output, errors_path):
+            check_writable(path)
+        doc = bulk.wait(args.id, progress_bar())
         args.output.write_bytes(bulk.content(doc["output_file_id"])
                                 if doc.get("output_file_id") else b"")
         errors = bulk.content(doc["error_file_id"]) if doc.get("error_file_id") else b""

@@ -48,9 +48,13 @@ class RetryPolicy:
         if tries >= self.attempts or not isinstance(exc, Overloaded | Unavailable
                                                             | ServerUnreachable):
             return None
-        backoff = self.first_backoff_s * 2 ** (tries - 1) * random.uniform(0.5, 1.0)
-        wanted = max(backoff, getattr(exc, "retry_after_s", None) or 0.0)
+        wanted = max(self.backoff_s(tries), getattr(exc, "retry_after_s", None) or 0.0)
         return wanted if wanted <= self.max_backoff_s else None
+
+    def backoff_s(self, tries: int) -> float:
+        """The backoff after ``tries`` failed: doubling, with jitter so that clients
+        refused together do not come back together."""
+        return float(self.first_backoff_s * 2 ** (tries - 1) * random.uniform(0.5, 1.0))
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,16 @@ def decode(response: httpx.Response) -> Any:
     message = err.get("message") or response.text[:200] or response.reason_phrase
     raise error_for(response.status_code, str(err.get("code", "http")), str(message),
                     response.headers.get("Retry-After"))
+
+
+def require_event_stream(response: httpx.Response) -> None:
+    """Raises ``bad_body`` unless a 2xx answer is ``text/event-stream``: a login page
+    or a proxy's answer read as a stream has no event, and would be reconnected to
+    forever."""
+    media = response.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    if media != "text/event-stream":
+        raise ApiError(response.status_code, "bad_body", "the answer is not an event "
+                       f"stream (Content-Type: {media or 'none'})")
 
 
 def unreachable(url: str, exc: httpx.TransportError) -> ClientError:

@@ -8,11 +8,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from carpool.client.errors import ClientError
 from carpool.client.jobdoc import FINAL
+from carpool.client.protocol import RetryPolicy
 
 #: A stream sends a comment at least this often (the server's keep-alive is 15 s):
 #: a read that waits longer means the connection is dead.
 READ_TIMEOUT_S = 45.0
+#: A stream that ends sooner than this without an event is not the server's stream at
+#: work (that lasts CARPOOL_MAX_WAIT_S, or ends at a final event): such ends in a row
+#: count as failed tries, so a quick empty answer is not reconnected to forever.
+QUICK_END_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,3 +95,36 @@ class Following:
     @property
     def finished(self) -> bool:
         return all(self.statuses.get(job_id) in FINAL for job_id in self.ids)
+
+
+@dataclass
+class Reconnects:
+    """When ``events()`` connects again to a stream that ended before every job was
+    final: never sooner than the server's ``retry:`` or the policy's first backoff,
+    backing off after connections that told nothing (refused, 429 or 503, or ended at
+    once without an event), and giving up after ``policy.attempts`` of them in a row."""
+
+    policy: RetryPolicy
+    url: str
+    #: The server's ``retry:``, kept across connections as an EventSource keeps it.
+    retry_ms: int | None = None
+    #: Connections in a row that told nothing.
+    barren: int = 0
+
+    def delay_s(self, told: bool, lasted_s: float, retry_ms: int | None,
+                error: ClientError | None) -> float:
+        """Seconds to wait before the next connection; raises ``error`` (or says the
+        stream keeps ending empty) when it is time to give up."""
+        self.retry_ms = retry_ms if retry_ms is not None else self.retry_ms
+        fruitless = not told and (error is not None or lasted_s < QUICK_END_S)
+        self.barren = self.barren + 1 if fruitless else 0
+        if error is not None:
+            wanted = self.policy.delay_s(max(self.barren, 1), error)  # Retry-After included
+            if wanted is None:
+                raise error
+        elif self.barren >= self.policy.attempts:
+            raise ClientError(f"the event stream at {self.url} ended {self.barren} times "
+                              "in a row without an event: is something else answering?")
+        else:
+            wanted = self.policy.backoff_s(self.barren) if self.barren else 0.0
+        return max(wanted, (self.retry_ms or 0) / 1000, self.policy.first_backoff_s)

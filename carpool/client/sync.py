@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import httpx
 
-from carpool.client.errors import ClientError
+from carpool.client.errors import ApiError, ClientError
 from carpool.client.handle import Job
 from carpool.client.jobdoc import JobDoc, JobTimeout
 from carpool.client.many_run import ManyRun
@@ -24,11 +24,12 @@ from carpool.client.protocol import (
     decode,
     file_call,
     headers,
+    require_event_stream,
     result_call,
     submit_call,
     unreachable,
 )
-from carpool.client.sse import READ_TIMEOUT_S, Event, Following, SseParser
+from carpool.client.sse import READ_TIMEOUT_S, Event, Following, Reconnects, SseParser
 
 #: How long ``load_model`` waits for its answer: the server answers within its own
 #: wait (CARPOOL_MAX_WAIT_S, default 60 s), 504 if the model is still loading.
@@ -157,12 +158,15 @@ class Client:
         """Each event of the jobs' stream (``GET /result/<id>/events``, or ``GET /events``
         for several) until every one is final, reconnecting with ``Last-Event-ID`` when
         a stream ends before that (docs/events.md). An ``error`` event (Redis away) is
-        yielded, then the stream reconnects; a refused connection is retried by the
-        policy."""
+        yielded, then the stream reconnects; a refused connection, 429 and 503 are
+        retried by the policy, as are streams that end at once without an event; a 2xx
+        that is not an event stream is ``bad_body``."""
         following = Following(list(job_ids), last_event_id)
-        tries = 0
+        reconnects = Reconnects(self.retry, self.url)
         while not following.finished:
             parser = SseParser()
+            told, opened_s = False, time.monotonic()
+            error: ClientError | None = None
             try:
                 with self._http.stream("GET", following.path(), headers=following.headers(),
                                        timeout=httpx.Timeout(READ_TIMEOUT_S)) as response:
@@ -171,20 +175,20 @@ class Client:
                     if not response.is_success:
                         response.read()
                         decode(response)
-                    tries = 0
+                    require_event_stream(response)
                     for line in response.iter_lines():
                         event = parser.feed(line)
                         if event is not None:
                             following.saw(event)
+                            told = True
                             yield event
             except httpx.TransportError as exc:
-                tries += 1
-                delay = self.retry.delay_s(tries, unreachable(self.url, exc))
-                if delay is None:
-                    raise unreachable(self.url, exc) from exc
-                time.sleep(delay)
-                continue
-            time.sleep((parser.retry_ms or 0) / 1000 if not following.finished else 0)
+                error = unreachable(self.url, exc)
+            except ApiError as exc:  # 429 and 503 are retried; the rest raised
+                error = exc
+            if not following.finished:
+                time.sleep(reconnects.delay_s(
+                    told, time.monotonic() - opened_s, parser.retry_ms, error))
 
     def run(self, model: str, job_input: Any, *, timeout_s: float = 60.0,
             **options: Any) -> Any:
