@@ -97,3 +97,25 @@ def test_a_stream_is_woken_by_the_claim_and_the_end_of_its_job(
     assert json.loads(done.split("data: ", 1)[1])["result"] == {"ok": 1}
     resp.close()
     assert state.notifier._current().followers.following(job) == 0  # forgotten at the end
+
+
+def test_a_resumed_stream_goes_on_without_a_job_gone_since_the_client_saw_it(
+        http: FlaskClient, queue: Queue) -> None:
+    """Gone (its result deleted, or expired) after the client was told of it: the stream
+    resumes with the others, as when a job goes mid-stream; an id never seen stays 404."""
+    gone = submit(http)
+    spec, claim = claim_all(http, queue)
+    queue.complete(spec, claim, [Outcome(gone, result={"ok": 1})], {"size": 1})
+    waiting = submit(http)  # queued: the stream follows it
+    first = http.get(f"/events?ids={gone},{waiting}", buffered=False)
+    start = next(iter(first.response)).decode()
+    first.close()
+    last_id = [line for line in start.splitlines() if line.startswith("id: ")][-1][4:]
+    assert len(last_id) == 2 and "event: done" in start
+    assert http.delete(f"/result/{gone}").status_code == 200
+    resumed = http.get(f"/events?ids={gone},{waiting}", buffered=False,
+                       headers={"Last-Event-ID": last_id})
+    assert resumed.status_code == 200
+    resumed.close()
+    fresh = http.get(f"/events?ids={gone},{waiting}")
+    assert fresh.status_code == 404  # never seen by this client: unknown

@@ -190,3 +190,20 @@ def test_an_event_told_before_a_lost_backend_is_sent_before_the_error() -> None:
     events = parsed(list(s.events()))
     assert [(i, e) for i, e, _ in events] == [("0z", "queued"), ("00", "queued"),
                                               ("10", "running"), ("10", "error")]
+
+
+def test_a_job_gone_before_the_stream_resumed_is_told_nothing_and_keeps_its_place() -> None:
+    clock = Clock()
+    gone = replace(view(JobStatus.EXPIRED), id="g" * 26)
+    queued = view(position=1)
+    s = JobStream([gone, queued], ["3", None], Follow(event=FakeEvent(clock)),
+                  lambda ids: [view(JobStatus.DONE, 1) for _ in ids], lambda _: None, None,
+                  60.0, clock=clock, ended=frozenset({gone.id}))
+    assert s.has_news()
+    s.follow.wake(queued.id)
+    events = parsed(list(s.events()))
+    assert [(e[1], e[2]["id"]) for e in events] == [("queued", queued.id), ("done", queued.id)]
+    assert all(e[0][0] == "3" and len(e[0]) == 2 for e in events)  # its char, unchanged
+    s = JobStream([gone], ["3"], Follow(event=FakeEvent(clock)), lambda ids: [], lambda _: None,
+                  None, 60.0, clock=clock, ended=frozenset({gone.id}))
+    assert not s.has_news()  # nothing but it: 204, not a stream with nothing to say

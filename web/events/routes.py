@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from flask import Blueprint, Response, request
 
 from carpool.core.errors import InvalidInput
-from carpool.core.jobs import JobView, is_job_id
+from carpool.core.jobs import JobStatus, JobView, is_job_id
 from web.common.auth import check_owner, request_owner
 from web.common.refusals import JobNotFound
 from web.common.state import current_state
@@ -72,10 +72,10 @@ def _stream(ids: list[str]) -> Response:
         stack.enter_context(state.metrics.event_streams.track_inprogress())
         # Registered before the first read: a claim or an end after it wakes the stream.
         follow = stack.enter_context(state.notifier.follow(ids))
-        views = _owned(state.reads.get_many(ids), ids, owner)
+        views, ended = _followed(state.reads.get_many(ids), ids, seen, owner)
         stream = JobStream(views, seen, follow, state.reads.get_many, state.notifier.claim_of,
                            client_gone_check(request.environ),
-                           max(state.settings.max_wait_s, MIN_LIFETIME_S))
+                           max(state.settings.max_wait_s, MIN_LIFETIME_S), ended=ended)
         if not stream.has_news():  # all final, all seen: 204 stops an EventSource
             stack.close()
             return Response(status=204)
@@ -88,5 +88,16 @@ def _stream(ids: list[str]) -> Response:
         raise
 
 
-def _owned(views: list[JobView | None], ids: list[str], owner: str) -> list[JobView]:
-    return [check_owner(view, owner, job_id) for view, job_id in zip(views, ids, strict=True)]
+def _followed(views: list[JobView | None], ids: list[str], seen: list[str | None],
+              owner: str) -> tuple[list[JobView], frozenset[str]]:
+    """Each job's view, and the ids of those gone since the client saw them (its
+    ``Last-Event-ID``): a resumed stream goes on with the others, as it would have had
+    they gone mid-stream. An id unknown (or another key's) and never seen is a 404."""
+    out: list[JobView] = []
+    ended: set[str] = set()
+    for view, job_id, told in zip(views, ids, seen, strict=True):
+        if view is None and told is not None:
+            ended.add(job_id)
+            view = JobView(job_id, "", JobStatus.EXPIRED, None, None, None, None, owner)
+        out.append(check_owner(view, owner, job_id))
+    return out, frozenset(ended)

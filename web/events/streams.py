@@ -117,14 +117,18 @@ class _Job:
 
 class JobStream:
     """The events of the jobs in ``views`` (read after ``follow`` was registered), as
-    the client that saw ``seen`` (``parse_last_event_id``) should get them."""
+    the client that saw ``seen`` (``parse_last_event_id``) should get them. A job in
+    ``ended`` is gone (its result deleted or expired since the client saw it): nothing
+    more is told of it, as of one that goes mid-stream, and its place in the id stays."""
 
     def __init__(self, views: Sequence[JobView], seen: Sequence[str | None], follow: Follow,
                  read: Reader, claim_of: Callable[[str], Claimed | None],
                  gone: ClientGone | None, lifetime_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ended: frozenset[str] = frozenset()) -> None:
         now = clock()
-        self.jobs = [_Job(view, s, read_at=now) for view, s in zip(views, seen, strict=True)]
+        self.jobs = [_Job(view, s, read_at=now, gone=view.id in ended)
+                     for view, s in zip(views, seen, strict=True)]
         self.follow = follow
         self.read = read
         self.claim_of = claim_of
@@ -134,13 +138,15 @@ class JobStream:
 
     def has_news(self) -> bool:
         """False when every job is final and the client saw it so: nothing to send."""
-        return any(job.open or job.seen != version_char(job.view) for job in self.jobs)
+        return any(job.open or not job.gone and job.seen != version_char(job.view)
+                   for job in self.jobs)
 
     def events(self) -> Iterator[str]:
         now = self.clock()
         # One write for the start: each chunk costs the web a send.
         yield "".join([f"retry: {RETRY_MS}\n\n",
-                       *(e for job in self.jobs for e in self._tell(job, job.view, now))])
+                       *(e for job in self.jobs if not job.gone
+                         for e in self._tell(job, job.view, now))])
         try:
             yield from self._follow()
         except BackendUnavailable as exc:  # the status line is sent: say it, and end
