@@ -78,10 +78,11 @@ class BulkDb:
             pipe.zrem(self.keys.files(owner), file_id)
             pipe.execute()
 
-    def list_files(self, owner: str, after: str, limit: int) -> Page[dict[str, str]]:
-        ids = self._page_ids(self.keys.files(owner), after, limit)
-        rows = [self.file(i) for i in ids[:limit]]
-        return Page([r for r in rows if r], len(ids) > limit)
+    def list_files(self, owner: str, after: str, limit: int, purpose: str | None = None,
+                   ) -> Page[dict[str, str]]:
+        """Up to ``limit`` of the owner's files after ``after``, of ``purpose`` if given."""
+        return self._listing(self.keys.files(owner), after, limit, self.keys.file, _decoded,
+                             lambda row: purpose in (None, row.get("purpose")))
 
     # --- bulk batches ---
     def add_bulk(self, fields: Mapping[str, str | int], keep_s: int) -> None:
@@ -100,9 +101,8 @@ class BulkDb:
         return BulkView.from_hash(_decoded(h)) if h else None
 
     def list_bulk(self, owner: str, after: str, limit: int) -> Page[BulkView]:
-        ids = self._page_ids(self.keys.bulks(owner), after, limit)
-        rows = [self.bulk(i) for i in ids[:limit]]
-        return Page([r for r in rows if r], len(ids) > limit)
+        return self._listing(self.keys.bulks(owner), after, limit, self.keys.bulk,
+                             lambda h: BulkView.from_hash(_decoded(h)), lambda _: True)
 
     def active(self) -> list[str]:
         with redis_errors():
@@ -195,6 +195,30 @@ class BulkDb:
             pipe.delete(self.keys.bulk_jobs(bulk_id))
             pipe.expire(self.keys.bulk_stored(bulk_id), keep_s)
             pipe.execute()
+
+    def _listing(self, key: str, after: str, limit: int, record_key: Callable[[str], str],
+                 parse: Callable[[Mapping[Any, Any]], Row], keep: Callable[[Row], bool],
+                 ) -> Page[Row]:
+        """Up to ``limit`` rows newest first after id ``after``, those ``keep`` takes:
+        each page's records read in one round trip, and read on past records gone
+        (expired) or not kept, so a short page is the last and its last id pages on."""
+        rows: list[Row] = []
+        while True:
+            ids = self._page_ids(key, after, limit)
+            with redis_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for record_id in ids[:limit]:
+                    pipe.hgetall(record_key(record_id))
+                found = pipe.execute()
+            for i, h in enumerate(found):
+                row = parse(h) if h else None
+                if row is not None and keep(row):
+                    rows.append(row)
+                    if len(rows) == limit:
+                        return Page(rows, i + 1 < len(found) or len(ids) > limit)
+            if len(ids) <= limit:
+                return Page(rows, False)
+            after = ids[limit - 1]
 
     def _page_ids(self, key: str, after: str, limit: int) -> list[str]:
         """Up to ``limit + 1`` ids, newest first, after id ``after`` ('' = from the top)."""

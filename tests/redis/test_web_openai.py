@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.bulk import embedding_lines
-from tests.support.webtools import web_client, web_settings
+from tests.support.webtools import app_state, web_client, web_settings
 
 KEY, OTHER = "k" * 30, "o" * 30
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -220,3 +220,26 @@ def test_a_batch_runs_in_its_keys_tier_or_a_lower_one_it_asks_for_never_a_higher
     assert resp.get_json()["service_tier"] == tier_or_says
     kept = http.get(f"/v1/batches/{resp.get_json()['id']}", headers=auth).get_json()
     assert kept["service_tier"] == tier_or_says
+
+
+def test_a_purpose_filter_pages_through_files_of_other_purposes_and_expired_ones(
+        http: FlaskClient) -> None:
+    """The newest page holds no file of the purpose asked (and one expired): the listing
+    reads on, so a page is empty only when nothing more is there to list."""
+    state = app_state(http)
+    uploaded = [upload(http, embedding_lines(1, model="texts")).get_json()["id"]
+                for _ in range(2)]
+    owner = state.bulkdb.file(uploaded[0])["owner"]
+    for i in range(3):  # newer than both uploads: the feeder's outputs
+        state.bulkdb.add_file({"id": f"file-out{i}", "bytes": 1, "created_at": 1,
+                               "filename": "out.jsonl", "purpose": "batch_output",
+                               "owner": owner}, 60)
+    state.bulkdb.client.delete(state.bulkdb.keys.file("file-out2"))  # expired since
+    listed = http.get("/v1/files?purpose=batch&limit=2", headers=AUTH).get_json()
+    assert [f["id"] for f in listed["data"]] == uploaded[::-1]
+    assert listed["has_more"] is False
+    outputs = http.get("/v1/files?purpose=batch_output&limit=1", headers=AUTH).get_json()
+    assert [f["id"] for f in outputs["data"]] == ["file-out1"] and outputs["has_more"]
+    rest = http.get(f"/v1/files?purpose=batch_output&limit=1&after={outputs['last_id']}",
+                    headers=AUTH).get_json()
+    assert [f["id"] for f in rest["data"]] == ["file-out0"]

@@ -91,10 +91,8 @@ def list_files() -> Response:
     state = current_state()
     owner = request_owner(state.settings, request)
     limit, after = page_args()
-    page = state.bulkdb.list_files(owner, after, limit)
-    purpose = request.args.get("purpose")
-    docs = [file_document(h) for h in page.items if purpose in (None, h["purpose"])]
-    return jsonify(page_document(docs, page.has_more))
+    page = state.bulkdb.list_files(owner, after, limit, request.args.get("purpose"))
+    return jsonify(page_document([file_document(h) for h in page.items], page.has_more))
 
 
 def owned_file(state: WebState, file_id: str, owner: str) -> dict[str, str]:
