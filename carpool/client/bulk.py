@@ -80,8 +80,10 @@ def check_writable(path: Path) -> None:
         raise ClientError(f"cannot write {path}: there is no folder {folder}")
     if path.is_dir():
         raise ClientError(f"cannot write {path}: it is a folder")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
-                                                    and not os.access(path, os.W_OK)):
+    # An existing file needs only its own permission (/dev/stdout, a file in a folder
+    # the user cannot add to); a new one, its folder's.
+    if not (os.access(path, os.W_OK) if path.exists()
+            else os.access(folder, os.W_OK | os.X_OK)):
         raise ClientError(f"cannot write {path}: permission denied")
 
 

@@ -26,8 +26,8 @@ def parse_override(config: object) -> dict[str, Any]:
     """The override as a JSON object: ``config`` is its JSON text (as tritonclient
     sends it) or the object itself; ConfigError naming what is wrong."""
     if isinstance(config, str):
-        try:
-            config = parse_json(config.encode(), "the override")
+        try:  # surrogatepass: a lone surrogate ("\ud800") is then bytes JSON refuses
+            config = parse_json(config.encode(errors="surrogatepass"), "the override")
         except InvalidInput as exc:  # not JSON, NaN, nested too deeply, too many values
             raise ConfigError(str(exc)) from None
     if not isinstance(config, dict):
@@ -52,5 +52,6 @@ def overridden(base: ModelSpec, doc: Mapping[str, Any]) -> ModelSpec:
 
 
 def apply_stored(base: ModelSpec, stored: str) -> ModelSpec:
-    """``base`` with an override as stored (``canonical``'s text; "" none)."""
-    return overridden(base, parse_override(stored)) if stored else base
+    """``base`` with an override as stored (``canonical``'s text; "" none), read as it was
+    written: one stored before the web parsed overrides strictly may hold NaN."""
+    return overridden(base, parse_override(json.loads(stored))) if stored else base

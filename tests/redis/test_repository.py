@@ -140,6 +140,7 @@ def test_a_load_answers_once_a_worker_serves_it_and_with_the_reason_when_all_ref
     ({"parameters": {"config": "[" * 100_000 + "]" * 100_000}}, "nested too deeply to parse"),
     ({"parameters": {"config": '{"options": {"threshold": NaN}}'}}, "NaN is not valid JSON"),
     ({"parameters": {"config": "[1]"}}, "must be a JSON object"),
+    ({"parameters": {"config": "\ud800"}}, "parameters.config: the override is not valid"),
     (config({"colour": "red"}), "unknown keys ['colour']"),
     (config({"result_ttl_s": "long"}), "model 'tiny'"),
     (config({"bins": [{"name": "only", "max_size": 10, "max_batch": 2, "max_wait_ms": 5,

@@ -40,3 +40,9 @@ def test_a_bad_override_is_a_config_error_naming_the_problem(config: str, says: 
     with pytest.raises(ConfigError) as raised:
         overridden(RESNET, parse_override(config))
     assert says in str(raised.value)
+
+
+def test_an_override_stored_before_strict_parsing_still_applies() -> None:
+    """The web once took NaN in a load's config and stored it so: a worker reads it."""
+    spec = apply_stored(RESNET, '{"options":{"weights":"/w.pt","scale":NaN}}')
+    assert spec.options["weights"] == "/w.pt"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from carpool.core.catalogue import BinSpec, load_catalogue
-from carpool.core.jobs import ClaimedJob, Outcome
+from carpool.core.jobs import ClaimedJob, Outcome, with_result_json
 from carpool.core.synthetic import expected_result
 from worker.executors.pipelined import PipelinedExecutor
 from worker.executors.runner import is_out_of_memory, isolate
@@ -222,9 +222,11 @@ class OddOutputHandler(SyntheticHandler):
 def test_a_result_that_is_not_strict_json_fails_its_job_alone_saying_why(
         value: str, said: str) -> None:
     """RFC 8259 has no NaN or Infinity: such a result would be an answer, a webhook body
-    and a batch line that strict clients refuse."""
-    outs = run_batch(OddOutputHandler(SPEC, (0, 0)), BIN,
-                     [job(0, {"value": 0, "size": 1}), job(1, {"value": value, "size": 1})])
+    and a batch line that strict clients refuse. (The loop encodes each outcome so, off
+    the compute thread, before it writes the batch: worker/loop/loop.py.)"""
+    outs = [with_result_json(o) for o in run_batch(
+        OddOutputHandler(SPEC, (0, 0)), BIN,
+        [job(0, {"value": 0, "size": 1}), job(1, {"value": value, "size": 1})])]
     assert [o.failed for o in outs] == [False, True]
     assert outs[1].error is not None and outs[1].error.startswith("invalid output: ")
     assert said in outs[1].error

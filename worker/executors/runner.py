@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from carpool.core.errors import DeviceLost, HandlerContractError
-from carpool.core.jobs import ClaimedJob, Outcome, with_result_json
+from carpool.core.jobs import ClaimedJob, Outcome
 from worker.handlers.base import ModelHandler
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,7 @@ def outcomes(
         if isinstance(result, _Failed):
             by_id[job.id] = Outcome(job.id, error=failure_message(result),
                                     preprocess_ms=pre_ms, device_ms=share_ms)
-        else:  # encoded once, here; a result JSON cannot carry fails this job alone
-            by_id[job.id] = with_result_json(Outcome(
-                job.id, result=result, preprocess_ms=pre_ms, inference_ms=inf_ms,
-                device_ms=share_ms))
+        else:
+            by_id[job.id] = Outcome(job.id, result=result, preprocess_ms=pre_ms,
+                                    inference_ms=inf_ms, device_ms=share_ms)
     return [by_id[job.id] for job in jobs]

@@ -30,7 +30,7 @@ from carpool.backend.leases import claim_token
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import BackendUnavailable, DeviceLost
-from carpool.core.jobs import BinState, Claim, Outcome
+from carpool.core.jobs import BinState, Claim, Outcome, with_result_json
 from carpool.core.settings import Settings
 from carpool.scheduling.batching import Cost, Go, Limits, Wait
 from carpool.scheduling.scheduler import BinKey, Scheduler
@@ -359,7 +359,9 @@ class BatchLoop:
     def _complete(self, flight: _Flight) -> Peeked | None:
         claim = flight.claim
         spec = self.handlers[claim.model].spec
-        outcomes = flight.outcomes.result()
+        # Encoded here, on the loop's thread, while the compute thread runs the next
+        # batch; a result JSON cannot carry fails its job alone (and counts as failed).
+        outcomes = [with_result_json(o) for o in flight.outcomes.result()]
         # The claim's token names the batch: every job of a claim ran in this one batch
         # (a split of it included), a retry runs under another claim.
         batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,
