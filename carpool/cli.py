@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -126,17 +127,29 @@ def cmd_up(args: argparse.Namespace) -> int:
                      workers=parse_workers(args.workers),
                      flower=not args.no_flower, flower_port=args.flower_port,
                      models=args.models, state_dir=Path(args.state_dir))
-    stack, urls, notes = start_stack(opts)
-    supervisor = stack.supervisor
+    stopping = threading.Event()
+    held: list[Supervisor] = []  # the stack's, once started
 
     def interrupted(signum: int, frame: object) -> None:
-        # Ctrl-C reaches the children too (one process group): restarting them as
-        # they exit would fight the stop. SIGTERM stops the stack the same way.
-        supervisor.hold()
+        # Ctrl-C reaches the children too (one process group; Redis has its own):
+        # restarting them as they exit would fight the stop. SIGTERM and SIGHUP stop
+        # the stack the same way. Once: a second signal must not cut the stop short
+        # (children left running, Redis orphaned).
+        for supervisor in held:
+            supervisor.hold()
+        if stopping.is_set():
+            return
+        stopping.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
+    try:
+        stack, urls, notes = start_stack(opts)
+    except KeyboardInterrupt:  # stopped while starting: start_stack stopped what it began
+        return 0
+    supervisor = stack.supervisor
+    held.append(supervisor)
     try:
         for note in notes:
             print(note, file=sys.stderr)
@@ -164,6 +177,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     finally:
         print("stopping carpool ...", file=sys.stderr)
+        supervisor.hold()
         stack.stop()
 
 

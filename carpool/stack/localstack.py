@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import errno
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -23,8 +25,12 @@ from carpool.stack.redis_local import LocalRedis, choose_redis, free_port
 from carpool.stack.scaling import Bounds
 from carpool.stack.supervisor import Child, Supervisor
 
-#: Grace for children to finish after SIGTERM (a worker finishes its batch in hand).
-STOP_GRACE_S = 30.0
+#: Beyond the children's own graces (``stop_grace_s``), for their exit itself.
+STOP_MARGIN_S = 5.0
+#: gunicorn's graceful timeout past the longest long-poll (web/gunicorn_conf.py).
+WEB_STOP_SLACK_S = 10.0
+#: CARPOOL_STOP_GRACE_S's and CARPOOL_MAX_WAIT_S's defaults (carpool/core/settings.py).
+DEFAULT_STOP_GRACE_S, DEFAULT_MAX_WAIT_S = 45.0, 60.0
 #: The ports `carpool up` takes unless told otherwise (a taken one is replaced).
 DEFAULT_WEB_PORT, DEFAULT_FLOWER_PORT = 8000, 5555
 #: The dispatcher's and the feeder's metrics ports (their settings' defaults).
@@ -56,6 +62,9 @@ def flower_command(port: int) -> list[str]:
 def port_problem(port: int) -> str | None:
     """Why 127.0.0.1:``port`` cannot be listened on now, or None if it can."""
     with socket.socket() as s:
+        # As gunicorn binds: a connection of a stack just stopped (TIME_WAIT, a minute)
+        # must not refuse the restart.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
@@ -137,14 +146,37 @@ class Stack:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if self.redis is not None:
-            self.redis.stop()
+        deadline = time.monotonic() + stop_grace_s(self.env)
+        try:
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        finally:  # Redis last, whatever happened above: the children write to it
+            if self.redis is not None:
+                self.redis.stop()
+
+
+def stop_grace_s(env: Mapping[str, str]) -> float:
+    """How long the children may take to stop: a worker finishes its batch in hand
+    (``CARPOOL_STOP_GRACE_S``), the web its longest long-poll (``CARPOOL_MAX_WAIT_S``,
+    gunicorn's graceful timeout: web/gunicorn_conf.py)."""
+    # Read alone, not through load_settings: a stack whose catalogue is broken (a child
+    # in a crash loop over it) must still stop.
+    return max(_seconds(env, "CARPOOL_STOP_GRACE_S", DEFAULT_STOP_GRACE_S),
+               _seconds(env, "CARPOOL_MAX_WAIT_S", DEFAULT_MAX_WAIT_S) + WEB_STOP_SLACK_S
+               ) + STOP_MARGIN_S
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """``env[name]`` in seconds; ``default`` when absent or unreadable (as the children's
+    settings would refuse it)."""
+    try:
+        value = float(env.get(name, default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
 
 
 @dataclass(frozen=True)
@@ -208,6 +240,15 @@ def start_stack(opts: UpOptions) -> tuple[Stack, dict[str, str], list[str]]:
                              notes) if opts.flower else 0)
     url, local = choose_redis(opts.redis_url, opts.state_dir / "redis")
     stack = Stack(opts.state_dir, redis=local)
+    try:
+        return _started(stack, opts, url, web_port, flower_port, notes)
+    except BaseException:  # Ctrl-C, a child that cannot be spawned: nothing left running
+        stack.stop()
+        raise
+
+
+def _started(stack: Stack, opts: UpOptions, url: str, web_port: int, flower_port: int,
+             notes: list[str]) -> tuple[Stack, dict[str, str], list[str]]:
     env = dict(os.environ, CARPOOL_REDIS_URL=url, CARPOOL_WEB_BIND=f"127.0.0.1:{web_port}")
     if opts.models:
         env["CARPOOL_MODELS"] = opts.models

@@ -73,7 +73,9 @@ def start_redis(data_dir: Path, port: int | None = None) -> LocalRedis:
            "--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "everysec",
            "--save", "", "--maxmemory-policy", "noeviction"]
     log = open(data_dir / "redis.log", "ab")  # noqa: SIM115 — lives as long as the server
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # Its own session: a terminal's Ctrl-C reaches `carpool up`'s process group, and
+    # Redis must outlive the children that write their last results to it.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     def exited() -> None:
         if proc.poll() is not None:
@@ -88,6 +90,11 @@ def start_redis(data_dir: Path, port: int | None = None) -> LocalRedis:
         log.close()
         raise ConfigError(f"redis-server did not start ({exc}); see "
                           f"{data_dir / 'redis.log'}") from None
+    except BaseException:  # Ctrl-C meanwhile: in its own session, nobody else stops it
+        proc.kill()
+        proc.wait()
+        log.close()
+        raise
     return LocalRedis(url, proc, log)
 
 

@@ -88,7 +88,7 @@ def test_the_document_and_the_webhook_body_carry_times_links_and_the_delivery(
     wait_until(lambda: document(base, KEY_SHARED, job)["webhook"]["state"] == "delivered",
                WAIT_S, "the done webhook's delivery on the job")
     doc = document(base, KEY_SHARED, job)
-    assert doc["created_at"] < doc["started_at"] <= doc["completed_at"]
+    assert doc["created_at"] <= doc["started_at"] <= doc["completed_at"]  # one ms may hold both
     assert doc["webhook"]["event"] == "done" and doc["urls"]["events"] == f"/result/{job}/events"
     body = bodies[f"{job}.done"]
     assert {k: body[k] for k in (*TIMES, "urls", "attempts")} == \

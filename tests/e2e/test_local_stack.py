@@ -40,6 +40,14 @@ def test_without_a_machine_redis_the_bundled_redis_6_2_is_started(redis62: Local
     assert str(info["redis_version"]).startswith("6.2")
 
 
+def test_the_stacks_own_redis_has_its_own_session_so_ctrl_c_does_not_reach_it(
+        redis62: LocalRedis) -> None:
+    """A terminal's Ctrl-C signals `carpool up`'s process group: Redis, outside it, is
+    stopped last, after the workers wrote their results to it."""
+    pid = redis62.process.pid
+    assert os.getsid(pid) == pid != os.getsid(0)
+
+
 def test_the_queue_protocol_runs_on_redis_6_2(redis62: LocalRedis) -> None:
     q = Queue(connect(redis62.url), Keys("compat"))
     spec = load_catalogue(None).get("synthetic")

@@ -154,3 +154,32 @@ def test_a_worker_whose_metrics_port_is_taken_serves_without_it_and_says_so(
         with start_worker(env, "w1@metrics-taken", log_path=log) as worker:
             assert worker.poll() is None
     assert log.read_text().count("serving without a metrics endpoint") == 1
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_second_signal_during_the_stop_neither_cuts_it_short_nor_leaves_children(
+        tmp_path: Path) -> None:
+    """The second SIGTERM (an impatient operator, a supervisor's escalation) lands while
+    the first one's stop waits: no traceback, and every child is gone at the end."""
+    port, out = free_port(), tmp_path / "up.out"
+    with private_redis() as redis_server, carpool_up(
+            ["--workers", "1", "--no-flower", "--port", str(port), "--redis-url",
+             redis_server.url, "--state-dir", str(tmp_path / "state")],
+            {"CARPOOL_MODELS": "synthetic", "CARPOOL_KEY_PREFIX": "up-twice",
+             "CARPOOL_WORKER_METRICS_PORT": str(free_port())}, out) as up:
+        wait_until(lambda: up.poll() is not None or log_says(out, "carpool is up"), 120,
+                   "carpool up to be up")
+        assert up.poll() is None, out.read_text()
+        children = [child_pid(up.pid, part) for part in ("gunicorn", "worker0@", "feeder")]
+        up.send_signal(signal.SIGTERM)
+        wait_until(lambda: log_says(out, "stopping carpool"), 30, "the stop to begin")
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(120) == 0, out.read_text()
+    assert "Traceback" not in out.read_text()
+    assert [pid for pid in children if alive(pid)] == []
