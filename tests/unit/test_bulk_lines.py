@@ -133,3 +133,17 @@ def test_a_submit_line_nested_past_the_input_depth_is_named_by_its_line_number(
     assert number == 2
     assert message.startswith("input.value[0][0] is nested 4 deep")
     assert "CARPOOL_MAX_INPUT_DEPTH" in message
+
+
+def test_a_submit_lines_webhook_is_checked_for_form_but_not_its_address(
+        catalogue: Catalogue) -> None:
+    """It is never called (the batch's webhook is): a private address does not fail the
+    batch, a URL that is not one does."""
+    def line(custom_id: str, webhook: str) -> bytes:
+        return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/submit",
+                           "body": {"model": "synthetic", "input": {"value": 1, "size": 1},
+                                    "webhook": webhook}}).encode() + b"\n"
+
+    parsed = parse_file(line("a", "http://10.0.0.5/hook") + line("b", "ftp://x/"), "/submit",
+                        catalogue, InputLimits(), 100)
+    assert [e["line"] for e in parsed.errors] == [2]
