@@ -132,14 +132,19 @@ def model_config(name: str, version: str | None = None) -> Response:
     return jsonify(config(spec, current_state().models.availability(spec.name).served_by))
 
 
+@blueprint.get("/models/stats")
 @blueprint.get("/models/<name>/stats")
 @blueprint.get("/models/<name>/versions/<version>/stats")
-def model_stats(name: str, version: str | None = None) -> Response:
+def model_stats(name: str | None = None, version: str | None = None) -> Response:
     """The statistics extension, as far as carpool counts: jobs ended (perf_analyzer
-    reads it around each measurement); times are carpool's own, in /metrics."""
-    spec = _model(name, version)
-    ended = current_state().queue.drained([(spec.name, b.name) for b in spec.bins])
-    return jsonify({"model_stats": [statistics(spec, sum(ended))]})
+    reads it around each measurement); times are carpool's own, in /metrics. Without a
+    model, every entry of the catalogue (``get_inference_statistics()``, as Triton)."""
+    state = current_state()
+    specs = list(state.settings.catalogue) if name is None else [_model(name, version)]
+    bins = [(spec.name, b.name) for spec in specs for b in spec.bins]
+    ended = iter(state.queue.drained(bins))
+    return jsonify({"model_stats": [
+        statistics(spec, sum(next(ended) for _ in spec.bins)) for spec in specs]})
 
 
 @blueprint.post("/models/<name>/infer")

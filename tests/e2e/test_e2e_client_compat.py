@@ -1,0 +1,66 @@
+"""What the unmodified clients (``tritonclient.http``, the ``openai`` SDK) call and
+read, against real gunicorn and a real Celery worker serving the synthetic model and a
+hash embedder: calls whose form a first test run left untried."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from carpool.backend.connection import connect
+from carpool.backend.keys import Keys
+from tests.conftest import REDIS_URL, make_env
+from tests.support.bulk import CATALOGUE_TOML
+from tests.support.procs import start_web, start_worker, wait_until
+
+httpclient = pytest.importorskip("tritonclient.http")
+
+pytestmark = pytest.mark.e2e
+
+#: A bound on waiting for the worker to say it serves a model.
+READY_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("clients")
+    (tmp / "catalogue.toml").write_text(CATALOGUE_TOML)
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    env = make_env(REDIS_URL, prefix, CARPOOL_CONFIG=str(tmp / "catalogue.toml"),
+                   CARPOOL_SYNTHETIC_COST_MS="1,0.01", CARPOOL_DEVICE="cpu")
+    try:
+        with start_web(env) as base_url, start_worker(
+                {**env, "CARPOOL_MODELS": "synthetic,hemb"}):
+            yield base_url
+    finally:
+        client = connect(REDIS_URL)
+        keys = [k for pattern in Keys(prefix).patterns
+                for k in client.scan_iter(match=pattern, count=1000)]
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture
+def triton(stack: str) -> Iterator[object]:
+    client = httpclient.InferenceServerClient(url=stack.removeprefix("http://"),
+                                              network_timeout=60.0)
+    wait_until(lambda: client.is_model_ready("synthetic"), READY_S, "synthetic to be ready")
+    yield client
+    client.close()
+
+
+def test_statistics_without_a_model_name_every_model(triton: object) -> None:
+    """``get_inference_statistics()`` asks ``GET /v2/models/stats``: every model's, as
+    Triton answers, not a 404 for a model named "stats"."""
+    rows = np.ones((3, 2), dtype=np.float32)
+    tensor = httpclient.InferInput("VALUE", [3, 2], "FP32")
+    tensor.set_data_from_numpy(rows)
+    triton.infer("synthetic", [tensor])
+    stats = {s["name"]: s for s in triton.get_inference_statistics()["model_stats"]}
+    assert {"synthetic", "hemb"} <= set(stats)
+    assert stats["synthetic"]["inference_count"] >= 3
+    assert stats["synthetic"] == triton.get_inference_statistics("synthetic")["model_stats"][0]
