@@ -79,10 +79,11 @@ class BulkDb:
             pipe.execute()
 
     def list_files(self, owner: str, after: str, limit: int, purpose: str | None = None,
-                   ) -> Page[dict[str, str]]:
-        """Up to ``limit`` of the owner's files after ``after``, of ``purpose`` if given."""
+                   oldest_first: bool = False) -> Page[dict[str, str]]:
+        """Up to ``limit`` of the owner's files after ``after``, of ``purpose`` if given;
+        newest first unless ``oldest_first`` (OpenAI's ``order=asc``)."""
         return self._listing(self.keys.files(owner), after, limit, self.keys.file, _decoded,
-                             lambda row: purpose in (None, row.get("purpose")))
+                             lambda row: purpose in (None, row.get("purpose")), oldest_first)
 
     # --- bulk batches ---
     def add_bulk(self, fields: Mapping[str, str | int], keep_s: int) -> None:
@@ -198,13 +199,14 @@ class BulkDb:
 
     def _listing(self, key: str, after: str, limit: int, record_key: Callable[[str], str],
                  parse: Callable[[Mapping[Any, Any]], Row], keep: Callable[[Row], bool],
-                 ) -> Page[Row]:
-        """Up to ``limit`` rows newest first after id ``after``, those ``keep`` takes:
-        each page's records read in one round trip, and read on past records gone
-        (expired) or not kept, so a short page is the last and its last id pages on."""
+                 oldest_first: bool = False) -> Page[Row]:
+        """Up to ``limit`` rows newest (or oldest) first after id ``after``, those
+        ``keep`` takes: each page's records read in one round trip, and read on past
+        records gone (expired) or not kept, so a short page is the last and its last id
+        pages on."""
         rows: list[Row] = []
         while True:
-            ids = self._page_ids(key, after, limit)
+            ids = self._page_ids(key, after, limit, oldest_first)
             with redis_errors():
                 pipe = self.client.pipeline(transaction=False)
                 for record_id in ids[:limit]:
@@ -220,16 +222,20 @@ class BulkDb:
                 return Page(rows, False)
             after = ids[limit - 1]
 
-    def _page_ids(self, key: str, after: str, limit: int) -> list[str]:
-        """Up to ``limit + 1`` ids, newest first, after id ``after`` ('' = from the top)."""
+    def _page_ids(self, key: str, after: str, limit: int, oldest_first: bool = False,
+                  ) -> list[str]:
+        """Up to ``limit + 1`` ids, newest (or oldest) first, after id ``after`` ('' =
+        from the top)."""
+        rank_of, ids_in = ((self.client.zrank, self.client.zrange) if oldest_first
+                           else (self.client.zrevrank, self.client.zrevrange))
         with redis_errors():
             start = 0
             if after:
-                rank = self.client.zrevrank(key, after)
+                rank = rank_of(key, after)
                 if rank is None:
                     return []
                 start = int(cast(int, rank)) + 1
-            return [_s(m) for m in self.client.zrevrange(key, start, start + limit)]
+            return [_s(m) for m in ids_in(key, start, start + limit)]
 
 
 def _order() -> int:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import numpy as np
+import openai
 import pytest
 
 from carpool.backend.connection import connect
@@ -30,7 +31,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (tmp / "catalogue.toml").write_text(CATALOGUE_TOML)
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     env = make_env(REDIS_URL, prefix, CARPOOL_CONFIG=str(tmp / "catalogue.toml"),
-                   CARPOOL_SYNTHETIC_COST_MS="1,0.01", CARPOOL_DEVICE="cpu")
+                   CARPOOL_FILES_DIR=str(tmp / "files"), CARPOOL_SYNTHETIC_COST_MS="1,0.01",
+                   CARPOOL_DEVICE="cpu")
     try:
         with start_web(env) as base_url, start_worker(
                 {**env, "CARPOOL_MODELS": "synthetic,hemb"}):
@@ -42,6 +44,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+@pytest.fixture
+def sdk(stack: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{stack}/v1", api_key="any", max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture
@@ -64,3 +72,17 @@ def test_statistics_without_a_model_name_every_model(triton: object) -> None:
     assert {"synthetic", "hemb"} <= set(stats)
     assert stats["synthetic"]["inference_count"] >= 3
     assert stats["synthetic"] == triton.get_inference_statistics("synthetic")["model_stats"][0]
+
+
+def test_files_list_in_the_order_asked_paging_on(sdk: openai.OpenAI) -> None:
+    """``files.list(order="asc")`` lists oldest first, page after page (the SDK pages
+    on with ``after``); without it, newest first."""
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", ' \
+           b'"body": {"model": "hemb", "input": "x"}}\n'
+    made = [sdk.files.create(file=(f"f{i}.jsonl", line), purpose="batch").id
+            for i in range(5)]
+    oldest_first = [f.id for f in sdk.files.list(order="asc", limit=2) if f.id in made]
+    assert oldest_first == made
+    assert [f.id for f in sdk.files.list(limit=2) if f.id in made] == made[::-1]
+    with pytest.raises(openai.BadRequestError):
+        sdk.files.list(order="sideways")  # type: ignore[arg-type]

@@ -91,7 +91,11 @@ def list_files() -> Response:
     state = current_state()
     owner = request_owner(state.settings, request)
     limit, after = page_args()
-    page = state.bulkdb.list_files(owner, after, limit, request.args.get("purpose"))
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidInput(f"order must be 'asc' or 'desc', got {order[:20]!r}")
+    page = state.bulkdb.list_files(owner, after, limit, request.args.get("purpose"),
+                                   oldest_first=order == "asc")
     return jsonify(page_document([file_document(h) for h in page.items], page.has_more))
 
 
