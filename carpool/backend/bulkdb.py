@@ -262,6 +262,8 @@ def bulk_document(view: BulkView) -> dict[str, Any]:
         "request_counts": {"total": counts.total, "completed": counts.completed,
                            "failed": counts.failed},
         "metadata": view.metadata,
+        # The model its lines name, once validation read them (OpenAI's ``model``).
+        "model": view.model,
         # Not in OpenAI's batch object; OpenAI answers it on its other objects.
         "service_tier": view.service_tier,
     }

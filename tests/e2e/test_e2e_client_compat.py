@@ -14,7 +14,7 @@ import pytest
 from carpool.backend.connection import connect
 from carpool.backend.keys import Keys
 from tests.conftest import REDIS_URL, make_env
-from tests.support.bulk import CATALOGUE_TOML
+from tests.support.bulk import CATALOGUE_TOML, FINAL, start_feeder, wait_batch
 from tests.support.procs import start_web, start_worker, wait_until
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -35,7 +35,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                    CARPOOL_DEVICE="cpu")
     try:
         with start_web(env) as base_url, start_worker(
-                {**env, "CARPOOL_MODELS": "synthetic,hemb"}):
+                {**env, "CARPOOL_MODELS": "synthetic,hemb"}), \
+                start_feeder(env, tmp / "feeder.log"):
             yield base_url
     finally:
         client = connect(REDIS_URL)
@@ -74,11 +75,15 @@ def test_statistics_without_a_model_name_every_model(triton: object) -> None:
     assert stats["synthetic"] == triton.get_inference_statistics("synthetic")["model_stats"][0]
 
 
+#: One request line of a batch input file.
+LINE = (b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", '
+        b'"body": {"model": "hemb", "input": "x"}}\n')
+
+
 def test_files_list_in_the_order_asked_paging_on(sdk: openai.OpenAI) -> None:
     """``files.list(order="asc")`` lists oldest first, page after page (the SDK pages
     on with ``after``); without it, newest first."""
-    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", ' \
-           b'"body": {"model": "hemb", "input": "x"}}\n'
+    line = LINE
     made = [sdk.files.create(file=(f"f{i}.jsonl", line), purpose="batch").id
             for i in range(5)]
     oldest_first = [f.id for f in sdk.files.list(order="asc", limit=2) if f.id in made]
@@ -86,3 +91,12 @@ def test_files_list_in_the_order_asked_paging_on(sdk: openai.OpenAI) -> None:
     assert [f.id for f in sdk.files.list(limit=2) if f.id in made] == made[::-1]
     with pytest.raises(openai.BadRequestError):
         sdk.files.list(order="sideways")  # type: ignore[arg-type]
+
+
+def test_a_batch_names_its_model_where_the_sdk_reads_it(sdk: openai.OpenAI) -> None:
+    """``Batch.model``: the model the lines name, once validated (None before)."""
+    upload = sdk.files.create(file=("one.jsonl", LINE), purpose="batch")
+    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                               completion_window="24h")
+    done = wait_batch(sdk, batch.id, FINAL, timeout_s=60.0)
+    assert done.status == "completed" and done.model == "hemb"
