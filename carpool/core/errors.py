@@ -149,6 +149,10 @@ class NotCancellable(CarpoolError):
     """Raised when a job is running and can no longer be cancelled."""
 
 
+class BatchEnded(NotCancellable):
+    """Raised when a bulk batch to cancel has already ended: no retry can change that."""
+
+
 class HandlerContractError(CarpoolError):
     """Raised when a model handler returns the wrong number of results for a batch."""
 

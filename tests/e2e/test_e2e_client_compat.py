@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -100,3 +101,21 @@ def test_a_batch_names_its_model_where_the_sdk_reads_it(sdk: openai.OpenAI) -> N
                                completion_window="24h")
     done = wait_batch(sdk, batch.id, FINAL, timeout_s=60.0)
     assert done.status == "completed" and done.model == "hemb"
+
+
+def test_cancelling_an_ended_batch_is_refused_once_not_retried(
+        stack: str, sdk: openai.OpenAI) -> None:
+    """The SDK retries a 409 twice by default; an ended batch tells it not to
+    (``X-Should-Retry: false``), so the ConflictError comes from one request."""
+    upload = sdk.files.create(file=("one.jsonl", LINE), purpose="batch")
+    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                               completion_window="24h")
+    wait_batch(sdk, batch.id, FINAL, timeout_s=60.0)
+    sent: list[str] = []
+    with httpx.Client(event_hooks={"request": [lambda r: sent.append(r.url.path)]}) as http, \
+            openai.OpenAI(base_url=f"{stack}/v1", api_key="any", max_retries=2,
+                          http_client=http) as retrying:
+        with pytest.raises(openai.ConflictError) as refused:
+            retrying.batches.cancel(batch.id)
+    assert refused.value.code == "not_cancellable"
+    assert sent == [f"/v1/batches/{batch.id}/cancel"]

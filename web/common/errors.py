@@ -16,7 +16,13 @@ from typing import Any
 from flask import Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from carpool.core.errors import BackendUnavailable, BinFull, BudgetFull, CarpoolError
+from carpool.core.errors import (
+    BackendUnavailable,
+    BatchEnded,
+    BinFull,
+    BudgetFull,
+    CarpoolError,
+)
 from web.common.refusals import JobFailed, refusal_of
 from web.results.polls import TooManyPolls
 
@@ -93,6 +99,10 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
         response.headers["Retry-After"] = str(retry)
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="carpool"'
+    if isinstance(exc, BatchEnded):
+        # OpenAI's SDKs retry every 409 (a lock timeout, at OpenAI) unless told not to:
+        # an ended batch stays ended, so the retries would only delay the error.
+        response.headers["X-Should-Retry"] = "false"
     return response, status
 
 

@@ -21,7 +21,7 @@ from carpool.backend.bulkdb import bulk_document, new_bulk_id
 from carpool.backend.outbox import webhook_doc
 from carpool.core.bulk import BulkStatus, BulkView
 from carpool.core.bulk_settings import MAX_WINDOW_S
-from carpool.core.errors import InvalidInput, NotCancellable
+from carpool.core.errors import BatchEnded, InvalidInput
 from carpool.core.jobs import JobStatus, new_job_id
 from carpool.core.strict_json import parse_json
 from carpool.core.webhooks import check_url
@@ -135,7 +135,7 @@ def cancel_bulk(batch_id: str) -> Response:
                              BulkStatus.CANCELLING, cancelling_at=int(time.time())):
         status = _owned_bulk(state, batch_id, owner).status
         if status.final and status is not BulkStatus.CANCELLED:
-            raise NotCancellable(f"batch {batch_id} is {status.value}: nothing to cancel")
+            raise BatchEnded(f"batch {batch_id} is {status.value}: nothing to cancel")
     return jsonify(bulk_document(_owned_bulk(state, batch_id, owner)))
 
 
