@@ -86,7 +86,7 @@ def read_webhook_settings(env: Mapping[str, str], key_secrets: Mapping[str, str]
     if secret:
         check_secret(secret, "CARPOOL_WEBHOOK_SECRET")
     s = WebhookSettings(
-        allow_private=env.get("CARPOOL_WEBHOOK_ALLOW_PRIVATE", "") == "1",
+        allow_private=_flag(env, "CARPOOL_WEBHOOK_ALLOW_PRIVATE"),
         secret=secret, key_secrets=dict(key_secrets),
         retry_base_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_BASE_S", 5.0),
         retry_max_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_MAX_S", 3600.0),
@@ -100,6 +100,14 @@ def read_webhook_settings(env: Mapping[str, str], key_secrets: Mapping[str, str]
         raise ConfigError(f"CARPOOL_WEBHOOK_RETRY_BASE_S ({s.retry_base_s:g}) is above "
                           f"CARPOOL_WEBHOOK_RETRY_MAX_S ({s.retry_max_s:g})")
     return s
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """0 or 1, as every flag (carpool/core/settings.py): "true" was read as 0."""
+    raw = env.get(name, "")
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{name}={raw[:40]!r} must be 0 or 1")
+    return raw == "1"
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:

@@ -59,3 +59,13 @@ def test_bad_webhook_durations_fail_at_start(name: str, value: str) -> None:
 def test_a_base_above_the_cap_names_both() -> None:
     with pytest.raises(ConfigError, match="RETRY_BASE_S.*RETRY_MAX_S"):
         load_settings({"CARPOOL_WEBHOOK_RETRY_BASE_S": "10", "CARPOOL_WEBHOOK_RETRY_MAX_S": "1"})
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "on", " 1", "2"])
+def test_allow_private_is_a_flag_like_the_others(value: str) -> None:
+    # docs/reference.md: a flag is 0 or 1, anything else is refused. "true" was read
+    # as 0, so a deployment that meant to allow its private receivers silently did not.
+    with pytest.raises(ConfigError, match="CARPOOL_WEBHOOK_ALLOW_PRIVATE"):
+        load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": value})
+    assert load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": "1"}).webhooks.allow_private
+    assert not load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": "0"}).webhooks.allow_private
