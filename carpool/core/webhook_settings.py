@@ -21,6 +21,8 @@ MIN_SECRET_BYTES = 24
 #: A lease outlasts its try's deadline by this much: the bodies' read before the try
 #: and the settle after it, with room for a slow Redis.
 LEASE_MARGIN_MS = 5000
+#: The highest TCP port (0 turns a metrics endpoint off).
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -86,15 +88,15 @@ def read_webhook_settings(env: Mapping[str, str], key_secrets: Mapping[str, str]
     if secret:
         check_secret(secret, "CARPOOL_WEBHOOK_SECRET")
     s = WebhookSettings(
-        allow_private=env.get("CARPOOL_WEBHOOK_ALLOW_PRIVATE", "") == "1",
+        allow_private=_flag(env, "CARPOOL_WEBHOOK_ALLOW_PRIVATE"),
         secret=secret, key_secrets=dict(key_secrets),
         retry_base_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_BASE_S", 5.0),
         retry_max_s=_seconds(env, "CARPOOL_WEBHOOK_RETRY_MAX_S", 3600.0),
         max_age_s=_seconds(env, "CARPOOL_WEBHOOK_MAX_AGE_S", 86400.0),
         connect_timeout_s=_seconds(env, "CARPOOL_WEBHOOK_CONNECT_TIMEOUT_S", 5.0),
         read_timeout_s=_seconds(env, "CARPOOL_WEBHOOK_READ_TIMEOUT_S", 10.0),
-        concurrency=int(_seconds(env, "CARPOOL_DISPATCH_CONCURRENCY", 16)),
-        metrics_port=int(_seconds(env, "CARPOOL_DISPATCH_METRICS_PORT", 9300, zero=True)),
+        concurrency=_int(env, "CARPOOL_DISPATCH_CONCURRENCY", 16, 1),
+        metrics_port=_int(env, "CARPOOL_DISPATCH_METRICS_PORT", 9300, 0, MAX_PORT),
     )
     if s.retry_base_s > s.retry_max_s:
         raise ConfigError(f"CARPOOL_WEBHOOK_RETRY_BASE_S ({s.retry_base_s:g}) is above "
@@ -102,7 +104,29 @@ def read_webhook_settings(env: Mapping[str, str], key_secrets: Mapping[str, str]
     return s
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int,
+         maximum: int | None = None) -> int:
+    """A whole number in [minimum, maximum]: 0.5 threads was 0, and port 70000 failed
+    only at bind (the other ports are refused at start: carpool/core/settings.py)."""
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    value = int(raw) if raw.isascii() and raw.isdigit() else -1
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ConfigError(f"{name}={raw[:40]!r}: give a whole number from {minimum}"
+                          + (f" to {maximum}" if maximum is not None else ""))
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """0 or 1, as every flag (carpool/core/settings.py): "true" was read as 0."""
+    raw = env.get(name, "")
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{name}={raw[:40]!r} must be 0 or 1")
+    return raw == "1"
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name, "")
     if not raw:
         return default
@@ -110,6 +134,6 @@ def _seconds(env: Mapping[str, str], name: str, default: float, zero: bool = Fal
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not (0 <= value < float("inf")) or (value == 0 and not zero):
+    if not 0 < value < float("inf"):
         raise ConfigError(f"{name}={raw[:40]!r}: give a positive number")
     return value

@@ -319,3 +319,9 @@ def test_catalogue_folder_is_mounted_in_web_and_workers_and_weights_in_workers()
         mounts = [str(v) for v in service(name).get("volumes", [])]
         assert any(m.endswith(":/etc/carpool:ro") for m in mounts), name
     assert any(str(m).endswith(":/models:ro") for m in service("worker")["volumes"])
+
+
+def test_a_handler_package_beside_the_catalogue_is_importable_by_the_workers() -> None:
+    # docs/operations.md: your handler package goes into the worker image, or beside the
+    # catalogue; PYTHONPATH was nowhere set, and no host variable reached it.
+    assert "/etc/carpool" in service("worker")["environment"]["PYTHONPATH"].split(":")

@@ -59,3 +59,26 @@ def test_bad_webhook_durations_fail_at_start(name: str, value: str) -> None:
 def test_a_base_above_the_cap_names_both() -> None:
     with pytest.raises(ConfigError, match="RETRY_BASE_S.*RETRY_MAX_S"):
         load_settings({"CARPOOL_WEBHOOK_RETRY_BASE_S": "10", "CARPOOL_WEBHOOK_RETRY_MAX_S": "1"})
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "on", " 1", "2"])
+def test_allow_private_is_a_flag_like_the_others(value: str) -> None:
+    # docs/reference.md: a flag is 0 or 1, anything else is refused. "true" was read
+    # as 0, so a deployment that meant to allow its private receivers silently did not.
+    with pytest.raises(ConfigError, match="CARPOOL_WEBHOOK_ALLOW_PRIVATE"):
+        load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": value})
+    assert load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": "1"}).webhooks.allow_private
+    assert not load_settings({"CARPOOL_WEBHOOK_ALLOW_PRIVATE": "0"}).webhooks.allow_private
+
+
+@pytest.mark.parametrize(("name", "value"), [("CARPOOL_DISPATCH_CONCURRENCY", "0.5"),
+                                             ("CARPOOL_DISPATCH_CONCURRENCY", "2.7"),
+                                             ("CARPOOL_DISPATCH_METRICS_PORT", "70000"),
+                                             ("CARPOOL_DISPATCH_METRICS_PORT", "9300.5")])
+def test_the_dispatchers_counts_are_whole_and_its_port_a_port(name: str, value: str) -> None:
+    # 0.5 threads was 0 (the dispatcher died at start with a ValueError), 70000 a port
+    # that failed only at bind; the worker's and feeder's ports were refused at start.
+    with pytest.raises(ConfigError, match=name):
+        load_settings({name: value})
+    s = load_settings({"CARPOOL_DISPATCH_CONCURRENCY": "3", "CARPOOL_DISPATCH_METRICS_PORT": "0"})
+    assert (s.webhooks.concurrency, s.webhooks.metrics_port) == (3, 0)
