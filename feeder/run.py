@@ -128,7 +128,8 @@ def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
             check_dimensions({"dimensions": label.dimensions}, results)
         except InvalidInput as exc:  # what POST /v1/embeddings answers it
             return False, _response_line(base, 400, views[0].id, {
-                "error": {"code": "invalid_input", "message": str(exc)}})
+                "error": {"code": "invalid_input", "message": str(exc),
+                          "type": "invalid_request_error", "param": "dimensions"}})
         return True, _response_line(base, 200, views[0].id, embeddings_answer(
             run.spec, results, label.encoding_format))
     if bad is None:
@@ -138,7 +139,8 @@ def ended_line(run: Run, line: int, views: list[JobView]) -> tuple[bool, str]:
             return False, error_line(run, line, run.ending.code, run.ending.message)
         return False, error_line(run, line, _CODE[bad.status], bad.error or bad.status.value)
     return False, _response_line(base, 500, bad.id, {"error": {
-        "message": bad.error or "the job failed", "type": "job_failed", "code": "job_failed"}})
+        "message": bad.error or "the job failed", "type": "job_failed", "param": None,
+        "code": "job_failed"}})
 
 
 _CODE = {JobStatus.EXPIRED: "batch_expired", JobStatus.CANCELLED: "batch_cancelled"}

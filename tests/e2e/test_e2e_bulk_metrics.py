@@ -180,4 +180,5 @@ def test_a_lines_dimensions_is_checked_as_post_v1_embeddings_checks_it(
     assert refused["custom_id"] == "five" and refused["response"]["status_code"] == 400
     assert refused["response"]["body"]["error"] == {
         "code": "invalid_input", "message": "dimensions=5: this model's vectors have 8 "
-                                            "dimensions"}
+                                            "dimensions",
+        "type": "invalid_request_error", "param": "dimensions"}

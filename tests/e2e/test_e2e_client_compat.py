@@ -119,3 +119,16 @@ def test_cancelling_an_ended_batch_is_refused_once_not_retried(
             retrying.batches.cancel(batch.id)
     assert refused.value.code == "not_cancellable"
     assert sent == [f"/v1/batches/{batch.id}/cancel"]
+
+
+def test_the_sdk_reads_the_error_object_whole(sdk: openai.OpenAI) -> None:
+    """OpenAI's error object: the SDK's ``e.type`` and ``e.param`` are read from it, as
+    ``e.code`` is (they were None)."""
+    with pytest.raises(openai.NotFoundError) as unknown:
+        sdk.embeddings.create(model="no-such-model", input="x")
+    assert (unknown.value.code, unknown.value.type) == ("unknown_model",
+                                                        "invalid_request_error")
+    assert unknown.value.param is None and "no-such-model" in unknown.value.message
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.embeddings.create(model="hemb", input=[])
+    assert bad.value.type == "invalid_request_error"

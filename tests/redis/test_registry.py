@@ -101,7 +101,8 @@ def test_submit_answers_503_for_a_refused_model_and_202_when_no_worker_is_live(
                       headers={"Content-Type": "image/jpeg"})
         assert r.get_json()["error"] == {
             "code": "model_unavailable",
-            "message": f"no live worker serves model 'imgs': worker w1 refused it: {NO_WEIGHTS}"}
+            "message": f"no live worker serves model 'imgs': worker w1 refused it: {NO_WEIGHTS}",
+            "type": "server_error", "param": None}
         registry.withdraw("w1")
         wait_until(lambda: post() == 202, 10, "the web's cache to see no live worker")
 

@@ -1,4 +1,6 @@
-"""Errors as HTTP answers: every failure is JSON ``{"error": {"code", "message"}}``.
+"""Errors as HTTP answers: every failure is JSON ``{"error": {"code", "message", ...}}``.
+
+The error object is OpenAI's (``type`` and ``param`` too), so its SDKs read it whole.
 
 Each carpool error class maps to one status and code in web/common/refusals.py's table,
 so a route raises and never formats an error body itself. ``/submit/batch`` uses
@@ -54,6 +56,9 @@ class AdmissionUnknown(BackendUnavailable):
         self.many = many
 
 
+#: OpenAI's error types by status; any other 4xx is an ``invalid_request_error``.
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error",
+                429: "rate_limit_error"}
 #: Codes for werkzeug's own errors whose class name reads badly as a code.
 _HTTP_CODES = {413: "body_too_large", 415: "unsupported_media_type"}
 
@@ -64,9 +69,20 @@ def status_and_code(exc: CarpoolError) -> tuple[int, str]:
     return row.status, row.code
 
 
-def error_body(code: str, message: str, exc: Exception | None = None) -> dict[str, Any]:
-    """The JSON error; with the job's ``id`` when ``exc`` left its admission unknown."""
-    body: dict[str, Any] = {"error": {"code": code, "message": message}}
+def error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an answer of ``status`` (its SDKs read it as
+    ``e.type``): what kind of failure, where ``code`` says which."""
+    if status >= 500:
+        return "server_error"
+    return _ERROR_TYPES.get(status, "invalid_request_error")
+
+
+def error_body(code: str, message: str, exc: Exception | None = None,
+               status: int = 400) -> dict[str, Any]:
+    """The JSON error, shaped as OpenAI's (``param``: carpool names the field in the
+    message); with the job's ``id`` when ``exc`` left its admission unknown."""
+    body: dict[str, Any] = {"error": {"code": code, "message": message,
+                                      "type": error_type(status), "param": None}}
     if isinstance(exc, AdmissionUnknown) and exc.many:
         body["ids"] = list(exc.job_ids)
     elif isinstance(exc, AdmissionUnknown):
@@ -93,7 +109,7 @@ def _carpool_error(exc: CarpoolError) -> tuple[Response, int]:
         log.warning("request answered %d: %s", status, exc)
     elif status >= 500 and status not in (503, 504):
         log.exception("carpool error answered %d", status, exc_info=exc)
-    response = jsonify(error_body(code, str(exc), exc))
+    response = jsonify(error_body(code, str(exc), exc, status))
     retry = retry_after_s(exc)
     if retry is not None:
         response.headers["Retry-After"] = str(retry)
@@ -112,7 +128,7 @@ def _http_error(exc: HTTPException) -> tuple[Response, int]:
     message = exc.description or exc.name
     if status == 413:  # werkzeug's own text does not say what the limit is
         message = f"request body is over {current_app.config['MAX_CONTENT_LENGTH']} bytes"
-    response = jsonify(error_body(code, message))
+    response = jsonify(error_body(code, message, status=status))
     for name, value in exc.get_headers():
         if name.lower() == "allow":  # 405 says which methods would work
             response.headers[name] = value
@@ -121,7 +137,8 @@ def _http_error(exc: HTTPException) -> tuple[Response, int]:
 
 def _unexpected(exc: Exception) -> tuple[Response, int]:
     log.exception("unhandled error", exc_info=exc)
-    return jsonify(error_body("internal_error", "internal error; see the server log")), 500
+    return jsonify(error_body("internal_error", "internal error; see the server log",
+                              status=500)), 500
 
 
 def register(app: Flask, on_refused: Callable[[Exception, Request], None]) -> None:

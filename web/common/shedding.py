@@ -156,7 +156,8 @@ class LagMonitor:
 def _shed_body(max_queue_ms: int) -> bytes:
     message = (f"the web is overloaded: requests wait over {max_queue_ms} ms before they "
                f"are handled, so nothing was queued; retry after {RETRY_AFTER_S} s")
-    return json.dumps({"error": {"code": SHED_CODE, "message": message}}).encode()
+    return json.dumps({"error": {"code": SHED_CODE, "message": message,
+                                 "type": "server_error", "param": None}}).encode()
 
 
 class Shedder:

@@ -267,7 +267,7 @@ def _admitted_or_refused(state: WebState, sync: SyncWait, model: str,
 
 def _item_error(exc: CarpoolError) -> dict[str, Any]:
     status, code = status_and_code(exc)
-    item = {**error_body(code, str(exc), exc), "status": status}
+    item = {**error_body(code, str(exc), exc, status), "status": status}
     retry = retry_after_s(exc)
     if retry is not None:  # what the Retry-After header says for a single submit
         item["retry_after_s"] = retry

@@ -71,7 +71,8 @@ def _components(settings: Settings) -> dict[str, Any]:
                                "duplicate": {"type": "boolean"}}}
     error = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["code", "message"],
-        "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                       "type": {"type": "string"}, "param": {"type": "string", "nullable": True}}}}}
     job = {"type": "object", "required": ["id", "model", "status"], "properties": {
         "id": {"type": "string"}, "model": {"type": "string"},
         "model_version": {"type": "string"},
