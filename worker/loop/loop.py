@@ -176,7 +176,8 @@ class BatchLoop:
                 log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
-            except Exception:  # noqa: BLE001 — the loop outlives any one bug; leases recover jobs
+            except (Exception, SystemExit):  # the loop outlives any one bug; leases recover jobs
+                # (a SystemExit too: raised on this thread it would end it, and it alone)
                 peeked = None
                 log.exception("batch loop step failed; retrying in %.1f s", backoff_s)
                 self._stop.wait(backoff_s)

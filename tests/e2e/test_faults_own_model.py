@@ -1,0 +1,79 @@
+"""A user's own handler (``kind = "python"``) that misbehaves, served by a real Celery
+worker and gunicorn: each job still ends once, with an error a person can act on, and
+the worker serves on (or exits for its supervisor to restart, saying why).
+The handler is ``tests/support/misbehaving_model.py``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import make_env
+from tests.support.procs import REPO_ROOT, start_web, start_worker
+
+pytest.importorskip("torch")
+
+CATALOGUE = """
+[models.bad]
+kind = "python"
+handler = "tests.support.misbehaving_model:Misbehaving"
+measure = "bytes"
+input_schema = {{type = "object"}}
+[models.bad.options]
+load = "{load}"
+[[models.bad.bins]]
+name = "all"
+max_size = 4096
+max_batch = 8
+max_wait_ms = 20
+max_depth = 100
+"""
+#: Longest a test waits for one job's end.
+WAIT_S = 60
+
+
+def worker_env(redis_url: str, key_prefix: str, tmp: Path, load: str = "ok",
+               **extra: str) -> dict[str, str]:
+    config = tmp / "catalogue.toml"
+    config.write_text(CATALOGUE.format(load=load))
+    return make_env(redis_url, key_prefix, CARPOOL_CONFIG=str(config), CARPOOL_DEVICE="cpu",
+                    CARPOOL_PROFILE_DIR=str(tmp / "profiles"),
+                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT),
+                                                os.environ.get("PYTHONPATH", "")]), **extra)
+
+
+def submit(base: str, model: str, job_input: Any) -> str:
+    r = requests.post(f"{base}/submit", json={"model": model, "input": job_input}, timeout=30)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def ended(base: str, job_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = requests.get(f"{base}/result/{job_id}?wait={WAIT_S}",
+                                        timeout=WAIT_S + 30).json()
+    assert body["status"] in ("done", "failed"), body
+    return body
+
+
+@pytest.fixture
+def stack(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[str]:
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad")
+    with start_web(env) as base, start_worker(env, "w1@own-faults",
+                                              log_path=tmp_path / "worker.log"):
+        yield base
+
+
+def test_a_forward_pass_that_calls_sys_exit_fails_its_job_and_the_worker_serves_on(
+        stack: str) -> None:
+    bad, good = submit(stack, "bad", {"do": "exit"}), submit(stack, "bad", {"value": 1})
+    failed = ended(stack, bad)
+    assert failed["status"] == "failed", failed
+    assert failed["error"] == "inference failed: the handler called sys.exit(3)", failed
+    assert ended(stack, good)["status"] == "done"
+    after = ended(stack, submit(stack, "bad", {"value": 2}))
+    assert after["status"] == "done" and after["result"] == {"echo": 2}, after
