@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from tests.conftest import make_env
+from tests.support.misbehaving_model import LOAD_ERROR
 from tests.support.procs import REPO_ROOT, start_web, start_worker
 
 pytest.importorskip("torch")
@@ -77,3 +78,26 @@ def test_a_forward_pass_that_calls_sys_exit_fails_its_job_and_the_worker_serves_
     assert ended(stack, good)["status"] == "done"
     after = ended(stack, submit(stack, "bad", {"value": 2}))
     assert after["status"] == "done" and after["result"] == {"echo": 2}, after
+
+
+def test_a_load_that_raises_leaves_the_model_out_of_a_worker_serving_every_model(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, load="raise")
+    with start_web(env) as base, start_worker(env, "w1@every-model"):
+        done = ended(base, submit(base, "synthetic", {"value": 1, "size": 3}))
+        assert done["status"] == "done", done
+        refused = requests.post(f"{base}/submit", json={"model": "bad", "input": {}},
+                                timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert LOAD_ERROR in refused.json()["error"]["message"]
+        assert "RuntimeError" in refused.json()["error"]["message"]
+
+
+def test_a_load_that_raises_stops_a_worker_that_must_serve_the_model_naming_it(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, load="raise", CARPOOL_MODELS="bad")
+    log = tmp_path / "worker.log"
+    with pytest.raises(RuntimeError, match="exited with"):
+        with start_worker(env, "w1@must-serve", log_path=log):
+            pass
+    assert f"model 'bad': its load failed: RuntimeError: {LOAD_ERROR}" in log.read_text()

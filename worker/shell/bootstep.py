@@ -71,6 +71,23 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
     return load_models(settings, names, explicit).handlers
 
 
+def load_one(spec: ModelSpec, settings: Settings) -> ModelHandler:
+    """``spec``'s handler, made and loaded. Whatever its construction or load raises (a
+    user's handler may raise anything: a missing weights file, a CUDA error, a
+    ``sys.exit``) is a ``ConfigError`` naming the model, as the run-time load's refusal
+    is (worker/loop/repertoire.py): else one model's error stopped a worker serving
+    every model, and the log never named the model."""
+    try:
+        handler = make_handler(spec, settings)
+        handler.load()
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 — named, then refused or fatal
+        raise ConfigError(f"model {spec.name!r}: its load failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return handler
+
+
 def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
                 on_refused: Callable[[str, str], object] | None = None,
                 overrides: Mapping[str, str] | None = None) -> Loaded:
@@ -84,8 +101,7 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
     for name in names:
         stored = (overrides or {}).get(name, "")
         try:
-            handler = make_handler(apply_stored(settings.catalogue.get(name), stored), settings)
-            handler.load()
+            handler = load_one(apply_stored(settings.catalogue.get(name), stored), settings)
         except ConfigError as exc:
             if explicit and not stored:
                 raise
