@@ -16,6 +16,7 @@ import requests
 from tests.conftest import make_env
 from tests.support.misbehaving_model import LOAD_ERROR
 from tests.support.procs import REPO_ROOT, start_web, start_worker
+from worker.loop.loop import EXIT_DEVICE_LOST
 
 pytest.importorskip("torch")
 
@@ -101,3 +102,35 @@ def test_a_load_that_raises_stops_a_worker_that_must_serve_the_model_naming_it(
         with start_worker(env, "w1@must-serve", log_path=log):
             pass
     assert f"model 'bad': its load failed: RuntimeError: {LOAD_ERROR}" in log.read_text()
+
+
+
+#: Short enough that a hang is seen in seconds: renewal stops past MAX_BATCH_MS.
+HANG_ENV = {"CARPOOL_LEASE_MS": "1500", "CARPOOL_MAX_BATCH_MS": "3000",
+            "CARPOOL_MAX_ATTEMPTS": "2"}
+#: How long a hung worker may take to exit: MAX_BATCH_MS, a keeper tick, and slack.
+HUNG_EXIT_S = 30
+
+
+def hangs_and_exits(env: dict[str, str], node: str, log: Path) -> None:
+    """A worker started with ``env`` takes the hanging job and exits for a restart."""
+    with start_worker(env, node, log_path=log) as proc:
+        assert proc.wait(HUNG_EXIT_S) == EXIT_DEVICE_LOST
+    text = log.read_text()
+    assert "is still computing after" in text and "past CARPOOL_MAX_BATCH_MS" in text, text
+
+
+def test_a_forward_pass_that_hangs_exits_the_worker_and_its_job_fails_after_max_attempts(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad", **HANG_ENV)
+    with start_web(env) as base:
+        hung = submit(base, "bad", {"do": "hang"})
+        # The worker would heartbeat and serve nothing, its compute thread taken for good.
+        hangs_and_exits(env, "w1@hangs", tmp_path / "w1.log")
+        view = requests.get(f"{base}/result/{hung}", timeout=10).json()
+        assert view["status"] == "queued" and view["attempts"] == 1, view
+        hangs_and_exits(env, "w2@hangs", tmp_path / "w2.log")  # its second attempt
+        failed = ended(base, hung)
+        assert failed["status"] == "failed" and "worker lost 2 times" in failed["error"], failed
+        with start_worker(env, "w3@hangs"):  # a fresh one serves what comes next
+            assert ended(base, submit(base, "bad", {"value": 7}))["result"] == {"echo": 7}

@@ -363,6 +363,7 @@ class BatchLoop:
         # Encoded here, on the loop's thread, while the compute thread runs the next
         # batch; a result JSON cannot carry fails its job alone (and counts as failed).
         outcomes = [with_result_json(o) for o in flight.outcomes.result()]
+        self.keeper.computed(claim)  # a batch past CARPOOL_MAX_BATCH_MS now did not hang
         # The claim's token names the batch: every job of a claim ran in this one batch
         # (a split of it included), a retry runs under another claim.
         batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,

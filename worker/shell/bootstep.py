@@ -32,6 +32,7 @@ from carpool.backend.registry import Registry
 from carpool.backend.repository import Desired, Repository
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError, DeviceLost
+from carpool.core.jobs import Claim
 from carpool.core.overrides import apply_stored
 from carpool.core.settings import Settings, load_settings
 from carpool.scheduling.batching import Cost
@@ -272,6 +273,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.presence.costs = loop.scheduler.costs
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        self.keeper.on_hung = self._hung
         # A worker under this name that held claims is dead (this process holds the
         # name now): end its leases, so the keeper's first reap takes its jobs back
         # at once instead of when the leases run out.
@@ -301,6 +303,21 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             except Exception:  # noqa: BLE001 — the lease lapses instead
                 log.exception("releasing the GPU after the device was lost failed")
         loop_module.exit_process(exc)
+
+    def _hung(self, claim: Claim, ran_s: float) -> None:
+        """A batch still computing past CARPOOL_MAX_BATCH_MS: its forward pass hangs, and
+        no thread can stop it. The worker would heartbeat and serve nothing more (its one
+        compute thread is taken) while its retried jobs came back to it, so its leases end
+        as a dead worker's (the attempt counted: ``max_attempts`` fails an input that
+        hangs every worker) and it exits for its supervisor to start a fresh one."""
+        assert self.keeper is not None and self.loop is not None
+        try:
+            self.keeper.abandon_all(self.loop.worker_name)
+        except Exception:  # noqa: BLE001 — the leases lapse and another reaper takes them
+            log.exception("ending the leases of a hung batch failed")
+        self._device_lost(DeviceLost(
+            f"batch {claim.token} is still computing after {ran_s:.0f} s, past "
+            "CARPOOL_MAX_BATCH_MS: its forward pass hangs, and no thread can stop it"))
 
     def _run(self) -> None:
         assert self.loop is not None
