@@ -134,3 +134,14 @@ def test_a_forward_pass_that_hangs_exits_the_worker_and_its_job_fails_after_max_
         assert failed["status"] == "failed" and "worker lost 2 times" in failed["error"], failed
         with start_worker(env, "w3@hangs"):  # a fresh one serves what comes next
             assert ended(base, submit(base, "bad", {"value": 7}))["result"] == {"echo": 7}
+
+
+
+@pytest.mark.parametrize(("out", "returned"), [("dict", "dict"), ("none", "NoneType")])
+def test_a_postprocess_that_returns_no_list_fails_its_batch_naming_what_it_returned(
+        stack: str, out: str, returned: str) -> None:
+    # A dict of as many keys as the batch has items listed as its keys: "done", "echo".
+    failed = ended(stack, submit(stack, "bad", {"out": out, "value": 1}))
+    assert failed["status"] == "failed", failed
+    assert (f"handler for 'bad' returned a {returned} from postprocess, not a list with "
+            "one result per item (1), in order") in failed["error"], failed
