@@ -81,28 +81,33 @@ def test_a_forward_pass_that_calls_sys_exit_fails_its_job_and_the_worker_serves_
     assert after["status"] == "done" and after["result"] == {"echo": 2}, after
 
 
+#: What a worker says of a model whose load raises, or whose warm-up does.
+LOAD_FAILURES = [("raise", f"model 'bad': its load failed: RuntimeError: {LOAD_ERROR}"),
+                 ("warm_up", "model 'bad': its warm-up failed: ValueError: cannot run value 0")]
+
+
+@pytest.mark.parametrize(("load", "reason"), LOAD_FAILURES)
 def test_a_load_that_raises_leaves_the_model_out_of_a_worker_serving_every_model(
-        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
-    env = worker_env(redis_url, key_prefix, tmp_path, load="raise")
+        redis_url: str, key_prefix: str, tmp_path: Path, load: str, reason: str) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, load=load)
     with start_web(env) as base, start_worker(env, "w1@every-model"):
         done = ended(base, submit(base, "synthetic", {"value": 1, "size": 3}))
         assert done["status"] == "done", done
         refused = requests.post(f"{base}/submit", json={"model": "bad", "input": {}},
                                 timeout=30)
         assert refused.status_code == 503, refused.text
-        assert LOAD_ERROR in refused.json()["error"]["message"]
-        assert "RuntimeError" in refused.json()["error"]["message"]
+        assert reason in refused.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(("load", "reason"), LOAD_FAILURES)
 def test_a_load_that_raises_stops_a_worker_that_must_serve_the_model_naming_it(
-        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
-    env = worker_env(redis_url, key_prefix, tmp_path, load="raise", CARPOOL_MODELS="bad")
+        redis_url: str, key_prefix: str, tmp_path: Path, load: str, reason: str) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, load=load, CARPOOL_MODELS="bad")
     log = tmp_path / "worker.log"
     with pytest.raises(RuntimeError, match="exited with"):
         with start_worker(env, "w1@must-serve", log_path=log):
             pass
-    assert f"model 'bad': its load failed: RuntimeError: {LOAD_ERROR}" in log.read_text()
-
+    assert reason in log.read_text()
 
 
 #: Short enough that a hang is seen in seconds: renewal stops past MAX_BATCH_MS.

@@ -8,7 +8,8 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 - ``"exit"``: the forward pass calls ``sys.exit(3)``;
 - ``"raise"``: the forward pass raises ``ValueError`` for this input.
 
-``options.load = "raise"``: ``load`` raises ``RuntimeError`` (weights it cannot read).
+``options.load = "raise"``: ``load`` raises ``RuntimeError`` (weights it cannot read);
+``"warm_up"``: the example it gives for warm-up raises in the forward pass.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Misbehaving:
         return job_input
 
     def example(self, bin_spec: BinSpec) -> Any:
-        return {"do": "ok", "value": 0}
+        return {"do": "raise" if self.load_does == "warm_up" else "ok", "value": 0}
 
     def collate(self, items: Sequence[Any], bin_spec: BinSpec) -> Any:
         return list(items)

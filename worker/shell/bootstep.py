@@ -39,6 +39,7 @@ from carpool.scheduling.batching import Cost
 from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
+from worker.executors.runner import is_sticky
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
@@ -89,6 +90,19 @@ def load_one(spec: ModelSpec, settings: Settings) -> ModelHandler:
     return handler
 
 
+def refuse(name: str, exc: ConfigError, fatal: bool,
+           on_refused: Callable[[str, str], object] | None) -> str:
+    """A model that cannot load or warm up: raises ``exc`` when ``fatal``; else the model
+    is left out, the log says why in an ERROR line, ``on_refused`` is told. The reason."""
+    if fatal:
+        raise exc
+    log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
+              "to make this fatal)", name, exc)
+    if on_refused is not None:
+        on_refused(name, str(exc))
+    return str(exc)
+
+
 def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
                 on_refused: Callable[[str, str], object] | None = None,
                 overrides: Mapping[str, str] | None = None) -> Loaded:
@@ -104,13 +118,7 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
         try:
             handler = load_one(apply_stored(settings.catalogue.get(name), stored), settings)
         except ConfigError as exc:
-            if explicit and not stored:
-                raise
-            log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
-                      "to make this fatal)", name, exc)
-            refused[name] = str(exc)
-            if on_refused is not None:
-                on_refused(name, str(exc))
+            refused[name] = refuse(name, exc, explicit and not stored, on_refused)
             continue
         handlers[name] = handler
     if names and not handlers:  # none: every model it may serve is unloaded; it waits
@@ -120,12 +128,15 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
 
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
                   torch_later: bool = False,
+                  on_failed: Callable[[str, ConfigError], object] | None = None,
                   ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
     """The torch executor, warmed up and calibrated, when a torch model is served, or
     may be loaded later (``torch_later``: one it may serve is unloaded now);
     else the torch-free pipeline (torch is never imported), one batch at a time at
     depth 1. And
-    the cost models that calibration profiles give each bin, to seed the scheduler."""
+    the cost models that calibration profiles give each bin, to seed the scheduler.
+    A model whose warm-up fails is a ``ConfigError`` naming it; with ``on_failed`` that
+    is told it (and may raise), and the model leaves ``handlers``."""
     torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
     if not torch_handlers and not torch_later:
         return PipelinedExecutor(settings.executor.pipeline_depth,
@@ -136,7 +147,18 @@ def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
     executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
     seeds: dict[tuple[str, str], Cost] = {}
     for handler in torch_handlers:
-        profile = prepare(executor, handler, settings.executor)
+        try:
+            profile = prepare(executor, handler, settings.executor)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 — named, then refused or fatal
+            if is_sticky(exc):  # the CUDA context is lost: for every model
+                raise
+            error = ConfigError(f"model {handler.spec.name!r}: its warm-up failed: "
+                                f"{type(exc).__name__}: {exc}")
+            if on_failed is None:
+                raise error from exc
+            on_failed(handler.spec.name, error)
+            del handlers[handler.spec.name]
+            continue
         if profile is not None:
             seeds.update(cost_seeds(profile))
     return executor, seeds
@@ -244,9 +266,12 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         handlers = loaded.handlers
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
+        presence = self.presence
         executor, seeds = make_executor(settings, handlers, torch_later=any(
             not d.loaded and settings.catalogue.get(m).kind in TORCH_KINDS
-            for m, d in desired.items()))
+            for m, d in desired.items()), on_failed=lambda name, exc: refuse(
+                name, exc, bool(settings.worker_models) and not desired[name].config,
+                presence.refuse))
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
