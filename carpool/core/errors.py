@@ -163,4 +163,5 @@ class MissingExtra(CarpoolError):
 
 class DeviceLost(CarpoolError):
     """Raised when a sticky CUDA error (a device-side assert, an illegal address) has
-    corrupted the process's CUDA context: every later call fails, so the worker exits."""
+    corrupted the process's CUDA context: every later call fails, so the worker exits.
+    Also what a worker exits with when a forward pass hangs past CARPOOL_MAX_BATCH_MS."""

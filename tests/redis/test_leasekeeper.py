@@ -86,6 +86,26 @@ def test_keeper_lets_a_batch_over_max_batch_ms_lapse(
     assert keeper.reclaimed_total == 1
 
 
+def test_keeper_tells_of_a_batch_over_max_batch_ms_only_while_it_still_computes(
+        queue: Queue, leases: Leases, worker_settings: Settings) -> None:
+    spec = synthetic()
+    admit(queue, spec, size=1)
+    admit(queue, spec, size=100)
+    hung = queue.claim(spec, "small", 8, lease_ms=LEASE_MS, token="t1", worker="w")
+    written = queue.claim(spec, "medium", 8, lease_ms=LEASE_MS, token="t2", worker="w")
+    clock = FakeClock()
+    keeper = LeaseKeeper(leases, worker_settings, clock=clock)
+    told: list[str] = []
+    keeper.on_hung = lambda claim, ran_s: told.append(claim.token)
+    keeper.hold(hung)
+    keeper.hold(written)
+    keeper.computed(written)  # its results in hand, Redis away: not a hang
+    clock.now_s += worker_settings.max_batch_ms / 1000.0 + 1
+    keeper.tick()
+    keeper.tick()
+    assert told == ["t1"]  # once
+
+
 def test_keeper_reaps_other_workers_expired_leases_and_counts_the_dead(
         queue: Queue, leases: Leases, worker_settings: Settings) -> None:
     spec = synthetic()

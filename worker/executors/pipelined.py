@@ -24,7 +24,14 @@ from carpool.core.catalogue import BinSpec
 from carpool.core.jobs import ClaimedJob, Outcome
 from worker.device.memory import MemoryGuard
 from worker.executors.base import ExecutorStats, padding_share
-from worker.executors.runner import checked, is_out_of_memory, isolate, outcomes, preprocess_all
+from worker.executors.runner import (
+    HANDLER_ERRORS,
+    checked,
+    is_out_of_memory,
+    isolate,
+    outcomes,
+    preprocess_all,
+)
 from worker.handlers.base import ModelHandler, SizedItems
 
 log = logging.getLogger(__name__)
@@ -113,7 +120,7 @@ class PipelinedExecutor:
         if items:
             try:
                 staged = self.stage(handler, items, bin_spec)
-            except Exception:  # noqa: BLE001 — the compute thread isolates the cause
+            except HANDLER_ERRORS:  # the compute thread isolates the cause
                 log.warning("collating a batch of %d failed; isolating the input", len(items))
         first = _FirstTry(staged)
 

@@ -36,7 +36,16 @@ def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+#: What a handler may raise for an input or a batch: any error, and SystemExit, which a
+#: handler's ``sys.exit()`` raises in the thread that called it. On the compute or the
+#: loop's thread it ends no process; uncaught, it ended the batch loop's thread
+#: silently, leaving a worker that heartbeats and serves nothing.
+HANDLER_ERRORS = (Exception, SystemExit)
+
+
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"the handler called sys.exit({exc.code!r})"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -105,7 +114,7 @@ def preprocess_all(
     def one(input_json: str) -> Any:
         try:
             return handler.preprocess(json.loads(input_json))
-        except Exception as exc:  # noqa: BLE001 — any input error fails this job only
+        except HANDLER_ERRORS as exc:  # any input error fails this job only
             return _Failed(exc)
 
     t0 = time.perf_counter()
@@ -140,7 +149,7 @@ def isolate(infer_fn: InferFn, items: Sequence[Any], on_split: SplitHook | None 
         return infer_fn(items)
     except HandlerContractError as exc:
         return [_Failed(exc)] * len(items)
-    except Exception as exc:  # noqa: BLE001 — find the input that causes it
+    except HANDLER_ERRORS as exc:  # find the input that causes it
         if is_sticky(exc):  # every later call fails too: no input is to blame yet
             raise DeviceLost(f"the CUDA context is lost: {_describe(exc)}") from None
         if len(items) == 1:

@@ -11,11 +11,11 @@ autocast, 4-D inputs channels-last when asked.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from carpool.core.catalogue import BinSpec, ModelSpec
-from carpool.core.errors import ConfigError
+from carpool.core.errors import ConfigError, HandlerContractError
 from carpool.core.settings import Settings
 from worker.handlers.tuning import HandlerContext
 
@@ -68,6 +68,14 @@ class PythonModel:
 
     def postprocess(self, output: Any, n: int) -> list[Any]:
         results = self.handler.postprocess(output, n)
+        # list() of a dict is its keys and of a string its characters: with as many as
+        # the batch has items, each job got one as its result, "done". Those, None and
+        # what is not iterable break the contract (the batch fails, nothing is split).
+        if results is None or isinstance(results, str | bytes | bytearray | Mapping) \
+                or not isinstance(results, Iterable):
+            raise HandlerContractError(
+                f"handler for {self.spec.name!r} returned a {type(results).__name__} from "
+                f"postprocess, not a list with one result per item ({n}), in order")
         return list(results)
 
 

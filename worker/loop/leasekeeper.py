@@ -48,6 +48,10 @@ class LeaseHolder(Protocol):
     def hold(self, claim: Claim) -> None:
         """The claim's batch starts: keep its lease until ``finished`` or ``hand_back``."""
 
+    def computed(self, claim: Claim) -> None:
+        """The claim's outcomes are in hand: the model is done with it, only the write
+        is left."""
+
     def finished(self, claim: Claim) -> None:
         """The claim's results are written (complete.lua ended its lease)."""
 
@@ -69,6 +73,9 @@ class NoLeaseKeeper:
     """A ``LeaseHolder`` that keeps nothing: leases lapse (a loop in a test)."""
 
     def hold(self, claim: Claim) -> None:
+        return None
+
+    def computed(self, claim: Claim) -> None:
         return None
 
     def finished(self, claim: Claim) -> None:
@@ -96,7 +103,12 @@ class LeaseKeeper:
         self.dead_total = 0  # of which failed after max_attempts
         #: Told how many leases each reap took back (the worker's Prometheus counter).
         self.on_reclaimed: Callable[[int], None] | None = None
+        #: Told, once, of a claim still computing past CARPOOL_MAX_BATCH_MS (its forward
+        #: pass hangs), with how long it has run (s); None: only logged.
+        self.on_hung: Callable[[Claim, float], None] | None = None
         self._held: dict[str, Held] = {}
+        #: Tokens of claims held whose outcomes are in hand (``computed``).
+        self._computed: set[str] = set()
         #: Claims whose reply was lost, by token, with when (clock seconds): looked for on
         #: every tick for one lease (a hung Redis may run a claim sent before it froze
         #: only after it answers other calls), handed back once found.
@@ -111,9 +123,15 @@ class LeaseKeeper:
         with self._lock:
             self._held[claim.token] = Held(claim, self.clock())
 
+    def computed(self, claim: Claim) -> None:
+        with self._lock:
+            if claim.token in self._held:
+                self._computed.add(claim.token)
+
     def finished(self, claim: Claim) -> None:
         with self._lock:
             self._held.pop(claim.token, None)
+            self._computed.discard(claim.token)
 
     def hand_back(self, claim: Claim, *, refund_attempt: bool) -> int:
         """Release the claim's jobs to the front of their bin now rather than after the
@@ -122,6 +140,7 @@ class LeaseKeeper:
         lease lapses instead, and the reaper takes the jobs back."""
         with self._lock:
             held = self._held.pop(claim.token, None)
+            self._computed.discard(claim.token)
         return 0 if held is None else self._release(claim, refund_attempt=refund_attempt)
 
     def reply_lost(self, token: str) -> None:
@@ -185,6 +204,10 @@ class LeaseKeeper:
                           now_s - held.since_s)
                 with self._lock:
                     self._held.pop(claim.token, None)
+                    hung = claim.token not in self._computed
+                    self._computed.discard(claim.token)
+                if hung and self.on_hung is not None:
+                    self.on_hung(claim, now_s - held.since_s)
                 continue
             kept = self.leases.renew(claim.token, [j.id for j in claim.jobs],
                                      self.settings.lease_ms)
@@ -215,7 +238,7 @@ class LeaseKeeper:
 
     def abandon_all(self, worker: str) -> int:
         with self._lock:
-            self._held = {}
+            self._held, self._computed = {}, set()
         ended = self.leases.end_leases_of(worker)
         self.reap()
         return ended
@@ -223,7 +246,7 @@ class LeaseKeeper:
     def hand_back_all(self, *, refund_attempt: bool) -> int:
         """Release every claim in hand to the front of its bin; how many jobs went back."""
         with self._lock:
-            held, self._held = list(self._held.values()), {}
+            held, self._held, self._computed = list(self._held.values()), {}, set()
         return sum(self._release(h.claim, refund_attempt=refund_attempt) for h in held)
 
     def _release(self, claim: Claim, *, refund_attempt: bool) -> int:

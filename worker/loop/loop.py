@@ -176,7 +176,8 @@ class BatchLoop:
                 log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
-            except Exception:  # noqa: BLE001 — the loop outlives any one bug; leases recover jobs
+            except (Exception, SystemExit):  # the loop outlives any one bug; leases recover jobs
+                # (a SystemExit too: raised on this thread it would end it, and it alone)
                 peeked = None
                 log.exception("batch loop step failed; retrying in %.1f s", backoff_s)
                 self._stop.wait(backoff_s)
@@ -362,6 +363,7 @@ class BatchLoop:
         # Encoded here, on the loop's thread, while the compute thread runs the next
         # batch; a result JSON cannot carry fails its job alone (and counts as failed).
         outcomes = [with_result_json(o) for o in flight.outcomes.result()]
+        self.keeper.computed(claim)  # a batch past CARPOOL_MAX_BATCH_MS now did not hang
         # The claim's token names the batch: every job of a claim ran in this one batch
         # (a split of it included), a retry runs under another claim.
         batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,

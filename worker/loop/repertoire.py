@@ -117,7 +117,8 @@ class Repertoire:
         log.info("loading model %r (repository generation %d)", model, want.generation)
         try:
             handler, seeds = self.loader(apply_stored(self.catalogue.get(model), want.config))
-        except Exception as exc:  # noqa: BLE001 — any load failure refuses the model, not the worker
+        # Any load failure refuses the model, not the worker (a sys.exit in it too).
+        except (Exception, SystemExit) as exc:  # noqa: BLE001
             reason = f"{type(exc).__name__}: {exc}"
             log.error("not serving model %r: its load failed: %s", model, reason)
             self.reporter.settled(model, want.generation, served=False, refused=reason)

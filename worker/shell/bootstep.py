@@ -32,12 +32,14 @@ from carpool.backend.registry import Registry
 from carpool.backend.repository import Desired, Repository
 from carpool.core.catalogue import ModelSpec
 from carpool.core.errors import ConfigError, DeviceLost
+from carpool.core.jobs import Claim
 from carpool.core.overrides import apply_stored
 from carpool.core.settings import Settings, load_settings
 from carpool.scheduling.batching import Cost
 from worker.device.gpu import GpuClaim, claim_gpu, verify_visible
 from worker.executors.base import BatchExecutor
 from worker.executors.pipelined import PipelinedExecutor
+from worker.executors.runner import is_sticky
 from worker.handlers import TORCH_KINDS, ModelHandler, make_handler, resolve_device
 from worker.loop import loop as loop_module
 from worker.loop.isolation import SuspectIsolation
@@ -71,6 +73,36 @@ def load_handlers(settings: Settings, names: tuple[str, ...], explicit: bool,
     return load_models(settings, names, explicit).handlers
 
 
+def load_one(spec: ModelSpec, settings: Settings) -> ModelHandler:
+    """``spec``'s handler, made and loaded. Whatever its construction or load raises (a
+    user's handler may raise anything: a missing weights file, a CUDA error, a
+    ``sys.exit``) is a ``ConfigError`` naming the model, as the run-time load's refusal
+    is (worker/loop/repertoire.py): else one model's error stopped a worker serving
+    every model, and the log never named the model."""
+    try:
+        handler = make_handler(spec, settings)
+        handler.load()
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 — named, then refused or fatal
+        raise ConfigError(f"model {spec.name!r}: its load failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return handler
+
+
+def refuse(name: str, exc: ConfigError, fatal: bool,
+           on_refused: Callable[[str, str], object] | None) -> str:
+    """A model that cannot load or warm up: raises ``exc`` when ``fatal``; else the model
+    is left out, the log says why in an ERROR line, ``on_refused`` is told. The reason."""
+    if fatal:
+        raise exc
+    log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
+              "to make this fatal)", name, exc)
+    if on_refused is not None:
+        on_refused(name, str(exc))
+    return str(exc)
+
+
 def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
                 on_refused: Callable[[str, str], object] | None = None,
                 overrides: Mapping[str, str] | None = None) -> Loaded:
@@ -84,16 +116,9 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
     for name in names:
         stored = (overrides or {}).get(name, "")
         try:
-            handler = make_handler(apply_stored(settings.catalogue.get(name), stored), settings)
-            handler.load()
+            handler = load_one(apply_stored(settings.catalogue.get(name), stored), settings)
         except ConfigError as exc:
-            if explicit and not stored:
-                raise
-            log.error("not serving model %r: %s (list the models to serve in CARPOOL_MODELS "
-                      "to make this fatal)", name, exc)
-            refused[name] = str(exc)
-            if on_refused is not None:
-                on_refused(name, str(exc))
+            refused[name] = refuse(name, exc, explicit and not stored, on_refused)
             continue
         handlers[name] = handler
     if names and not handlers:  # none: every model it may serve is unloaded; it waits
@@ -103,12 +128,15 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
 
 def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
                   torch_later: bool = False,
+                  on_failed: Callable[[str, ConfigError], object] | None = None,
                   ) -> tuple[BatchExecutor, dict[tuple[str, str], Cost]]:
     """The torch executor, warmed up and calibrated, when a torch model is served, or
     may be loaded later (``torch_later``: one it may serve is unloaded now);
     else the torch-free pipeline (torch is never imported), one batch at a time at
     depth 1. And
-    the cost models that calibration profiles give each bin, to seed the scheduler."""
+    the cost models that calibration profiles give each bin, to seed the scheduler.
+    A model whose warm-up fails is a ``ConfigError`` naming it; with ``on_failed`` that
+    is told it (and may raise), and the model leaves ``handlers``."""
     torch_handlers = [h for h in handlers.values() if h.spec.kind in TORCH_KINDS]
     if not torch_handlers and not torch_later:
         return PipelinedExecutor(settings.executor.pipeline_depth,
@@ -119,7 +147,18 @@ def make_executor(settings: Settings, handlers: dict[str, ModelHandler],
     executor = TorchExecutor(settings.executor, resolve_device(settings.executor.device))
     seeds: dict[tuple[str, str], Cost] = {}
     for handler in torch_handlers:
-        profile = prepare(executor, handler, settings.executor)
+        try:
+            profile = prepare(executor, handler, settings.executor)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 — named, then refused or fatal
+            if is_sticky(exc):  # the CUDA context is lost: for every model
+                raise
+            error = ConfigError(f"model {handler.spec.name!r}: its warm-up failed: "
+                                f"{type(exc).__name__}: {exc}")
+            if on_failed is None:
+                raise error from exc
+            on_failed(handler.spec.name, error)
+            del handlers[handler.spec.name]
+            continue
         if profile is not None:
             seeds.update(cost_seeds(profile))
     return executor, seeds
@@ -227,9 +266,12 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         handlers = loaded.handlers
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
+        presence = self.presence
         executor, seeds = make_executor(settings, handlers, torch_later=any(
             not d.loaded and settings.catalogue.get(m).kind in TORCH_KINDS
-            for m, d in desired.items()))
+            for m, d in desired.items()), on_failed=lambda name, exc: refuse(
+                name, exc, bool(settings.worker_models) and not desired[name].config,
+                presence.refuse))
         if self.gpu is not None and self.gpu.gpu is not None:
             verify_visible(self.gpu.gpu)  # torch is imported now: does it see just ours?
         self.loop = BatchLoop(settings, queue, handlers, settings.worker_name or hostname,
@@ -256,6 +298,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.presence.costs = loop.scheduler.costs
         executor.guard.on_shrink = self.metrics.record_shrink
         self.keeper.on_reclaimed = self.metrics.record_reclaimed
+        self.keeper.on_hung = self._hung
         # A worker under this name that held claims is dead (this process holds the
         # name now): end its leases, so the keeper's first reap takes its jobs back
         # at once instead of when the leases run out.
@@ -285,6 +328,21 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             except Exception:  # noqa: BLE001 — the lease lapses instead
                 log.exception("releasing the GPU after the device was lost failed")
         loop_module.exit_process(exc)
+
+    def _hung(self, claim: Claim, ran_s: float) -> None:
+        """A batch still computing past CARPOOL_MAX_BATCH_MS: its forward pass hangs, and
+        no thread can stop it. The worker would heartbeat and serve nothing more (its one
+        compute thread is taken) while its retried jobs came back to it, so its leases end
+        as a dead worker's (the attempt counted: ``max_attempts`` fails an input that
+        hangs every worker) and it exits for its supervisor to start a fresh one."""
+        assert self.keeper is not None and self.loop is not None
+        try:
+            self.keeper.abandon_all(self.loop.worker_name)
+        except Exception:  # noqa: BLE001 — the leases lapse and another reaper takes them
+            log.exception("ending the leases of a hung batch failed")
+        self._device_lost(DeviceLost(
+            f"batch {claim.token} is still computing after {ran_s:.0f} s, past "
+            "CARPOOL_MAX_BATCH_MS: its forward pass hangs, and no thread can stop it"))
 
     def _run(self) -> None:
         assert self.loop is not None
