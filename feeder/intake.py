@@ -36,7 +36,6 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
     ``failed`` with one error per bad line, or ``cancelled`` if cancelled meanwhile."""
     bulk_id = view.id
     data = store.get(store_name(view.input_file_id))
-    now = int(time.time())
     if data is None:
         errors = [{"code": "input_file_deleted", "param": "input_file_id", "line": None,
                    "message": f"the input file {view.input_file_id} was deleted before "
@@ -45,6 +44,9 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
         parsed = parse_file(data, view.endpoint, settings.catalogue, settings.input_limits,
                             settings.bulk.max_lines)
         errors = parsed.errors
+    # Read after the parse (seconds for a large file): a cancel that came meanwhile
+    # has its cancelling_at before the batch's end, never after.
+    now = int(time.time())
     if errors:
         if db.move(bulk_id, (BulkStatus.VALIDATING,), BulkStatus.FAILED, failed_at=now,
                    errors=json.dumps({"object": "list", "data": errors})):
@@ -55,6 +57,7 @@ def validate(settings: Settings, db: BulkDb, store: FileStore, metrics: FeederMe
         return
     assert parsed.spec is not None
     write_labels(store, bulk_id, parsed.lines)
+    now = int(time.time())  # the labels' writing took time too
     if not db.move(bulk_id, (BulkStatus.VALIDATING,), BulkStatus.IN_PROGRESS,
                    in_progress_at=now, total=len(parsed.lines), model=parsed.spec.name):
         drop_labels(store, bulk_id)

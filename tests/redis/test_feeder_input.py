@@ -18,6 +18,8 @@ from carpool.backend.filestore import LocalFileStore, store_name
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.settings import Settings, load_settings
+from carpool.core.bulk import BulkStatus
+from feeder import intake
 from feeder.feeder import Feeder
 from feeder.labels import labels_name
 from tests.conftest import make_env
@@ -103,3 +105,39 @@ def test_a_restarted_feeder_errors_every_line_of_a_batch_whose_input_is_gone(
                 for i, e in enumerate(err)] == [True] * LINES
     assert doc["request_counts"] == {"total": LINES, "completed": 0, "failed": LINES}
     assert restarted.store.get(labels_name(batch_id)) is None  # dropped with the chunks
+
+
+class SteppedClock:
+    """``time.time`` for the feeder's intake: it moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now_s = time.time()
+
+    def time(self) -> float:
+        return self.now_s
+
+
+@pytest.mark.parametrize("bad_lines", [False, True])
+def test_a_cancel_during_validation_ends_the_batch_no_earlier_than_it_was_asked(
+        bad_lines: bool, feeder_settings: Settings, client: redis.Redis, keys: Keys,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file takes seconds to parse, and the cancel comes meanwhile: ``cancelled_at``
+    is not before ``cancelling_at`` (it was the time the parse began)."""
+    clock = SteppedClock()
+    monkeypatch.setattr(intake, "time", clock)
+    feeder = new_feeder(feeder_settings, client, keys)
+    batch_id = add_batch(feeder.db, feeder.store, "slow",
+                         b"not json\n" if bad_lines else None)
+    real_parse = intake.parse_file
+
+    def slow_parse(*args: Any) -> Any:
+        clock.now_s += 5.0  # a large file
+        assert feeder.db.move(batch_id, (BulkStatus.VALIDATING,), BulkStatus.CANCELLING,
+                              cancelling_at=int(clock.now_s))
+        return real_parse(*args)
+
+    monkeypatch.setattr(intake, "parse_file", slow_parse)
+    feeder.step()
+    doc = document(feeder.db, batch_id)
+    assert doc["status"] == "cancelled"
+    assert doc["cancelled_at"] >= doc["cancelling_at"]
