@@ -17,8 +17,8 @@ from carpool.backend.bulkdb import BulkDb, bulk_document, new_bulk_id
 from carpool.backend.filestore import LocalFileStore, store_name
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
-from carpool.core.settings import Settings, load_settings
 from carpool.core.bulk import BulkStatus
+from carpool.core.settings import Settings, load_settings
 from feeder import intake
 from feeder.feeder import Feeder
 from feeder.labels import labels_name
