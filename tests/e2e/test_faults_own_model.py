@@ -6,6 +6,7 @@ The handler is ``tests/support/misbehaving_model.py``."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import requests
 
 from tests.conftest import make_env
 from tests.support.misbehaving_model import LOAD_ERROR
-from tests.support.procs import REPO_ROOT, start_web, start_worker
+from tests.support.procs import REPO_ROOT, start_web, start_worker, wait_until
 from worker.loop.loop import EXIT_DEVICE_LOST
 
 pytest.importorskip("torch")
@@ -140,6 +141,23 @@ def test_a_forward_pass_that_hangs_exits_the_worker_and_its_job_fails_after_max_
         with start_worker(env, "w3@hangs"):  # a fresh one serves what comes next
             assert ended(base, submit(base, "bad", {"value": 7}))["result"] == {"echo": 7}
 
+
+def test_a_worker_stopped_while_its_forward_pass_hangs_exits_after_its_grace(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """SIGTERM: the batch outlasts the grace, its job is handed back, and the worker
+    exits (Python's exit waited for the hung compute thread for ever)."""
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad",
+                     CARPOOL_STOP_GRACE_S="1")
+    log = tmp_path / "worker.log"
+    with start_web(env) as base, start_worker(env, "w1@stop-hung", log_path=log) as proc:
+        hung = submit(base, "bad", {"do": "hang"})
+        wait_until(lambda: requests.get(f"{base}/result/{hung}", timeout=10).json()[
+            "status"] == "running", WAIT_S, "the hanging job to be running")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(HUNG_EXIT_S) == EXIT_DEVICE_LOST
+        view = requests.get(f"{base}/result/{hung}", timeout=10).json()
+    assert view["status"] == "queued" and view["attempts"] == 1, view
+    assert "outlasted the stop's grace" in log.read_text()
 
 
 @pytest.mark.parametrize(("out", "returned"), [("dict", "dict"), ("none", "NoneType")])

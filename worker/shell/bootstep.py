@@ -357,8 +357,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return flower_rows(worker_info(self.loop, self.gpu.gpu if self.gpu else None))
 
     def stop(self, parent: Any) -> None:
-        if self.loop is not None and self.thread is not None:
-            self._stop_loop()
+        overran = self.loop is not None and self.thread is not None and self._stop_loop()
         if self.presence is not None:
             self.presence.stop()
             self.presence = None
@@ -368,8 +367,14 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.gpu is not None:
             self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
             self.gpu = None
+        if overran:  # its compute thread is in a forward pass that may never return, and
+            # Python's exit would wait for it for ever: its jobs are handed back, so go.
+            loop_module.exit_process(DeviceLost("the batch in hand outlasted the stop's "
+                                                "grace: the worker exits without it"))
 
-    def _stop_loop(self) -> None:
+    def _stop_loop(self) -> bool:
+        """Stop the loop within the grace and hand back what it holds; True if the batch
+        in hand outlasted the grace."""
         assert self.loop is not None and self.thread is not None
         assert self.keeper is not None and self.settings is not None
         grace_s = self.settings.stop_grace_s
@@ -387,6 +392,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
             log.warning("the batch in hand outlasted the %.0f s grace: %d jobs handed back",
                         grace_s, back)
         log.info("carpool batch loop stopped; %d jobs handed back", back)
+        return overran
 
 
 def _celery_stopping() -> bool:
