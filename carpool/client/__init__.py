@@ -19,6 +19,7 @@ from carpool.client.aio import AsyncClient
 from carpool.client.errors import (
            ApiError,
            ClientError,
+           ConnectionBroken,
            Overloaded,
            RequestRejected,
            ServerUnreachable,
@@ -31,6 +32,7 @@ from carpool.client.sse import Event
 from carpool.client.sync import Client
 from carpool.client.webhooks import WebhookInvalid, verify_webhook
 
-__all__ = ["ApiError", "AsyncClient", "AsyncJob", "Client", "ClientError", "Detached", "Event",
+__all__ = ["ApiError", "AsyncClient", "AsyncJob", "Client", "ClientError", "ConnectionBroken",
+           "Detached", "Event",
            "Job", "JobDoc", "JobFailed", "JobTimeout", "Overloaded", "RequestRejected",
            "RetryPolicy", "ServerUnreachable", "Unavailable", "WebhookInvalid", "verify_webhook"]

@@ -58,7 +58,8 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, call: Call) -> Any:
-        """The answer's JSON; 429/503/refused connections retried by the policy."""
+        """The answer's JSON; 429/503/refused connections (and a GET's broken one)
+        retried by the policy."""
         tries = 0
         while True:
             tries += 1
@@ -68,7 +69,8 @@ class AsyncClient:
                 error: ClientError = unreachable(self.url, exc)
             except ClientError as exc:
                 error = exc
-            delay = self.retry.delay_s(tries, error)
+            # A GET asked again does nothing twice: one broken mid-answer is retried too.
+            delay = self.retry.delay_s(tries, error, safe_again=call.method == "GET")
             if delay is None:
                 raise error
             await asyncio.sleep(delay)
@@ -126,9 +128,9 @@ class AsyncClient:
         """Each event of the jobs' stream (``GET /result/<id>/events``, or ``GET /events``
         for several) until every one is final, reconnecting with ``Last-Event-ID`` when
         a stream ends before that (docs/events.md). An ``error`` event (Redis away) is
-        yielded, then the stream reconnects; a refused connection, 429 and 503 are
-        retried by the policy, as are streams that end at once without an event; a 2xx
-        that is not an event stream is ``bad_body``."""
+        yielded, then the stream reconnects; a refused or cut connection, 429 and 503
+        are retried by the policy, as are streams that end at once without an event; a
+        2xx that is not an event stream is ``bad_body``."""
         following = Following(list(job_ids), last_event_id)
         reconnects = Reconnects(self.retry, self.url)
         while not following.finished:

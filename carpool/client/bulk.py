@@ -26,6 +26,9 @@ TIMEOUT_S = 300.0
 #: connections, a web restart: 7 tries a read, backoff doubling from 1 s (with jitter,
 #: so half a minute or more in all) before it gives up.
 WAIT_RETRY = RetryPolicy(attempts=7, first_backoff_s=1.0, max_backoff_s=60.0)
+#: Batches listed to find one a create whose answer was lost made: the newest first,
+#: so only as many as this key makes while one create is retried.
+LOOK_BACK = 100
 
 T = TypeVar("T")
 
@@ -109,40 +112,63 @@ class Bulk:
         return resp
 
     def _retried(self, read: Callable[[], T], policy: RetryPolicy,
-                 pause: Callable[[float], object]) -> T:
+                 pause: Callable[[float], object], *, safe_again: bool = True,
+                 before_again: Callable[[], T | None] | None = None) -> T:
         """``read()``, tried again through 429, 503 and refused connections as ``policy``
-        says; giving up, the error says what was seen last."""
+        says, and broken ones where ``safe_again``; ``before_again`` may find what a try
+        whose answer was lost did, answered instead. Giving up, the error says what was
+        seen last."""
         tries = 0
         while True:
             tries += 1
             try:
                 return read()
             except ClientError as exc:
-                delay_s = policy.delay_s(tries, exc)
+                delay_s = policy.delay_s(tries, exc, safe_again=safe_again)
                 if delay_s is None and tries == 1:
                     raise
                 if delay_s is None:
                     raise ClientError(f"gave up after {tries} tries; the last: {exc}") from None
                 pause(delay_s)
+            done = before_again() if before_again is not None else None
+            if done is not None:
+                return done
+
+    def _call(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """``send()``'s answer if a 2xx; its typed error, or the transport's, else."""
+        try:
+            answer: httpx.Response = self._ok(send())
+        except httpx.TransportError as exc:  # a refused connect is retried, broken ones
+            raise unreachable(str(self.http.base_url), exc) from None  # where safe
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+        return answer
 
     def submit(self, path: Path, model: str, endpoint: str, window: str) -> dict[str, Any]:
         data = request_lines(read_jsonl(path), model, endpoint)
-        try:
-            f = self._ok(self.http.post("/files", data={"purpose": "batch"},
-                                        files={"file": (path.name, data)})).json()
-            return dict(self._ok(self.http.post("/batches", json={
-                "input_file_id": f["id"], "endpoint": endpoint,
-                "completion_window": window})).json())
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+        # An upload asked again makes at most a second file, never a batch: retried
+        # through a broken connection too (the unused file expires with the others).
+        f = self._retried(lambda: self._call(lambda: self.http.post(
+            "/files", data={"purpose": "batch"}, files={"file": (path.name, data)})).json(),
+            self.retry, time.sleep)
+        body = {"input_file_id": f["id"], "endpoint": endpoint, "completion_window": window}
+        # The server takes no Idempotency-Key on /v1/batches: before a second try, a
+        # batch that a try whose answer was lost made is looked for by its input file,
+        # uploaded just now, so a retry never makes a second batch.
+        return dict(self._retried(
+            lambda: self._call(lambda: self.http.post("/batches", json=body)).json(),
+            self.retry, time.sleep, before_again=lambda: self._made_from(f["id"])))
+
+    def _made_from(self, file_id: str) -> dict[str, Any] | None:
+        """The newest batch of this key whose input is ``file_id``, if any (among the
+        last LOOK_BACK made)."""
+        page = self._retried(lambda: self._call(lambda: self.http.get(
+            "/batches", params={"limit": LOOK_BACK})).json(), self.retry, time.sleep)
+        return next((dict(b) for b in page.get("data", [])
+                     if b.get("input_file_id") == file_id), None)
 
     def _read(self, bulk_id: str) -> dict[str, Any]:
-        try:
-            return dict(self._ok(self.http.get(f"/batches/{bulk_id}")).json())
-        except httpx.TransportError as exc:  # a refused connect is retried; others not
-            raise unreachable(str(self.http.base_url), exc) from None
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+        return dict(self._call(lambda: self.http.get(f"/batches/{bulk_id}")).json())
 
     def status(self, bulk_id: str) -> dict[str, Any]:
         return self._retried(lambda: self._read(bulk_id), self.retry, time.sleep)
@@ -157,10 +183,11 @@ class Bulk:
             pause(POLL_S)
 
     def content(self, file_id: str) -> bytes:
-        try:
-            return bytes(self._ok(self.http.get(f"/files/{file_id}/content")).content)
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.http.base_url}: {exc}") from None
+        """A file's bytes, read again whole through 429, 503 and broken connections (the
+        server answers no ``Range``: a cut download starts over, within the policy)."""
+        return self._retried(lambda: bytes(self._call(
+            lambda: self.http.get(f"/files/{file_id}/content")).content), self.retry,
+            time.sleep)
 
 
 def progress_bar(out: TextIO = sys.stderr, width: int = 30) -> Callable[[dict[str, Any]], None]:

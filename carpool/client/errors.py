@@ -14,6 +14,12 @@ class ServerUnreachable(ClientError):
     """Raised when nothing answers at the server's URL (refused, unknown host, timeout)."""
 
 
+class ConnectionBroken(ClientError):
+    """Raised when a connection failed after the request may have reached the server
+    (reset, cut mid-answer, a read that timed out): retried only where a second request
+    is safe (an event stream, a download), never for a submit (the job may be queued)."""
+
+
 class ApiError(ClientError):
     """Raised when the server answers with an error status."""
 

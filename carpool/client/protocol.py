@@ -13,6 +13,7 @@ import httpx
 from carpool.client.errors import (
     ApiError,
     ClientError,
+    ConnectionBroken,
     Overloaded,
     RequestRejected,
     ServerUnreachable,
@@ -43,10 +44,14 @@ class RetryPolicy:
     #: A Retry-After longer than this is not waited out: the error is raised.
     max_backoff_s: float = 30.0
 
-    def delay_s(self, tries: int, exc: ClientError) -> float | None:
-        """Seconds to wait before the next try after ``tries`` failed; None: give up."""
-        if tries >= self.attempts or not isinstance(exc, Overloaded | Unavailable
-                                                            | ServerUnreachable):
+    def delay_s(self, tries: int, exc: ClientError, *, safe_again: bool = False
+                ) -> float | None:
+        """Seconds to wait before the next try after ``tries`` failed; None: give up.
+        ``safe_again``: a second request cannot do twice what the first did (a GET), so
+        a connection broken mid-request is retried too."""
+        retried = isinstance(exc, Overloaded | Unavailable | ServerUnreachable) or (
+            safe_again and isinstance(exc, ConnectionBroken))
+        if tries >= self.attempts or not retried:
             return None
         wanted = max(self.backoff_s(tries), getattr(exc, "retry_after_s", None) or 0.0)
         return wanted if wanted <= self.max_backoff_s else None
@@ -171,10 +176,11 @@ def require_event_stream(response: httpx.Response) -> None:
 
 
 def unreachable(url: str, exc: httpx.TransportError) -> ClientError:
-    """What a transport failure means to the caller: only a failed connect is safe to retry."""
+    """What a transport failure means to the caller: a failed connect is safe to retry, a
+    broken connection only where the request is (``RetryPolicy.delay_s``'s ``safe_again``)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return ServerUnreachable(f"nothing answers at {url}: {exc}")
-    return ClientError(f"the connection to {url} failed mid-request: {exc}")
+    return ConnectionBroken(f"the connection to {url} failed mid-request: {exc}")
 
 
 def item_error(item: Mapping[str, Any]) -> ApiError:

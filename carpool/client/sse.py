@@ -99,10 +99,11 @@ class Following:
 
 @dataclass
 class Reconnects:
-    """When ``events()`` connects again to a stream that ended before every job was
-    final: never sooner than the server's ``retry:`` or the policy's first backoff,
-    backing off after connections that told nothing (refused, 429 or 503, or ended at
-    once without an event), and giving up after ``policy.attempts`` of them in a row."""
+    """When ``events()`` connects again to a stream that ended or was cut before every
+    job was final: never sooner than the server's ``retry:`` or the policy's first
+    backoff, backing off after connections that told nothing (refused, cut, 429 or 503,
+    or ended at once without an event), and giving up after ``policy.attempts`` of them
+    in a row."""
 
     policy: RetryPolicy
     url: str
@@ -119,7 +120,10 @@ class Reconnects:
         fruitless = not told and (error is not None or lasted_s < QUICK_END_S)
         self.barren = self.barren + 1 if fruitless else 0
         if error is not None:
-            wanted = self.policy.delay_s(max(self.barren, 1), error)  # Retry-After included
+            # A stream is a GET, resumed where the client is (Last-Event-ID): one cut
+            # mid-read (a web restarted, a reset) is safe to open again.
+            wanted = self.policy.delay_s(max(self.barren, 1), error,  # Retry-After included
+                                         safe_again=True)
             if wanted is None:
                 raise error
         elif self.barren >= self.policy.attempts:

@@ -12,6 +12,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
+from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
 from carpool.core.catalogue import ModelSpec
 from carpool.core.jobs import Claim, Outcome
@@ -93,10 +94,33 @@ def test_a_stream_is_woken_by_the_claim_and_the_end_of_its_job(
     queue.complete(spec, claim, [Outcome(job, result={"ok": 1})], {"size": 1, "bin": "small",
                                                                   "worker": "w"})
     done = next(chunks).decode()
-    assert "event: done" in done and "id: 3" in done
+    assert "event: done" in done and "id: y" in done  # y: any final state
     assert json.loads(done.split("data: ", 1)[1])["result"] == {"ok": 1}
     resp.close()
     assert state.notifier._current().followers.following(job) == 0  # forgotten at the end
+
+
+def test_a_job_handed_back_seventeen_times_is_told_running_then_done(
+        http: FlaskClient, queue: Queue) -> None:
+    """Each hand-back counts its run (a batch that ended without its results written),
+    so a job may run past CARPOOL_MAX_ATTEMPTS: its queued, running and done states once
+    saturated the id's character, and neither running nor done was told."""
+    job = submit(http)
+    state = app_state(http)
+    leases = Leases(queue.client, queue.keys, state.settings.catalogue)
+    for _ in range(17):
+        _, claim = claim_all(http, queue)
+        assert leases.release(claim.token, [job], refund_attempt=False) == [True]
+    wait_until(state.notifier.listening, BOUND_S, "the listener")
+    resp = http.get(f"/result/{job}/events", buffered=False)
+    chunks = iter(resp.response)
+    assert b"event: queued" in next(chunks)
+    spec, claim = claim_all(http, queue)
+    assert b"event: running" in next(chunks)
+    queue.complete(spec, claim, [Outcome(job, result={"ok": 1})], {"size": 1})
+    done = next(chunks).decode()
+    assert "event: done" in done and json.loads(done.split("data: ", 1)[1])["attempts"] == 18
+    resp.close()
 
 
 def test_a_resumed_stream_goes_on_without_a_job_gone_since_the_client_saw_it(

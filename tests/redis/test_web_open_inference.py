@@ -273,8 +273,11 @@ def test_a_model_no_worker_serves_is_not_ready(http: FlaskClient) -> None:
 
 
 def test_unknown_paths_under_v2_answer_404_in_the_protocols_shape(http: FlaskClient) -> None:
-    resp = http.get("/v2/repository/index")
+    resp = http.get("/v2/repository/nope")
     assert resp.status_code == 404 and isinstance(resp.get_json()["error"], str)
+    resp = http.get("/v2/repository/index")  # a known path, a method it does not take
+    assert resp.status_code == 405 and isinstance(resp.get_json()["error"], str)
+    assert "POST" in resp.headers["Allow"]
 
 
 def test_a_full_bin_answers_429_with_retry_after(http: FlaskClient) -> None:

@@ -120,6 +120,31 @@ def test_a_resumed_stream_skips_the_state_the_client_saw() -> None:
     assert [e[1] for e in parsed(list(s.events()))] == ["done"]
 
 
+@pytest.mark.parametrize("runs", [1, 17, 18, 40])
+def test_each_state_of_a_job_with_many_runs_is_told_and_its_end_once(runs: int) -> None:
+    # 18 runs (CARPOOL_MAX_ATTEMPTS=18, or a job handed back with its run counted) once
+    # put queued, running and done at the same saturated character: done was never told.
+    life = [view(JobStatus.QUEUED, runs - 1), view(JobStatus.RUNNING, runs),
+            view(JobStatus.DONE, runs)]
+    events = parsed(list(stream(life[0], Script(life[1:]), Clock()).events()))
+    assert [e[1] for e in events] == ["queued", "running", "done"]
+    resumed = stream(life[1], Script(life[2:]), Clock(), seen=version_char(life[1]))
+    resumed.follow.wake("j" * 26)
+    assert [e[1] for e in parsed(list(resumed.events()))] == ["done"]
+    assert not stream(life[2], Script(life[2:]), Clock(), seen=events[-1][0]).has_news()
+
+
+def test_a_cancel_after_a_refunded_run_is_told_to_a_client_that_saw_the_run() -> None:
+    # Handed back with its attempt refunded (attempts 0 again), then cancelled: version 1,
+    # as its run was; a final state has its own character, so it is still told.
+    running = view(JobStatus.RUNNING, 1)
+    cancelled = view(JobStatus.CANCELLED, 0)
+    assert stream(running, Script([cancelled]), Clock(), seen=version_char(running)).has_news()
+    s = stream(running, Script([cancelled]), Clock(), seen=version_char(running))
+    s.follow.wake("j" * 26)
+    assert [e[1] for e in parsed(list(s.events()))] == ["cancelled"]
+
+
 def test_a_final_job_the_client_saw_has_no_news() -> None:
     done = view(JobStatus.DONE, 1)
     assert not stream(done, Script([done]), Clock(), seen=version_char(done)).has_news()
@@ -171,7 +196,7 @@ def test_events_ready_at_one_wake_up_go_in_one_write() -> None:
     chunks = list(s.events())
     assert len(chunks) == 2  # the start, then both ends together
     assert [e for _, e, _ in parsed(chunks[1:])] == ["done", "done"]
-    assert parsed(chunks)[-1][0] == "11"
+    assert parsed(chunks)[-1][0] == "yy"
 
 
 def test_an_event_told_before_a_lost_backend_is_sent_before_the_error() -> None:

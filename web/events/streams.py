@@ -11,8 +11,11 @@ Each state has a *version* that grows along any job's life: queued with ``a`` ru
 behind it is ``2a``, its next run ``2a + 1`` (attempts ``a + 1``), and its end
 ``2a + 1`` with the runs it had (so done after run ``a + 1`` is ``2a + 3``). An
 event's id is the version of every job the stream follows, one base-36 character
-each, in the order of ``ids`` (a version over 34 saturates at ``y``; ``z``: a job
-not told of yet). On reconnect the
+each, in the order of ``ids``: ``y`` for any final state, a state before it its
+version modulo 34 (``0``-``x``), ``z`` a job not told of yet. So a final state is told
+once whatever the attempts (a job handed back with its attempt counted may run past
+``max_attempts``), and never taken for one the client saw: a refunded run makes a
+cancel's version equal to the run's. On reconnect the
 stream sends each job's state unless the id says the client saw that very version,
 and a queued job's place again (it may have moved); once every job is final and
 seen, it answers 204, which tells an ``EventSource`` to stop reconnecting.
@@ -51,10 +54,14 @@ RETRY_MS = 1000
 #: A timer may wake this much early or late: a read or a place due "once a second"
 #: counts as due this much before the second is over.
 SLACK_S = 0.05
-#: One character per job in an event id: its state's version, in base 36 (saturating
-#: at "y"); "z" is a job the client has not been told of yet.
+#: One character per job in an event id: a state before the final one, its version
+#: modulo 34 ("0"-"x": wrapping, not saturating, so that two states in a row always
+#: differ); any final state "y"; "z" a job the client has not been told of yet.
 VERSION_CHARS = "0123456789abcdefghijklmnopqrstuvwxy"
+FINAL = VERSION_CHARS[-1]
 UNSEEN = "z"
+#: How many characters the states before the final one wrap around.
+_OPEN_CHARS = len(VERSION_CHARS) - 1
 
 #: Reads jobs by id, in order; None where a job is gone.
 Reader = Callable[[list[str]], Sequence[JobView | None]]
@@ -71,7 +78,9 @@ def version(view: JobView) -> int:
 
 
 def version_char(view: JobView) -> str:
-    return VERSION_CHARS[min(version(view), len(VERSION_CHARS) - 1)]
+    if view.status.is_final:
+        return FINAL
+    return VERSION_CHARS[version(view) % _OPEN_CHARS]
 
 
 def parse_last_event_id(raw: str | None, jobs: int) -> list[str | None]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Blueprint, Request, Response, jsonify, request
+from flask import Blueprint, Request, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 import carpool
 from carpool.backend.admissions import AdmitJob
@@ -241,9 +241,34 @@ def _model(name: str, version: str | None, routed: bool = False) -> ModelSpec:
     return catalogue.get(internal_name(name, version))
 
 
-@blueprint.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+#: The methods the catch-all below takes: any of them on a known path is that path's.
+_CAUGHT_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+#: Every method a route may take (Flask adds HEAD to GET, OPTIONS to all).
+_ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+
+@blueprint.route("/<path:rest>", methods=list(_CAUGHT_METHODS))
 def unknown(rest: str) -> Response:
+    # The catch-all takes every path, so Flask never finds that a known path was asked
+    # with another method: a GET on .../infer would be "no such endpoint", not a 405.
+    allowed = _methods_of(request)
+    if allowed:
+        raise MethodNotAllowed(valid_methods=allowed)
     raise NotFound(f"no such endpoint /v2/{rest[:80]} (docs/v2.md lists them)")
+
+
+def _methods_of(req: Request) -> list[str]:
+    """The methods another route of the app takes at ``req``'s path (none: unknown)."""
+    adapter = current_app.url_map.bind_to_environ(req.environ)
+    allowed = []
+    for method in _ANY_METHOD:
+        try:
+            endpoint, _ = adapter.match(req.path, method=method)
+        except HTTPException:  # no route takes it (or a redirect to another path)
+            continue
+        if endpoint != req.endpoint:
+            allowed.append(method)
+    return allowed
 
 
 #: Statuses of this module's own errors (the rest: web/common/refusals.py's table).
@@ -270,9 +295,12 @@ def carpool_error(exc: CarpoolError, req: Request = request
 
 
 @blueprint.errorhandler(HTTPException)
-def http_error(exc: HTTPException, req: Request = request) -> tuple[Response, int]:
+def http_error(exc: HTTPException, req: Request = request
+               ) -> tuple[Response, int, dict[str, str]]:
     current_state().metrics.count_refused_request(exc, req)
-    return jsonify({"error": exc.description or exc.name}), exc.code or 500
+    # A 405 says which methods would work, as the app's own handler does.
+    allow = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+    return jsonify({"error": exc.description or exc.name}), exc.code or 500, allow
 
 
 @blueprint.errorhandler(Exception)
