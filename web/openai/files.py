@@ -7,6 +7,7 @@ another key's file answers the same 404 as an unknown id.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -72,8 +73,14 @@ def retrieve_file(file_id: str) -> Response:
 def file_content(file_id: str) -> Response:
     state = current_state()
     owned_file(state, file_id, request_owner(state.settings, request))
-    return Response(state.files.stream(store_name(file_id)),
-                    mimetype="application/octet-stream")
+    pieces = state.files.stream(store_name(file_id))
+    # The first piece is read here, where a store that is down answers 503 (in the
+    # streamed body, after the 200, it could only break the response: a 500 page).
+    first = next(pieces, None)
+    if first is None:  # no stored file is empty: an upload of none is refused, an
+        # output without lines is never written; so its object is gone from the store
+        raise ResourceNotFound(f"file {file_id[:64]}: its bytes are gone from the file store")
+    return Response(itertools.chain((first,), pieces), mimetype="application/octet-stream")
 
 
 @blueprint.delete("/files/<file_id>")
