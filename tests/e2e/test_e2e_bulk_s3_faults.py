@@ -55,3 +55,21 @@ def test_a_download_while_s3_is_down_answers_503_and_one_of_a_lost_object_404(
             Bucket=BUCKET, Key=f"carpool/files/{file_id}")
         with pytest.raises(openai.NotFoundError, match="file store"):  # was 200, empty
             client.files.content(file_id)
+
+
+def test_a_delete_while_s3_is_down_keeps_the_file_until_a_retry_deletes_its_bytes(
+        tmp_path: Path) -> None:
+    with web_on_s3(tmp_path) as (client, s3, url):
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(embedding_lines(3))),
+                                      purpose="batch").id
+        s3.off()
+        with pytest.raises(openai.InternalServerError) as down:
+            client.files.delete(file_id)
+        assert down.value.status_code == 503
+        s3.turn_on()
+        # Not half-deleted: the record stayed (was: gone, so the retry answered 404
+        # and the bytes stayed in the bucket for good).
+        assert client.files.retrieve(file_id).id == file_id
+        assert client.files.delete(file_id).deleted
+        listed = s3_client(url).list_objects_v2(Bucket=BUCKET)  # type: ignore[attr-defined]
+        assert [o["Key"] for o in listed.get("Contents", [])] == []

@@ -88,8 +88,11 @@ def delete_file(file_id: str) -> Response:
     state = current_state()
     owner = request_owner(state.settings, request)
     owned_file(state, file_id, owner)
-    state.bulkdb.drop_file(file_id, owner)
+    # The bytes first: a store that is down (503) leaves the record for a retry to
+    # find; dropped first, the retry answered 404 and the bytes stayed for good. A record
+    # left without its bytes (Redis down now) answers its content 404, as if deleted.
     state.files.delete(store_name(file_id))
+    state.bulkdb.drop_file(file_id, owner)
     return jsonify({"id": file_id, "object": "file", "deleted": True})
 
 
