@@ -215,22 +215,27 @@ class Feeder:
                 "code": ending.code, "message": ending.bulk_error,
                 "param": "input_file_id", "line": None}]})
         for part, kind in (("out", "output"), ("err", "error")):
-            data = chunks.assemble(self.store, run.id, run.chunks, part)
-            if not data:
-                continue
             file_id = "file-" + hashlib.sha256(f"{run.id}\0{kind}".encode()).hexdigest()[:24]
-            self.store.put(store_name(file_id), data)
+            # Made by a finalize cut short after it, whose chunks may be gone: kept whole.
+            data = self.store.get(store_name(file_id))
+            if data is None:
+                data = chunks.assemble(self.store, run.id, run.chunks, part)
+                if not data:
+                    continue
+                self.store.put(store_name(file_id), data)
             self.db.add_file({"id": file_id, "bytes": len(data), "created_at": int(time.time()),
                               "filename": f"{run.id}_{kind}.jsonl", "purpose": "batch_output",
                               "owner": run.owner}, self.settings.bulk.keep_s)
             names[f"{kind}_file_id"] = file_id
+        # Dropped before the end: no step comes back to a final batch, so a crash or a
+        # store error after it would leave them in the store for good.
+        chunks.drop_chunks(self.store, run.id, run.chunks)
+        drop_labels(self.store, run.id)
         now = int(time.time())
         moved = self.db.move(run.id, (status,), final, **names, **{f"{final.value}_at": now})
         if moved:
             self.metrics.ended.labels(final.value).inc()
             self.db.drop_line_state(run.id, self.settings.bulk.keep_s)
-            chunks.drop_chunks(self.store, run.id, run.chunks)
-            drop_labels(self.store, run.id)
             self.runs.pop(run.id, None)
 
     # --- feeding ---

@@ -1,9 +1,11 @@
-"""The Files API while its S3 store fails: a real moto server behind a proxy that is
-switched off (every connection reset) and on again, the real web and the openai SDK."""
+"""Files and batches while their S3 store fails: a real moto server behind a proxy that
+is switched off (every connection reset) and on again, or a feeder killed at a chosen
+point; the real web, worker and feeder, and the openai SDK."""
 
 from __future__ import annotations
 
 import io
+import signal
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,9 +14,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.support.bulk import CATALOGUE_TOML, embedding_lines
-from tests.support.procs import start_web
+from tests.support.bulk import CATALOGUE_TOML, embedding_lines, lines_of, start_feeder
+from tests.support.feeder_held import HELD
+from tests.support.procs import log_says, start_web, start_worker
 from tests.support.s3server import S3_ENV, moto_s3, s3_client
 from tests.support.switch import Switch, switch
 
@@ -24,15 +28,18 @@ BUCKET = "faults"
 
 
 @contextmanager
-def web_on_s3(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, Switch, str]]:
+def web_on_s3(tmp_path: Path, env_out: dict[str, str] | None = None
+              ) -> Iterator[tuple[openai.OpenAI, Switch, str]]:
     """The SDK (no retries: each answer is the web's own), the switch in front of S3,
-    and S3's own address (behind no switch)."""
+    and S3's own address (behind no switch); ``env_out`` gets the processes' env."""
     (tmp_path / "catalogue.toml").write_text(CATALOGUE_TOML)
     with moto_s3(BUCKET) as url, switch(int(url.rsplit(":", 1)[1])) as s3:
         env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:12]}",
                        CARPOOL_CONFIG=str(tmp_path / "catalogue.toml"),
-                       CARPOOL_FILES_S3_BUCKET=BUCKET,
+                       CARPOOL_FILES_S3_BUCKET=BUCKET, CARPOOL_SYNTHETIC_COST_MS="1,0.01",
                        CARPOOL_FILES_S3_ENDPOINT_URL=f"http://127.0.0.1:{s3.port}", **S3_ENV)
+        if env_out is not None:
+            env_out.update(env)
         with start_web(env) as base_url, openai.OpenAI(
                 base_url=f"{base_url}/v1", api_key="-", max_retries=0) as client:
             yield client, s3, url
@@ -73,3 +80,30 @@ def test_a_delete_while_s3_is_down_keeps_the_file_until_a_retry_deletes_its_byte
         assert client.files.delete(file_id).deleted
         listed = s3_client(url).list_objects_v2(Bucket=BUCKET)  # type: ignore[attr-defined]
         assert [o["Key"] for o in listed.get("Contents", [])] == []
+
+
+def test_a_feeder_killed_just_after_a_batch_ended_leaves_no_chunk_in_the_bucket(
+        tmp_path: Path) -> None:
+    """The feeder is held as the batch turns final (tests/support/feeder_held.py) and
+    killed there: its chunks and labels must be gone already, as no step comes back to
+    a final batch (they were dropped after the end, and stayed in the bucket for good)."""
+    env: dict[str, str] = {}
+    lines = 300
+    with web_on_s3(tmp_path, env) as (client, _, url), \
+            start_worker({**env, "CARPOOL_MODELS": "hemb"}), \
+            start_feeder(env, tmp_path / "held.log", held_at="ended:1") as held:
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(embedding_lines(lines))),
+                                      purpose="batch").id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                      completion_window="24h")
+        wait_until(lambda: log_says(tmp_path / "held.log", f"{HELD} ended:1"), 60,
+                   "the feeder held as the batch ended")
+        held.send_signal(signal.SIGKILL)
+        assert held.wait(timeout=30) == -signal.SIGKILL
+        done = client.batches.retrieve(batch.id)
+        assert done.status == "completed", done
+        ids = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
+        assert sorted(ids) == sorted(f"req-{i}" for i in range(lines))
+        listed = s3_client(url).list_objects_v2(Bucket=BUCKET)  # type: ignore[attr-defined]
+        left = [o["Key"] for o in listed.get("Contents", []) if "/batches/" in o["Key"]]
+        assert left == []

@@ -5,7 +5,8 @@ holding there is test-side, so the shipped feeder carries no crash switch.
 
 POINTS: ``admitted`` (lines admitted, not yet recorded as admitted), ``chunk`` (a chunk
 written to the file store, its lines not yet marked stored), ``finalize`` (the output
-files written, the batch not yet moved to its final status).
+files written, the batch not yet moved to its final status), ``ended`` (just moved to
+its final status: what follows the end is cut off).
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ def hold_before(point: str, n: int, fn: Callable[..., Any],
     return wrapper
 
 
-def hold_after(point: str, n: int, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, which holds forever once its n-th call has returned."""
+def hold_after(point: str, n: int, fn: Callable[..., Any],
+               reached: Callable[..., bool] = lambda *a, **k: True) -> Callable[..., Any]:
+    """``fn``, which holds forever once its n-th reaching call has returned."""
     held = hold_before(point, n, lambda: None)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         result = fn(*args, **kwargs)
-        held()
+        if reached(*args, **kwargs):
+            held()
         return result
     return wrapper
 
@@ -63,11 +66,12 @@ def main(spec: str) -> None:
         BulkDb.record_admitted = hold_before(point, n, BulkDb.record_admitted)  # type: ignore[method-assign]
     elif point == "chunk":
         chunks.write_chunk = hold_after(point, n, chunks.write_chunk)
-    elif point == "finalize":
-        BulkDb.move = hold_before(  # type: ignore[method-assign]
+    elif point in ("finalize", "ended"):
+        hold = hold_before if point == "finalize" else hold_after
+        BulkDb.move = hold(  # type: ignore[method-assign]
             point, n, BulkDb.move, lambda db, batch_id, allowed_from, to, **f: to in FINAL)
     else:
-        raise SystemExit(f"unknown point {point!r}: admitted, chunk or finalize")
+        raise SystemExit(f"unknown point {point!r}: admitted, chunk, finalize or ended")
     feeder_main.main()
 
 
