@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -11,9 +12,10 @@ import redis
 
 from carpool.backend.bulkdb import BulkDb
 from carpool.backend.connection import connect, open_pubsub
-from carpool.backend.filestore import file_store
+from carpool.backend.filestore import S3FileStore, file_store
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
+from carpool.core.errors import BackendUnavailable, ConfigError
 from carpool.core.settings import load_settings
 from carpool.core.versions import version_map
 from feeder.feeder import Feeder, run_forever
@@ -45,13 +47,22 @@ class DoneWake:
             stop.wait(IDLE_WAIT_S)  # Redis is away; the next step says so and backs off
 
 
-def main() -> None:
+def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = load_settings()
+    try:
+        settings = load_settings()
+        store = file_store(settings.bulk)
+        if isinstance(store, S3FileStore):
+            store.check()  # a missing bucket or refused credentials: no retry mends them
+    except ConfigError as exc:
+        print(f"carpool feeder: {exc}", file=sys.stderr)
+        return 2
+    except BackendUnavailable as exc:  # it may come back: each step retries it
+        log.warning("feeder: %s; starting all the same", exc)
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     queue = Queue(client, keys, version_map(settings.catalogue))
-    feeder = Feeder(settings, queue, BulkDb(client, keys), file_store(settings.bulk))
+    feeder = Feeder(settings, queue, BulkDb(client, keys), store)
     feeder.metrics.serve(settings.bulk.metrics_port, settings.worker_metrics_addr)
     stop = threading.Event()
 
@@ -64,7 +75,8 @@ def main() -> None:
              settings.bulk.files_dir)
     run_forever(feeder, stop, DoneWake(client, keys.done_channel))
     log.info("feeder stopped")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from carpool.core.bulk_settings import BulkSettings
-from carpool.core.errors import BackendUnavailable
+from carpool.core.errors import BackendUnavailable, ConfigError
 
 #: Bytes per piece when a file is streamed to a client.
 STREAM_CHUNK_BYTES = 1 << 20
@@ -109,9 +109,38 @@ class S3FileStore:
 
             client = boto3.client("s3", endpoint_url=endpoint_url or None)
         self.client, self.bucket, self.prefix = client, bucket, prefix
+        self.endpoint_url = endpoint_url
 
     def _key(self, name: str) -> str:
         return self.prefix + _checked(name)
+
+    def check(self) -> None:
+        """At a start: ConfigError, naming the setting, when the bucket is missing or
+        these credentials may not use it (no retry mends that); BackendUnavailable when
+        the store does not answer (it may come back)."""
+        from botocore.exceptions import ClientError, NoCredentialsError, ParamValidationError
+
+        bucket = f"CARPOOL_FILES_S3_BUCKET={self.bucket!r}"
+        try:
+            with _s3_errors(ClientError, NoCredentialsError, ParamValidationError):
+                self.client.head_bucket(Bucket=self.bucket)
+        except (NoCredentialsError, ParamValidationError) as exc:
+            raise ConfigError(f"{bucket}: {exc}") from None
+        except ClientError as exc:  # HEAD answers bare status codes
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchBucket"):
+                raise ConfigError(f"{bucket}: no such bucket at {self.where}") from None
+            if code in ("403", "AccessDenied"):
+                raise ConfigError(f"{bucket}: {self.where} refuses these credentials (HTTP "
+                                  "403): check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+                                  "(or the profile, the role) and the bucket's policy") from None
+            raise BackendUnavailable(f"file store (S3): {exc}") from exc
+
+    @property
+    def where(self) -> str:
+        """The store's address, as the settings name it."""
+        url = self.endpoint_url
+        return f"CARPOOL_FILES_S3_ENDPOINT_URL={url}" if url else "AWS"
 
     def put(self, name: str, data: bytes) -> None:
         with _s3_errors():

@@ -5,7 +5,9 @@ point; the real web, worker and feeder, and the openai SDK."""
 from __future__ import annotations
 
 import io
+import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,10 +18,18 @@ import pytest
 
 from carpool.stack.waiting import wait_until
 from tests.conftest import REDIS_URL, make_env
-from tests.support.bulk import CATALOGUE_TOML, embedding_lines, lines_of, start_feeder
+from tests.support.bulk import (
+    CATALOGUE_TOML,
+    FINAL,
+    embedding_lines,
+    feeder_command,
+    lines_of,
+    start_feeder,
+    wait_batch,
+)
 from tests.support.feeder_held import HELD
 from tests.support.procs import log_says, start_web, start_worker
-from tests.support.s3server import S3_ENV, moto_s3, s3_client
+from tests.support.s3server import CHECK_CREDENTIALS, S3_ENV, moto_s3, s3_client
 from tests.support.switch import Switch, switch
 
 pytestmark = pytest.mark.e2e
@@ -107,3 +117,44 @@ def test_a_feeder_killed_just_after_a_batch_ended_leaves_no_chunk_in_the_bucket(
         listed = s3_client(url).list_objects_v2(Bucket=BUCKET)  # type: ignore[attr-defined]
         left = [o["Key"] for o in listed.get("Contents", []) if "/batches/" in o["Key"]]
         assert left == []
+
+
+#: How long a feeder that should refuse to start gets to exit.
+EXIT_TIMEOUT_S = 30.0
+
+
+@pytest.mark.parametrize(("bucket", "server_env", "says"), [
+    ("nobucket", {}, "CARPOOL_FILES_S3_BUCKET='nobucket': no such bucket at "
+                     "CARPOOL_FILES_S3_ENDPOINT_URL="),
+    (BUCKET, CHECK_CREDENTIALS, "refuses these credentials (HTTP 403): check "
+                                "AWS_ACCESS_KEY_ID"),
+])
+def test_a_feeder_on_a_missing_bucket_or_refused_credentials_exits_naming_the_setting(
+        bucket: str, server_env: dict[str, str], says: str) -> None:
+    """It said "feeder ready", and every batch then stayed ``validating``."""
+    with moto_s3(BUCKET, server_env) as url:
+        env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:12]}",
+                       CARPOOL_FILES_S3_BUCKET=bucket, CARPOOL_FILES_S3_ENDPOINT_URL=url,
+                       CARPOOL_FEEDER_METRICS_PORT="0", **S3_ENV)
+        done = subprocess.run(feeder_command(), env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert says in done.stderr
+
+
+def test_a_feeder_starts_while_s3_is_down_and_runs_a_batch_once_it_is_back(
+        tmp_path: Path) -> None:
+    """Unreachable is not misconfigured: the store may come back, and each step retries."""
+    env: dict[str, str] = {}
+    with web_on_s3(tmp_path, env) as (client, s3, _), \
+            start_worker({**env, "CARPOOL_MODELS": "hemb"}):
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(embedding_lines(20))),
+                                      purpose="batch").id
+        s3.off()
+        with start_feeder(env, tmp_path / "feeder.log"):
+            assert log_says(tmp_path / "feeder.log", "starting all the same")
+            batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                          completion_window="24h")
+            s3.turn_on()
+            done = wait_batch(client, batch.id, FINAL, timeout_s=60)
+            assert done.status == "completed", done

@@ -72,7 +72,7 @@ def main(spec: str) -> None:
             point, n, BulkDb.move, lambda db, batch_id, allowed_from, to, **f: to in FINAL)
     else:
         raise SystemExit(f"unknown point {point!r}: admitted, chunk, finalize or ended")
-    feeder_main.main()
+    sys.exit(feeder_main.main())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,13 +14,18 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+#: moto_server's switch that checks credentials after this many requests (its first,
+#: the bucket's creation, goes unchecked): any key then answers 403, as a wrong one does.
+CHECK_CREDENTIALS = {"INITIAL_NO_AUTH_ACTION_COUNT": "1"}
+
+
 @contextmanager
-def moto_s3(bucket: str) -> Iterator[str]:
+def moto_s3(bucket: str, server_env: Mapping[str, str] | None = None) -> Iterator[str]:
     """moto_server with ``bucket`` made; yields its endpoint URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     program = str(Path(sys.executable).parent / "moto_server")
-    with running([program, "-H", "127.0.0.1", "-p", str(port)], S3_ENV,
+    with running([program, "-H", "127.0.0.1", "-p", str(port)], {**S3_ENV, **(server_env or {})},
                  lambda: answers(f"{url}/moto-api/"), "moto_server", 30.0):
         import boto3
 
