@@ -119,6 +119,7 @@ def test_each_bad_request_answers_its_4xx_with_a_message(
     ("completion_window", "0s", "completion_window"),
     ("completion_window", 24, "completion_window"),
     ("completion_window", "1" * 100 + "h", "completion_window"),
+    ("completion_window", "24h\n", "completion_window"),  # "$" matches before a "\n"
     ("metadata", {"k": 1}, "metadata"),
     ("metadata", {str(i): "v" for i in range(17)}, "metadata"),
     ("metadata", "x", "metadata"),

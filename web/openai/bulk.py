@@ -39,7 +39,7 @@ blueprint = Blueprint("v1_batches", __name__, url_prefix="/v1")
 # Bodies read within their limits and time, as on /submit (web/common/bodies.py).
 
 #: A completion window: OpenAI's "24h", or a shorter one in s, m or h (carpool's own).
-_WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
+_WINDOW = re.compile(r"([1-9][0-9]{0,5})([smh])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 #: Metadata as OpenAI bounds it: 16 pairs, keys of 64 and values of 512 characters.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -51,7 +51,8 @@ _CREATE_KEYS = frozenset({"input_file_id", "endpoint", "completion_window", "met
 
 
 def window_s(text: Any) -> int:
-    match = _WINDOW.match(text) if isinstance(text, str) else None
+    # fullmatch: "$" also matches before a final newline, which "24h\n" would keep.
+    match = _WINDOW.fullmatch(text) if isinstance(text, str) else None
     seconds = int(match[1]) * _UNIT_S[match[2]] if match else 0
     if not 0 < seconds <= MAX_WINDOW_S:
         raise InvalidInput("completion_window must be '24h' (or a shorter window such as "
