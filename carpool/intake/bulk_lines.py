@@ -102,7 +102,7 @@ def _line(raw: bytes, index: int, endpoint: str, catalogue: Catalogue, limits: I
         raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CarpoolError(f"not UTF-8 (byte {exc.start + 1} of the line)") from None
-    doc = parse_json(raw)
+    doc = parse_json(raw, "the line")  # its messages' "line 1" is then this line's
     if not isinstance(doc, dict):
         raise CarpoolError("a line must be a JSON object {custom_id, method, url, body}")
     missing, unknown = _LINE_KEYS - set(doc), set(doc) - _LINE_KEYS

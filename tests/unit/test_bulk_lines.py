@@ -147,3 +147,11 @@ def test_a_submit_lines_webhook_is_checked_for_form_but_not_its_address(
     parsed = parse_file(line("a", "http://10.0.0.5/hook") + line("b", "ftp://x/"), "/submit",
                         catalogue, InputLimits(), 100)
     assert [e["line"] for e in parsed.errors] == [2]
+
+
+@pytest.mark.parametrize("raw", [b"\x00", b'{"custom_id": "a", 1e999}', b"[" * 100_000,
+                                 b"," * 600_000])
+def test_a_line_that_is_not_json_is_called_a_line_not_a_request_body(
+        raw: bytes, catalogue: Catalogue) -> None:
+    (number, message), = errors_of(line("ok").encode() + b"\n" + raw + b"\n", catalogue)
+    assert number == 2 and message.startswith("the line ") and "request body" not in message
