@@ -11,6 +11,7 @@ by default) is the vector as little-endian float32, base64. Used by
 from __future__ import annotations
 
 import base64
+import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,8 +62,12 @@ def embed_request(doc: Any, catalogue: Catalogue, limits: InputLimits,
     encoding = doc.get("encoding_format", "float")
     if encoding not in ENCODINGS:
         raise InvalidInput(f"encoding_format must be one of {list(ENCODINGS)}")
-    if "dimensions" in doc and not isinstance(doc["dimensions"], int | None):
-        raise InvalidInput("'dimensions' must be an integer")
+    dimensions = doc.get("dimensions")
+    # A bool is an int to Python: ``true`` would ask for 1 dimension.
+    if dimensions is not None and (isinstance(dimensions, bool)
+                                   or not isinstance(dimensions, int) or dimensions < 1):
+        raise InvalidInput(f"'dimensions' must be a positive integer, not "
+                           f"{json.dumps(dimensions)[:40]}")
     prepared = []
     for i, text in enumerate(texts):
         try:
