@@ -22,8 +22,6 @@ from celery.exceptions import WorkerShutdown
 from celery.worker import state
 from prometheus_client import disable_created_metrics
 
-from carpool.backend.connection import connect
-from carpool.backend.durability import check_durability
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
@@ -51,6 +49,7 @@ from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
+from worker.shell.redis_start import reach_redis
 from worker.shell.refusal_watch import RefusalWatch
 
 log = logging.getLogger(__name__)
@@ -227,9 +226,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
         if settings.gpu_claim and self.gpu is None:
             raise WorkerShutdown(0)  # stopped while waiting for a GPU
-        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S,
-                         cluster=settings.redis_cluster)
-        check_durability(client, require=settings.require_durable, who="worker")
+        client = reach_redis(settings, LOOP_SOCKET_TIMEOUT_S, _celery_stopping)  # waits for it
         keys = Keys(settings.key_prefix)
         # The models it may serve, and which of them the repository API says are loaded.
         may_serve = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
