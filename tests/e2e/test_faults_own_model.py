@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from tests.conftest import make_env
+from tests.support.faults import spawn_worker, stop_process
 from tests.support.misbehaving_model import LOAD_ERROR
 from tests.support.procs import REPO_ROOT, start_web, start_worker, wait_until
 from worker.loop.loop import EXIT_DEVICE_LOST
@@ -168,3 +169,39 @@ def test_a_postprocess_that_returns_no_list_fails_its_batch_naming_what_it_retur
     assert failed["status"] == "failed", failed
     assert (f"handler for 'bad' returned a {returned} from postprocess, not a list with "
             "one result per item (1), in order") in failed["error"], failed
+
+
+#: A worker per crash, then one that finishes: a crash's restart costs a worker start.
+CRASH_ENV = {"CARPOOL_LEASE_MS": "1500", "CARPOOL_MAX_ATTEMPTS": "3"}
+
+
+@pytest.mark.parametrize(("do", "status"), [("abort", -signal.SIGABRT), ("os_exit", 1),
+                                            ("segfault", -signal.SIGSEGV)])
+def test_a_forward_pass_that_kills_its_process_fails_its_job_after_max_attempts(
+        redis_url: str, key_prefix: str, tmp_path: Path, do: str, status: int) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad", **CRASH_ENV)
+    with start_web(env) as base:
+        crash = submit(base, "bad", {"do": do})
+        others = [submit(base, "bad", {"value": v}) for v in range(3)]
+        exits = []
+        for start in range(5):  # 3 crashes, then one that finishes
+            log = tmp_path / f"w{start}.log"
+            proc = spawn_worker(env, f"w{start}@crash", log)
+            try:
+                wait_until(lambda p=proc: p.poll() is not None or requests.get(  # type: ignore[misc]
+                    f"{base}/result/{crash}", timeout=10).json()["status"] == "failed",
+                    WAIT_S, "the worker to die or the crashing job to fail")
+                if proc.poll() is None:
+                    break
+                exits.append(proc.returncode)
+                if do != "os_exit":  # the crash names the handler's code that did it
+                    out = log.with_suffix(".out").read_text()
+                    assert "Fatal Python error" in out and "misbehaving_model.py" in out \
+                        and "in forward" in out, out[-3000:]
+            finally:
+                stop_process(proc)
+        failed = ended(base, crash)
+        assert exits == [status] * 3
+        assert failed["status"] == "failed" and "worker lost 3 times" in failed["error"], failed
+        assert [ended(base, i)["result"] for i in others] == [{"echo": v} for v in range(3)]
+

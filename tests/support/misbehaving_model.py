@@ -6,7 +6,10 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 - ``"ok"`` (or no ``do``): the result is ``{"echo": <the input's value>}``;
 - ``"hang"``: the forward pass never returns (a deadlock in the model);
 - ``"exit"``: the forward pass calls ``sys.exit(3)``;
-- ``"raise"``: the forward pass raises ``ValueError`` for this input.
+- ``"raise"``: the forward pass raises ``ValueError`` for this input;
+- ``"abort"``, ``"os_exit"``, ``"segfault"``: the forward pass kills its process
+  (``os.abort()``, ``os._exit(1)``, a read of address 0), as a native crash in a
+  model's library would.
 
 ``options.load = "raise"``: ``load`` raises ``RuntimeError`` (weights it cannot read);
 ``"warm_up"``: the example it gives for warm-up raises in the forward pass.
@@ -14,6 +17,8 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -50,6 +55,12 @@ class Misbehaving:
                 threading.Event().wait()  # never set: a forward pass that never returns
             elif do == "exit":
                 sys.exit(3)
+            elif do == "abort":
+                os.abort()
+            elif do == "os_exit":
+                os._exit(1)
+            elif do == "segfault":
+                ctypes.string_at(0)
             elif do == "raise":
                 raise ValueError(f"cannot run value {item.get('value')!r}")
         return batch
