@@ -5,6 +5,7 @@ The handler is ``tests/support/misbehaving_model.py``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -205,3 +206,29 @@ def test_a_forward_pass_that_kills_its_process_fails_its_job_after_max_attempts(
         assert failed["status"] == "failed" and "worker lost 3 times" in failed["error"], failed
         assert [ended(base, i)["result"] for i in others] == [{"echo": v} for v in range(3)]
 
+
+def load(base: str, load_does: str) -> requests.Response:
+    """The repository API's load of ``bad`` with ``options.load`` overridden."""
+    config = json.dumps({"options": {"load": load_does}})
+    return requests.post(f"{base}/v2/repository/models/bad/load",
+                         json={"parameters": {"config": config}}, timeout=WAIT_S)
+
+
+def test_a_worker_restarted_after_a_load_it_refused_starts_and_serves_the_next_load(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """An override the handler's load refuses (the web cannot check a handler's own
+    options) leaves the model refused; a worker restarted then starts, refusing it (it
+    exited: none of its models loaded, a crash loop), and serves the corrected load."""
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad")
+    with start_web(env) as base:
+        with start_worker(env, "w1@bad-load") as first:
+            refused = load(base, "raise")
+            assert refused.status_code == 400 and LOAD_ERROR in refused.text, refused.text
+            first.kill()  # a crash, or a deploy, while the model is refused
+            first.wait()
+        log = tmp_path / "w2.log"
+        with start_worker(env, "w2@bad-load", log_path=log):
+            assert LOAD_ERROR in log.read_text()
+            loaded = load(base, "ok")
+            assert loaded.status_code == 200, loaded.text
+            assert ended(base, submit(base, "bad", {"value": 5}))["result"] == {"echo": 5}

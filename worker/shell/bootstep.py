@@ -120,7 +120,9 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
             refused[name] = refuse(name, exc, explicit and not stored, on_refused)
             continue
         handlers[name] = handler
-    if names and not handlers:  # none: every model it may serve is unloaded; it waits
+    # None loaded: every model it may serve is unloaded, or one was refused for its
+    # override, which a later load fixes: it waits (exiting was a crash loop). Else stop.
+    if names and not handlers and not any((overrides or {}).get(m) for m in refused):
         raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
     return Loaded(handlers, refused)
 
@@ -264,8 +266,9 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
         presence = self.presence
-        executor, seeds = make_executor(settings, handlers, torch_later=any(
-            not d.loaded and settings.catalogue.get(m).kind in TORCH_KINDS
+        executor, seeds = make_executor(settings, handlers, torch_later=any(  # or refused:
+            (not d.loaded or m in loaded.refused)  # a load may bring it (a fixed override)
+            and settings.catalogue.get(m).kind in TORCH_KINDS
             for m, d in desired.items()), on_failed=lambda name, exc: refuse(
                 name, exc, bool(settings.worker_models) and not desired[name].config,
                 presence.refuse))
