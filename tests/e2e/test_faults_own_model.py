@@ -232,3 +232,14 @@ def test_a_worker_restarted_after_a_load_it_refused_starts_and_serves_the_next_l
             loaded = load(base, "ok")
             assert loaded.status_code == 200, loaded.text
             assert ended(base, submit(base, "bad", {"value": 5}))["result"] == {"echo": 5}
+
+
+def test_a_forward_pass_raising_an_error_whose_str_raises_fails_its_job_alone(
+        stack: str) -> None:
+    bad, good = submit(stack, "bad", {"do": "raise_unprintable"}), submit(stack, "bad", {
+        "value": 1})
+    failed = ended(stack, bad)
+    assert failed["error"] == ("inference failed: Unprintable: (its message could not be "
+                               "read: RuntimeError)"), failed
+    assert ended(stack, good)["result"] == {"echo": 1}
+    assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}

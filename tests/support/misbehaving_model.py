@@ -7,6 +7,8 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 - ``"hang"``: the forward pass never returns (a deadlock in the model);
 - ``"exit"``: the forward pass calls ``sys.exit(3)``;
 - ``"raise"``: the forward pass raises ``ValueError`` for this input;
+- ``"raise_unprintable"``: the forward pass raises an exception whose ``str()`` raises
+  (as some C extensions' errors do);
 - ``"abort"``, ``"os_exit"``, ``"segfault"``: the forward pass kills its process
   (``os.abort()``, ``os._exit(1)``, a read of address 0), as a native crash in a
   model's library would.
@@ -28,6 +30,13 @@ from carpool.core.catalogue import BinSpec, ModelSpec
 
 #: What the load's error says, for the tests to look for.
 LOAD_ERROR = "misbehaving model: the weights file is corrupt"
+
+
+class Unprintable(RuntimeError):
+    """An error that cannot say what it is: its ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this error's message cannot be read")
 
 
 class Misbehaving:
@@ -61,6 +70,8 @@ class Misbehaving:
                 os._exit(1)
             elif do == "segfault":
                 ctypes.string_at(0)
+            elif do == "raise_unprintable":
+                raise Unprintable()
             elif do == "raise":
                 raise ValueError(f"cannot run value {item.get('value')!r}")
         return batch

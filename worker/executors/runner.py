@@ -43,10 +43,20 @@ def _ms_since(t0: float) -> float:
 HANDLER_ERRORS = (Exception, SystemExit)
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when that raises. A handler's error may not say what
+    it is (some C extensions' cannot): the raise escaped the batch's isolation, and the
+    loop handed the batch back, its job retried for ever, ``queued`` to its client."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 — whatever it raised, the job fails alone
+        return f"(its message could not be read: {type(inner).__name__})"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"the handler called sys.exit({exc.code!r})"
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {message_of(exc)}"
 
 
 #: Allocation failures that CUDA libraries raise as a plain RuntimeError, not as
@@ -83,7 +93,7 @@ def is_sticky(exc: BaseException) -> bool:
     accelerator_error = getattr(torch, "AcceleratorError", None) if torch else None
     if accelerator_error is not None and isinstance(exc, accelerator_error):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in STICKY_CUDA_ERRORS)
+    return isinstance(exc, RuntimeError) and any(m in message_of(exc) for m in STICKY_CUDA_ERRORS)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -93,7 +103,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in ALLOCATION_FAILURES)
+    return isinstance(exc, RuntimeError) and any(
+        m in message_of(exc) for m in ALLOCATION_FAILURES)
 
 
 class _Failed:
