@@ -243,3 +243,11 @@ def test_a_forward_pass_raising_an_error_whose_str_raises_fails_its_job_alone(
                                "read: RuntimeError)"), failed
     assert ended(stack, good)["result"] == {"echo": 1}
     assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}
+
+
+def test_a_forward_pass_raising_a_base_exception_fails_its_job_and_the_worker_serves_on(
+        stack: str) -> None:
+    failed = ended(stack, submit(stack, "bad", {"do": "cancelled"}))
+    assert failed["error"] == ("inference failed: CancelledError: the model's event loop "
+                               "was cancelled"), failed
+    assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}

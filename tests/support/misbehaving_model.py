@@ -9,6 +9,8 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 - ``"raise"``: the forward pass raises ``ValueError`` for this input;
 - ``"raise_unprintable"``: the forward pass raises an exception whose ``str()`` raises
   (as some C extensions' errors do);
+- ``"cancelled"``: the forward pass raises ``asyncio.CancelledError`` (a
+  ``BaseException``), as a model that runs an event loop inside may;
 - ``"abort"``, ``"os_exit"``, ``"segfault"``: the forward pass kills its process
   (``os.abort()``, ``os._exit(1)``, a read of address 0), as a native crash in a
   model's library would.
@@ -19,6 +21,7 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import sys
@@ -70,6 +73,8 @@ class Misbehaving:
                 os._exit(1)
             elif do == "segfault":
                 ctypes.string_at(0)
+            elif do == "cancelled":
+                raise asyncio.CancelledError("the model's event loop was cancelled")
             elif do == "raise_unprintable":
                 raise Unprintable()
             elif do == "raise":

@@ -36,11 +36,13 @@ def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-#: What a handler may raise for an input or a batch: any error, and SystemExit, which a
-#: handler's ``sys.exit()`` raises in the thread that called it. On the compute or the
-#: loop's thread it ends no process; uncaught, it ended the batch loop's thread
-#: silently, leaving a worker that heartbeats and serves nothing.
-HANDLER_ERRORS = (Exception, SystemExit)
+#: What a handler may raise for an input or a batch: anything. Not only errors: a
+#: ``sys.exit()`` raises SystemExit, a model running an event loop inside may let
+#: ``asyncio.CancelledError`` out (a BaseException). On the compute or the loop's
+#: thread none ends the process (KeyboardInterrupt comes to the main thread only);
+#: uncaught, each ended the batch loop's thread silently, leaving a worker that
+#: heartbeats and serves nothing while the model's jobs stay queued.
+HANDLER_ERRORS = (BaseException,)
 
 
 def message_of(exc: BaseException) -> str:
