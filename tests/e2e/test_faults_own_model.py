@@ -251,3 +251,13 @@ def test_a_forward_pass_raising_a_base_exception_fails_its_job_and_the_worker_se
     assert failed["error"] == ("inference failed: CancelledError: the model's event loop "
                                "was cancelled"), failed
     assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}
+
+
+def test_a_run_time_load_raising_a_base_exception_is_refused_and_the_worker_serves_on(
+        stack: str) -> None:
+    """It ended the batch loop's thread: the model stayed "loading" for ever."""
+    refused = load(stack, "cancelled")
+    assert refused.status_code == 400 and f"CancelledError: {LOAD_ERROR}" in refused.text, \
+        refused.text
+    assert load(stack, "ok").status_code == 200
+    assert ended(stack, submit(stack, "bad", {"value": 3}))["result"] == {"echo": 3}

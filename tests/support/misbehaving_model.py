@@ -16,7 +16,8 @@ PYTHONPATH: the repository root); it needs no torch of its own.
   model's library would.
 
 ``options.load = "raise"``: ``load`` raises ``RuntimeError`` (weights it cannot read);
-``"warm_up"``: the example it gives for warm-up raises in the forward pass.
+``"warm_up"``: the example it gives for warm-up raises in the forward pass;
+``"cancelled"``: ``load`` raises ``asyncio.CancelledError`` (a BaseException).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Misbehaving:
     def load(self) -> None:
         if self.load_does == "raise":
             raise RuntimeError(LOAD_ERROR)
+        if self.load_does == "cancelled":
+            raise asyncio.CancelledError(LOAD_ERROR)
 
     def preprocess(self, job_input: Any) -> Any:
         return job_input
