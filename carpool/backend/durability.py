@@ -121,6 +121,9 @@ def wait_for_redis(client: redis.Redis, who: str, should_stop: Callable[[], bool
             with redis_errors():
                 client.ping()
         except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, redis.AuthenticationError):  # no wait will help
+                raise ConfigError(f"{who}: Redis refused its credentials ({exc.__cause__}): "
+                                  "check the password in CARPOOL_REDIS_URL") from exc
             tries += 1
             log.warning("%s: waiting for Redis (%s); trying again in %.2g s", who, exc,
                         retry_s)
