@@ -7,7 +7,9 @@ the broker URL. Settings, Redis scripts and models load when the worker starts
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 
 from celery import Celery
 from kombu.entity import Queue
@@ -25,6 +27,12 @@ CELERY_QUEUE = "carpool"
 
 
 def create_celery_app() -> Celery:
+    if sys.__stderr__ is not None:
+        # A model's native code that crashes the worker (a segfault, an abort) printed
+        # nothing anywhere: its jobs failed "worker lost N times" and nobody could tell
+        # which code did it. Each thread's Python stack, the handler's forward among
+        # them, now goes to stderr (Celery's --logfile captures only its loggers).
+        faulthandler.enable(file=sys.__stderr__)
     broker = os.environ.get("CELERY_BROKER_URL") or os.environ.get(
         "CARPOOL_REDIS_URL", DEFAULT_REDIS_URL)
     if os.environ.get("CARPOOL_REDIS_CLUSTER") == "1" and not os.environ.get("CELERY_BROKER_URL"):

@@ -4,12 +4,15 @@ carpool's durability is Redis's: without an append-only file a Redis restart
 forgets every queued job, and an evicting ``maxmemory-policy`` drops job records
 under memory pressure. Web and worker read the settings at start (``CONFIG GET``,
 or ``INFO`` where CONFIG is renamed away or not permitted) and warn, or refuse to
-start when ``CARPOOL_REQUIRE_DURABLE=1``.
+start when ``CARPOOL_REQUIRE_DURABLE=1``. A process started before its Redis
+(``wait_for_redis``) waits for it first, so the check is made, not skipped.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -19,6 +22,12 @@ from carpool.backend.connection import redis_errors
 from carpool.core.errors import BackendUnavailable, ConfigError
 
 log = logging.getLogger(__name__)
+
+#: The first pause between tries to reach Redis at start; doubled after each try up to
+#: the last: a Redis starting with its stack answers within a second or two, and one
+#: down for minutes is asked every few seconds, not flooded.
+FIRST_RETRY_S = 0.25
+LAST_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,3 +105,32 @@ def check_durability(client: redis.Redis, *, require: bool, who: str) -> list[st
     if require and found:
         raise ConfigError(f"{who}: CARPOOL_REQUIRE_DURABLE=1 and " + "; ".join(found))
     return found
+
+
+def wait_for_redis(client: redis.Redis, who: str, should_stop: Callable[[], bool],
+                   pause: Callable[[float], object] = time.sleep) -> bool:
+    """Block until Redis answers PING (loaded, and with this password); False if
+    ``should_stop()`` comes first. A process started before its Redis (compose and
+    Kubernetes start them together; Redis restarts) waits, saying on what at each try:
+    exiting instead made its supervisor's restarts a crash loop that stopped the stack.
+    Redis offers nothing to block on while it is away, so each try is bounded by the
+    client's connect timeout and the pause between tries by LAST_RETRY_S."""
+    retry_s, tries = FIRST_RETRY_S, 0
+    while not should_stop():
+        try:
+            with redis_errors():
+                client.ping()
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, redis.AuthenticationError):  # no wait will help
+                raise ConfigError(f"{who}: Redis refused its credentials ({exc.__cause__}): "
+                                  "check the password in CARPOOL_REDIS_URL") from exc
+            tries += 1
+            log.warning("%s: waiting for Redis (%s); trying again in %.2g s", who, exc,
+                        retry_s)
+            pause(retry_s)
+            retry_s = min(retry_s * 2, LAST_RETRY_S)
+            continue
+        if tries:
+            log.info("%s: Redis answers, after %d tries", who, tries)
+        return True
+    return False

@@ -42,7 +42,7 @@ max_batch = {batch}
 max_wait_ms = 0
 max_depth = 100
 """ for name, batch in (("reload", 8), ("pinned", 2), ("dying", 8), ("twice", 8),
-                        ("cli", 8), ("ver", 8))) + """
+                        ("cli", 8), ("ver", 8), ("cut", 2))) + """
 [models.ver.versions.2]
 result_ttl_s = 120
 """
@@ -265,3 +265,23 @@ def test_a_version_unloads_alone_while_the_model_serves_on_and_loads_with_it(
         assert infer(client, "ver", "2").as_numpy("ECHO").tolist() == [[1, 1, 1, 1]]
         client.unload_model("ver")
         assert not (client.is_model_ready("ver", "1") or client.is_model_ready("ver", "2"))
+
+
+def test_a_worker_killed_mid_batch_after_an_unload_ends_its_jobs_failed_not_queued(
+        stack: dict[str, str]) -> None:
+    """The claimed jobs of an unloaded model whose worker dies go back to their bin;
+    the next worker that may serve it ends them with the unload's reason."""
+    client, base = triton(stack), stack["base"]
+    env = worker_env(stack, "cut", CARPOOL_SYNTHETIC_COST_MS="600000,0",
+                     CARPOOL_LEASE_MS="1500")
+    with start_worker(env, "w-cut@repo") as first:
+        wait_until(lambda: client.is_model_ready("cut"), ACT_S, "cut to be ready")
+        ids = submit(base, "cut", 2)
+        wait_until(lambda: all(requests.get(f"{base}/result/{j}", timeout=10).json()[
+            "status"] == "running" for j in ids), ACT_S, "the batch to be claimed")
+        client.unload_model("cut")
+        first.kill()
+        first.wait()
+    with start_worker(worker_env(stack, "cut"), "w-cut@repo"):  # the same name: reclaims
+        for view in (final(base, j) for j in ids):
+            assert view["status"] == "failed" and "was unloaded" in view["error"], view

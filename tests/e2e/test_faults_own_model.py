@@ -5,6 +5,7 @@ The handler is ``tests/support/misbehaving_model.py``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import make_env
+from tests.support.faults import spawn_worker, stop_process
 from tests.support.misbehaving_model import LOAD_ERROR
 from tests.support.procs import REPO_ROOT, start_web, start_worker, wait_until
 from worker.loop.loop import EXIT_DEVICE_LOST
@@ -168,3 +170,94 @@ def test_a_postprocess_that_returns_no_list_fails_its_batch_naming_what_it_retur
     assert failed["status"] == "failed", failed
     assert (f"handler for 'bad' returned a {returned} from postprocess, not a list with "
             "one result per item (1), in order") in failed["error"], failed
+
+
+#: A worker per crash, then one that finishes: a crash's restart costs a worker start.
+CRASH_ENV = {"CARPOOL_LEASE_MS": "1500", "CARPOOL_MAX_ATTEMPTS": "3"}
+
+
+@pytest.mark.parametrize(("do", "status"), [("abort", -signal.SIGABRT), ("os_exit", 1),
+                                            ("segfault", -signal.SIGSEGV)])
+def test_a_forward_pass_that_kills_its_process_fails_its_job_after_max_attempts(
+        redis_url: str, key_prefix: str, tmp_path: Path, do: str, status: int) -> None:
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad", **CRASH_ENV)
+    with start_web(env) as base:
+        crash = submit(base, "bad", {"do": do})
+        others = [submit(base, "bad", {"value": v}) for v in range(3)]
+        exits = []
+        for start in range(5):  # 3 crashes, then one that finishes
+            log = tmp_path / f"w{start}.log"
+            proc = spawn_worker(env, f"w{start}@crash", log)
+            try:
+                wait_until(lambda p=proc: p.poll() is not None or requests.get(  # type: ignore[misc]
+                    f"{base}/result/{crash}", timeout=10).json()["status"] == "failed",
+                    WAIT_S, "the worker to die or the crashing job to fail")
+                if proc.poll() is None:
+                    break
+                exits.append(proc.returncode)
+                if do != "os_exit":  # the crash names the handler's code that did it
+                    out = log.with_suffix(".out").read_text()
+                    assert "Fatal Python error" in out and "misbehaving_model.py" in out \
+                        and "in forward" in out, out[-3000:]
+            finally:
+                stop_process(proc)
+        failed = ended(base, crash)
+        assert exits == [status] * 3
+        assert failed["status"] == "failed" and "worker lost 3 times" in failed["error"], failed
+        assert [ended(base, i)["result"] for i in others] == [{"echo": v} for v in range(3)]
+
+
+def load(base: str, load_does: str) -> requests.Response:
+    """The repository API's load of ``bad`` with ``options.load`` overridden."""
+    config = json.dumps({"options": {"load": load_does}})
+    return requests.post(f"{base}/v2/repository/models/bad/load",
+                         json={"parameters": {"config": config}}, timeout=WAIT_S)
+
+
+def test_a_worker_restarted_after_a_load_it_refused_starts_and_serves_the_next_load(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """An override the handler's load refuses (the web cannot check a handler's own
+    options) leaves the model refused; a worker restarted then starts, refusing it (it
+    exited: none of its models loaded, a crash loop), and serves the corrected load."""
+    env = worker_env(redis_url, key_prefix, tmp_path, CARPOOL_MODELS="bad")
+    with start_web(env) as base:
+        with start_worker(env, "w1@bad-load") as first:
+            refused = load(base, "raise")
+            assert refused.status_code == 400 and LOAD_ERROR in refused.text, refused.text
+            first.kill()  # a crash, or a deploy, while the model is refused
+            first.wait()
+        log = tmp_path / "w2.log"
+        with start_worker(env, "w2@bad-load", log_path=log):
+            assert LOAD_ERROR in log.read_text()
+            loaded = load(base, "ok")
+            assert loaded.status_code == 200, loaded.text
+            assert ended(base, submit(base, "bad", {"value": 5}))["result"] == {"echo": 5}
+
+
+def test_a_forward_pass_raising_an_error_whose_str_raises_fails_its_job_alone(
+        stack: str) -> None:
+    bad, good = submit(stack, "bad", {"do": "raise_unprintable"}), submit(stack, "bad", {
+        "value": 1})
+    failed = ended(stack, bad)
+    assert failed["error"] == ("inference failed: Unprintable: (its message could not be "
+                               "read: RuntimeError)"), failed
+    assert ended(stack, good)["result"] == {"echo": 1}
+    assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}
+
+
+def test_a_forward_pass_raising_a_base_exception_fails_its_job_and_the_worker_serves_on(
+        stack: str) -> None:
+    failed = ended(stack, submit(stack, "bad", {"do": "cancelled"}))
+    assert failed["error"] == ("inference failed: CancelledError: the model's event loop "
+                               "was cancelled"), failed
+    assert ended(stack, submit(stack, "bad", {"value": 2}))["result"] == {"echo": 2}
+
+
+def test_a_run_time_load_raising_a_base_exception_is_refused_and_the_worker_serves_on(
+        stack: str) -> None:
+    """It ended the batch loop's thread: the model stayed "loading" for ever."""
+    refused = load(stack, "cancelled")
+    assert refused.status_code == 400 and f"CancelledError: {LOAD_ERROR}" in refused.text, \
+        refused.text
+    assert load(stack, "ok").status_code == 200
+    assert ended(stack, submit(stack, "bad", {"value": 3}))["result"] == {"echo": 3}

@@ -5,6 +5,7 @@ and no acknowledged job is lost or half-admitted. Private redis-servers only.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -24,9 +25,22 @@ from carpool.core.jobs import JobStatus, Outcome
 from carpool.core.settings import load_settings
 from carpool.core.synthetic import expected_result
 from tests.conftest import make_env
-from tests.support.faults import Stopwatch, all_final, assert_one_place, record, spawn_worker
-from tests.support.procs import start_web, start_worker, wait_until
-from tests.support.redisproc import RedisProc, private_redis, redis_servers
+from tests.support.faults import (
+    Stopwatch,
+    all_final,
+    assert_one_place,
+    record,
+    spawn_worker,
+    stop_process,
+)
+from tests.support.procs import (
+    WORKER_START_TIMEOUT_S,
+    log_says,
+    start_web,
+    start_worker,
+    wait_until,
+)
+from tests.support.redisproc import RedisProc, newest_redis, private_redis, redis_servers
 from tests.support.webtools import web_client
 from web.app import check_redis_durability
 
@@ -269,3 +283,32 @@ def client_session() -> Iterator[requests.Session]:
     with requests.Session() as s:
         yield s
 
+
+
+def test_a_worker_started_while_redis_is_down_waits_and_serves_once_it_is_up(
+        key_prefix: str, tmp_path: Path) -> None:
+    """It used to exit 1 with a traceback: under a supervisor, a crash loop that outlived
+    a Redis start; what it waits on, and for how long, is in its log."""
+    server = RedisProc(newest_redis(), DURABLE, None)  # its port chosen, not started
+    env = make_env(server.url, key_prefix, CARPOOL_MODELS="synthetic",
+                   CARPOOL_SYNTHETIC_COST_MS="20,1")
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(env, "w1@redis-later", log)
+    try:
+        wait_until(lambda: proc.poll() is not None or log_says(log, "waiting for Redis"),
+                   WORKER_START_TIMEOUT_S, "the worker to say it waits for Redis")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        server.start()
+        fq = fq_for(server, key_prefix)
+        wait_until(lambda: proc.poll() is not None or log_says(log, "w1@redis-later ready."),
+                   WORKER_START_TIMEOUT_S, "the worker to be ready once Redis is up")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        with start_web(env) as base:
+            r = requests.post(f"{base}/submit?wait=30", json=job(1), timeout=60)
+        assert r.status_code == 200 and r.json()["status"] == "done", r.text
+        assert "durability not checked" not in log.read_text()  # checked once Redis was up
+        fq.client.close()
+    finally:
+        stop_process(proc)
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)

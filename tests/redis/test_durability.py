@@ -6,8 +6,15 @@ import logging
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from carpool.backend.durability import check_durability, problems, read_persistence
+from carpool.backend.durability import (
+    check_durability,
+    problems,
+    read_persistence,
+    wait_for_redis,
+)
 from carpool.core.errors import ConfigError
 from tests.support.procs import free_port
 from tests.support.redisproc import private_redis
@@ -64,3 +71,16 @@ def test_an_unreachable_redis_is_not_a_reason_to_refuse(
             caplog.at_level(logging.WARNING):
         assert check_durability(c, require=True, who="web") == []
     assert "not checked" in caplog.text
+
+
+def test_waiting_for_redis_stops_when_asked_and_fails_fast_on_a_wrong_password() -> None:
+    pauses: list[float] = []
+    no_retries = Retry(NoBackoff(), 0)  # redis-py's own retries would take seconds a try
+    with redis.Redis(port=free_port(), socket_connect_timeout=1, retry=no_retries) as c:
+        assert not wait_for_redis(c, "test", lambda: len(pauses) >= 3, pauses.append)
+    assert pauses == [0.25, 0.5, 1.0]  # backing off between tries
+    with private_redis(password="s3cret-s3cret") as server:
+        url = f"redis://:wrong-wrong@127.0.0.1:{server.port}/0"
+        with redis.Redis.from_url(url) as c, pytest.raises(ConfigError, match="credentials"):
+            wait_for_redis(c, "test", lambda: False, pauses.append)  # waiting would not help
+    assert len(pauses) == 3

@@ -6,14 +6,25 @@ PYTHONPATH: the repository root); it needs no torch of its own.
 - ``"ok"`` (or no ``do``): the result is ``{"echo": <the input's value>}``;
 - ``"hang"``: the forward pass never returns (a deadlock in the model);
 - ``"exit"``: the forward pass calls ``sys.exit(3)``;
-- ``"raise"``: the forward pass raises ``ValueError`` for this input.
+- ``"raise"``: the forward pass raises ``ValueError`` for this input;
+- ``"raise_unprintable"``: the forward pass raises an exception whose ``str()`` raises
+  (as some C extensions' errors do);
+- ``"cancelled"``: the forward pass raises ``asyncio.CancelledError`` (a
+  ``BaseException``), as a model that runs an event loop inside may;
+- ``"abort"``, ``"os_exit"``, ``"segfault"``: the forward pass kills its process
+  (``os.abort()``, ``os._exit(1)``, a read of address 0), as a native crash in a
+  model's library would.
 
 ``options.load = "raise"``: ``load`` raises ``RuntimeError`` (weights it cannot read);
-``"warm_up"``: the example it gives for warm-up raises in the forward pass.
+``"warm_up"``: the example it gives for warm-up raises in the forward pass;
+``"cancelled"``: ``load`` raises ``asyncio.CancelledError`` (a BaseException).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,6 +36,13 @@ from carpool.core.catalogue import BinSpec, ModelSpec
 LOAD_ERROR = "misbehaving model: the weights file is corrupt"
 
 
+class Unprintable(RuntimeError):
+    """An error that cannot say what it is: its ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this error's message cannot be read")
+
+
 class Misbehaving:
     def __init__(self, spec: ModelSpec, context: Any) -> None:
         self.spec = spec
@@ -33,6 +51,8 @@ class Misbehaving:
     def load(self) -> None:
         if self.load_does == "raise":
             raise RuntimeError(LOAD_ERROR)
+        if self.load_does == "cancelled":
+            raise asyncio.CancelledError(LOAD_ERROR)
 
     def preprocess(self, job_input: Any) -> Any:
         return job_input
@@ -50,6 +70,16 @@ class Misbehaving:
                 threading.Event().wait()  # never set: a forward pass that never returns
             elif do == "exit":
                 sys.exit(3)
+            elif do == "abort":
+                os.abort()
+            elif do == "os_exit":
+                os._exit(1)
+            elif do == "segfault":
+                ctypes.string_at(0)
+            elif do == "cancelled":
+                raise asyncio.CancelledError("the model's event loop was cancelled")
+            elif do == "raise_unprintable":
+                raise Unprintable()
             elif do == "raise":
                 raise ValueError(f"cannot run value {item.get('value')!r}")
         return batch

@@ -36,17 +36,29 @@ def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-#: What a handler may raise for an input or a batch: any error, and SystemExit, which a
-#: handler's ``sys.exit()`` raises in the thread that called it. On the compute or the
-#: loop's thread it ends no process; uncaught, it ended the batch loop's thread
-#: silently, leaving a worker that heartbeats and serves nothing.
-HANDLER_ERRORS = (Exception, SystemExit)
+#: What a handler may raise for an input or a batch: anything. Not only errors: a
+#: ``sys.exit()`` raises SystemExit, a model running an event loop inside may let
+#: ``asyncio.CancelledError`` out (a BaseException). On the compute or the loop's
+#: thread none ends the process (KeyboardInterrupt comes to the main thread only);
+#: uncaught, each ended the batch loop's thread silently, leaving a worker that
+#: heartbeats and serves nothing while the model's jobs stay queued.
+HANDLER_ERRORS = (BaseException,)
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when that raises. A handler's error may not say what
+    it is (some C extensions' cannot): the raise escaped the batch's isolation, and the
+    loop handed the batch back, its job retried for ever, ``queued`` to its client."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 — whatever it raised, the job fails alone
+        return f"(its message could not be read: {type(inner).__name__})"
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"the handler called sys.exit({exc.code!r})"
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {message_of(exc)}"
 
 
 #: Allocation failures that CUDA libraries raise as a plain RuntimeError, not as
@@ -83,7 +95,7 @@ def is_sticky(exc: BaseException) -> bool:
     accelerator_error = getattr(torch, "AcceleratorError", None) if torch else None
     if accelerator_error is not None and isinstance(exc, accelerator_error):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in STICKY_CUDA_ERRORS)
+    return isinstance(exc, RuntimeError) and any(m in message_of(exc) for m in STICKY_CUDA_ERRORS)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -93,7 +105,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in ALLOCATION_FAILURES)
+    return isinstance(exc, RuntimeError) and any(
+        m in message_of(exc) for m in ALLOCATION_FAILURES)
 
 
 class _Failed:

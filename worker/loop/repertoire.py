@@ -34,6 +34,7 @@ from carpool.core.overrides import apply_stored
 from carpool.scheduling.batching import Cost
 from carpool.scheduling.scheduler import BinKey
 from worker.executors.base import BatchExecutor
+from worker.executors.runner import HANDLER_ERRORS, message_of
 from worker.handlers.base import ModelHandler
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,10 @@ class Repertoire:
         log.info("loading model %r (repository generation %d)", model, want.generation)
         try:
             handler, seeds = self.loader(apply_stored(self.catalogue.get(model), want.config))
-        # Any load failure refuses the model, not the worker (a sys.exit in it too).
-        except (Exception, SystemExit) as exc:  # noqa: BLE001
-            reason = f"{type(exc).__name__}: {exc}"
+        # Any load failure refuses the model, not the worker: a sys.exit or an
+        # asyncio.CancelledError in it too (one ended the loop's thread, "loading" for ever).
+        except HANDLER_ERRORS as exc:
+            reason = f"{type(exc).__name__}: {message_of(exc)}"
             log.error("not serving model %r: its load failed: %s", model, reason)
             self.reporter.settled(model, want.generation, served=False, refused=reason)
         else:

@@ -22,8 +22,6 @@ from celery.exceptions import WorkerShutdown
 from celery.worker import state
 from prometheus_client import disable_created_metrics
 
-from carpool.backend.connection import connect
-from carpool.backend.durability import check_durability
 from carpool.backend.keys import Keys
 from carpool.backend.leases import Leases
 from carpool.backend.queue import Queue
@@ -51,6 +49,7 @@ from worker.observe.flower import FlowerBatchEvents, flower_rows, worker_info
 from worker.observe.metrics import GpuMemory, MetricsServer, WorkerMetrics, torch_gpu_memory
 from worker.observe.profile import cost_seeds
 from worker.shell.presence import Presence
+from worker.shell.redis_start import reach_redis
 from worker.shell.refusal_watch import RefusalWatch
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,9 @@ def load_models(settings: Settings, names: tuple[str, ...], explicit: bool,
             refused[name] = refuse(name, exc, explicit and not stored, on_refused)
             continue
         handlers[name] = handler
-    if names and not handlers:  # none: every model it may serve is unloaded; it waits
+    # None loaded: every model it may serve is unloaded, or one was refused for its
+    # override, which a later load fixes: it waits (exiting was a crash loop). Else stop.
+    if names and not handlers and not any((overrides or {}).get(m) for m in refused):
         raise ConfigError(f"none of the models {', '.join(names)} could be loaded")
     return Loaded(handlers, refused)
 
@@ -227,9 +228,7 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gpu = claim_gpu(settings, hostname, _celery_stopping)  # before any model loads
         if settings.gpu_claim and self.gpu is None:
             raise WorkerShutdown(0)  # stopped while waiting for a GPU
-        client = connect(settings.redis_url, socket_timeout_s=LOOP_SOCKET_TIMEOUT_S,
-                         cluster=settings.redis_cluster)
-        check_durability(client, require=settings.require_durable, who="worker")
+        client = reach_redis(settings, LOOP_SOCKET_TIMEOUT_S, _celery_stopping)  # waits for it
         keys = Keys(settings.key_prefix)
         # The models it may serve, and which of them the repository API says are loaded.
         may_serve = settings.worker_models or tuple(spec.name for spec in settings.catalogue)
@@ -267,8 +266,9 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.events = FlowerBatchEvents(parent.app, hostname)
         self.keeper = LeaseKeeper(leases, settings)
         presence = self.presence
-        executor, seeds = make_executor(settings, handlers, torch_later=any(
-            not d.loaded and settings.catalogue.get(m).kind in TORCH_KINDS
+        executor, seeds = make_executor(settings, handlers, torch_later=any(  # or refused:
+            (not d.loaded or m in loaded.refused)  # a load may bring it (a fixed override)
+            and settings.catalogue.get(m).kind in TORCH_KINDS
             for m, d in desired.items()), on_failed=lambda name, exc: refuse(
                 name, exc, bool(settings.worker_models) and not desired[name].config,
                 presence.refuse))
