@@ -156,10 +156,10 @@ def test_a_worker_stopped_while_its_forward_pass_hangs_exits_after_its_grace(
         wait_until(lambda: requests.get(f"{base}/result/{hung}", timeout=10).json()[
             "status"] == "running", WAIT_S, "the hanging job to be running")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(HUNG_EXIT_S) == EXIT_DEVICE_LOST
+        assert proc.wait(HUNG_EXIT_S) == 0  # a stop, as asked
         view = requests.get(f"{base}/result/{hung}", timeout=10).json()
     assert view["status"] == "queued" and view["attempts"] == 1, view
-    assert "outlasted the stop's grace" in log.read_text()
+    assert "outlasted the 1 s grace" in log.read_text()
 
 
 @pytest.mark.parametrize(("out", "returned"), [("dict", "dict"), ("none", "NoneType")])

@@ -77,6 +77,13 @@ def exit_process(exc: DeviceLost) -> None:
     os._exit(EXIT_DEVICE_LOST)
 
 
+def exit_stopped() -> None:
+    """End a stopping worker whose batch outlasted the grace at once, status 0 (Python's
+    exit would join the compute thread: for ever, if its forward pass hangs)."""
+    logging.shutdown()
+    os._exit(0)
+
+
 @dataclass
 class BatchLoop:
     """Serves every bin of ``handlers``' models from one thread of a Celery worker."""

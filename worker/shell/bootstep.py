@@ -367,10 +367,8 @@ class BatchLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.gpu is not None:
             self.gpu.release()  # after the last batch: the GPU is free for a waiting replica
             self.gpu = None
-        if overran:  # its compute thread is in a forward pass that may never return, and
-            # Python's exit would wait for it for ever: its jobs are handed back, so go.
-            loop_module.exit_process(DeviceLost("the batch in hand outlasted the stop's "
-                                                "grace: the worker exits without it"))
+        if overran:  # its jobs are handed back: go, not wait for its compute thread
+            loop_module.exit_stopped()
 
     def _stop_loop(self) -> bool:
         """Stop the loop within the grace and hand back what it holds; True if the batch
