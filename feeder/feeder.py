@@ -217,15 +217,18 @@ class Feeder:
         for part, kind in (("out", "output"), ("err", "error")):
             file_id = "file-" + hashlib.sha256(f"{run.id}\0{kind}".encode()).hexdigest()[:24]
             # Made by a finalize cut short after it, whose chunks may be gone: kept whole.
-            data = self.store.get(store_name(file_id))
-            if data is None:
+            # Asked of Redis, not the store: without s3:ListBucket a missing object
+            # answers 403, not 404.
+            if self.db.file(file_id) is None:
                 data = chunks.assemble(self.store, run.id, run.chunks, part)
                 if not data:
                     continue
                 self.store.put(store_name(file_id), data)
-            self.db.add_file({"id": file_id, "bytes": len(data), "created_at": int(time.time()),
-                              "filename": f"{run.id}_{kind}.jsonl", "purpose": "batch_output",
-                              "owner": run.owner}, self.settings.bulk.keep_s)
+                self.db.add_file({"id": file_id, "bytes": len(data),
+                                  "created_at": int(time.time()),
+                                  "filename": f"{run.id}_{kind}.jsonl",
+                                  "purpose": "batch_output", "owner": run.owner},
+                                 self.settings.bulk.keep_s)
             names[f"{kind}_file_id"] = file_id
         # Dropped before the end: no step comes back to a final batch, so a crash or a
         # store error after it would leave them in the store for good.

@@ -10,6 +10,7 @@ writing the same name twice is how the feeder's writes stay idempotent.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,11 @@ from typing import Any, Protocol
 from carpool.core.bulk_settings import BulkSettings
 from carpool.core.errors import BackendUnavailable, ConfigError
 
+log = logging.getLogger(__name__)
+
+#: S3's codes for keys it does not take (unknown, a wrong secret, a stale token).
+_REFUSED_KEYS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                 "ExpiredToken", "InvalidClientTokenId")
 #: Bytes per piece when a file is streamed to a client.
 STREAM_CHUNK_BYTES = 1 << 20
 
@@ -131,10 +137,30 @@ class S3FileStore:
             if code in ("404", "NoSuchBucket"):
                 raise ConfigError(f"{bucket}: no such bucket at {self.where}") from None
             if code in ("403", "AccessDenied"):
-                raise ConfigError(f"{bucket}: {self.where} refuses these credentials (HTTP "
-                                  "403): check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
-                                  "(or the profile, the role) and the bucket's policy") from None
+                self._probe(bucket)  # HEAD needs s3:ListBucket, which carpool does not
+                return
             raise BackendUnavailable(f"file store (S3): {exc}") from exc
+
+    def _probe(self, bucket: str) -> None:
+        """After a 403 to HEAD, a GET of an object that is not there tells refused keys
+        (ConfigError) from a policy without s3:ListBucket, which is enough (a warning)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            with _s3_errors(ClientError):
+                self.client.get_object(Bucket=self.bucket, Key=self._key("start-probe"))
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in _REFUSED_KEYS:
+                raise ConfigError(f"{bucket}: {self.where} refuses these credentials "
+                                  f"({code}): check AWS_ACCESS_KEY_ID, "
+                                  "AWS_SECRET_ACCESS_KEY (or the profile, the role)") from None
+            if code in ("NoSuchBucket",):
+                raise ConfigError(f"{bucket}: no such bucket at {self.where}") from None
+            if code not in ("NoSuchKey", "404", "AccessDenied", "403"):
+                raise BackendUnavailable(f"file store (S3): {exc}") from exc
+        log.warning("%s: HEAD of the bucket was refused (no s3:ListBucket?): starting; "
+                    "objects are read, written and deleted by name only", bucket)
 
     @property
     def where(self) -> str:

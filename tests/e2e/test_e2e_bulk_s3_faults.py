@@ -5,6 +5,7 @@ point; the real web, worker and feeder, and the openai SDK."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -126,7 +127,7 @@ EXIT_TIMEOUT_S = 30.0
 @pytest.mark.parametrize(("bucket", "server_env", "says"), [
     ("nobucket", {}, "CARPOOL_FILES_S3_BUCKET='nobucket': no such bucket at "
                      "CARPOOL_FILES_S3_ENDPOINT_URL="),
-    (BUCKET, CHECK_CREDENTIALS, "refuses these credentials (HTTP 403): check "
+    (BUCKET, CHECK_CREDENTIALS, "refuses these credentials (InvalidAccessKeyId): check "
                                 "AWS_ACCESS_KEY_ID"),
 ])
 def test_a_feeder_on_a_missing_bucket_or_refused_credentials_exits_naming_the_setting(
@@ -140,6 +141,35 @@ def test_a_feeder_on_a_missing_bucket_or_refused_credentials_exits_naming_the_se
                               capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
     assert done.returncode == 2, done.stderr[-2000:]
     assert says in done.stderr
+
+
+def least_privilege_keys(url: str) -> dict[str, str]:
+    """An IAM user's keys that may get, put and delete the bucket's objects, and no
+    more (no s3:ListBucket): the policy a careful operator gives carpool."""
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
+                       aws_access_key_id="test", aws_secret_access_key="test")
+    iam.create_user(UserName="carpool")
+    iam.put_user_policy(UserName="carpool", PolicyName="objects", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Resource": f"arn:aws:s3:::{BUCKET}/*",
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]}]}))
+    key = iam.create_access_key(UserName="carpool")["AccessKey"]
+    return {"AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+
+
+def test_a_feeder_with_object_only_credentials_starts(tmp_path: Path) -> None:
+    """HEAD of the bucket needs s3:ListBucket, which carpool does not: a 403 to it is
+    no reason to refuse a start (it exited 2)."""
+    # The bucket and three IAM calls are made before moto checks credentials.
+    with moto_s3(BUCKET, {"INITIAL_NO_AUTH_ACTION_COUNT": "4"}) as url:
+        env = make_env(REDIS_URL, f"test-{uuid.uuid4().hex[:12]}",
+                       CARPOOL_FILES_S3_BUCKET=BUCKET, CARPOOL_FILES_S3_ENDPOINT_URL=url,
+                       **{**S3_ENV, **least_privilege_keys(url)})
+        with start_feeder(env, tmp_path / "feeder.log"):
+            assert log_says(tmp_path / "feeder.log", "HEAD of the bucket was refused")
 
 
 def test_a_feeder_starts_while_s3_is_down_and_runs_a_batch_once_it_is_back(

@@ -18,6 +18,7 @@ from carpool.backend.filestore import LocalFileStore, store_name
 from carpool.backend.keys import Keys
 from carpool.backend.queue import Queue
 from carpool.core.bulk import BulkStatus
+from carpool.core.errors import BackendUnavailable
 from carpool.core.settings import Settings, load_settings
 from feeder import intake
 from feeder.feeder import Feeder
@@ -141,3 +142,33 @@ def test_a_cancel_during_validation_ends_the_batch_no_earlier_than_it_was_asked(
     doc = document(feeder.db, batch_id)
     assert doc["status"] == "cancelled"
     assert doc["cancelled_at"] >= doc["cancelling_at"]
+
+
+class NoListBucket(LocalFileStore):
+    """A store as S3 answers credentials without ``s3:ListBucket``: a GET of an object
+    that is not there is refused (403), not answered 404."""
+
+    def get(self, name: str) -> bytes | None:
+        data = super().get(name)
+        if data is None:
+            raise BackendUnavailable(f"file store (S3): AccessDenied reading {name}")
+        return data
+
+
+def test_a_batch_ends_on_a_store_that_refuses_reads_of_missing_objects(
+        feeder_settings: Settings, client: redis.Redis, keys: Keys) -> None:
+    """Least-privilege S3 credentials (Get/Put/DeleteObject, no ListBucket): finalizing
+    never reads an object that may not exist yet, so the batch still ends."""
+    feeder = Feeder(feeder_settings, Queue(client, keys), BulkDb(client, keys),
+                    NoListBucket(feeder_settings.bulk.files_dir))
+    batch_id = add_batch(feeder.db, feeder.store, "least-privilege")
+    feeder.step()  # validated
+    assert feeder.db.move(batch_id, (BulkStatus.IN_PROGRESS,), BulkStatus.CANCELLING,
+                          cancelling_at=int(time.time()))
+    for _ in range(5):
+        if document(feeder.db, batch_id)["status"] == "cancelled":
+            break
+        feeder.step()
+    doc = document(feeder.db, batch_id)
+    assert doc["status"] == "cancelled" and doc["request_counts"]["failed"] == LINES
+    assert doc["error_file_id"] is not None and doc["output_file_id"] is None

@@ -16,6 +16,7 @@ from carpool.core.jobs import Claim, JobStatus
 from carpool.core.settings import Settings
 from carpool.core.synthetic import expected_result
 from tests.support.faults import admit_jobs, attempts_of
+from worker.executors.pipelined import PipelinedExecutor
 from worker.handlers.synthetic import SyntheticHandler
 from worker.loop.leasekeeper import LeaseKeeper
 from worker.loop.loop import BatchLoop, Peeked
@@ -101,3 +102,36 @@ def test_a_failing_batch_is_handed_back_though_every_hook_raises(
     loop.executor.close()
     assert depth(queue, spec) == 3 and leased(queue, spec) == []  # back now, not at lapse
     assert {attempts_of(queue, i) for i in ids} == {1}  # it may have run: still counted
+
+
+class SteppedClock:
+    """The keeper's clock: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_a_batch_computed_but_not_yet_written_past_max_batch_ms_is_no_hang(
+        queue: Queue, settings: Settings) -> None:
+    """The loop writes a batch's results a step later (pipelined) or, with Redis away,
+    much later: once its forward pass has ended, the keeper must not call it hung."""
+    spec = synthetic()
+    admit_jobs(queue, spec, range(3))
+    clock = SteppedClock()
+    keeper = LeaseKeeper(Leases(queue.client, queue.keys, settings.catalogue), settings,
+                         clock=clock)
+    hung: list[str] = []
+    keeper.on_hung = lambda claim, ran_s: hung.append(claim.token)
+    loop = BatchLoop(settings, queue, {spec.name: SyntheticHandler(spec, (0, 0))}, "w",
+                     keeper=keeper, executor=PipelinedExecutor(depth=2))  # as torch's
+    loop.scheduler.tune(spec.name, "small", max_wait_ms=0)  # go at once
+    loop.step(None)
+    (flight,) = loop._in_flight
+    flight.outcomes.result(timeout=30)  # the forward pass ended; nothing written yet
+    clock.now_s += settings.max_batch_ms / 1000.0 + 1
+    keeper.tick()
+    assert hung == []
+    loop.drain()

@@ -78,8 +78,7 @@ def exit_process(exc: DeviceLost) -> None:
 
 
 def exit_stopped() -> None:
-    """End a stopping worker whose batch outlasted the grace at once, status 0 (Python's
-    exit would join the compute thread: for ever, if its forward pass hangs)."""
+    """End a stopping worker now, status 0: Python's exit would join a hung compute thread."""
     logging.shutdown()
     os._exit(0)
 
@@ -147,9 +146,8 @@ class BatchLoop:
         return self.scheduler.all_limits()
 
     def live_limits(self) -> dict[tuple[str, str], Limits]:
-        """Each bin's limits as the next claim will see them: the executor's memory cap
-        applied too, read-only (``BatchExecutor.view_limit``: a scrape must not move
-        the memory guard). Metrics and Flower show these."""
+        """Each bin's limits as the next claim sees them, memory cap too, read-only (a
+        scrape must not move the memory guard: ``view_limit``), for metrics and Flower."""
         return {key: replace(lim, max_batch=self.executor.view_limit(*key, lim.max_batch))
                 for key, lim in self.limits.items()}
 
@@ -334,6 +332,9 @@ class BatchLoop:
         except BaseException:
             self._failed(claim)  # never submitted
             raise
+        def computed(_: Future[list[Outcome]]) -> None:  # as the pass ends, not as written:
+            self.keeper.computed(claim)  # a Redis outage past MAX_BATCH_MS is no hang
+        future.add_done_callback(computed)
         self._in_flight.append(_Flight(claim, t0, future))
         # Completing older batches may fail; each failure is reported for its own
         # batch (in _finish), never for this one, which is still computing.
@@ -370,7 +371,6 @@ class BatchLoop:
         # Encoded here, on the loop's thread, while the compute thread runs the next
         # batch; a result JSON cannot carry fails its job alone (and counts as failed).
         outcomes = [with_result_json(o) for o in flight.outcomes.result()]
-        self.keeper.computed(claim)  # a batch past CARPOOL_MAX_BATCH_MS now did not hang
         # The claim's token names the batch: every job of a claim ran in this one batch
         # (a split of it included), a retry runs under another claim.
         batch = {"id": claim.token, "size": len(claim.jobs), "bin": claim.bin,
