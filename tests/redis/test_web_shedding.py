@@ -66,6 +66,8 @@ def test_a_sleep_still_overdue_counts_before_the_monitor_wakes() -> None:
     seen: list[float] = []
 
     def stalled_sleep(interval_s: float) -> None:
+        if interval_s == 0:
+            return  # the yield behind the ready queue: none waits
         clock.now += interval_s + 2.0  # the loop stops for 2 s past the wake-up
         seen.append(monitor.lag_s())  # a request handled before the monitor runs
 
@@ -73,6 +75,22 @@ def test_a_sleep_still_overdue_counts_before_the_monitor_wakes() -> None:
     monitor.step()
     assert seen == [pytest.approx(2.0)]
     assert monitor.lag_s() == pytest.approx(2.0)  # and the wake-up recorded it
+
+
+def test_a_wake_up_that_waits_behind_the_ready_queue_is_late_by_that_wait() -> None:
+    """The timer fires on time, but the greenlets made ready before it (new connections'
+    handlers, woken waiters) run first: a request woken then waits as long."""
+    clock = FakeClock()
+    sleeps: list[float] = []
+
+    def busy_queue(interval_s: float) -> None:
+        sleeps.append(interval_s)
+        clock.now += interval_s if interval_s else 0.3  # the yield waits 300 ms
+
+    monitor = LagMonitor(interval_s=0.025, half_life_s=0.5, clock=clock, sleep=busy_queue)
+    monitor.step()
+    assert sleeps == [0.025, 0]
+    assert monitor.lag_s() == pytest.approx(0.3)
 
 
 def test_steps_on_time_leave_no_lag() -> None:

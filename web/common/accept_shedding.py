@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gevent.server import StreamServer
 
-from web.common.shedding import EXTENSION, Shedder, admits_work
+from web.common.backlog import listen_queue
+from web.common.shedding import EXTENSION, REASON_WAIT_AHEAD, Shedder, admits_work
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,11 @@ FAILURE_LOG_EVERY = 1000
 #: The most bytes looked at: a request whose head and body are not all within
 #: this goes on to gunicorn.
 PEEK_BYTES = 16384
+#: How long the kernel holds a connection that has sent nothing before it queues it
+#: for accept all the same (``defer_accept``).
+DEFER_ACCEPT_S = 1
+#: Each measured interval between handlers' starts weighs this much in the mean.
+START_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)
@@ -92,12 +100,53 @@ def whole_request(data: bytes) -> PeekedRequest | None:
 class AcceptShedding:
     """The accept loop's side of shedding, for one gunicorn worker."""
 
-    def __init__(self, shedder: Shedder) -> None:
+    def __init__(self, shedder: Shedder, clock: Callable[[], float] = time.monotonic) -> None:
         self.shedder = shedder
+        self._clock = clock
         status = b"HTTP/1.1 503 Service Unavailable\r\n"
         fields = b"".join(f"{name}: {value}\r\n".encode() for name, value in shedder.headers)
         self.answer = status + fields + b"Connection: close\r\n\r\n" + shedder.body
         self._failures = 0
+        #: When each connection handed to gunicorn was spawned, oldest first, until its
+        #: handler starts (gevent starts spawned greenlets in order).
+        self.spawned_at: dict[int, float] = {}
+        self._last_began = 0.0
+        #: How long apart handlers start while others wait for theirs (a running mean).
+        self._start_interval_s = 0.0
+
+    def spawned(self, client: Any) -> None:
+        """``client`` was handed to gunicorn: its handler will start behind the rest."""
+        self.spawned_at[id(client)] = self._clock()
+
+    def began(self, client: Any) -> None:
+        """A handed-over connection's handler has started: time the starts while
+        connections wait for theirs (gevent starts a few greenlets per loop turn)."""
+        spawned_at = self.spawned_at.pop(id(client), None)
+        if spawned_at is None:
+            return
+        now = self._clock()
+        if spawned_at < self._last_began:  # it waited while the one before it started
+            interval_s = now - self._last_began
+            self._start_interval_s += START_WEIGHT * (interval_s - self._start_interval_s)
+        self._last_began = now
+
+    def wait_ahead_s(self) -> float:
+        """The wait ahead of a connection handed to gunicorn now: the event loop's lag,
+        the oldest connection handed over and not started, or their number times the
+        measured CPU per request or time between starts, whichever is most."""
+        spawned = self.spawned_at
+        oldest_s = self._clock() - next(iter(spawned.values())) if spawned else 0.0
+        shedder = self.shedder
+        each_s = max(shedder.rate.cpu_per_request_s(), self._start_interval_s)
+        return max(shedder.monitor.lag_s(), oldest_s, len(spawned) * each_s)
+
+    def pressed(self) -> bool:
+        """True while a connection accepted now is to be judged: the wait ahead of it
+        passes half the bound (so a request let in still starts within it), or the web
+        is ``overloaded``."""
+        bound_s = self.shedder.max_queue_s
+        return bound_s > 0 and (self.wait_ahead_s() > bound_s / 2
+                                or self.shedder.overloaded())
 
     def failed(self, doing: str) -> None:
         """Log a failure of this code (the first, then one in FAILURE_LOG_EVERY: under
@@ -111,14 +160,16 @@ class AcceptShedding:
         """How many connections the accept loop takes this turn: ``calm`` (what gunicorn
         set: 1 with several workers, gevent's 100 with one), at least ACCEPT_BURST
         while overloaded."""
-        return max(calm, ACCEPT_BURST) if self.shedder.overloaded() else calm
+        return max(calm, ACCEPT_BURST) if self.pressed() else calm
 
     def verdict(self, client: Any) -> Verdict | None:
         """Whether to refuse ``client`` (a gevent socket just accepted), and why; reads
         nothing out of it."""
         raw = getattr(client, "_sock", client)  # the kernel's socket, non-blocking
-        if not self.shedder.under_pressure(raw):  # no read, no parse: the common case
-            return None
+        ahead_s = self.wait_ahead_s()
+        ahead_passes = ahead_s > self.shedder.max_queue_s / 2 > 0
+        if not (ahead_passes or self.shedder.under_pressure(raw)):
+            return None  # no read, no parse: the common case
         try:
             data = raw.recv(PEEK_BYTES + 1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except OSError:  # nothing arrived yet, or the peer is gone: gunicorn's to see
@@ -131,6 +182,8 @@ class AcceptShedding:
                                                                             found.path):
             return None
         why, waited_s = self.shedder.judge_socket(raw)
+        if why is None and ahead_passes:
+            why = REASON_WAIT_AHEAD
         return None if why is None else Verdict(why, waited_s, found.length)
 
     def refuse(self, client: Any, verdict: Verdict) -> None:
@@ -176,6 +229,7 @@ def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
         _calm_accept: int = base.max_accept
         #: Connections handed to gunicorn in this turn.
         _handed_over = 0
+        _handle: Callable[..., Any]
 
         @property
         def max_accept(self) -> int:
@@ -206,9 +260,53 @@ def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
                 shedding.refuse(args[0], verdict)
                 return
             self._handed_over += 1
+            shedding.spawned(args[0])
             super().do_handle(*args)
 
+        def init_socket(self) -> None:
+            super().init_socket()  # (re)sets _handle: gevent's own, or its TLS wrapper
+            inner = self._handle
+
+            def began(*args: Any) -> Any:
+                shedding.began(args[0])
+                return inner(*args)
+
+            self._handle = began
+
+        def start(self) -> None:
+            super().start()
+            shedding.shedder.before_request.append(self.drain)
+
+        def close(self) -> None:
+            if self.drain in shedding.shedder.before_request:
+                shedding.shedder.before_request.remove(self.drain)
+            super().close()
+
+        def drain(self) -> None:
+            """While pressed, take the connections waiting in the accept queue (up to
+            ACCEPT_BURST), refusing or handing over each as a turn does. Run as each
+            request starts: under load the loop's own turns come too seldom for a
+            refusal to be prompt. Never raises."""
+            try:
+                if self.closed or not (shedding.pressed() or queued(self.socket)):
+                    return
+                for _ in range(ACCEPT_BURST):
+                    if self.full():
+                        return
+                    args = super().do_read()  # not this turn's: no share applies
+                    if not args:
+                        return
+                    self.do_handle(*args)
+            except Exception:  # noqa: BLE001 — the request that ran it goes on
+                shedding.failed("draining the accept queue")
+
     return SheddingServer
+
+
+def queued(listener: Any) -> bool:
+    """True when connections wait in ``listener``'s accept queue (or it cannot say)."""
+    found = listen_queue(getattr(listener, "_sock", listener))
+    return found is None or found[0] > 0
 
 
 def install_in_worker(worker: Any) -> bool:
@@ -231,4 +329,21 @@ def install_in_worker(worker: Any) -> bool:
         return False
     ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer,
                                                   AcceptShedding(shedder))
+    for listener in worker.sockets:
+        defer_accept(getattr(listener, "sock", listener))
+    return True
+
+
+def defer_accept(listener: Any) -> bool:
+    """Have the kernel queue a TCP connection for accept once its first bytes arrive
+    (``TCP_DEFER_ACCEPT``, as nginx's ``deferred``), or after DEFER_ACCEPT_S of
+    silence; False where it cannot. A connection accepted under pressure can then be
+    judged by its request at once, never handed over unread."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or listener.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        listener.setsockopt(socket.IPPROTO_TCP, option, DEFER_ACCEPT_S)
+    except OSError:
+        return False
     return True

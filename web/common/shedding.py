@@ -54,7 +54,11 @@ REASON_LAG = "event_loop_lag"
 REASON_REQUEST_START = "request_start"
 REASON_QUEUED = "queued"
 REASON_LISTEN_BACKLOG = "listen_backlog"
-SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG)
+#: Refused as accepted: the wait ahead of it in its worker passes half the bound
+#: (web/common/acceptor.py).
+REASON_WAIT_AHEAD = "wait_ahead"
+SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG,
+                REASON_WAIT_AHEAD)
 #: The statuses of a refusal: the model's bound (429) or the web's, or a backend down (503).
 REFUSALS = ("429", "503")
 #: Set in a request's WSGI environ once its jobs are admitted (``metrics.jobs_admitted``):
@@ -142,6 +146,10 @@ class LagMonitor:
         slept_at = self._clock()
         self._sleeping_since = slept_at
         sleep(self.interval_s)
+        # A timer's wake-up comes before the loop's queue of ready greenlets (new
+        # connections' handlers, wake-ups by events) is run: yielding once more waits
+        # behind that queue, as every such greenlet does.
+        sleep(0)
         self.woke(slept_at, self._clock())
 
     def run(self) -> None:
@@ -180,6 +188,9 @@ class Shedder:
         self.rate = ServiceRate()
         #: The listening sockets, once a gunicorn worker has them (``watch_listeners``).
         self.backlog: ListenBacklog | None = None
+        #: Run as each request starts, before it is judged: the accept loop's drain
+        #: (web/common/accept_shedding.py).
+        self.before_request: list[Callable[[], None]] = []
         #: The shed answer's body and headers (but the status line's).
         self.body = _shed_body(max_queue_ms)
         self.headers = [("Content-Type", "application/json"),
@@ -232,7 +243,7 @@ class Shedder:
         bound_s = self.max_queue_s
         if bound_s <= 0:
             return None, waited_s
-        if lag_s > bound_s:
+        if lag_s > bound_s / 2:
             return REASON_LAG, waited_s
         started = request_start_s(request_start)
         if started is not None and self._wall_clock() - started > bound_s:
@@ -245,6 +256,8 @@ class Shedder:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         self.rate.tick()
+        for hook in self.before_request:
+            hook()
         if not admits_work(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)
         began = self._clock()
