@@ -8,15 +8,20 @@ gevent worker takes one connection per loop turn: refusals came seconds late, as
 as the answers they spared.
 
 Here, in the worker's accept loop (``SheddingServer``, on the event loop's own
-greenlet, before any greenlet is spawned): while the web is overloaded — its
-event loop late, or its accept queue holding more than it serves within the bound —
-the loop takes up to ``ACCEPT_BURST`` connections a turn. A connection accepted then,
-or one whose bytes waited over the bound, is read without taking its bytes
-(``MSG_PEEK``); when they are one whole request that admits work and the judge sheds
-it (``Shedder.judge_socket``: the same reasons, but a proxy's stamp), it gets the same
-503 ``overloaded`` answer, written straight to the socket, which is then closed.
-Anything else — another request, one not wholly arrived, pipelined, chunked, TLS, a
-PROXY header, a calm web — goes on to gunicorn as before, to be judged again there.
+greenlet, before any greenlet is spawned), and as each request starts (``drain``:
+under load the loop's turns come too seldom for a prompt refusal), while the web is
+under pressure (``AcceptShedding.pressed``) — the wait ahead of a connection handed
+over now (the event loop's lag, or connections handed over and not yet started)
+passing half the bound, or the accept queue holding more than the web serves within
+it — the worker takes the connections waiting to be accepted. Each is read without
+taking its bytes (``MSG_PEEK``); when they are one whole request that admits work and
+the judge sheds it (``Shedder.judge_socket``: the same reasons, but a proxy's stamp;
+or ``wait_ahead``), it gets the same 503 ``overloaded`` answer, written straight to
+the socket, which is then closed. Anything else — another request, one not wholly
+arrived, pipelined, chunked, TLS, a PROXY header, a calm web — goes on to gunicorn as
+before, to be judged again there. The listening socket defers accept
+(``defer_accept``): a connection is queued once its first bytes arrive, so it is
+judged by its request, not handed over unread.
 
 The request's bytes are read out of the socket before the answer is written, so the
 kernel closes it with a FIN, not a reset that could lose the answer.

@@ -7,8 +7,10 @@ wait (carpool.admission) never sees that wait, so a flood is queued in the web
 instead of refused. Here, in front of Flask, an admitting request (``admits_work``)
 is answered ``503 overloaded`` with ``Retry-After`` when, measured against the bound,
 
-- the event loop is late (``LagMonitor``: a greenlet per worker process that sleeps
-  ``LAG_INTERVAL_S`` and records how late it woke), or
+- the event loop is late by over half the bound (``LagMonitor``: a greenlet per worker
+  process that sleeps ``LAG_INTERVAL_S``, then yields behind the ready greenlets, and
+  records how late it got through; a request let in waits about as long again at
+  each of its later steps, so half the bound is left for the wait it already had), or
 - a front proxy's ``X-Request-Start`` says the request started longer ago, or
 - the kernel received the request's bytes longer ago (``queued``: TCP_INFO of the
   connection, web/common/backlog.py), or
