@@ -38,7 +38,7 @@ from typing import Any
 
 from gevent.server import StreamServer
 
-from web.common.backlog import listen_queue
+from web.common.backlog import MIN_LISTEN_QUEUE, listen_queue
 from web.common.shedding import EXTENSION, REASON_WAIT_AHEAD, Shedder, admits_work
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,15 @@ PEEK_BYTES = 16384
 #: How long the kernel holds a connection that has sent nothing before it queues it
 #: for accept all the same (``defer_accept``).
 DEFER_ACCEPT_S = 1
-#: Each measured interval between handlers' starts weighs this much in the mean.
+#: Each measured interval between handlers' starts weighs this much in the mean ...
 START_WEIGHT = 0.1
+#: ... counts at most this much (a stall is the lag monitor's to see) ...
+MAX_START_INTERVAL_S = 0.02
+#: ... and the mean halves this often while no start is measured.
+START_HALF_LIFE_S = 1.0
+#: A connection handed over this long ago and never started (its handler killed by a
+#: stop) no longer counts as ahead of the next.
+FORGET_UNSTARTED_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -116,12 +123,18 @@ class AcceptShedding:
         #: handler starts (gevent starts spawned greenlets in order).
         self.spawned_at: dict[int, float] = {}
         self._last_began = 0.0
-        #: How long apart handlers start while others wait for theirs (a running mean).
+        #: How long apart handlers start while others wait for theirs (a running mean,
+        #: measured at ``_paced_at``).
         self._start_interval_s = 0.0
+        self._paced_at = 0.0
 
     def spawned(self, client: Any) -> None:
         """``client`` was handed to gunicorn: its handler will start behind the rest."""
         self.spawned_at[id(client)] = self._clock()
+
+    def forget(self, client: Any) -> None:
+        """``client``'s handler will never start (its spawn failed)."""
+        self.spawned_at.pop(id(client), None)
 
     def began(self, client: Any) -> None:
         """A handed-over connection's handler has started: time the starts while
@@ -131,18 +144,35 @@ class AcceptShedding:
             return
         now = self._clock()
         if spawned_at < self._last_began:  # it waited while the one before it started
-            interval_s = now - self._last_began
-            self._start_interval_s += START_WEIGHT * (interval_s - self._start_interval_s)
+            # One long gap (a GC pause, a big body parsed) is capped: the lag monitor
+            # sees stalls; this is the pace of a queue of starts.
+            interval_s = min(now - self._last_began, MAX_START_INTERVAL_S)
+            pace_s = self._pace_s(now)
+            self._start_interval_s = pace_s + START_WEIGHT * (interval_s - pace_s)
+            self._paced_at = now
         self._last_began = now
+
+    def _pace_s(self, now: float) -> float:
+        """The mean time between starts, halved every START_HALF_LIFE_S since it was
+        last measured: a calm spell forgets a busy one."""
+        age_s = max(0.0, now - self._paced_at)
+        return float(self._start_interval_s * 0.5 ** (age_s / START_HALF_LIFE_S))
 
     def wait_ahead_s(self) -> float:
         """The wait ahead of a connection handed to gunicorn now: the event loop's lag,
         the oldest connection handed over and not started, or their number times the
         measured CPU per request or time between starts, whichever is most."""
+        now = self._clock()
         spawned = self.spawned_at
-        oldest_s = self._clock() - next(iter(spawned.values())) if spawned else 0.0
+        while spawned:  # one whose handler was killed unstarted (a stop) is let go
+            oldest_s = now - next(iter(spawned.values()))
+            if oldest_s <= FORGET_UNSTARTED_S:
+                break
+            del spawned[next(iter(spawned))]
+        else:
+            oldest_s = 0.0
         shedder = self.shedder
-        each_s = max(shedder.rate.cpu_per_request_s(), self._start_interval_s)
+        each_s = max(shedder.rate.cpu_per_request_s(), self._pace_s(now))
         return max(shedder.monitor.lag_s(), oldest_s, len(spawned) * each_s)
 
     def pressed(self) -> bool:
@@ -266,7 +296,11 @@ def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
                 return
             self._handed_over += 1
             shedding.spawned(args[0])
-            super().do_handle(*args)
+            try:
+                super().do_handle(*args)
+            except BaseException:
+                shedding.forget(args[0])
+                raise
 
         def init_socket(self) -> None:
             super().init_socket()  # (re)sets _handle: gevent's own, or its TLS wrapper
@@ -288,17 +322,19 @@ def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
             super().close()
 
         def drain(self) -> None:
-            """While pressed, take the connections waiting in the accept queue (up to
-            ACCEPT_BURST), refusing or handing over each as a turn does. Run as each
-            request starts: under load the loop's own turns come too seldom for a
-            refusal to be prompt. Never raises."""
+            """While pressed, or while connections pile up in the accept queue, take
+            them (up to ACCEPT_BURST) as a turn does: refusing those to shed, handing
+            over no more than a calm turn's share. Run as each request starts: under
+            load the loop's own turns come too seldom for a refusal to be prompt.
+            Never raises."""
             try:
-                if self.closed or not (shedding.pressed() or queued(self.socket)):
+                if self.closed or not (shedding.pressed() or piled_up(self.socket)):
                     return
+                self._handed_over = 0
                 for _ in range(ACCEPT_BURST):
                     if self.full():
                         return
-                    args = super().do_read()  # not this turn's: no share applies
+                    args = self.do_read()  # None once this call's share is handed over
                     if not args:
                         return
                     self.do_handle(*args)
@@ -308,10 +344,11 @@ def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding
     return SheddingServer
 
 
-def queued(listener: Any) -> bool:
-    """True when connections wait in ``listener``'s accept queue (or it cannot say)."""
+def piled_up(listener: Any) -> bool:
+    """True when connections pile up in ``listener``'s accept queue (at least
+    MIN_LISTEN_QUEUE): the loop's turns do not keep up. False where it cannot say."""
     found = listen_queue(getattr(listener, "_sock", listener))
-    return found is None or found[0] > 0
+    return found is not None and found[0] >= MIN_LISTEN_QUEUE
 
 
 def install_in_worker(worker: Any) -> bool:

@@ -57,7 +57,7 @@ REASON_REQUEST_START = "request_start"
 REASON_QUEUED = "queued"
 REASON_LISTEN_BACKLOG = "listen_backlog"
 #: Refused as accepted: the wait ahead of it in its worker passes half the bound
-#: (web/common/acceptor.py).
+#: (web/common/accept_shedding.py).
 REASON_WAIT_AHEAD = "wait_ahead"
 SHED_REASONS = (REASON_LAG, REASON_REQUEST_START, REASON_QUEUED, REASON_LISTEN_BACKLOG,
                 REASON_WAIT_AHEAD)
