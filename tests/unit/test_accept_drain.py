@@ -138,12 +138,6 @@ class Drained:
         self.server.init_socket()
 
 
-def drain_server(lag_s: float, spawn: Any = None) -> tuple[Any, Judged, list[bytes]]:
-    """``Drained``'s server, judge and list of what it handed over."""
-    d = Drained(lag_s, spawn)
-    return d.server, d.judged, d.handed
-
-
 def queue_up(server: Any, sent: list[bytes]) -> list[socket.socket]:
     """New connections to ``server`` that sent ``sent``: in its accept queue once
     they are connected (loopback)."""
@@ -165,7 +159,8 @@ def request_starts(judged: Judged) -> None:
 
 
 def test_a_request_starting_drains_the_accept_queue_while_pressed() -> None:
-    server, judged, handed = drain_server(lag_s=1.0)
+    d = Drained(lag_s=1.0)
+    server, judged, handed = d.server, d.judged, d.handed
     server.start()
     clients = queue_up(server, [submit(), GET, submit(), GET])
     try:
@@ -186,7 +181,8 @@ def test_a_request_starting_drains_the_accept_queue_while_pressed() -> None:
 
 def test_a_calm_worker_leaves_a_short_queue_to_the_loop_and_takes_its_share_of_a_long_one(
         ) -> None:
-    server, judged, handed = drain_server(lag_s=0.0)
+    d = Drained(lag_s=0.0)
+    server, judged, handed = d.server, d.judged, d.handed
     clients = queue_up(server, [submit()] * (MIN_LISTEN_QUEUE - 1))
     try:
         server.drain()

@@ -175,13 +175,15 @@ class AcceptShedding:
         each_s = max(shedder.rate.cpu_per_request_s(), self._pace_s(now))
         return max(shedder.monitor.lag_s(), oldest_s, len(spawned) * each_s)
 
+    def ahead_passes(self, ahead_s: float) -> bool:
+        """True when a wait ahead of ``ahead_s`` passes half the bound: a request let in
+        now would not start within it (shedding on)."""
+        return ahead_s > self.shedder.max_queue_s / 2 > 0
+
     def pressed(self) -> bool:
         """True while a connection accepted now is to be judged: the wait ahead of it
-        passes half the bound (so a request let in still starts within it), or the web
-        is ``overloaded``."""
-        bound_s = self.shedder.max_queue_s
-        return bound_s > 0 and (self.wait_ahead_s() > bound_s / 2
-                                or self.shedder.overloaded())
+        ``ahead_passes``, or the web is ``overloaded``."""
+        return self.ahead_passes(self.wait_ahead_s()) or self.shedder.overloaded()
 
     def failed(self, doing: str) -> None:
         """Log a failure of this code (the first, then one in FAILURE_LOG_EVERY: under
@@ -201,8 +203,7 @@ class AcceptShedding:
         """Whether to refuse ``client`` (a gevent socket just accepted), and why; reads
         nothing out of it."""
         raw = getattr(client, "_sock", client)  # the kernel's socket, non-blocking
-        ahead_s = self.wait_ahead_s()
-        ahead_passes = ahead_s > self.shedder.max_queue_s / 2 > 0
+        ahead_passes = self.ahead_passes(self.wait_ahead_s())
         if not (ahead_passes or self.shedder.under_pressure(raw)):
             return None  # no read, no parse: the common case
         try:
