@@ -353,7 +353,8 @@ def piled_up(listener: Any) -> bool:
 
 
 def install_in_worker(worker: Any) -> bool:
-    """Make this gunicorn gevent worker's accept loop shed for its app's shedder; False
+    """Make this gunicorn gevent worker's accept loop (and its kept-alive connections'
+    parser: web/common/keepalive_shedding.py) shed for its app's shedder; False
     (nothing changed) when shedding is off, the worker is not gunicorn's gevent worker,
     or it is done already. Call before the worker starts serving (post_worker_init).
 
@@ -370,8 +371,11 @@ def install_in_worker(worker: Any) -> bool:
         return False
     if getattr(ggevent.StreamServer, "sheds_at_accept", False):
         return False
-    ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer,
-                                                  AcceptShedding(shedder))
+    from web.common import keepalive_shedding  # it builds on this module
+
+    shedding = AcceptShedding(shedder)
+    ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer, shedding)
+    keepalive_shedding.install(shedding)  # and the next request of a kept-alive one
     for listener in worker.sockets:
         defer_accept(getattr(listener, "sock", listener))
     return True

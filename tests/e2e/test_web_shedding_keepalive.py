@@ -1,0 +1,83 @@
+"""Real gunicorn sheds the next submit on a kept-alive connection before parsing it
+(web/common/keepalive_shedding.py), after its worker's event loop stalled (SIGSTOP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import requests
+
+from tests.conftest import make_env
+from tests.e2e.test_web_shedding_gunicorn import (
+    SUBMIT,
+    TIMEOUT_S,
+    all_sheds,
+    gunicorn_workers,
+    read_all,
+    wait_served,
+)
+from tests.support.procs import start_web
+from tests.support.promtext import Scrape
+
+#: Small, so that the lag a stall of STALL_S leaves behind passes half of it for over
+#: half a second after the worker resumes (the lag halves every 0.1 s).
+BOUND_MS = 100
+STALL_S = 3.0
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+def kept_alive_submit() -> bytes:
+    body = json.dumps(SUBMIT).encode()
+    return (b"POST /submit HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def read_one(s: socket.socket) -> list[bytes]:
+    """The head's lines of one answer on a kept-alive connection, its body read out."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, data  # the connection is kept alive, not closed
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += s.recv(65536)
+    return lines
+
+
+def test_the_next_submit_on_a_kept_alive_connection_is_refused_unparsed_after_a_stall(
+        redis_url: str, key_prefix: str) -> None:
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(BOUND_MS))
+    with start_web(env) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
+        (worker,) = gunicorn_workers(base_url)
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as kept:
+            kept.sendall(HEALTHZ)
+            assert read_one(kept)[0].split()[1] == b"200"
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                kept.sendall(HEALTHZ)  # parsed as the worker resumes: a read is served
+                time.sleep(STALL_S)  # the stall itself, not a wait for work
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            assert read_one(kept)[0].split()[1] == b"200"
+            kept.sendall(kept_alive_submit())  # behind the stall's lag: refused unparsed
+            head, _, body = read_all(kept).partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"HTTP/1.1 503 Service Unavailable", lines
+        assert b"Connection: close" in lines and b"Retry-After: 1" in lines
+        assert not any(line.lower().startswith(b"server:") for line in lines), lines
+        assert json.loads(body)["error"]["code"] == "overloaded"
+        assert all_sheds(base_url) == 1
+        scrape = Scrape(requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text)
+        assert scrape.value("carpool_web_refusal_seconds_count") == 1
+        assert scrape.value("carpool_jobs_submitted_total", model="synthetic") == 0
+        wait_served(base_url)

@@ -1,0 +1,216 @@
+"""Shedding between requests (web/common/keepalive_shedding.py): gunicorn's own request
+parser on a real loopback TCP connection, the web calm or late as a test says."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from typing import Any
+
+import pytest
+from gunicorn import http
+from gunicorn.config import Config
+from gunicorn.http.errors import NoMoreData
+
+from tests.unit.test_accept_shedding import BODY, GET, Judged, arrived, submit
+from web.common import keepalive_shedding
+from web.common.accept_shedding import AcceptShedding
+from web.common.keepalive_shedding import PressureReading, SheddingParser, parser_class
+from web.common.shedding import REASON_LAG
+
+Connected = tuple[socket.socket, socket.socket]
+
+
+class Served:
+    """A server's end read by a worker's ``SheddingParser``, its web late as ``late``."""
+
+    def __init__(self, server: socket.socket) -> None:
+        self.judged = Judged()
+        self.shedding = AcceptShedding(self.judged.shedder)
+        self.parser = parser_class(self.shedding)(Config(), server, ("127.0.0.1", 1))
+
+    def late(self, lag_s: float = 1.0) -> None:
+        """The event loop is ``lag_s`` late from now (the test's clock stands still)."""
+        monitor = self.judged.shedder.monitor
+        now = monitor._clock()
+        monitor.woke(now - monitor.interval_s - lag_s, now)
+        self.parser.reading.ttl_s = 0  # read the pressure afresh
+
+    def request(self) -> Any:
+        """The next request, as gunicorn's keep-alive loop takes it."""
+        return next(self.parser)
+
+
+def answer_then_eof(client: socket.socket) -> tuple[list[bytes], bytes]:
+    client.settimeout(5)
+    answer = b""
+    while chunk := client.recv(65536):  # the server closed after writing: EOF, no reset
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n"), body
+
+
+def test_a_calm_web_leaves_every_request_of_a_connection_to_gunicorn(
+        connected: Connected) -> None:
+    client, server = connected
+    served = Served(arrived(connected, submit()))
+    first = served.request()
+    assert (first.method, first.path) == ("POST", "/submit")
+    first.body.read()
+    arrived(connected, submit(path="/submit?wait=1"))
+    second = served.request()
+    assert (second.method, second.query) == ("POST", "wait=1")
+    assert served.judged.sheds == [] and server.fileno() != -1
+
+
+def test_the_next_submit_under_pressure_is_answered_503_read_out_and_closed(
+        connected: Connected) -> None:
+    client, server = connected
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.late()
+    arrived(connected, submit())
+    with pytest.raises(StopIteration):
+        served.request()
+    assert server.fileno() == -1
+    lines, body = answer_then_eof(client)
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert {b"Retry-After: 1", b"Connection: close"} <= set(lines[1:])
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    assert served.judged.sheds == [REASON_LAG]
+    assert len(served.judged.refusals) == 1
+
+
+def test_the_answered_requests_unread_body_is_read_out_before_the_next_is_judged(
+        connected: Connected) -> None:
+    """The app left the first submit's body unread: its bytes are not the next request."""
+    client, _ = connected
+    served = Served(arrived(connected, submit(body=b"x" * 20_000)))
+    assert served.request().path == "/submit"  # its body still (mostly) in the socket
+    served.late()
+    client.sendall(submit())
+    with pytest.raises(StopIteration):
+        served.request()
+    assert answer_then_eof(client)[0][0] == b"HTTP/1.1 503 Service Unavailable"
+    assert served.judged.sheds == [REASON_LAG]
+
+
+@pytest.mark.parametrize(("data", "path"), [
+    (GET, "/result/abc"),  # admits nothing
+    (submit(path="/metrics"), "/metrics"),
+])
+def test_a_next_request_not_to_shed_is_left_to_gunicorn(
+        connected: Connected, data: bytes, path: str) -> None:
+    _, server = connected
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.late()
+    arrived(connected, data)
+    assert served.request().path == path
+    assert served.judged.sheds == [] and server.fileno() != -1
+
+
+def test_a_next_request_not_wholly_arrived_is_left_to_gunicorn(connected: Connected) -> None:
+    client, _ = connected
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.late()
+    arrived(connected, submit()[:-3])
+    pending = served.request()  # the head is read; the body's end is yet to come
+    client.sendall(submit()[-3:])
+    assert pending.path == "/submit" and pending.body.read() == BODY
+    assert served.judged.sheds == []
+
+
+class Peeks:
+    """A socket that records the flags of every read from it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.flags: list[int] = []
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self.flags.append(flags)
+        return self.sock.recv(size, flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def test_a_request_gunicorn_read_ahead_is_left_to_it(connected: Connected) -> None:
+    """Pipelined: the second request is in gunicorn's buffer, not the kernel's, whose
+    buffer is not waited on."""
+    peeks = Peeks(arrived(connected, submit() + submit(path="/submit?wait=2")))
+    served = Served(peeks)  # type: ignore[arg-type]
+    served.request().body.read()
+    served.late()
+    assert served.request().query == "wait=2"
+    assert served.judged.sheds == []
+    assert not any(flags & socket.MSG_PEEK for flags in peeks.flags), peeks.flags
+
+
+def test_a_client_that_closes_under_pressure_ends_as_gunicorn_ends_it(
+        connected: Connected) -> None:
+    client, _ = connected
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.late()
+    client.close()
+    with pytest.raises((StopIteration, NoMoreData)):
+        served.request()
+    assert served.judged.sheds == []
+
+
+def test_a_failing_verdict_leaves_the_request_to_gunicorn_and_is_logged(
+        connected: Connected, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.late()
+
+    def broken(_sock: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(served.shedding, "verdict", broken)
+    arrived(connected, submit())
+    with caplog.at_level(logging.ERROR):
+        assert served.request().path == "/submit"
+    assert "shedding on a kept-alive connection failed" in caplog.text
+    assert served.judged.sheds == []
+
+
+class Counting:
+    """Stands in for ``AcceptShedding``: how often its pressure is read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def pressed(self) -> bool:
+        self.reads += 1
+        return self.reads % 2 == 1
+
+
+def test_the_pressure_is_read_at_most_once_per_ttl() -> None:
+    clock = [10.0]
+    counting = Counting()
+    reading = PressureReading(counting, ttl_s=0.005, clock=lambda: clock[0])  # type: ignore[arg-type]
+    assert [reading.pressed() for _ in range(3)] == [True] * 3
+    clock[0] += 0.005
+    assert reading.pressed() is False
+    assert counting.reads == 2
+
+
+def test_install_parses_plain_connections_with_the_shedding_parser_once(
+        connected: Connected, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http, "get_parser", http.get_parser)  # put back after the test
+    _, server = connected
+    shedding = AcceptShedding(Judged().shedder)
+    assert keepalive_shedding.install(shedding)
+    assert not keepalive_shedding.install(shedding)
+    parser = http.get_parser(Config(), server, ("127.0.0.1", 1))
+    assert isinstance(parser, SheddingParser) and parser.reading.shedding is shedding
+    tls = Config()
+    tls.set("certfile", "cert.pem")
+    assert type(http.get_parser(tls, server, ("127.0.0.1", 1))) is http.RequestParser
+    assert type(http.get_parser(Config(), iter([b""]), None)) is http.RequestParser

@@ -1,0 +1,145 @@
+"""Shedding between requests: under overload, the next submit on a kept-alive connection
+is refused before gunicorn parses it.
+
+Accept-time shedding (web/common/accept_shedding.py) refuses a new connection's first
+request for a small part of a request's cost. A client that keeps its connection
+alive — every HTTP library's pool does — sends its next requests on a connection
+gunicorn already serves: each is parsed, made a WSGI environ, judged in front of Flask
+and answered through gunicorn's response, the whole floor of a request
+(docs/benchmarks.md). Under a flood those refusals take the CPU that admitted jobs
+need.
+
+Here gunicorn's request parser (``SheddingParser``) does on a kept-alive connection
+what the accept loop does: once a request is answered, while the web is under pressure
+(``AcceptShedding.pressed``, read at most once per PRESSED_TTL_S), it waits for the
+next request's bytes, looks at them without taking them (``MSG_PEEK``) and, when they
+are one whole request that admits work and the judge sheds it, answers the same 503
+``overloaded`` straight to the socket and closes the connection (``Connection:
+close``). The client's next request comes on a new connection, to be judged at accept.
+Anything else — bytes gunicorn has already read ahead, a request not wholly arrived,
+pipelined or chunked, a calm web — goes on to gunicorn as before.
+
+The wait for the next request is gunicorn's own: under its keep-alive timeout
+(``gevent.Timeout``, which ends the connection when it passes, as it would in
+gunicorn's read). TLS connections keep gunicorn's parser: their bytes cannot be peeked.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gunicorn import http
+from gunicorn.http.parser import RequestParser
+
+from web.common.accept_shedding import AcceptShedding
+
+#: How long one reading of the web's pressure serves the connections that ask: under
+#: load requests end many times a millisecond, and a reading costs a system call.
+PRESSED_TTL_S = 0.005
+
+
+class PressureReading:
+    """``AcceptShedding.pressed``, read again at most once per ``ttl_s``."""
+
+    def __init__(self, shedding: AcceptShedding, ttl_s: float = PRESSED_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.shedding = shedding
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._read_at = -float("inf")
+        self._pressed = False
+
+    def pressed(self) -> bool:
+        now = self._clock()
+        if now - self._read_at >= self.ttl_s:
+            self._pressed = self.shedding.pressed()
+            self._read_at = now
+        return self._pressed
+
+
+class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untyped
+    """gunicorn's HTTP/1 request parser, which sheds the next request of a kept-alive
+    connection under pressure (the module's text); ``reading`` is set on the subclass
+    made for one worker (``parser_class``)."""
+
+    reading: PressureReading
+
+    def __next__(self) -> Any:
+        if self.mesg is not None and self._shed_next():
+            # gunicorn's keep-alive loop ends on it, and closes the socket (again).
+            raise StopIteration("the next request on a kept-alive connection was shed")
+        return super().__next__()
+
+    next = __next__
+
+    def _shed_next(self) -> bool:
+        """True when the connection's next request was refused (and the socket closed);
+        False leaves it to gunicorn. Never raises but the keep-alive timeout."""
+        shedding = self.reading.shedding
+        try:
+            # As gunicorn's __next__ would: a connection to close ends here, and the
+            # answered request's unread body is read out before the next one is looked at.
+            if self.mesg.should_close() or not self.finish_body():
+                return False
+            if not self.reading.pressed() or _buffered(self.unreader):
+                return False
+        except Exception:  # noqa: BLE001 — gunicorn's own __next__ will say what failed
+            shedding.failed("checking pressure on a kept-alive connection")
+            return False
+        sock = self.unreader.sock
+        try:
+            # Waits, cooperatively, for the next request's first bytes: gunicorn's
+            # keep-alive timeout (a BaseException) ends the wait and the connection.
+            if not sock.recv(1, socket.MSG_PEEK):
+                return False  # the client closed: gunicorn's read sees it
+        except OSError:
+            return False
+        try:
+            verdict = shedding.verdict(sock)
+        except Exception:  # noqa: BLE001 — judged again in front of Flask
+            shedding.failed("shedding on a kept-alive connection")
+            return False
+        if verdict is None:
+            return False
+        shedding.refuse(sock, verdict)
+        return True
+
+
+def _buffered(unreader: Any) -> bool:
+    """True when gunicorn has read bytes of the next request ahead (pipelined): the
+    kernel's buffer no longer starts at a request."""
+    with unreader.buf.getbuffer() as held:
+        return bool(held.nbytes)
+
+
+def parser_class(shedding: AcceptShedding) -> type[SheddingParser]:
+    """A ``SheddingParser`` for one worker's ``shedding``."""
+    return type("WorkerSheddingParser", (SheddingParser,),
+                {"reading": PressureReading(shedding)})
+
+
+def install(shedding: AcceptShedding) -> bool:
+    """Have gunicorn parse this worker process's plain HTTP/1 connections with a
+    ``SheddingParser``; False (nothing changed) where this gunicorn has no
+    ``http.get_parser`` to build them (older ones name ``RequestParser`` in their
+    workers) or it is done already."""
+    make = getattr(http, "get_parser", None)
+    if make is None or getattr(make, "sheds_kept_alive", False):
+        return False
+    parser = parser_class(shedding)
+
+    def get_parser(cfg: Any, source: Any, source_addr: Any, *args: Any, **kwargs: Any
+                   ) -> Any:
+        made = make(cfg, source, source_addr, *args, **kwargs)
+        # Only gunicorn's plain HTTP/1 parser of a socket (not HTTP/2, uWSGI or TLS).
+        if type(made) is not RequestParser or getattr(cfg, "is_ssl", False) or not hasattr(
+                source, "recv"):
+            return made
+        return parser(cfg, source, source_addr)
+
+    get_parser.sheds_kept_alive = True  # type: ignore[attr-defined]
+    http.get_parser = get_parser
+    return True
