@@ -15,11 +15,10 @@ from web.common.accept_shedding import (
     ACCEPT_BURST,
     PEEK_BYTES,
     AcceptShedding,
-    PeekedRequest,
     accept_shedding_server,
-    whole_request,
 )
 from web.common.backlog import data_age_ms
+from web.common.peeked import PeekedRequest, whole_request
 from web.common.shedding import (
     REASON_LAG,
     REASON_QUEUED,
@@ -38,17 +37,32 @@ def submit(path: str = "/submit?wait=30", body: bytes = BODY, extra: str = "") -
 
 def test_a_whole_submit_is_read_with_its_length_and_path_without_the_query() -> None:
     data = submit()
-    assert whole_request(data + b"GET /") == PeekedRequest("POST", "/submit", len(data))
+    assert whole_request(data + b"GET /") == PeekedRequest("POST", "/submit", len(data), True)
 
 
 def test_a_request_without_a_body_ends_at_its_head() -> None:
     data = b"GET /healthz HTTP/1.0\r\nHost: h\r\n\r\nGET /next"
-    assert whole_request(data) == PeekedRequest("GET", "/healthz", len(data) - 9)
+    assert whole_request(data) == PeekedRequest("GET", "/healthz", len(data) - 9, False)
 
 
 def test_header_names_are_read_whatever_their_case() -> None:
     data = submit().replace(b"Content-Length: ", b"content-LENGTH:  ")
-    assert whole_request(data) == PeekedRequest("POST", "/submit", len(data))
+    assert whole_request(data) == PeekedRequest("POST", "/submit", len(data), True)
+
+
+@pytest.mark.parametrize(("version", "connection", "keep_alive"), [
+    (b"HTTP/1.1", b"", True),
+    (b"HTTP/1.1", b"Connection: close\r\n", False),
+    (b"HTTP/1.1", b"connection: Upgrade, CLOSE\r\n", False),
+    (b"HTTP/1.1", b"Connection: keep-alive\r\nConnection: close\r\n", False),
+    (b"HTTP/1.0", b"", False),
+    (b"HTTP/1.0", b"Connection: Keep-Alive\r\n", True),
+])
+def test_whether_the_client_keeps_the_connection_follows_its_version_and_options(
+        version: bytes, connection: bytes, keep_alive: bool) -> None:
+    data = submit(extra=connection.decode()).replace(b"HTTP/1.1", version)
+    found = whole_request(data)
+    assert found is not None and found.keep_alive is keep_alive
 
 
 @pytest.mark.parametrize("data", [
@@ -272,7 +286,7 @@ def test_a_failure_counting_a_shed_still_answers_and_keeps_it_from_gunicorn(
     handed, left, sheds = one_turn(1.0, [submit(), GET])
     assert handed == [GET]  # the submit was answered and closed, never handed over
     assert left == 0
-    assert "counting a shed at accept failed" in caplog.text
+    assert "counting a shed before gunicorn failed" in caplog.text
 
 
 def test_an_overload_check_that_fails_leaves_the_turn_calm(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -64,22 +65,70 @@ def test_a_calm_web_leaves_every_request_of_a_connection_to_gunicorn(
     assert served.judged.sheds == [] and server.fileno() != -1
 
 
-def test_the_next_submit_under_pressure_is_answered_503_read_out_and_closed(
+def read_answer(client: socket.socket) -> tuple[list[bytes], bytes]:
+    """(the head's lines, the body) of one answer on a connection kept open."""
+    client.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += client.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b": ")[1]) for line in lines
+                  if line.startswith(b"Content-Length: "))
+    while len(body) < length:
+        body += client.recv(65536)
+    assert len(body) == length, body  # nothing of another answer after it
+    return lines, body
+
+
+def test_the_next_submit_under_pressure_is_answered_503_and_the_connection_kept(
         connected: Connected) -> None:
+    """Refused unparsed, read out, the connection kept: the request after it (a read,
+    sent once the 503 is read) is gunicorn's to parse."""
     client, server = connected
     served = Served(arrived(connected, submit()))
     served.request().body.read()
     served.late()
-    arrived(connected, submit())
+    answers: list[tuple[list[bytes], bytes]] = []
+
+    def client_side() -> None:
+        client.sendall(submit())
+        answers.append(read_answer(client))
+        client.sendall(GET)
+
+    sending = threading.Thread(target=client_side)
+    sending.start()
+    after = served.request()  # waits through the refusal for the read
+    sending.join(5)
+    assert (after.method, after.path) == ("GET", "/result/abc")
+    (lines, body), = answers
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert {b"Retry-After: 1", b"Connection: keep-alive"} <= set(lines[1:])
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    assert served.judged.sheds == [REASON_LAG]
+    assert len(served.judged.refusals) == 1 and server.fileno() != -1
+
+
+@pytest.mark.parametrize(("extra", "keepalive_s"), [
+    ("Connection: close\r\n", 2),  # the client asked for it
+    ("", 0),  # gunicorn's keep-alive timeout leaves no time for another request
+])
+def test_a_refused_submit_closes_the_connection_when_it_cannot_be_kept(
+        connected: Connected, extra: str, keepalive_s: int) -> None:
+    client, server = connected
+    served = Served(arrived(connected, submit()))
+    served.parser.cfg.set("keepalive", keepalive_s)
+    served.request().body.read()
+    served.late()
+    arrived(connected, submit(extra=extra))
     with pytest.raises(StopIteration):
         served.request()
     assert server.fileno() == -1
     lines, body = answer_then_eof(client)
     assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
-    assert {b"Retry-After: 1", b"Connection: close"} <= set(lines[1:])
+    assert b"Connection: close" in lines
     assert json.loads(body)["error"]["code"] == "overloaded"
     assert served.judged.sheds == [REASON_LAG]
-    assert len(served.judged.refusals) == 1
 
 
 def test_the_answered_requests_unread_body_is_read_out_before_the_next_is_judged(
@@ -89,7 +138,7 @@ def test_the_answered_requests_unread_body_is_read_out_before_the_next_is_judged
     served = Served(arrived(connected, submit(body=b"x" * 20_000)))
     assert served.request().path == "/submit"  # its body still (mostly) in the socket
     served.late()
-    client.sendall(submit())
+    client.sendall(submit(extra="Connection: close\r\n"))
     with pytest.raises(StopIteration):
         served.request()
     assert answer_then_eof(client)[0][0] == b"HTTP/1.1 503 Service Unavailable"

@@ -39,6 +39,7 @@ from typing import Any
 from gevent.server import StreamServer
 
 from web.common.backlog import MIN_LISTEN_QUEUE, listen_queue
+from web.common.peeked import whole_request
 from web.common.shedding import EXTENSION, REASON_WAIT_AHEAD, Shedder, admits_work
 
 log = logging.getLogger(__name__)
@@ -65,50 +66,6 @@ START_HALF_LIFE_S = 1.0
 FORGET_UNSTARTED_S = 30.0
 
 
-@dataclass(frozen=True)
-class PeekedRequest:
-    """What the accept loop reads of a request still in the kernel's buffer."""
-
-    method: str
-    path: str
-    #: Its bytes, head and body: what is read out of the socket before answering.
-    length: int
-
-
-def whole_request(data: bytes) -> PeekedRequest | None:
-    """The request ``data`` starts with, when it is a whole HTTP/1.x request with a
-    Content-Length body (or none); None for anything else."""
-    head_end = data.find(b"\r\n\r\n")
-    if head_end < 0:
-        return None
-    head = data[:head_end]
-    line, _, fields = head.partition(b"\r\n")
-    parts = line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        return None
-    length, seen_length = 0, False
-    for field in fields.split(b"\r\n"):
-        name, colon, value = field.partition(b":")
-        if not colon:
-            return None
-        name = name.lower()
-        if name == b"transfer-encoding":
-            return None  # chunked: gunicorn's to read
-        if name == b"content-length":
-            value = value.strip()
-            if not value.isdigit() or seen_length:
-                return None  # gunicorn's to refuse: a bad length, or two
-            length, seen_length = int(value), True
-    total = head_end + 4 + length
-    if total > len(data):
-        return None
-    try:
-        method, target = parts[0].decode("ascii"), parts[1].decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    return PeekedRequest(method, target.partition("?")[0], total)
-
-
 class AcceptShedding:
     """The accept loop's side of shedding, for one gunicorn worker."""
 
@@ -118,6 +75,8 @@ class AcceptShedding:
         status = b"HTTP/1.1 503 Service Unavailable\r\n"
         fields = b"".join(f"{name}: {value}\r\n".encode() for name, value in shedder.headers)
         self.answer = status + fields + b"Connection: close\r\n\r\n" + shedder.body
+        #: The answer on a connection kept open (web/common/keepalive_shedding.py).
+        self.kept_answer = status + fields + b"Connection: keep-alive\r\n\r\n" + shedder.body
         self._failures = 0
         #: When each connection handed to gunicorn was spawned, oldest first, until its
         #: handler starts (gevent starts spawned greenlets in order).
@@ -220,32 +179,46 @@ class AcceptShedding:
         why, waited_s = self.shedder.judge_socket(raw)
         if why is None and ahead_passes:
             why = REASON_WAIT_AHEAD
-        return None if why is None else Verdict(why, waited_s, found.length)
+        return None if why is None else Verdict(why, waited_s, found.length, found.keep_alive)
 
-    def refuse(self, client: Any, verdict: Verdict) -> None:
-        """Answer ``client`` 503, close it and count the shed; never raises."""
+    def refuse(self, client: Any, verdict: Verdict, keep_open: bool = False) -> bool:
+        """Answer ``client`` 503 and count the shed; close it unless ``keep_open`` (and
+        its client keeps it too). True when it is still open; never raises."""
         raw = getattr(client, "_sock", client)
+        keep_open = keep_open and verdict.keep_alive
         try:
-            raw.recv(verdict.length, socket.MSG_DONTWAIT)  # out: a FIN on close, not a reset
-            raw.send(self.answer, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            # Out, so that a close sends a FIN, not a reset; and a connection kept open
+            # must start at the next request.
+            taken = raw.recv(verdict.length, socket.MSG_DONTWAIT)
+            keep_open = keep_open and len(taken) == verdict.length
+            sent = raw.send(self.kept_answer if keep_open else self.answer,
+                            socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            # Kept open only when the whole answer went out at once (a few hundred
+            # bytes: an empty send buffer takes them), else the client would read a
+            # part of it and then the next answer.
+            keep_open = keep_open and sent == len(self.kept_answer)
         except OSError:
-            pass  # the caller left: nothing to answer
+            keep_open = False  # the caller left: nothing to answer
         finally:
-            client.close()
+            if not keep_open:
+                client.close()
         try:
             self.shedder.rate.tick()  # a request taken from the accept queue, and answered
             self.shedder.shed(verdict.why, verdict.waited_s)
         except Exception:  # noqa: BLE001 — answered already; the count is what is lost
-            self.failed("counting a shed at accept")
+            self.failed("counting a shed before gunicorn")
+        return keep_open
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A connection to refuse at accept: why, how long it waited, its request's bytes."""
+    """A request to refuse unparsed: why, how long it waited, its bytes, and whether its
+    client keeps the connection open after an answer."""
 
     why: str
     waited_s: float
     length: int
+    keep_alive: bool = False
 
 
 def accept_shedding_server(base: type[StreamServer], shedding: AcceptShedding

@@ -13,11 +13,16 @@ Here gunicorn's request parser (``SheddingParser``) does on a kept-alive connect
 what the accept loop does: once a request is answered, while the web is under pressure
 (``AcceptShedding.pressed``, read at most once per PRESSED_TTL_S), it waits for the
 next request's bytes, looks at them without taking them (``MSG_PEEK``) and, when they
-are one whole request that admits work and the judge sheds it, answers the same 503
-``overloaded`` straight to the socket and closes the connection (``Connection:
-close``). The client's next request comes on a new connection, to be judged at accept.
-Anything else — bytes gunicorn has already read ahead, a request not wholly arrived,
-pipelined or chunked, a calm web — goes on to gunicorn as before.
+are one whole request that admits work and the judge sheds it, reads them out and
+answers the same 503 ``overloaded`` straight to the socket. The connection stays open
+for the next request, judged the same way, as a parsed shed leaves it: a client that
+reconnected after each refusal would queue its handshakes in the accept queue, and its
+retried SYNs would come seconds late. It is closed when the client asked for that
+(``Connection: close``, HTTP/1.0 without keep-alive), or after half of gunicorn's
+keep-alive timeout spent refusing (that timeout runs from the first of them, and must
+leave the client time to send another). Anything else — bytes gunicorn has already
+read ahead, a request not wholly arrived, pipelined or chunked, a calm web — goes on
+to gunicorn as before.
 
 The wait for the next request is gunicorn's own: under its keep-alive timeout
 (``gevent.Timeout``, which ends the connection when it passes, as it would in
@@ -39,6 +44,9 @@ from web.common.accept_shedding import AcceptShedding
 #: How long one reading of the web's pressure serves the connections that ask: under
 #: load requests end many times a millisecond, and a reading costs a system call.
 PRESSED_TTL_S = 0.005
+#: What became of a kept-alive connection's request refused here.
+KEPT_OPEN = "kept open"
+CLOSED = "closed"
 
 
 class PressureReading:
@@ -61,51 +69,57 @@ class PressureReading:
 
 
 class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untyped
-    """gunicorn's HTTP/1 request parser, which sheds the next request of a kept-alive
+    """gunicorn's HTTP/1 request parser, which sheds the next requests of a kept-alive
     connection under pressure (the module's text); ``reading`` is set on the subclass
     made for one worker (``parser_class``)."""
 
     reading: PressureReading
 
     def __next__(self) -> Any:
-        if self.mesg is not None and self._shed_next():
-            # gunicorn's keep-alive loop ends on it, and closes the socket (again).
-            raise StopIteration("the next request on a kept-alive connection was shed")
+        if self.mesg is not None:
+            # gunicorn's keep-alive timeout started as it asked for this request: a
+            # connection kept open after a refusal must be left time to send another.
+            keep_until = time.monotonic() + self.cfg.keepalive / 2
+            while (refused := self._shed_next(keep_until)) == KEPT_OPEN:
+                pass
+            if refused == CLOSED:
+                # gunicorn's keep-alive loop ends on it, and closes the socket (again).
+                raise StopIteration("a request on a kept-alive connection was shed")
         return super().__next__()
 
     next = __next__
 
-    def _shed_next(self) -> bool:
-        """True when the connection's next request was refused (and the socket closed);
-        False leaves it to gunicorn. Never raises but the keep-alive timeout."""
+    def _shed_next(self, keep_until: float) -> str:
+        """Whether the connection's next request was refused: KEPT_OPEN, CLOSED, or
+        "" (left to gunicorn). Never raises but the keep-alive timeout."""
         shedding = self.reading.shedding
         try:
+            if not self.reading.pressed():
+                return ""  # the common case: gunicorn's __next__ alone
             # As gunicorn's __next__ would: a connection to close ends here, and the
             # answered request's unread body is read out before the next one is looked at.
-            if self.mesg.should_close() or not self.finish_body():
-                return False
-            if not self.reading.pressed() or _buffered(self.unreader):
-                return False
+            if self.mesg.should_close() or not self.finish_body() or _buffered(self.unreader):
+                return ""
         except Exception:  # noqa: BLE001 — gunicorn's own __next__ will say what failed
             shedding.failed("checking pressure on a kept-alive connection")
-            return False
+            return ""
         sock = self.unreader.sock
         try:
             # Waits, cooperatively, for the next request's first bytes: gunicorn's
             # keep-alive timeout (a BaseException) ends the wait and the connection.
             if not sock.recv(1, socket.MSG_PEEK):
-                return False  # the client closed: gunicorn's read sees it
+                return ""  # the client closed: gunicorn's read sees it
         except OSError:
-            return False
+            return ""
         try:
             verdict = shedding.verdict(sock)
         except Exception:  # noqa: BLE001 — judged again in front of Flask
             shedding.failed("shedding on a kept-alive connection")
-            return False
+            return ""
         if verdict is None:
-            return False
-        shedding.refuse(sock, verdict)
-        return True
+            return ""
+        kept = shedding.refuse(sock, verdict, keep_open=time.monotonic() < keep_until)
+        return KEPT_OPEN if kept else CLOSED
 
 
 def _buffered(unreader: Any) -> bool:
