@@ -12,6 +12,12 @@ the stop until the last answer is read, per refusal, and the time from letting i
 to the last answer. A refusal in the accept loop
 (web/common/accept_shedding.py) skips gunicorn's parse and greenlet; one in front of
 Flask has both.
+
+``--kept-alive``: each connection is kept alive instead. It reads one answer before
+the stop, sends a ``GET /healthz`` during it (KEPT_STALL_S, so the lag lasts), and
+sends its submit once that answer is read; the figures count from the last
+``/healthz`` answer read: a refusal of the next request on a kept-alive connection
+(web/common/keepalive_shedding.py, or in front of Flask).
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ from carpool.stack.waiting import wait_until
 
 BOUND_MS = 300
 STALL_S = 0.5
+#: The kept-alive stall: its lag passes half the bound for about 0.3 s after it, and
+#: it is shorter than gunicorn's keep-alive timeout (2 s), which would close the idle
+#: connections as the worker resumes.
+KEPT_STALL_S = 1.5
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"
 BODY = json.dumps({"model": "synthetic", "input": {"value": 0, "size": 1}}).encode()
 SUBMIT = (b"POST /submit HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
           + f"Content-Length: {len(BODY)}\r\n\r\n".encode() + BODY)
@@ -49,7 +60,33 @@ def answer_status(s: socket.socket) -> str:
     return out.split(b" ", 2)[1].decode() if out else "closed"
 
 
-def one_round(root: Path, redis_url: str, burst: int) -> tuple[float, float, Counter[str]]:
+def cpu_s(pid: int) -> float:
+    """The CPU seconds of ``pid``'s threads, to the nanosecond (``/proc``'s schedstat;
+    its stat counts 10 ms ticks, coarse beside a burst's few tens of ms)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return sum(int((task / "schedstat").read_text().split()[0])
+               for task in tasks.iterdir()) / 1e9
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=30)
+
+
+def read_answer(s: socket.socket) -> str:
+    """The status of one answer on a kept-alive connection, its body read out."""
+    out = bytearray()
+    while b"\r\n\r\n" not in out and (chunk := s.recv(4096)):
+        out += chunk
+    head, _, body = bytes(out).partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length and (chunk := s.recv(4096)):
+        body += chunk
+    return head.split(b" ", 2)[1].decode() if head else "closed"
+
+
+def one_round(root: Path, redis_url: str, burst: int, kept_alive: bool = False
+              ) -> tuple[float, float, Counter[str]]:
     """(ms of web CPU per refusal, ms from the worker's resumption to the last answer,
     the statuses answered)."""
     port = free_port()
@@ -62,23 +99,36 @@ def one_round(root: Path, redis_url: str, burst: int) -> tuple[float, float, Cou
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _up(base), 60, "web start")
         (worker,) = psutil.Process(web.pid).children()
-        cpu0 = sum(worker.cpu_times()[:2])
+        cpu0 = cpu_s(worker.pid)
+        socks: list[socket.socket] = []
+        if kept_alive:  # connected and served before the stop
+            socks = [connect(port) for _ in range(burst)]
+            for s in socks:
+                s.sendall(HEALTHZ)
+                read_answer(s)
         os.kill(worker.pid, signal.SIGSTOP)
         try:
-            socks = [socket.create_connection(("127.0.0.1", port), timeout=30)
-                     for _ in range(burst)]
+            socks = socks or [connect(port) for _ in range(burst)]
             for s in socks:
-                s.sendall(SUBMIT)
-            time.sleep(STALL_S)  # the wait being measured against, not a wait for work
+                s.sendall(HEALTHZ if kept_alive else SUBMIT)
+            # The wait being measured against, not a wait for work.
+            time.sleep(KEPT_STALL_S if kept_alive else STALL_S)
         finally:
             os.kill(worker.pid, signal.SIGCONT)
             resumed = time.perf_counter()
-        statuses = Counter(answer_status(s) for s in socks)
+        if kept_alive:
+            for s in socks:
+                read_answer(s)
+            cpu0 = cpu_s(worker.pid)
+            resumed = time.perf_counter()
+            for s in socks:
+                s.sendall(SUBMIT)
+        statuses = Counter((read_answer if kept_alive else answer_status)(s) for s in socks)
         drained_ms = (time.perf_counter() - resumed) * 1e3
-        cpu_s = sum(worker.cpu_times()[:2]) - cpu0
+        used_s = cpu_s(worker.pid) - cpu0
         for s in socks:
             s.close()
-        return cpu_s / burst * 1e3, drained_ms, statuses
+        return used_s / burst * 1e3, drained_ms, statuses
     finally:
         web.terminate()
         web.wait(timeout=30)
@@ -96,6 +146,8 @@ def main() -> None:
     ap.add_argument("--roots", default=".", help="comma-separated checkouts to compare")
     ap.add_argument("--burst", type=int, default=500, help="connections per burst")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kept-alive", action="store_true",
+                    help="refuse the next request of kept-alive connections instead")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="carpool-shed-burst-"))
     server = start_redis(tmp / "redis")
@@ -103,9 +155,10 @@ def main() -> None:
         for r in range(args.rounds):
             for root in args.roots.split(","):
                 ms, drained_ms, statuses = one_round(Path(root).resolve(), server.url,
-                                                     args.burst)
+                                                     args.burst, args.kept_alive)
+                since = "the submits were sent" if args.kept_alive else "the worker resumed"
                 print(f"round {r + 1} {root}: {ms:.3f} ms web CPU per refusal, all answered "
-                      f"{drained_ms:.0f} ms after the worker resumed {dict(statuses)}")
+                      f"{drained_ms:.0f} ms after {since} {dict(statuses)}")
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)

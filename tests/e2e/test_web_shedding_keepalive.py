@@ -22,10 +22,12 @@ from tests.e2e.test_web_shedding_gunicorn import (
 from tests.support.procs import start_web
 from tests.support.promtext import Scrape
 
-#: Small, so that the lag a stall of STALL_S leaves behind passes half of it for over
+#: Small, so that the lag a stall of STALL_S leaves behind passes half of it for about
 #: half a second after the worker resumes (the lag halves every 0.1 s).
 BOUND_MS = 100
-STALL_S = 3.0
+#: Shorter than gunicorn's keep-alive timeout (2 s): it would close the idle connection
+#: as the worker resumes.
+STALL_S = 1.5
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"
 
 
