@@ -38,6 +38,7 @@ from typing import Any
 
 from gevent.server import StreamServer
 
+from web.common import keepalive_shedding
 from web.common.backlog import MIN_LISTEN_QUEUE, listen_queue
 from web.common.peeked import whole_request
 from web.common.shedding import EXTENSION, REASON_WAIT_AHEAD, Shedder, admits_work
@@ -344,8 +345,6 @@ def install_in_worker(worker: Any) -> bool:
         return False
     if getattr(ggevent.StreamServer, "sheds_at_accept", False):
         return False
-    from web.common import keepalive_shedding  # it builds on this module
-
     shedding = AcceptShedding(shedder)
     ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer, shedding)
     keepalive_shedding.install(shedding)  # and the next request of a kept-alive one

@@ -34,12 +34,10 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gunicorn import http
 from gunicorn.http.parser import RequestParser
-
-from web.common.accept_shedding import AcceptShedding
 
 #: How long one reading of the web's pressure serves the connections that ask: under
 #: load requests end many times a millisecond, and a reading costs a system call.
@@ -49,10 +47,23 @@ KEPT_OPEN = "kept open"
 CLOSED = "closed"
 
 
+class Shedding(Protocol):
+    """What shedding before gunicorn offers (``AcceptShedding``,
+    web/common/accept_shedding.py, which installs this module)."""
+
+    def pressed(self) -> bool: ...
+
+    def verdict(self, client: Any) -> Any: ...
+
+    def refuse(self, client: Any, verdict: Any, keep_open: bool = False) -> bool: ...
+
+    def failed(self, doing: str) -> None: ...
+
+
 class PressureReading:
     """``AcceptShedding.pressed``, read again at most once per ``ttl_s``."""
 
-    def __init__(self, shedding: AcceptShedding, ttl_s: float = PRESSED_TTL_S,
+    def __init__(self, shedding: Shedding, ttl_s: float = PRESSED_TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.shedding = shedding
         self.ttl_s = ttl_s
@@ -129,13 +140,13 @@ def _buffered(unreader: Any) -> bool:
         return bool(held.nbytes)
 
 
-def parser_class(shedding: AcceptShedding) -> type[SheddingParser]:
+def parser_class(shedding: Shedding) -> type[SheddingParser]:
     """A ``SheddingParser`` for one worker's ``shedding``."""
     return type("WorkerSheddingParser", (SheddingParser,),
                 {"reading": PressureReading(shedding)})
 
 
-def install(shedding: AcceptShedding) -> bool:
+def install(shedding: Shedding) -> bool:
     """Have gunicorn parse this worker process's plain HTTP/1 connections with a
     ``SheddingParser``; False (nothing changed) where this gunicorn has no
     ``http.get_parser`` to build them (older ones name ``RequestParser`` in their
