@@ -9,14 +9,17 @@ import signal
 import socket
 import time
 
+import pytest
 import requests
 
 from tests.conftest import make_env
 from tests.e2e.test_web_shedding_gunicorn import (
+    HOSTILE,
     SUBMIT,
     TIMEOUT_S,
     all_sheds,
     gunicorn_workers,
+    read_all,
     wait_served,
 )
 from tests.support.procs import start_web
@@ -53,6 +56,24 @@ def read_one(s: socket.socket) -> tuple[list[bytes], bytes]:
     return lines, body
 
 
+def kept_after_a_stall(base_url: str) -> socket.socket:
+    """A connection kept alive across a stall of its worker: its next request comes
+    as the worker's event loop is still late by about STALL_S."""
+    port = int(base_url.rsplit(":", 1)[1])
+    (worker,) = gunicorn_workers(base_url)
+    kept = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    kept.sendall(HEALTHZ)
+    assert read_one(kept)[0][0].split()[1] == b"200"
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        kept.sendall(HEALTHZ)  # parsed as the worker resumes: a read is served
+        time.sleep(STALL_S)  # the stall itself, not a wait for work
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert read_one(kept)[0][0].split()[1] == b"200"
+    return kept
+
+
 def test_the_next_submit_on_a_kept_alive_connection_is_refused_unparsed_after_a_stall(
         redis_url: str, key_prefix: str) -> None:
     """Refused by the parser (no Server header: gunicorn wrote nothing), the connection
@@ -60,18 +81,7 @@ def test_the_next_submit_on_a_kept_alive_connection_is_refused_unparsed_after_a_
     env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
                    CARPOOL_WEB_MAX_QUEUE_MS=str(BOUND_MS))
     with start_web(env) as base_url:
-        port = int(base_url.rsplit(":", 1)[1])
-        (worker,) = gunicorn_workers(base_url)
-        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as kept:
-            kept.sendall(HEALTHZ)
-            assert read_one(kept)[0][0].split()[1] == b"200"
-            os.kill(worker, signal.SIGSTOP)
-            try:
-                kept.sendall(HEALTHZ)  # parsed as the worker resumes: a read is served
-                time.sleep(STALL_S)  # the stall itself, not a wait for work
-            finally:
-                os.kill(worker, signal.SIGCONT)
-            assert read_one(kept)[0][0].split()[1] == b"200"
+        with kept_after_a_stall(base_url) as kept:
             kept.sendall(kept_alive_submit())  # behind the stall's lag: refused unparsed
             lines, body = read_one(kept)
             kept.sendall(HEALTHZ)
@@ -84,4 +94,25 @@ def test_the_next_submit_on_a_kept_alive_connection_is_refused_unparsed_after_a_
         scrape = Scrape(requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text)
         assert scrape.value("carpool_web_refusal_seconds_count") == 1
         assert scrape.value("carpool_jobs_submitted_total", model="synthetic") == 0
+        wait_served(base_url)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_next_requests_on_a_kept_alive_connection_are_left_to_gunicorn(
+        redis_url: str, key_prefix: str, name: str) -> None:
+    """Malformed and hostile requests sent on a kept-alive connection under pressure:
+    each is gunicorn's to answer (a 400, or the shed in front of Flask), and the web
+    serves the next submit."""
+    env = make_env(redis_url, key_prefix, CARPOOL_WEB_WORKERS="1",
+                   CARPOOL_WEB_MAX_QUEUE_MS=str(BOUND_MS))
+    with start_web(env) as base_url:
+        with kept_after_a_stall(base_url) as kept:
+            kept.sendall(HOSTILE[name])
+            kept.shutdown(socket.SHUT_WR)  # all there is: an answer or a close must follow
+            answer = read_all(kept)
+        if answer:  # gunicorn's parse: a refusal, never a 5xx but the shed's 503
+            status = int(answer.split()[1])
+            assert status in (400, 413, 431, 503), answer[:200]
+            if status == 503:  # shed once gunicorn parsed it, not before
+                assert b"\r\nServer: " in answer.partition(b"\r\n\r\n")[0], answer[:300]
         wait_served(base_url)
