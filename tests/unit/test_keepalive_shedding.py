@@ -7,8 +7,10 @@ import json
 import logging
 import socket
 import threading
+from types import SimpleNamespace
 from typing import Any
 
+import gevent
 import pytest
 from gunicorn import http
 from gunicorn.config import Config
@@ -17,7 +19,12 @@ from gunicorn.http.errors import NoMoreData
 from tests.unit.test_accept_shedding import BODY, GET, Judged, arrived, submit
 from web.common import keepalive_shedding
 from web.common.accept_shedding import AcceptShedding
-from web.common.keepalive_shedding import PressureReading, SheddingParser, parser_class
+from web.common.keepalive_shedding import (
+    KeepAliveTimeouts,
+    PressureReading,
+    SheddingParser,
+    parser_class,
+)
 from web.common.shedding import REASON_LAG
 
 Connected = tuple[socket.socket, socket.socket]
@@ -109,18 +116,17 @@ def test_the_next_submit_under_pressure_is_answered_503_and_the_connection_kept(
     assert len(served.judged.refusals) == 1 and server.fileno() != -1
 
 
-@pytest.mark.parametrize(("extra", "keepalive_s"), [
-    ("Connection: close\r\n", 2),  # the client asked for it
-    ("", 0),  # gunicorn's keep-alive timeout leaves no time for another request
+@pytest.mark.parametrize(("version", "extra"), [
+    ("HTTP/1.1", "Connection: close\r\n"),  # the client asked for it
+    ("HTTP/1.0", ""),  # without keep-alive
 ])
-def test_a_refused_submit_closes_the_connection_when_it_cannot_be_kept(
-        connected: Connected, extra: str, keepalive_s: int) -> None:
+def test_a_refused_submit_closes_the_connection_when_its_client_does(
+        connected: Connected, version: str, extra: str) -> None:
     client, server = connected
     served = Served(arrived(connected, submit()))
-    served.parser.cfg.set("keepalive", keepalive_s)
     served.request().body.read()
     served.late()
-    arrived(connected, submit(extra=extra))
+    arrived(connected, submit(extra=extra).replace(b"HTTP/1.1", version.encode()))
     with pytest.raises(StopIteration):
         served.request()
     assert server.fileno() == -1
@@ -255,11 +261,43 @@ def test_install_parses_plain_connections_with_the_shedding_parser_once(
     monkeypatch.setattr(http, "get_parser", http.get_parser)  # put back after the test
     _, server = connected
     shedding = AcceptShedding(Judged().shedder)
-    assert keepalive_shedding.install(shedding)
-    assert not keepalive_shedding.install(shedding)
+    worker = SimpleNamespace(cfg=Config())
+    assert keepalive_shedding.install(shedding, worker)
+    assert not keepalive_shedding.install(shedding, worker)
     parser = http.get_parser(Config(), server, ("127.0.0.1", 1))
     assert isinstance(parser, SheddingParser) and parser.reading.shedding is shedding
+    assert parser.timeouts is not None and parser.timeouts.seconds == Config().keepalive
+    assert worker.timeout_ctx == parser.timeouts.timeout_ctx
     tls = Config()
     tls.set("certfile", "cert.pem")
     assert type(http.get_parser(tls, server, ("127.0.0.1", 1))) is http.RequestParser
     assert type(http.get_parser(Config(), iter([b""]), None)) is http.RequestParser
+
+
+#: A keep-alive timeout, and a wait of over half of it: two such outlast it.
+KEEPALIVE_S = 0.5
+WAIT_S = 0.3
+
+
+def waited_through(restart: bool) -> bool:
+    """Whether a greenlet waiting twice WAIT_S under one keep-alive timeout (restarted
+    between, or not) got through both waits."""
+    timeouts = KeepAliveTimeouts(KEEPALIVE_S)
+    through: list[bool] = []
+
+    def wait() -> None:
+        with timeouts.timeout_ctx():  # silent on expiry, as gunicorn's
+            gevent.sleep(WAIT_S)  # the client's pause, not a wait for work
+            if restart:
+                timeouts.restart()
+            gevent.sleep(WAIT_S)
+            through.append(True)
+        assert timeouts.running == {}  # forgotten once the wait ends, either way
+
+    gevent.spawn(wait).get(timeout=5)
+    return through == [True]
+
+
+def test_a_restarted_keep_alive_timeout_gives_the_connection_a_whole_wait_again() -> None:
+    assert waited_through(restart=True)
+    assert not waited_through(restart=False)

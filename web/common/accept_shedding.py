@@ -347,7 +347,7 @@ def install_in_worker(worker: Any) -> bool:
         return False
     shedding = AcceptShedding(shedder)
     ggevent.StreamServer = accept_shedding_server(ggevent.StreamServer, shedding)
-    keepalive_shedding.install(shedding)  # and the next request of a kept-alive one
+    keepalive_shedding.install(shedding, worker)  # and kept-alive connections' next
     for listener in worker.sockets:
         defer_accept(getattr(listener, "sock", listener))
     return True

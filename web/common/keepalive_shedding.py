@@ -15,14 +15,12 @@ what the accept loop does: once a request is answered, while the web is under pr
 next request's bytes, looks at them without taking them (``MSG_PEEK``) and, when they
 are one whole request that admits work and the judge sheds it, reads them out and
 answers the same 503 ``overloaded`` straight to the socket. The connection stays open
-for the next request, judged the same way, as a parsed shed leaves it: a client that
-reconnected after each refusal would queue its handshakes in the accept queue, and its
-retried SYNs would come seconds late. It is closed when the client asked for that
-(``Connection: close``, HTTP/1.0 without keep-alive), or after half of gunicorn's
-keep-alive timeout spent refusing (that timeout runs from the first of them, and must
-leave the client time to send another). Anything else — bytes gunicorn has already
-read ahead, a request not wholly arrived, pipelined or chunked, a calm web — goes on
-to gunicorn as before.
+for the next request, judged the same way, with a whole keep-alive timeout again
+(``KeepAliveTimeouts``), as a parsed shed leaves it: a client that reconnected after
+each refusal would queue its handshakes in the accept queue. It is closed when the
+client asked for that (``Connection: close``, HTTP/1.0 without keep-alive). Anything
+else — bytes gunicorn has already read ahead, a request not wholly arrived, pipelined
+or chunked, a calm web — goes on to gunicorn as before.
 
 The wait for the next request is gunicorn's own: under its keep-alive timeout
 (``gevent.Timeout``, which ends the connection when it passes, as it would in
@@ -36,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import gevent
 from gunicorn import http
 from gunicorn.http.parser import RequestParser
 
@@ -79,20 +78,68 @@ class PressureReading:
         return self._pressed
 
 
+class KeepAliveTimeouts:
+    """The gevent worker's keep-alive timeouts (its ``timeout_ctx``: a ``gevent.Timeout``
+    around each wait for a connection's next request), kept by greenlet, so that a
+    refusal here restarts its connection's as an answer through gunicorn would."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running: dict[Any, _Running] = {}
+
+    def timeout_ctx(self) -> _Running:
+        return _Running(self)
+
+    def restart(self) -> None:
+        """Give the current greenlet's connection a whole keep-alive timeout again."""
+        running = self.running.get(gevent.getcurrent())
+        if running is not None:
+            running.restart()
+
+
+class _Running:
+    """One wait for a request under the keep-alive timeout, as gunicorn's own
+    ``gevent.Timeout(keepalive, False)``: its expiry ends the wait silently."""
+
+    __slots__ = ("_greenlet", "_timeout", "_timeouts")
+
+    def __init__(self, timeouts: KeepAliveTimeouts) -> None:
+        self._timeouts = timeouts
+
+    def __enter__(self) -> _Running:
+        self._greenlet = gevent.getcurrent()
+        self._timeout = gevent.Timeout(self._timeouts.seconds, False)
+        self._timeout.start()
+        self._timeouts.running[self._greenlet] = self
+        return self
+
+    def restart(self) -> None:
+        # A new timer: libev keeps a stopped timer's remaining time, so a stopped and
+        # started one would expire when the first would have.
+        self._timeout.close()
+        self._timeout = gevent.Timeout(self._timeouts.seconds, False)
+        self._timeout.start()
+
+    def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
+        self._timeouts.running.pop(self._greenlet, None)
+        self._timeout.close()
+        return value is self._timeout  # its own expiry, silent; anything else goes on
+
+
 class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untyped
     """gunicorn's HTTP/1 request parser, which sheds the next requests of a kept-alive
     connection under pressure (the module's text); ``reading`` is set on the subclass
     made for one worker (``parser_class``)."""
 
     reading: PressureReading
+    #: The worker's keep-alive timeouts (None: no timeout to restart).
+    timeouts: KeepAliveTimeouts | None = None
 
     def __next__(self) -> Any:
         if self.mesg is not None:
-            # gunicorn's keep-alive timeout started as it asked for this request: a
-            # connection kept open after a refusal must be left time to send another.
-            keep_until = time.monotonic() + self.cfg.keepalive / 2
-            while (refused := self._shed_next(keep_until)) == KEPT_OPEN:
-                pass
+            while (refused := self._shed_next()) == KEPT_OPEN:
+                if self.timeouts is not None:
+                    self.timeouts.restart()  # a whole keep-alive wait for the next request
             if refused == CLOSED:
                 # gunicorn's keep-alive loop ends on it, and closes the socket (again).
                 raise StopIteration("a request on a kept-alive connection was shed")
@@ -100,7 +147,7 @@ class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untype
 
     next = __next__
 
-    def _shed_next(self, keep_until: float) -> str:
+    def _shed_next(self) -> str:
         """Whether the connection's next request was refused: KEPT_OPEN, CLOSED, or
         "" (left to gunicorn). Never raises but the keep-alive timeout."""
         shedding = self.reading.shedding
@@ -129,7 +176,7 @@ class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untype
             return ""
         if verdict is None:
             return ""
-        kept = shedding.refuse(sock, verdict, keep_open=time.monotonic() < keep_until)
+        kept = shedding.refuse(sock, verdict, keep_open=True)
         return KEPT_OPEN if kept else CLOSED
 
 
@@ -140,21 +187,25 @@ def _buffered(unreader: Any) -> bool:
         return bool(held.nbytes)
 
 
-def parser_class(shedding: Shedding) -> type[SheddingParser]:
-    """A ``SheddingParser`` for one worker's ``shedding``."""
+def parser_class(shedding: Shedding, timeouts: KeepAliveTimeouts | None = None
+                 ) -> type[SheddingParser]:
+    """A ``SheddingParser`` for one worker's ``shedding`` and keep-alive ``timeouts``."""
     return type("WorkerSheddingParser", (SheddingParser,),
-                {"reading": PressureReading(shedding)})
+                {"reading": PressureReading(shedding), "timeouts": timeouts})
 
 
-def install(shedding: Shedding) -> bool:
-    """Have gunicorn parse this worker process's plain HTTP/1 connections with a
-    ``SheddingParser``; False (nothing changed) where this gunicorn has no
-    ``http.get_parser`` to build them (older ones name ``RequestParser`` in their
-    workers) or it is done already."""
+def install(shedding: Shedding, worker: Any) -> bool:
+    """Have gunicorn parse this gevent ``worker`` process's plain HTTP/1 connections
+    with a ``SheddingParser``, and time their keep-alive waits with restartable
+    timeouts; False (nothing changed) where this gunicorn has no ``http.get_parser``
+    to build them (older ones name ``RequestParser`` in their workers) or it is done
+    already."""
     make = getattr(http, "get_parser", None)
     if make is None or getattr(make, "sheds_kept_alive", False):
         return False
-    parser = parser_class(shedding)
+    timeouts = KeepAliveTimeouts(worker.cfg.keepalive)
+    worker.timeout_ctx = timeouts.timeout_ctx  # gunicorn's async worker asks its own
+    parser = parser_class(shedding, timeouts)
 
     def get_parser(cfg: Any, source: Any, source_addr: Any, *args: Any, **kwargs: Any
                    ) -> Any:
