@@ -209,6 +209,15 @@ def answer_to(port: int, request: bytes) -> tuple[list[bytes], bytes]:
     return head.split(b"\r\n"), body
 
 
+def assert_refused_unparsed(lines: list[bytes], body: bytes, connection: bytes) -> None:
+    """``lines`` (an answer's head) and ``body`` are the shed's 503, written before
+    gunicorn parsed the request (no Server header), with ``Connection: <connection>``."""
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable", lines
+    assert b"Connection: " + connection in lines and b"Retry-After: 1" in lines
+    assert not any(line.lower().startswith(b"server:") for line in lines), lines
+    assert json.loads(body)["error"]["code"] == "overloaded"
+
+
 def test_a_submit_that_waited_for_its_accept_is_refused_there(
         redis_url: str, key_prefix: str) -> None:
     """Shed in the accept loop, gunicorn never parsing it (so no Server header);
@@ -220,11 +229,7 @@ def test_a_submit_that_waited_for_its_accept_is_refused_there(
         (waiting,) = sent_in_a_stall(base_url, [submit_bytes()])
         with waiting:
             head, _, body = read_all(waiting).partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        assert lines[0] == b"HTTP/1.1 503 Service Unavailable", lines
-        assert b"Connection: close" in lines and b"Retry-After: 1" in lines
-        assert not any(line.lower().startswith(b"server:") for line in lines), lines
-        assert json.loads(body)["error"]["code"] == "overloaded"
+        assert_refused_unparsed(head.split(b"\r\n"), body, b"close")
         assert all_sheds(base_url) == 1
         scrape = Scrape(requests.get(f"{base_url}/metrics", timeout=TIMEOUT_S).text)
         assert scrape.value("carpool_web_refusal_seconds_count") == 1
