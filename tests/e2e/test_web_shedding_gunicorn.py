@@ -274,6 +274,8 @@ HOSTILE = {
     "an HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
     "a TLS hello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
     "a head past the peek": submit_bytes(b"X-Pad: " + b"a" * 20_000 + b"\r\n"),
+    "a space before a colon": submit_bytes().replace(b"Content-Length:", b"Content-Length :"),
+    "a folded header": submit_bytes(b"X-A: 1\r\n  folded\r\n"),
 }
 
 

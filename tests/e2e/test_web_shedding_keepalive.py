@@ -27,8 +27,8 @@ from tests.support.procs import start_web
 from tests.support.promtext import Scrape
 
 #: Small, so that the lag a stall of STALL_S leaves behind passes half of it for about
-#: half a second after the worker resumes (the lag halves every 0.1 s).
-BOUND_MS = 100
+#: 0.6 s after the worker resumes (the lag halves every 0.1 s).
+BOUND_MS = 50
 #: Shorter than gunicorn's keep-alive timeout (2 s): it would close the idle connection
 #: as the worker resumes.
 STALL_S = 1.5
@@ -105,6 +105,8 @@ def test_hostile_next_requests_on_a_kept_alive_connection_are_left_to_gunicorn(
                    CARPOOL_WEB_MAX_QUEUE_MS=str(BOUND_MS))
     with start_web(env) as base_url:
         with kept_after_a_stall(base_url) as kept:
+            kept.sendall(kept_alive_submit())  # the web is still pressed: refused unparsed
+            assert_refused_unparsed(*read_one(kept), b"keep-alive")
             kept.sendall(HOSTILE[name])
             kept.shutdown(socket.SHUT_WR)  # all there is: an answer or a close must follow
             answer = read_all(kept)

@@ -83,6 +83,14 @@ def test_whether_the_client_keeps_the_connection_follows_its_version_and_options
     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2's preface
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS ClientHello
     b"PROXY TCP4 10.0.0.1 10.0.0.2 1 2\r\n" + submit(),  # a PROXY protocol line
+    # Framed otherwise by a lenient reader, refused by gunicorn: never answered here.
+    submit().replace(b"Content-Length:", b"Content-Length :"),
+    submit().replace(b"Content-Length:", b"Content-Length\t:"),
+    submit(extra="X-A: 1\r\n  folded\r\n"),  # obs-fold
+    submit().replace(b"Host: h\r\n", b"Host: h\n"),  # a bare LF
+    submit().replace(b"Host: h\r\n", b"Host: h\rX: 1\r\n"),  # a bare CR
+    submit().replace(b"POST /submit", b"P(ST /submit"),  # a method that is not a token
+    submit().replace(b"HTTP/1.1", b"HTTP/1.2"),
     b"\r\n\r\n",
     b"\x00" * 100,
 ])

@@ -7,10 +7,12 @@ import json
 import logging
 import socket
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import gevent
+import gevent.socket
 import pytest
 from gunicorn import http
 from gunicorn.config import Config
@@ -33,10 +35,11 @@ Connected = tuple[socket.socket, socket.socket]
 class Served:
     """A server's end read by a worker's ``SheddingParser``, its web late as ``late``."""
 
-    def __init__(self, server: socket.socket) -> None:
+    def __init__(self, server: socket.socket, worker: Any = None) -> None:
         self.judged = Judged()
         self.shedding = AcceptShedding(self.judged.shedder)
-        self.parser = parser_class(self.shedding)(Config(), server, ("127.0.0.1", 1))
+        self.parser = parser_class(self.shedding, None, worker)(Config(), server,
+                                                                ("127.0.0.1", 1))
 
     def late(self, lag_s: float = 1.0) -> None:
         """The event loop is ``lag_s`` late from now (the test's clock stands still)."""
@@ -116,14 +119,15 @@ def test_the_next_submit_under_pressure_is_answered_503_and_the_connection_kept(
     assert len(served.judged.refusals) == 1 and server.fileno() != -1
 
 
-@pytest.mark.parametrize(("version", "extra"), [
-    ("HTTP/1.1", "Connection: close\r\n"),  # the client asked for it
-    ("HTTP/1.0", ""),  # without keep-alive
+@pytest.mark.parametrize(("version", "extra", "alive"), [
+    ("HTTP/1.1", "Connection: close\r\n", True),  # the client asked for it
+    ("HTTP/1.0", "", True),  # without keep-alive
+    ("HTTP/1.1", "", False),  # its worker is shutting down
 ])
-def test_a_refused_submit_closes_the_connection_when_its_client_does(
-        connected: Connected, version: str, extra: str) -> None:
+def test_a_refused_submit_closes_the_connection_when_it_cannot_be_kept(
+        connected: Connected, version: str, extra: str, alive: bool) -> None:
     client, server = connected
-    served = Served(arrived(connected, submit()))
+    served = Served(arrived(connected, submit()), SimpleNamespace(alive=alive))
     served.request().body.read()
     served.late()
     arrived(connected, submit(extra=extra).replace(b"HTTP/1.1", version.encode()))
@@ -191,6 +195,22 @@ class Peeks:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
+
+
+def test_connections_not_yet_started_shed_at_accept_but_not_a_running_handler(
+        connected: Connected) -> None:
+    """The wait ahead of a connection accepted now is no wait for a handler that runs:
+    only the lag, the bytes' age or the accept queue shed a kept-alive one's request."""
+    _, server = connected
+    served = Served(arrived(connected, submit()))
+    served.request().body.read()
+    served.shedding.spawned_at[1] = time.monotonic() - 1.0  # one unstarted for 1 s
+    served.parser.reading.ttl_s = 0
+    assert served.shedding.pressed()
+    arrived(connected, submit())
+    assert served.shedding.verdict(server) is not None  # at accept: shed
+    assert served.request().path == "/submit"
+    assert served.judged.sheds == []
 
 
 def test_a_request_gunicorn_read_ahead_is_left_to_it(connected: Connected) -> None:
@@ -261,7 +281,7 @@ def test_install_parses_plain_connections_with_the_shedding_parser_once(
     monkeypatch.setattr(http, "get_parser", http.get_parser)  # put back after the test
     _, server = connected
     shedding = AcceptShedding(Judged().shedder)
-    worker = SimpleNamespace(cfg=Config())
+    worker = SimpleNamespace(cfg=Config(), alive=True)
     assert keepalive_shedding.install(shedding, worker)
     assert not keepalive_shedding.install(shedding, worker)
     parser = http.get_parser(Config(), server, ("127.0.0.1", 1))
@@ -286,6 +306,7 @@ def waited_through(restart: bool) -> bool:
     through: list[bool] = []
 
     def wait() -> None:
+        gevent.get_hub().loop.update_now()  # sleeps count from now, not the loop's last turn
         with timeouts.timeout_ctx():  # silent on expiry, as gunicorn's
             gevent.sleep(WAIT_S)  # the client's pause, not a wait for work
             if restart:
@@ -301,3 +322,39 @@ def waited_through(restart: bool) -> bool:
 def test_a_restarted_keep_alive_timeout_gives_the_connection_a_whole_wait_again() -> None:
     assert waited_through(restart=True)
     assert not waited_through(restart=False)
+
+
+def test_refusals_restart_the_keep_alive_timeout_and_an_idle_connection_ends_at_it() -> None:
+    """gevent sockets, as gunicorn's worker has them: two submits WAIT_S apart (longer
+    together than one keep-alive timeout) are both refused on the connection kept
+    open; once idle, the wait for the next request ends silently at the timeout."""
+    server, client = gevent.socket.socketpair()
+    with server, client:
+        judged = Judged()
+        timeouts = KeepAliveTimeouts(KEEPALIVE_S)
+        parser = parser_class(AcceptShedding(judged.shedder), timeouts)(Config(), server, None)
+        client.sendall(submit())
+        with timeouts.timeout_ctx():
+            next(parser).body.read()
+        monitor = judged.shedder.monitor
+        monitor.woke(monitor._clock() - monitor.interval_s - 1.0, monitor._clock())
+        parser.reading.ttl_s = 0
+        answers: list[list[bytes]] = []
+
+        def client_side() -> None:
+            client.settimeout(KEEPALIVE_S * 4)
+            for _ in range(2):
+                gevent.sleep(WAIT_S)  # the client's pause between requests
+                client.sendall(submit())
+                answers.append(read_answer(client)[0])
+
+        sending = gevent.spawn(client_side)
+        after = None
+        gevent.get_hub().loop.update_now()
+        with timeouts.timeout_ctx():
+            after = next(parser)  # refuses twice, then waits idle until the timeout
+        sending.join(5)
+        assert after is None and timeouts.running == {}
+        assert [lines[0] for lines in answers] == [b"HTTP/1.1 503 Service Unavailable"] * 2
+        assert all(b"Connection: keep-alive" in lines for lines in answers), answers
+        assert judged.sheds == [REASON_LAG] * 2

@@ -159,11 +159,13 @@ class AcceptShedding:
         while overloaded."""
         return max(calm, ACCEPT_BURST) if self.pressed() else calm
 
-    def verdict(self, client: Any) -> Verdict | None:
-        """Whether to refuse ``client`` (a gevent socket just accepted), and why; reads
-        nothing out of it."""
+    def verdict(self, client: Any, accepted: bool = True) -> Verdict | None:
+        """Whether to refuse ``client`` (a gevent socket just accepted, or with
+        ``accepted`` False one whose handler runs), and why; reads nothing out of it.
+        The wait ahead counts for a connection just accepted only: a running handler
+        waits behind no unstarted one."""
         raw = getattr(client, "_sock", client)  # the kernel's socket, non-blocking
-        ahead_passes = self.ahead_passes(self.wait_ahead_s())
+        ahead_passes = accepted and self.ahead_passes(self.wait_ahead_s())
         if not (ahead_passes or self.shedder.under_pressure(raw)):
             return None  # no read, no parse: the common case
         try:

@@ -52,7 +52,7 @@ class Shedding(Protocol):
 
     def pressed(self) -> bool: ...
 
-    def verdict(self, client: Any) -> Any: ...
+    def verdict(self, client: Any, accepted: bool = True) -> Any: ...
 
     def refuse(self, client: Any, verdict: Any, keep_open: bool = False) -> bool: ...
 
@@ -135,6 +135,11 @@ class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untype
     #: The worker's keep-alive timeouts (None: no timeout to restart).
     timeouts: KeepAliveTimeouts | None = None
 
+    @staticmethod
+    def keep_open() -> bool:
+        """Whether a connection may stay open after a refusal: while its worker is alive."""
+        return True
+
     def __next__(self) -> Any:
         if self.mesg is not None:
             while (refused := self._shed_next()) == KEPT_OPEN:
@@ -154,12 +159,13 @@ class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untype
         try:
             if not self.reading.pressed():
                 return ""  # the common case: gunicorn's __next__ alone
-            # As gunicorn's __next__ would: a connection to close ends here, and the
-            # answered request's unread body is read out before the next one is looked at.
-            if self.mesg.should_close() or not self.finish_body() or _buffered(self.unreader):
-                return ""
-        except Exception:  # noqa: BLE001 — gunicorn's own __next__ will say what failed
+        except Exception:  # noqa: BLE001 — judged again in front of Flask
             shedding.failed("checking pressure on a kept-alive connection")
+            return ""
+        # As gunicorn's __next__ would (raising as it would): a connection to close ends
+        # here, and the answered request's unread body is read out before the next one
+        # is looked at.
+        if self.mesg.should_close() or not self.finish_body() or _buffered(self.unreader):
             return ""
         sock = self.unreader.sock
         try:
@@ -170,13 +176,15 @@ class SheddingParser(RequestParser):  # type: ignore[misc]  # gunicorn is untype
         except OSError:
             return ""
         try:
-            verdict = shedding.verdict(sock)
+            verdict = shedding.verdict(sock, accepted=False)
         except Exception:  # noqa: BLE001 — judged again in front of Flask
             shedding.failed("shedding on a kept-alive connection")
             return ""
         if verdict is None:
             return ""
-        kept = shedding.refuse(sock, verdict, keep_open=True)
+        # A worker shutting down closes each connection after its next answer, as
+        # gunicorn does (``force_close``).
+        kept = shedding.refuse(sock, verdict, keep_open=self.keep_open())
         return KEPT_OPEN if kept else CLOSED
 
 
@@ -187,11 +195,14 @@ def _buffered(unreader: Any) -> bool:
         return bool(held.nbytes)
 
 
-def parser_class(shedding: Shedding, timeouts: KeepAliveTimeouts | None = None
-                 ) -> type[SheddingParser]:
-    """A ``SheddingParser`` for one worker's ``shedding`` and keep-alive ``timeouts``."""
-    return type("WorkerSheddingParser", (SheddingParser,),
-                {"reading": PressureReading(shedding), "timeouts": timeouts})
+def parser_class(shedding: Shedding, timeouts: KeepAliveTimeouts | None = None,
+                 worker: Any = None) -> type[SheddingParser]:
+    """A ``SheddingParser`` for one worker's ``shedding`` and keep-alive ``timeouts``,
+    keeping connections open while the gunicorn ``worker`` is alive."""
+    attributes: dict[str, Any] = {"reading": PressureReading(shedding), "timeouts": timeouts}
+    if worker is not None:
+        attributes["keep_open"] = staticmethod(lambda: bool(worker.alive))
+    return type("WorkerSheddingParser", (SheddingParser,), attributes)
 
 
 def install(shedding: Shedding, worker: Any) -> bool:
@@ -205,7 +216,7 @@ def install(shedding: Shedding, worker: Any) -> bool:
         return False
     timeouts = KeepAliveTimeouts(worker.cfg.keepalive)
     worker.timeout_ctx = timeouts.timeout_ctx  # gunicorn's async worker asks its own
-    parser = parser_class(shedding, timeouts)
+    parser = parser_class(shedding, timeouts, worker)
 
     def get_parser(cfg: Any, source: Any, source_addr: Any, *args: Any, **kwargs: Any
                    ) -> Any:

@@ -5,7 +5,13 @@ web/common/keepalive_shedding.py). Anything it is unsure of is None: gunicorn's 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+#: A header name or method as RFC 9110 5.6.2 has it (a token): gunicorn refuses the
+#: rest, so a request with anything else (a space before a colon, an obs-fold line) is
+#: its to answer, never framed here another way than it would frame it.
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass(frozen=True)
@@ -28,16 +34,19 @@ def whole_request(data: bytes) -> PeekedRequest | None:
     if head_end < 0:
         return None
     head = data[:head_end]
+    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
+        return None  # a bare CR or LF: gunicorn's to refuse
     line, _, fields = head.partition(b"\r\n")
     parts = line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+    if (len(parts) != 3 or parts[2] not in (b"HTTP/1.0", b"HTTP/1.1")
+            or not _TOKEN.fullmatch(parts[0])):
         return None
     length, seen_length = 0, False
     options: set[bytes] = set()
     for field in fields.split(b"\r\n"):
         name, colon, value = field.partition(b":")
-        if not colon:
-            return None
+        if not colon or not _TOKEN.fullmatch(name):
+            return None  # no colon, a space before it, or a folded line
         name = name.lower()
         if name == b"transfer-encoding":
             return None  # chunked: gunicorn's to read
