@@ -18,7 +18,8 @@ answers the same 503 ``overloaded`` straight to the socket. The connection stays
 for the next request, judged the same way, with a whole keep-alive timeout again
 (``KeepAliveTimeouts``), as a parsed shed leaves it: a client that reconnected after
 each refusal would queue its handshakes in the accept queue. It is closed when the
-client asked for that (``Connection: close``, HTTP/1.0 without keep-alive). Anything
+client asked for that (``Connection: close``, HTTP/1.0 without keep-alive) or its
+worker is stopping. Anything
 else — bytes gunicorn has already read ahead, a request not wholly arrived, pipelined
 or chunked, a calm web — goes on to gunicorn as before.
 
